@@ -1,0 +1,50 @@
+# One entry point for people and CI. `make test` is what .ci/run and the README use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+PROTOS := $(wildcard protos/awp/v1/*.proto)
+
+.PHONY: install proto proto-check lint test test-fast demo bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# Regenerates generated/ from protos/ (messages, gRPC stubs and .pyi types).
+proto: $(VENV)/.installed
+	rm -rf generated/awp
+	$(PY) -m grpc_tools.protoc -I protos --python_out=generated --grpc_python_out=generated \
+	  --plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc \
+	  --mypy_out=generated --mypy_grpc_out=generated $(PROTOS)
+	touch generated/awp/__init__.py generated/awp/v1/__init__.py
+
+# Fails when the committed generated/ is not what protos/ produce.
+proto-check: proto
+	@git diff --exit-code --stat -- generated || (echo "generated/ drifted from protos/: run 'make proto' and commit" && exit 1)
+	@test -z "$$(git status --porcelain -- generated)" || (echo "untracked files in generated/: run 'make proto' and commit" && git status --porcelain -- generated && exit 1)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy server worker db
+	$(BIN)/lint-imports
+
+test: lint proto-check
+	$(BIN)/pytest
+
+test-fast: $(VENV)/.installed
+	$(BIN)/pytest -m "not fault" -x
+
+demo: $(VENV)/.installed
+	$(BIN)/awp demo
+
+bench: $(VENV)/.installed
+	$(PY) tests/bench/bench.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

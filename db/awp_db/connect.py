@@ -1,0 +1,39 @@
+"""Connections to PostgreSQL with the codecs every AWP process expects."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+Connection = asyncpg.Connection
+Pool = asyncpg.Pool
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb travels as Python objects; json.dumps/loads are the C-accelerated codecs.
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, min_size: int = 2, max_size: int = 10, **kwargs: Any) -> Pool:
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=init_connection,
+        server_settings={"application_name": kwargs.pop("application_name", "awp")},
+        **kwargs,
+    )
+    if pool is None:  # pragma: no cover - asyncpg returns None only without awaiting
+        raise RuntimeError("asyncpg did not create a pool")
+    return pool
+
+
+async def connect(dsn: str, application_name: str = "awp") -> asyncpg.Connection:
+    conn: asyncpg.Connection = await asyncpg.connect(
+        dsn, server_settings={"application_name": application_name}
+    )
+    await init_connection(conn)
+    return conn

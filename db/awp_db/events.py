@@ -1,0 +1,110 @@
+"""The per-run event log and revision: every state transaction of a run goes through here.
+
+A transaction collects its events in an `EventBatch`; `flush` bumps each touched run's
+revision exactly once and appends the events with contiguous seqs in one statement.
+The caller must already hold the lock of every run it records events for (lock order:
+runs, then dispatches), which is what keeps seqs contiguous under concurrent writers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from awp_db.queries import queries
+
+Q = queries("events")
+
+# Every client that watches runs LISTENs here; the payload is the run id.
+RUN_EVENTS_CHANNEL = "awp_run_events"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    run_id: UUID
+    type: str
+    task_key: str | None = None
+    attempt: int | None = None
+    from_state: str | None = None
+    to_state: str | None = None
+    payload: dict[str, Any] | None = None
+
+
+class EventBatch:
+    def __init__(self) -> None:
+        self._events: dict[UUID, list[Event]] = defaultdict(list)
+
+    def add(self, event: Event) -> None:
+        self._events[event.run_id].append(event)
+
+    def task(
+        self,
+        run_id: UUID,
+        task_key: str,
+        from_state: str | None,
+        to_state: str,
+        attempt: int | None = None,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        self.add(Event(run_id, "task.state", task_key, attempt, from_state, to_state, payload))
+
+    def attempt(
+        self,
+        run_id: UUID,
+        task_key: str,
+        attempt: int,
+        from_state: str | None,
+        to_state: str,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        self.add(Event(run_id, "attempt.state", task_key, attempt, from_state, to_state, payload))
+
+    def run(
+        self, run_id: UUID, from_state: str | None, to_state: str, payload: dict[str, Any] | None = None
+    ) -> None:
+        self.add(Event(run_id, "run.state", None, None, from_state, to_state, payload))
+
+    def __bool__(self) -> bool:
+        return bool(self._events)
+
+    @property
+    def run_ids(self) -> list[UUID]:
+        return sorted(self._events)
+
+    async def flush(self, conn: asyncpg.Connection) -> None:
+        """Writes everything collected (once per transaction, before commit)."""
+        if not self._events:
+            return
+        run_ids = sorted(self._events)
+        counts = [len(self._events[r]) for r in run_ids]
+        columns: list[list[Any]] = [[] for _ in range(8)]
+        for run_id in run_ids:
+            for ordinal, event in enumerate(self._events[run_id], start=1):
+                values = (
+                    run_id,
+                    ordinal,
+                    event.type,
+                    event.task_key,
+                    event.attempt,
+                    event.from_state,
+                    event.to_state,
+                    None if event.payload is None else json.dumps(event.payload),
+                )
+                for column, value in zip(columns, values, strict=True):
+                    column.append(value)
+        await conn.execute(Q["append"], run_ids, counts, *columns)
+        # The payload tells watchers which run moved; they re-read from their last seq.
+        await conn.execute(Q["notify_runs"], RUN_EVENTS_CHANNEL, run_ids)
+        self._events.clear()
+
+
+async def after_seq(
+    conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID, after: int, limit: int = 500
+) -> list[asyncpg.Record]:
+    rows: list[asyncpg.Record] = await conn.fetch(Q["after_seq"], run_id, after, limit)
+    return rows

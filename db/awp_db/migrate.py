@@ -1,0 +1,85 @@
+"""Applies the numbered migrations in `migrations/` once each, in order.
+
+Safe when several processes start together: a session advisory lock serialises them,
+and each migration commits with its row in `schema_migrations`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Final
+
+import asyncpg
+
+log = logging.getLogger("awp.db.migrate")
+
+# An arbitrary constant shared by every AWP process: "the migration lock".
+MIGRATION_LOCK_KEY: Final = 0x415750_0001
+_FILE: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def available() -> list[Migration]:
+    found = []
+    for entry in resources.files("awp_db").joinpath("migrations").iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    return found
+
+
+async def applied(conn: asyncpg.Connection) -> list[int]:
+    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    if not exists:
+        return []
+    rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY version")
+    return [row["version"] for row in rows]
+
+
+async def migrate(conn: asyncpg.Connection) -> list[int]:
+    """Applies what is missing; returns the versions applied by this call."""
+    done: list[int] = []
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+    try:
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS schema_migrations (
+                   version    integer PRIMARY KEY,
+                   name       text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        already = set(await applied(conn))
+        known = available()
+        unknown = already - {m.version for m in known}
+        if unknown:
+            raise RuntimeError(
+                f"database has migrations {sorted(unknown)} this build does not know: "
+                "it was migrated by a newer AWP"
+            )
+        for migration in known:
+            if migration.version in already:
+                continue
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )
+            log.info("applied migration", extra={"version": migration.version})
+            done.append(migration.version)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+    return done

