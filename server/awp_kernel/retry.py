@@ -19,9 +19,16 @@ class RetryPolicy:
         """Delay before the attempt after `attempt` (1-based): exponential, capped."""
         if attempt < 1:
             raise ValueError("attempt numbers start at 1")
-        # Cap the exponent first so a huge attempt number cannot overflow a float.
-        exponent = min(attempt - 1, 64)
-        delay = self.initial_backoff_ms * (self.multiplier**exponent)
+        # min(initial * multiplier^(attempt-1), max), computed in floats: an int multiplier
+        # would build a huge integer, and no fixed exponent cap is right for every multiplier.
+        multiplier = float(self.multiplier)
+        if self.initial_backoff_ms <= 0 or multiplier == 1.0:
+            return max(0, min(self.initial_backoff_ms, self.max_backoff_ms))
+        try:
+            delay = self.initial_backoff_ms * (multiplier ** (attempt - 1))
+        except OverflowError:
+            # A huge attempt number: the exponential is past any cap.
+            return self.max_backoff_ms if multiplier > 1.0 else 0
         return int(min(delay, self.max_backoff_ms))
 
 

@@ -68,6 +68,10 @@ CREATE TABLE tasks (
 );
 CREATE INDEX tasks_ready ON tasks (run_id, id) WHERE state = 'ready';
 CREATE INDEX tasks_retry_due ON tasks (retry_at) WHERE state = 'waiting_retry';
+-- Finds a run's unfinished tasks without scanning its finished ones (run completion)
+-- and counts its queued + running ones (run concurrency).
+CREATE INDEX tasks_live ON tasks (run_id, state)
+    WHERE state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry');
 
 CREATE TABLE workers (
     id                 uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -83,6 +87,8 @@ CREATE TABLE workers (
     registered_at      timestamptz NOT NULL DEFAULT now(),
     last_heartbeat_at  timestamptz NOT NULL DEFAULT now(),
     stopped_at         timestamptz,
+    -- Bumped by each new heartbeat stream: only the newest stream's loss shortens leases.
+    stream_epoch       bigint      NOT NULL DEFAULT 0,
     CHECK ((state IN ('stopped', 'offline')) = (stopped_at IS NOT NULL))
 );
 CREATE INDEX workers_live ON workers (last_heartbeat_at) WHERE state IN ('active', 'draining');

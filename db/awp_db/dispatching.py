@@ -1,0 +1,96 @@
+"""Creating dispatches within the limits (DESIGN.md §7), and withdrawing unservable ones."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from awp_db import settle
+from awp_db.events import EventBatch
+from awp_db.queries import queries
+
+Q = queries("dispatching")
+log = logging.getLogger("awp.db.dispatching")
+
+
+@dataclass(slots=True)
+class DispatchPass:
+    created: int = 0
+    by_kind: Counter[str] = field(default_factory=Counter)
+    withdrawn: int = 0
+
+
+async def create_dispatches(conn: asyncpg.Connection, global_limit: int = 0) -> DispatchPass:
+    """One set-based pass: dispatches for ready tasks while compatible workers have room.
+
+    global_limit bounds pending + leased dispatches (0: unbounded). Per-worker
+    max_concurrency is enforced again at claim; this only avoids over-offering.
+    """
+    result = DispatchPass()
+    events = EventBatch()
+    async with conn.transaction():
+        await conn.execute(Q["serialise"])
+        free = {row["kind"]: int(row["free"]) for row in await conn.fetch(Q["capacity"])}
+        live = Counter[str]()
+        in_flight = 0
+        for row in await conn.fetch(Q["live_dispatches"]):
+            in_flight += row["n"]
+            if row["state"] == "pending":
+                live[row["executor_kind"]] += row["n"]
+        budget = {kind: slots - live[kind] for kind, slots in free.items() if slots > live[kind]}
+        total = sum(budget.values())
+        if global_limit > 0:
+            total = min(total, global_limit - in_flight)
+        if total <= 0 or not budget:
+            return result
+        chosen: list[int] = []
+        run_ids = set()
+        for row in await conn.fetch(Q["candidates"], sorted(budget), total):
+            if len(chosen) >= total:
+                break
+            kind = row["executor_kind"]
+            if budget.get(kind, 0) > 0:
+                budget[kind] -= 1
+                chosen.append(row["id"])
+                run_ids.add(row["run_id"])
+        if not chosen:
+            return result
+        await settle.lock_runs(conn, run_ids)
+        for row in await conn.fetch(Q["create"], chosen):
+            events.task(
+                row["run_id"],
+                row["key"],
+                "ready",
+                "queued",
+                payload={"dispatch_id": row["dispatch_id"]},
+            )
+            result.by_kind[row["executor_kind"]] += 1
+            result.created += 1
+        await events.flush(conn)
+        if result.by_kind:
+            await conn.execute(Q["notify_dispatch"], sorted(result.by_kind))
+    return result
+
+
+async def withdraw_unservable(conn: asyncpg.Connection, limit: int = 1000) -> int:
+    """Queued tasks whose kind no active worker runs go back to ready, nothing spent."""
+    events = EventBatch()
+    async with conn.transaction():
+        rows = await conn.fetch(Q["unservable"], limit)
+        if not rows:
+            return 0
+        await settle.lock_runs(conn, {row["run_id"] for row in rows})
+        moved = await conn.fetch(Q["withdraw"], [row["id"] for row in rows])
+        for row in moved:
+            events.task(
+                row["run_id"],
+                row["key"],
+                "queued",
+                "ready",
+                payload={"why": "no active worker runs this executor kind"},
+            )
+        await events.flush(conn)
+    return len(moved)

@@ -1,0 +1,354 @@
+"""Leases: claim, heartbeat renewal, fenced completion, hand-back and stream loss.
+
+Lock order everywhere: worker row, then run rows (ascending), then dispatch rows.
+Every time comes from the database clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+import asyncpg
+from awp_kernel import errors, tokens
+from awp_kernel.fencing import ResultVerdict, judge_result
+from awp_kernel.results import result_hash
+from awp_kernel.retry import AttemptEnd
+
+from awp_db import settle, workers
+from awp_db.events import EventBatch
+from awp_db.queries import queries
+
+Q = queries("leases")
+log = logging.getLogger("awp.db.leases")
+
+# Listeners of this channel (servers parking long-poll claims) hear of new dispatches.
+DISPATCH_CHANNEL = "awp_dispatch"
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedLease:
+    dispatch_id: int
+    lease_token: str
+    fencing_token: int
+    run_id: UUID
+    task_key: str
+    executor_kind: str
+    action: str
+    input: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    lease_expires_at: datetime
+    lease_remaining_ms: float
+    attempt_deadline: datetime
+    attempt_remaining_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    dispatch_id: int
+    lease_token: str
+
+
+LeaseStatus = Literal["renewed", "revoked", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseAnswer:
+    dispatch_id: int
+    status: LeaseStatus
+    lease_expires_at: datetime | None = None
+    lease_remaining_ms: float = 0.0
+    attempt_remaining_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ResultIn:
+    dispatch_id: int
+    lease_token: str
+    outcome: Literal["succeeded", "failed"]
+    output: dict[str, Any] | None = None
+    error_message: str | None = None
+    retryable: bool = True
+
+    def digest(self) -> bytes:
+        return result_hash(self.outcome, self.output, self.error_message, self.retryable)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainOutcome:
+    state: str
+    active_leases: int
+    handed_back: int
+
+
+async def claim(
+    conn: asyncpg.Connection,
+    worker_id: str,
+    session_token: str,
+    max_leases: int,
+    lease_ttl_ms: int,
+) -> list[IssuedLease]:
+    """Leases up to max_leases dispatches, never more than the session's free slots."""
+    events = EventBatch()
+    async with conn.transaction():
+        session = await workers.authenticate(conn, worker_id, session_token, for_update=True)
+        if session.state != "active":
+            raise errors.worker_draining()
+        held = await workers.active_lease_count(conn, session.worker_id)
+        wanted = min(max_leases, session.max_concurrency - held)
+        if wanted <= 0:
+            return []
+        run_rows = await conn.fetch(Q["claimable_runs"], session.executor_kinds, wanted)
+        if not run_rows:
+            return []
+        secrets_ = [tokens.new_token() for _ in range(wanted)]
+        rows = await conn.fetch(
+            Q["take"],
+            session.worker_id,
+            session.executor_kinds,
+            [row["id"] for row in run_rows],
+            wanted,
+            [tokens.digest(token) for token in secrets_],
+            lease_ttl_ms,
+        )
+        leases = []
+        for row in rows:
+            leases.append(
+                IssuedLease(
+                    dispatch_id=row["dispatch_id"],
+                    lease_token=secrets_[row["token_index"] - 1],
+                    fencing_token=row["fencing_token"],
+                    run_id=row["run_id"],
+                    task_key=row["task_key"],
+                    executor_kind=row["executor_kind"],
+                    action=row["action"],
+                    input=row["input"],
+                    attempt=row["attempt"],
+                    max_attempts=row["max_attempts"],
+                    lease_expires_at=row["lease_expires_at"],
+                    lease_remaining_ms=float(row["lease_remaining_ms"]),
+                    attempt_deadline=row["attempt_deadline"],
+                    attempt_remaining_ms=float(row["attempt_remaining_ms"]),
+                )
+            )
+            events.task(row["run_id"], row["task_key"], "queued", "running", row["attempt"])
+            events.attempt(
+                row["run_id"],
+                row["task_key"],
+                row["attempt"],
+                None,
+                "running",
+                {
+                    "worker_id": str(session.worker_id),
+                    "dispatch_id": row["dispatch_id"],
+                    "fencing_token": row["fencing_token"],
+                },
+            )
+        await events.flush(conn)
+    return leases
+
+
+async def renew(
+    conn: asyncpg.Connection, worker_id: UUID, leases: Sequence[LeaseRef], lease_ttl_ms: int
+) -> list[LeaseAnswer]:
+    """Answers each lease a heartbeat lists: RENEWED, REVOKED or UNKNOWN."""
+    if not leases:
+        return []
+    rows = {
+        row["id"]: row
+        for row in await conn.fetch(Q["lease_digests"], [lease.dispatch_id for lease in leases])
+    }
+    owned = [
+        lease.dispatch_id
+        for lease in leases
+        if (row := rows.get(lease.dispatch_id)) is not None
+        and row["worker_id"] == worker_id
+        and tokens.matches(lease.lease_token, row["lease_token_hash"])
+    ]
+    renewed = {
+        row["id"]: row for row in await conn.fetch(Q["renew"], worker_id, owned, lease_ttl_ms)
+    }
+    answers = []
+    owned_set = set(owned)
+    for lease in leases:
+        if (row := renewed.get(lease.dispatch_id)) is not None:
+            answers.append(
+                LeaseAnswer(
+                    lease.dispatch_id,
+                    "renewed",
+                    row["lease_expires_at"],
+                    float(row["lease_remaining_ms"]),
+                    float(row["attempt_remaining_ms"]),
+                )
+            )
+        elif lease.dispatch_id in owned_set:
+            answers.append(LeaseAnswer(lease.dispatch_id, "revoked"))
+        else:
+            answers.append(LeaseAnswer(lease.dispatch_id, "unknown"))
+    return answers
+
+
+async def complete(
+    conn: asyncpg.Connection, worker_id: str, session_token: str, results: Sequence[ResultIn]
+) -> list[ResultVerdict]:
+    """Writes the results whose lease is still valid; one verdict per result, in order."""
+    events = EventBatch()
+    async with conn.transaction():
+        session = await workers.authenticate(conn, worker_id, session_token)
+        ids = [r.dispatch_id for r in results]
+        digests = await conn.fetch(Q["lease_digests"], ids)
+        await settle.lock_runs(conn, {row["run_id"] for row in digests})
+        locked = {row["id"]: row for row in await conn.fetch(Q["lock_for_settlement"], ids)}
+        now = await settle.clock(conn)
+        verdicts: list[ResultVerdict] = []
+        endings: list[settle.Ending] = []
+        for result in results:
+            row = locked.get(result.dispatch_id)
+            digest = result.digest()
+            if row is None:
+                verdicts.append(ResultVerdict.LEASE_LOST)
+                continue
+            verdict = judge_result(
+                holder_and_token_match=row["worker_id"] == session.worker_id
+                and tokens.matches(result.lease_token, row["lease_token_hash"]),
+                state=row["state"],
+                stored_result_hash=row["result_hash"],
+                result_hash=digest,
+                now=now,
+                lease_expires_at=row["lease_expires_at"],
+                attempt_deadline=row["attempt_deadline"],
+            )
+            verdicts.append(verdict)
+            if verdict is ResultVerdict.ACCEPTED:
+                error = (
+                    {"message": result.error_message or "", "retryable": result.retryable}
+                    if result.outcome == "failed"
+                    else None
+                )
+                endings.append(
+                    _ending(
+                        row,
+                        result.outcome,
+                        output=result.output,
+                        error=error,
+                        retryable=result.retryable,
+                        digest=digest,
+                    )
+                )
+        if endings:
+            await settle.end_attempts(conn, endings, events)
+            await events.flush(conn)
+            await settle.notify_coordinator(conn, "completed")
+    return verdicts
+
+
+def _ending(
+    row: asyncpg.Record,
+    end: AttemptEnd,
+    *,
+    output: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    retryable: bool = True,
+    digest: bytes | None = None,
+) -> settle.Ending:
+    return settle.Ending(
+        dispatch_id=row["id"],
+        run_id=row["run_id"],
+        task_id=row["task_id"],
+        task_key=row["task_key"],
+        attempt=row["attempt"],
+        end=end,
+        policy=settle.policy_of(row),
+        dependents=list(row["dependents"]),
+        output=output,
+        error=error,
+        retryable=retryable,
+        result_hash=digest,
+    )
+
+
+async def interrupt(
+    conn: asyncpg.Connection,
+    dispatch_ids: Sequence[int],
+    reason: str,
+    events: EventBatch,
+    *,
+    worker_id: UUID | None = None,
+) -> int:
+    """Settles leases at once as `interrupted` (hand-back, offline worker).
+
+    The caller holds a transaction and the worker's row lock when worker_id is given;
+    only leases still held (by that worker) are settled.
+    """
+    if not dispatch_ids:
+        return 0
+    digests = await conn.fetch(Q["lease_digests"], list(dispatch_ids))
+    await settle.lock_runs(conn, {row["run_id"] for row in digests})
+    endings = [
+        _ending(row, "interrupted", error={"message": reason, "retryable": True})
+        for row in await conn.fetch(Q["lock_for_settlement"], list(dispatch_ids))
+        if row["state"] == "leased" and (worker_id is None or row["worker_id"] == worker_id)
+    ]
+    await settle.end_attempts(conn, endings, events)
+    return len(endings)
+
+
+async def drain(
+    conn: asyncpg.Connection, worker_id: str, session_token: str, hand_back: Sequence[LeaseRef]
+) -> DrainOutcome:
+    """active -> draining; -> stopped once no lease remains (handed-back ones are settled)."""
+    events = EventBatch()
+    async with conn.transaction():
+        session = await workers.authenticate(
+            conn,
+            worker_id,
+            session_token,
+            for_update=True,
+            allowed_states=("active", "draining", "stopped"),
+        )
+        handed_back = 0
+        if hand_back:
+            rows = {
+                row["id"]: row
+                for row in await conn.fetch(Q["lease_digests"], [h.dispatch_id for h in hand_back])
+            }
+            valid = [
+                h.dispatch_id
+                for h in hand_back
+                if (row := rows.get(h.dispatch_id)) is not None
+                and row["worker_id"] == session.worker_id
+                and tokens.matches(h.lease_token, row["lease_token_hash"])
+            ]
+            handed_back = await interrupt(
+                conn, valid, "handed back by a draining worker", events, worker_id=session.worker_id
+            )
+        remaining = await workers.active_lease_count(conn, session.worker_id)
+        state = session.state
+        target = "stopped" if remaining == 0 else "draining"
+        if state not in ("stopped", target):
+            state = await workers.set_state(conn, session.worker_id, target)
+        await events.flush(conn)
+        await settle.notify_coordinator(conn, "drain")
+    return DrainOutcome(state, remaining, handed_back)
+
+
+async def stream_lost(conn: asyncpg.Connection, worker_id: UUID, epoch: int, grace_ms: int) -> int:
+    """Shortens the worker's leases to the stream grace, unless a newer stream exists."""
+    async with conn.transaction():
+        current = await workers.lock_stream_epoch(conn, worker_id)
+        if current != epoch:
+            return 0
+        shortened = await conn.fetch(Q["shorten"], worker_id, grace_ms)
+        if shortened:
+            # The coordinator sleeps until the earliest expiry it knows: tell it.
+            await settle.notify_coordinator(conn, "stream_lost")
+    return len(shortened)
+
+
+async def worker_leases(conn: asyncpg.Connection, worker_ids: Sequence[UUID]) -> list[int]:
+    return [row["id"] for row in await conn.fetch(Q["worker_leases"], list(worker_ids))]

@@ -1,0 +1,121 @@
+"""Runs: starting them (all tasks in one transaction), reading them, cancel intent."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+from awp_kernel.errors import invalid, not_found
+
+from awp_db import settle
+from awp_db.events import Event, EventBatch
+from awp_db.queries import queries
+from awp_db.workflows import StoredWorkflow
+
+Q = queries("runs")
+
+
+@dataclass(frozen=True, slots=True)
+class StartedRun:
+    run_id: UUID
+    created: bool
+
+
+def parse_run_id(run_id: str, field: str = "run_id") -> UUID:
+    try:
+        return UUID(run_id)
+    except ValueError:
+        raise invalid(field, f"{run_id!r} is not a run id (a UUID)") from None
+
+
+async def start(
+    conn: asyncpg.Connection,
+    workflow: StoredWorkflow,
+    run_input: dict[str, Any],
+    request_id: str | None,
+) -> StartedRun:
+    """Creates the run and all its tasks (roots ready, the rest pending) atomically."""
+    spec = workflow.spec
+    async with conn.transaction():
+        run_id = await conn.fetchval(
+            Q["insert"], workflow.id, run_input, spec.concurrency, request_id or None
+        )
+        if run_id is None:
+            existing = await conn.fetchval(Q["by_request_id"], request_id)
+            return StartedRun(existing, False)
+        dependents = spec.dependents()
+        tasks = spec.tasks
+        rows = await conn.fetch(
+            Q["insert_tasks"],
+            run_id,
+            [t.key for t in tasks],
+            [t.executor_kind for t in tasks],
+            [t.action for t in tasks],
+            [json.dumps(dict(t.input)) for t in tasks],
+            [json.dumps(list(t.depends_on)) for t in tasks],
+            [json.dumps(dependents[t.key]) for t in tasks],
+            [len(t.depends_on) for t in tasks],
+            [t.retry.max_attempts for t in tasks],
+            [t.retry.initial_backoff_ms for t in tasks],
+            [t.retry.max_backoff_ms for t in tasks],
+            [t.retry.multiplier for t in tasks],
+            [t.timeout_ms for t in tasks],
+        )
+        events = EventBatch()
+        events.add(
+            Event(
+                run_id,
+                "run.created",
+                to_state="running",
+                payload={"workflow": spec.name, "version": spec.version},
+            )
+        )
+        for row in rows:
+            events.task(run_id, row["key"], None, row["state"])
+        await events.flush(conn)
+        await settle.notify_coordinator(conn, "run_started")
+    return StartedRun(run_id, True)
+
+
+async def get(conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID) -> asyncpg.Record:
+    row = await conn.fetchrow(Q["get"], run_id)
+    if row is None:
+        raise not_found("RUN_NOT_FOUND", f"run {run_id}")
+    return row
+
+
+async def task_counts(
+    conn: asyncpg.Connection | asyncpg.Pool, run_ids: list[UUID]
+) -> dict[UUID, dict[str, int]]:
+    counts: dict[UUID, dict[str, int]] = {run_id: {} for run_id in run_ids}
+    for row in await conn.fetch(Q["task_counts"], run_ids):
+        counts[row["run_id"]][row["state"]] = row["n"]
+    return counts
+
+
+async def tasks(conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID) -> list[asyncpg.Record]:
+    rows: list[asyncpg.Record] = await conn.fetch(Q["tasks"], run_id)
+    return rows
+
+
+async def attempts(conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID) -> list[asyncpg.Record]:
+    rows: list[asyncpg.Record] = await conn.fetch(Q["attempts"], run_id)
+    return rows
+
+
+async def request_cancel(conn: asyncpg.Connection, run_id: UUID, reason: str) -> bool:
+    """Persists the intent (the coordinator converges it). False if already final/requested."""
+    events = EventBatch()
+    async with conn.transaction():
+        locked = await settle.lock_runs(conn, [run_id])
+        if not locked:
+            raise not_found("RUN_NOT_FOUND", f"run {run_id}")
+        changed = await conn.fetchval(Q["request_cancel"], run_id, reason or None) is not None
+        if changed:
+            events.add(Event(run_id, "run.cancel_requested", payload={"reason": reason}))
+            await events.flush(conn)
+            await settle.notify_coordinator(conn, "cancel")
+    return changed

@@ -1,0 +1,53 @@
+-- name: insert
+-- Returns nothing when request_id was already used (the caller fetches that run).
+INSERT INTO runs (workflow_id, input, concurrency, request_id)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (request_id) DO NOTHING
+RETURNING id
+
+-- name: insert_tasks
+INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
+                   unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
+                   backoff_multiplier, timeout_ms, ready_at)
+SELECT $1, t.key, t.executor_kind, t.action, t.input::jsonb,
+       coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
+       coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
+       t.unfinished_deps,
+       CASE WHEN t.unfinished_deps = 0 THEN 'ready' ELSE 'pending' END,
+       t.max_attempts, t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.timeout_ms,
+       CASE WHEN t.unfinished_deps = 0 THEN now() END
+  FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[],
+              $9::int[], $10::bigint[], $11::bigint[], $12::float8[], $13::bigint[])
+       AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
+             max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms)
+RETURNING key, state
+
+-- name: by_request_id
+SELECT id FROM runs WHERE request_id = $1
+
+-- name: get
+SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
+       r.cancel_requested_at, r.cancel_reason, r.concurrency, w.name AS workflow_name,
+       w.version AS workflow_version
+  FROM runs r JOIN workflows w ON w.id = r.workflow_id
+ WHERE r.id = $1
+
+-- name: task_counts
+SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GROUP BY run_id, state
+
+-- name: tasks
+SELECT key, state, executor_kind, action, depends_on, attempts, max_attempts, output, error,
+       retry_at, finished_at
+  FROM tasks WHERE run_id = $1 ORDER BY id
+
+-- name: attempts
+SELECT t.key AS task_key, a.attempt, a.state, a.worker_id, a.dispatch_id, a.fencing_token,
+       a.started_at, a.deadline, a.finished_at, a.error
+  FROM attempts a JOIN tasks t ON t.id = a.task_id
+ WHERE a.run_id = $1
+ ORDER BY a.id
+
+-- name: request_cancel
+UPDATE runs SET cancel_requested_at = now(), cancel_reason = $2
+ WHERE id = $1 AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING id

@@ -1,0 +1,103 @@
+-- Settlement: how an attempt's end, a run's failure or its cancellation are written.
+-- Every statement here runs with the affected runs and dispatches already locked.
+
+-- name: lock_runs
+-- Lock order everywhere: run rows (ascending id), then dispatch rows.
+SELECT id, state, cancel_requested_at
+  FROM runs WHERE id = ANY($1::uuid[])
+ ORDER BY id
+   FOR UPDATE
+
+-- name: clock
+-- The live database clock, read after the locks are held (now() is the transaction's start).
+SELECT clock_timestamp()
+
+-- name: end_dispatches
+UPDATE dispatches d
+   SET state = e.state, result_hash = e.result_hash, finished_at = clock_timestamp()
+  FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS e (id, state, result_hash)
+ WHERE d.id = e.id AND d.state = 'leased'
+
+-- name: end_attempts
+UPDATE attempts a
+   SET state = e.state, finished_at = clock_timestamp(),
+       output = e.output::jsonb, error = e.error::jsonb
+  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS e (dispatch_id, state, output, error)
+ WHERE a.dispatch_id = e.dispatch_id AND a.state = 'running'
+
+-- name: end_tasks
+UPDATE tasks t
+   SET state = e.state,
+       output = coalesce(e.output::jsonb, t.output),
+       error = coalesce(e.error::jsonb, t.error),
+       retry_at = CASE WHEN e.state = 'waiting_retry'
+                       THEN clock_timestamp() + e.retry_in_ms * interval '1 millisecond' END,
+       finished_at = CASE WHEN e.state IN ('succeeded', 'failed') THEN clock_timestamp() END
+  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[])
+           AS e (id, state, output, error, retry_in_ms)
+ WHERE t.id = e.id AND t.state = 'running'
+RETURNING t.id
+
+-- name: unlock_dependents
+-- $1/$2: (run, dependent key) once per succeeded dependency; a task becomes ready when
+-- its last unfinished dependency succeeds.
+WITH done AS (
+    SELECT run_id, key, count(*) AS n
+      FROM unnest($1::uuid[], $2::text[]) AS x (run_id, key)
+     GROUP BY run_id, key
+)
+UPDATE tasks t
+   SET unfinished_deps = t.unfinished_deps - done.n,
+       state = CASE WHEN t.unfinished_deps - done.n = 0 THEN 'ready' ELSE t.state END,
+       ready_at = CASE WHEN t.unfinished_deps - done.n = 0 THEN clock_timestamp() END
+  FROM done
+ WHERE t.run_id = done.run_id AND t.key = done.key AND t.state = 'pending'
+RETURNING t.run_id, t.key, t.state
+
+-- name: cancel_live_dispatches
+UPDATE dispatches
+   SET state = 'canceled', finished_at = clock_timestamp()
+ WHERE run_id = ANY($1::uuid[]) AND state IN ('pending', 'leased')
+RETURNING id
+
+-- name: cancel_running_attempts
+UPDATE attempts a
+   SET state = 'canceled', finished_at = clock_timestamp()
+  FROM tasks t
+ WHERE a.run_id = ANY($1::uuid[]) AND a.state = 'running' AND t.id = a.task_id
+RETURNING a.run_id, t.key, a.attempt
+
+-- name: stop_tasks
+-- Running tasks are canceled (their attempt was stopped); untouched ones take $2.
+WITH live AS (
+    SELECT id, state FROM tasks
+     WHERE run_id = ANY($1::uuid[])
+       AND state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+       FOR UPDATE
+)
+UPDATE tasks t
+   SET state = CASE WHEN live.state = 'running' THEN 'canceled' ELSE $2 END,
+       retry_at = NULL, finished_at = clock_timestamp()
+  FROM live
+ WHERE t.id = live.id
+RETURNING t.run_id, t.key, live.state AS from_state, t.state AS to_state
+
+-- name: finished_runs
+-- Runs still marked running whose tasks are all terminal, with the states that decide
+-- their outcome.
+SELECT r.id, array_agg(DISTINCT t.state) AS task_states
+  FROM runs r JOIN tasks t ON t.run_id = r.id
+ WHERE r.id = ANY($1::uuid[]) AND r.state = 'running'
+   AND NOT EXISTS (
+       SELECT 1 FROM tasks l
+        WHERE l.run_id = r.id
+          AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry'))
+ GROUP BY r.id
+
+-- name: finish_run
+UPDATE runs SET state = $2, finished_at = clock_timestamp()
+ WHERE id = $1 AND state = 'running'
+RETURNING id
+
+-- name: notify_coordinator
+SELECT pg_notify('awp_coordinator', $1)

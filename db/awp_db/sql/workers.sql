@@ -1,0 +1,58 @@
+-- name: register
+INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING id, registered_at
+
+-- name: session
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency
+  FROM workers WHERE id = $1
+
+-- name: session_for_update
+-- Serialises one session's claims so their slot count cannot be exceeded.
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency
+  FROM workers WHERE id = $1 FOR UPDATE
+
+-- name: active_leases
+SELECT count(*) FROM dispatches WHERE worker_id = $1 AND state = 'leased'
+
+-- name: touch
+UPDATE workers SET last_heartbeat_at = now()
+ WHERE id = $1 AND state IN ('active', 'draining')
+RETURNING state
+
+-- name: open_stream
+UPDATE workers SET stream_epoch = stream_epoch + 1, last_heartbeat_at = now()
+ WHERE id = $1 AND state IN ('active', 'draining')
+RETURNING stream_epoch
+
+-- name: stream_epoch_for_update
+SELECT stream_epoch FROM workers WHERE id = $1 FOR UPDATE
+
+-- name: set_state
+UPDATE workers
+   SET state = $2,
+       stopped_at = CASE WHEN $2 IN ('stopped', 'offline') THEN now() END
+ WHERE id = $1
+RETURNING state
+
+-- name: silent_workers
+-- Locks sessions silent for longer than the offline threshold (skip busy ones: next pass).
+SELECT id FROM workers
+ WHERE state IN ('active', 'draining')
+   AND last_heartbeat_at < clock_timestamp() - $1 * interval '1 millisecond'
+ ORDER BY id
+ FOR UPDATE SKIP LOCKED
+
+-- name: mark_offline
+UPDATE workers SET state = 'offline', stopped_at = now()
+ WHERE id = ANY($1::uuid[]) AND state IN ('active', 'draining')
+RETURNING id
+
+-- name: list
+SELECT w.id, w.name, w.state, w.executor_kinds, w.max_concurrency, w.labels, w.protocol_version,
+       w.registered_at, w.last_heartbeat_at, w.stopped_at,
+       (SELECT count(*) FROM dispatches d WHERE d.worker_id = w.id AND d.state = 'leased') AS active_leases
+  FROM workers w
+ WHERE $1 OR w.state IN ('active', 'draining')
+ ORDER BY w.registered_at DESC, w.id
+ LIMIT 1000

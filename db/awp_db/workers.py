@@ -1,0 +1,125 @@
+"""Worker sessions: registration, authentication, heartbeats, drain, offline detection."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+from awp_kernel import errors, tokens
+
+from awp_db.queries import queries
+
+Q = queries("workers")
+log = logging.getLogger("awp.db.workers")
+
+LIVE_STATES = ("active", "draining")
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    worker_id: UUID
+    session_token: str
+    registered_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    worker_id: UUID
+    state: str
+    executor_kinds: list[str]
+    max_concurrency: int
+
+
+def parse_worker_id(worker_id: str) -> UUID:
+    try:
+        return UUID(worker_id)
+    except ValueError:
+        raise errors.session_invalid() from None
+
+
+async def register(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    name: str,
+    protocol_version: int,
+    executor_kinds: list[str],
+    max_concurrency: int,
+    labels: dict[str, str],
+) -> Registration:
+    token = tokens.new_token()
+    row = await conn.fetchrow(
+        Q["register"],
+        name,
+        protocol_version,
+        executor_kinds,
+        max_concurrency,
+        labels,
+        tokens.digest(token),
+    )
+    assert row is not None
+    return Registration(row["id"], token, row["registered_at"])
+
+
+async def authenticate(
+    conn: asyncpg.Connection,
+    worker_id: str,
+    session_token: str,
+    *,
+    for_update: bool = False,
+    allowed_states: tuple[str, ...] = LIVE_STATES,
+) -> Session:
+    """The live session these credentials prove, or SESSION_INVALID."""
+    wid = parse_worker_id(worker_id)
+    row = await conn.fetchrow(Q["session_for_update" if for_update else "session"], wid)
+    if row is None or not tokens.matches(session_token, row["session_token_hash"]):
+        log.info("session rejected", extra={"worker_id": worker_id, "why": "unknown or bad token"})
+        raise errors.session_invalid()
+    if row["state"] not in allowed_states:
+        log.info("session rejected", extra={"worker_id": worker_id, "why": row["state"]})
+        raise errors.session_invalid(f"worker session is {row['state']}: register anew")
+    return Session(wid, row["state"], list(row["executor_kinds"]), row["max_concurrency"])
+
+
+async def active_lease_count(conn: asyncpg.Connection, worker_id: UUID) -> int:
+    count: int = await conn.fetchval(Q["active_leases"], worker_id)
+    return count
+
+
+async def touch(conn: asyncpg.Connection, worker_id: UUID) -> str | None:
+    """Records a heartbeat; the session's state, or None if it is no longer live."""
+    state: str | None = await conn.fetchval(Q["touch"], worker_id)
+    return state
+
+
+async def open_stream(conn: asyncpg.Connection, worker_id: UUID) -> int | None:
+    epoch: int | None = await conn.fetchval(Q["open_stream"], worker_id)
+    return epoch
+
+
+async def lock_stream_epoch(conn: asyncpg.Connection, worker_id: UUID) -> int | None:
+    epoch: int | None = await conn.fetchval(Q["stream_epoch_for_update"], worker_id)
+    return epoch
+
+
+async def set_state(conn: asyncpg.Connection, worker_id: UUID, state: str) -> str:
+    new_state: str = await conn.fetchval(Q["set_state"], worker_id, state)
+    return new_state
+
+
+async def lock_silent(conn: asyncpg.Connection, silent_for_ms: int) -> list[UUID]:
+    rows = await conn.fetch(Q["silent_workers"], silent_for_ms)
+    return [row["id"] for row in rows]
+
+
+async def mark_offline(conn: asyncpg.Connection, worker_ids: list[UUID]) -> list[UUID]:
+    rows = await conn.fetch(Q["mark_offline"], worker_ids)
+    return [row["id"] for row in rows]
+
+
+async def list_workers(
+    conn: asyncpg.Connection | asyncpg.Pool, include_inactive: bool
+) -> list[dict[str, Any]]:
+    return [dict(row) for row in await conn.fetch(Q["list"], include_inactive)]
