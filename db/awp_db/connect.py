@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
-Connection = asyncpg.Connection
-Pool = asyncpg.Pool[asyncpg.Record]
+Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
+if TYPE_CHECKING:
+    Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+else:
+    Pool = asyncpg.Pool
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

@@ -1,0 +1,136 @@
+"""LISTEN/NOTIFY on a dedicated connection, reconnected when lost.
+
+asyncpg's pool resets connections on release (UNLISTEN *), so listening needs its own
+connection. A lost LISTEN connection is silent, hence the keepalive; after any
+reconnect every waiter is woken, because notifications may have been missed while
+disconnected. Every wake-up is only a latency optimisation: callers re-read the
+database and also poll on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import asyncpg
+
+from awp_db.connect import connect
+
+log = logging.getLogger("awp.db.listen")
+
+
+class Waiter:
+    """Set when a matching notification (or a reconnect) arrives."""
+
+    def __init__(self, key: str | None) -> None:
+        self.key = key
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """True if woken within the time; re-arms for the next wait."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
+        except TimeoutError:
+            return False
+        self._event.clear()
+        return True
+
+
+class Listener:
+    def __init__(
+        self,
+        dsn: str,
+        channels: Sequence[str],
+        keepalive_s: float = 5.0,
+        on_connection_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self._dsn = dsn
+        self._channels = list(channels)
+        self._keepalive_s = keepalive_s
+        self._waiters: dict[str, set[Waiter]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._on_connection_change = on_connection_change
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="awp-listener")
+
+    async def wait_connected(self, seconds: float) -> bool:
+        try:
+            async with asyncio.timeout(seconds):
+                await self._connected.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, channel: str, key: str | None = None) -> AsyncIterator[Waiter]:
+        """A waiter for notifications on channel (only payload == key when key is set)."""
+        waiter = Waiter(key)
+        self._waiters[channel].add(waiter)
+        try:
+            yield waiter
+        finally:
+            self._waiters[channel].discard(waiter)
+
+    def _dispatch(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
+        for waiter in self._waiters.get(channel, ()):
+            if waiter.key is None or waiter.key == payload:
+                waiter.wake()
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.wake()
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected:
+            self._connected.set()
+        else:
+            self._connected.clear()
+        if self._on_connection_change is not None:
+            self._on_connection_change(connected)
+
+    async def _run(self) -> None:
+        delay = 0.1
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await connect(self._dsn, application_name="awp-listener")
+                for channel in self._channels:
+                    await conn.add_listener(channel, self._dispatch)
+                delay = 0.1
+                self._set_connected(True)
+                self._wake_all()
+                while True:
+                    await asyncio.sleep(self._keepalive_s)
+                    async with asyncio.timeout(self._keepalive_s):
+                        await conn.fetchval("SELECT 1")
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                log.warning("listener connection lost", extra={"error": str(exc)})
+            finally:
+                if self._connected.is_set():
+                    self._set_connected(False)
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.terminate()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
