@@ -1,0 +1,1 @@
+"""Pieces every AWP process shares: structured logging and flag/environment parsing."""
