@@ -7,11 +7,15 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
-Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
 if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
     Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+    # What storage functions accept: a plain connection or one borrowed from a pool.
+    Conn: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
 else:
     Pool = asyncpg.Pool
+    Conn = asyncpg.Connection
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

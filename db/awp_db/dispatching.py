@@ -6,9 +6,8 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-import asyncpg
-
 from awp_db import settle
+from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries
 
@@ -23,7 +22,7 @@ class DispatchPass:
     withdrawn: int = 0
 
 
-async def create_dispatches(conn: asyncpg.Connection, global_limit: int = 0) -> DispatchPass:
+async def create_dispatches(conn: Conn, global_limit: int = 0) -> DispatchPass:
     """One set-based pass: dispatches for ready tasks while compatible workers have room.
 
     global_limit bounds pending + leased dispatches (0: unbounded). Per-worker
@@ -75,7 +74,7 @@ async def create_dispatches(conn: asyncpg.Connection, global_limit: int = 0) -> 
     return result
 
 
-async def withdraw_unservable(conn: asyncpg.Connection, limit: int = 1000) -> int:
+async def withdraw_unservable(conn: Conn, limit: int = 1000) -> int:
     """Queued tasks whose kind no active worker runs go back to ready, nothing spent."""
     events = EventBatch()
     async with conn.transaction():

@@ -16,6 +16,7 @@ from uuid import UUID
 
 import asyncpg
 
+from awp_db.connect import Conn, Pool
 from awp_db.queries import queries
 
 Q = queries("events")
@@ -80,7 +81,7 @@ class EventBatch:
     def run_ids(self) -> list[UUID]:
         return sorted(self._events)
 
-    async def flush(self, conn: asyncpg.Connection) -> None:
+    async def flush(self, conn: Conn) -> None:
         """Writes everything collected (once per transaction, before commit)."""
         if not self._events:
             return
@@ -108,7 +109,7 @@ class EventBatch:
 
 
 async def after_seq(
-    conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID, after: int, limit: int = 500
+    conn: Conn | Pool, run_id: UUID, after: int, limit: int = 500
 ) -> list[asyncpg.Record]:
     rows: list[asyncpg.Record] = await conn.fetch(Q["after_seq"], run_id, after, limit)
     return rows

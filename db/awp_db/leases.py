@@ -20,6 +20,7 @@ from awp_kernel.results import result_hash
 from awp_kernel.retry import AttemptEnd
 
 from awp_db import settle, workers
+from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries
 
@@ -87,7 +88,7 @@ class DrainOutcome:
 
 
 async def claim(
-    conn: asyncpg.Connection,
+    conn: Conn,
     worker_id: str,
     session_token: str,
     max_leases: int,
@@ -154,7 +155,7 @@ async def claim(
 
 
 async def renew(
-    conn: asyncpg.Connection, worker_id: UUID, leases: Sequence[LeaseRef], lease_ttl_ms: int
+    conn: Conn, worker_id: UUID, leases: Sequence[LeaseRef], lease_ttl_ms: int
 ) -> list[LeaseAnswer]:
     """Answers each lease a heartbeat lists: RENEWED, REVOKED or UNKNOWN."""
     if not leases:
@@ -194,7 +195,7 @@ async def renew(
 
 
 async def complete(
-    conn: asyncpg.Connection, worker_id: str, session_token: str, results: Sequence[ResultIn]
+    conn: Conn, worker_id: str, session_token: str, results: Sequence[ResultIn]
 ) -> list[ResultVerdict]:
     """Writes the results whose lease is still valid; one verdict per result, in order."""
     events = EventBatch()
@@ -273,7 +274,7 @@ def _ending(
 
 
 async def interrupt(
-    conn: asyncpg.Connection,
+    conn: Conn,
     dispatch_ids: Sequence[int],
     reason: str,
     events: EventBatch,
@@ -299,7 +300,7 @@ async def interrupt(
 
 
 async def drain(
-    conn: asyncpg.Connection, worker_id: str, session_token: str, hand_back: Sequence[LeaseRef]
+    conn: Conn, worker_id: str, session_token: str, hand_back: Sequence[LeaseRef]
 ) -> DrainOutcome:
     """active -> draining; -> stopped once no lease remains (handed-back ones are settled)."""
     events = EventBatch()
@@ -337,7 +338,7 @@ async def drain(
     return DrainOutcome(state, remaining, handed_back)
 
 
-async def stream_lost(conn: asyncpg.Connection, worker_id: UUID, epoch: int, grace_ms: int) -> int:
+async def stream_lost(conn: Conn, worker_id: UUID, epoch: int, grace_ms: int) -> int:
     """Shortens the worker's leases to the stream grace, unless a newer stream exists."""
     async with conn.transaction():
         current = await workers.lock_stream_epoch(conn, worker_id)
@@ -350,5 +351,5 @@ async def stream_lost(conn: asyncpg.Connection, worker_id: UUID, epoch: int, gra
     return len(shortened)
 
 
-async def worker_leases(conn: asyncpg.Connection, worker_ids: Sequence[UUID]) -> list[int]:
+async def worker_leases(conn: Conn, worker_ids: Sequence[UUID]) -> list[int]:
     return [row["id"] for row in await conn.fetch(Q["worker_leases"], list(worker_ids))]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Final
 
-import asyncpg
+from awp_db.connect import Conn
 
 log = logging.getLogger("awp.db.migrate")
 
@@ -41,7 +41,7 @@ def available() -> list[Migration]:
     return found
 
 
-async def applied(conn: asyncpg.Connection) -> list[int]:
+async def applied(conn: Conn) -> list[int]:
     exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
     if not exists:
         return []
@@ -49,7 +49,7 @@ async def applied(conn: asyncpg.Connection) -> list[int]:
     return [row["version"] for row in rows]
 
 
-async def migrate(conn: asyncpg.Connection) -> list[int]:
+async def migrate(conn: Conn) -> list[int]:
     """Applies what is missing; returns the versions applied by this call."""
     done: list[int] = []
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)

@@ -11,6 +11,7 @@ import asyncpg
 from awp_kernel.errors import invalid, not_found
 
 from awp_db import settle
+from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
 from awp_db.queries import queries
 from awp_db.workflows import StoredWorkflow
@@ -32,7 +33,7 @@ def parse_run_id(run_id: str, field: str = "run_id") -> UUID:
 
 
 async def start(
-    conn: asyncpg.Connection,
+    conn: Conn,
     workflow: StoredWorkflow,
     run_input: dict[str, Any],
     request_id: str | None,
@@ -80,33 +81,31 @@ async def start(
     return StartedRun(run_id, True)
 
 
-async def get(conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID) -> asyncpg.Record:
+async def get(conn: Conn | Pool, run_id: UUID) -> asyncpg.Record:
     row = await conn.fetchrow(Q["get"], run_id)
     if row is None:
         raise not_found("RUN_NOT_FOUND", f"run {run_id}")
     return row
 
 
-async def task_counts(
-    conn: asyncpg.Connection | asyncpg.Pool, run_ids: list[UUID]
-) -> dict[UUID, dict[str, int]]:
+async def task_counts(conn: Conn | Pool, run_ids: list[UUID]) -> dict[UUID, dict[str, int]]:
     counts: dict[UUID, dict[str, int]] = {run_id: {} for run_id in run_ids}
     for row in await conn.fetch(Q["task_counts"], run_ids):
         counts[row["run_id"]][row["state"]] = row["n"]
     return counts
 
 
-async def tasks(conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID) -> list[asyncpg.Record]:
+async def tasks(conn: Conn | Pool, run_id: UUID) -> list[asyncpg.Record]:
     rows: list[asyncpg.Record] = await conn.fetch(Q["tasks"], run_id)
     return rows
 
 
-async def attempts(conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID) -> list[asyncpg.Record]:
+async def attempts(conn: Conn | Pool, run_id: UUID) -> list[asyncpg.Record]:
     rows: list[asyncpg.Record] = await conn.fetch(Q["attempts"], run_id)
     return rows
 
 
-async def request_cancel(conn: asyncpg.Connection, run_id: UUID, reason: str) -> bool:
+async def request_cancel(conn: Conn, run_id: UUID, reason: str) -> bool:
     """Persists the intent (the coordinator converges it). False if already final/requested."""
     events = EventBatch()
     async with conn.transaction():

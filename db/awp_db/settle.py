@@ -18,6 +18,7 @@ import asyncpg
 from awp_kernel.retry import AttemptEnd, RetryPolicy, decide
 from awp_kernel.states import run_outcome
 
+from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries
 
@@ -76,23 +77,21 @@ def _json(value: dict[str, Any] | None) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-async def lock_runs(conn: asyncpg.Connection, run_ids: Iterable[UUID]) -> list[asyncpg.Record]:
+async def lock_runs(conn: Conn, run_ids: Iterable[UUID]) -> list[asyncpg.Record]:
     rows: list[asyncpg.Record] = await conn.fetch(Q["lock_runs"], sorted(set(run_ids)))
     return rows
 
 
-async def clock(conn: asyncpg.Connection) -> datetime:
+async def clock(conn: Conn) -> datetime:
     now: datetime = await conn.fetchval(Q["clock"])
     return now
 
 
-async def notify_coordinator(conn: asyncpg.Connection, why: str) -> None:
+async def notify_coordinator(conn: Conn, why: str) -> None:
     await conn.execute(Q["notify_coordinator"], why)
 
 
-async def end_attempts(
-    conn: asyncpg.Connection, endings: Sequence[Ending], events: EventBatch
-) -> Settled:
+async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch) -> Settled:
     """Applies the retry rule to each ended attempt; fails runs whose task failed for good."""
     settled = Settled()
     if not endings:
@@ -168,7 +167,7 @@ async def end_attempts(
 
 
 async def stop_runs(
-    conn: asyncpg.Connection, run_ids: Sequence[UUID], untouched_state: str, events: EventBatch
+    conn: Conn, run_ids: Sequence[UUID], untouched_state: str, events: EventBatch
 ) -> None:
     """Revokes every live lease of the runs and ends their unfinished tasks.
 
@@ -183,9 +182,7 @@ async def stop_runs(
         events.task(row["run_id"], row["key"], row["from_state"], row["to_state"])
 
 
-async def finish_runs(
-    conn: asyncpg.Connection, run_ids: Iterable[UUID], events: EventBatch
-) -> dict[UUID, str]:
+async def finish_runs(conn: Conn, run_ids: Iterable[UUID], events: EventBatch) -> dict[UUID, str]:
     """Marks runs whose tasks are all terminal with the outcome those tasks imply."""
     finished: dict[UUID, str] = {}
     for row in await conn.fetch(Q["finished_runs"], sorted(set(run_ids))):

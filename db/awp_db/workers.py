@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
 from awp_kernel import errors, tokens
 
+from awp_db.connect import Conn, Pool
 from awp_db.queries import queries
 
 Q = queries("workers")
@@ -42,7 +42,7 @@ def parse_worker_id(worker_id: str) -> UUID:
 
 
 async def register(
-    conn: asyncpg.Connection | asyncpg.Pool,
+    conn: Conn | Pool,
     name: str,
     protocol_version: int,
     executor_kinds: list[str],
@@ -64,7 +64,7 @@ async def register(
 
 
 async def authenticate(
-    conn: asyncpg.Connection,
+    conn: Conn,
     worker_id: str,
     session_token: str,
     *,
@@ -83,43 +83,41 @@ async def authenticate(
     return Session(wid, row["state"], list(row["executor_kinds"]), row["max_concurrency"])
 
 
-async def active_lease_count(conn: asyncpg.Connection, worker_id: UUID) -> int:
+async def active_lease_count(conn: Conn, worker_id: UUID) -> int:
     count: int = await conn.fetchval(Q["active_leases"], worker_id)
     return count
 
 
-async def touch(conn: asyncpg.Connection, worker_id: UUID) -> str | None:
+async def touch(conn: Conn, worker_id: UUID) -> str | None:
     """Records a heartbeat; the session's state, or None if it is no longer live."""
     state: str | None = await conn.fetchval(Q["touch"], worker_id)
     return state
 
 
-async def open_stream(conn: asyncpg.Connection, worker_id: UUID) -> int | None:
+async def open_stream(conn: Conn, worker_id: UUID) -> int | None:
     epoch: int | None = await conn.fetchval(Q["open_stream"], worker_id)
     return epoch
 
 
-async def lock_stream_epoch(conn: asyncpg.Connection, worker_id: UUID) -> int | None:
+async def lock_stream_epoch(conn: Conn, worker_id: UUID) -> int | None:
     epoch: int | None = await conn.fetchval(Q["stream_epoch_for_update"], worker_id)
     return epoch
 
 
-async def set_state(conn: asyncpg.Connection, worker_id: UUID, state: str) -> str:
+async def set_state(conn: Conn, worker_id: UUID, state: str) -> str:
     new_state: str = await conn.fetchval(Q["set_state"], worker_id, state)
     return new_state
 
 
-async def lock_silent(conn: asyncpg.Connection, silent_for_ms: int) -> list[UUID]:
+async def lock_silent(conn: Conn, silent_for_ms: int) -> list[UUID]:
     rows = await conn.fetch(Q["silent_workers"], silent_for_ms)
     return [row["id"] for row in rows]
 
 
-async def mark_offline(conn: asyncpg.Connection, worker_ids: list[UUID]) -> list[UUID]:
+async def mark_offline(conn: Conn, worker_ids: list[UUID]) -> list[UUID]:
     rows = await conn.fetch(Q["mark_offline"], worker_ids)
     return [row["id"] for row in rows]
 
 
-async def list_workers(
-    conn: asyncpg.Connection | asyncpg.Pool, include_inactive: bool
-) -> list[dict[str, Any]]:
+async def list_workers(conn: Conn | Pool, include_inactive: bool) -> list[dict[str, Any]]:
     return [dict(row) for row in await conn.fetch(Q["list"], include_inactive)]

@@ -9,6 +9,7 @@ import asyncpg
 from awp_kernel.definition import WorkflowSpec
 from awp_kernel.errors import AwpError, ErrorKind, not_found
 
+from awp_db.connect import Conn, Pool
 from awp_db.queries import queries
 
 Q = queries("workflows")
@@ -25,9 +26,7 @@ def _stored(row: asyncpg.Record) -> StoredWorkflow:
     return StoredWorkflow(row["id"], WorkflowSpec.from_json(row["definition"]), row["created_at"])
 
 
-async def create(
-    conn: asyncpg.Connection | asyncpg.Pool, spec: WorkflowSpec
-) -> tuple[StoredWorkflow, bool]:
+async def create(conn: Conn | Pool, spec: WorkflowSpec) -> tuple[StoredWorkflow, bool]:
     """Stores a validated spec. Identical re-create: (existing, False); changed: conflict."""
     digest = spec.definition_hash()
     row = await conn.fetchrow(Q["insert"], spec.name, spec.version, spec.to_json(), digest)
@@ -47,9 +46,7 @@ async def create(
     return _stored(existing), False
 
 
-async def get(
-    conn: asyncpg.Connection | asyncpg.Pool, name: str, version: int = 0
-) -> StoredWorkflow:
+async def get(conn: Conn | Pool, name: str, version: int = 0) -> StoredWorkflow:
     """Version 0 means the latest."""
     if version:
         row = await conn.fetchrow(Q["get"], name, version)
@@ -62,7 +59,7 @@ async def get(
 
 
 async def list_page(
-    conn: asyncpg.Connection | asyncpg.Pool,
+    conn: Conn | Pool,
     name: str | None,
     after: tuple[str, int],
     limit: int,
