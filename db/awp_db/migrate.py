@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Final
 
-from awp_db.connect import Conn
+import asyncpg
+from tenacity import (
+    AsyncRetrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from awp_db.connect import Conn, connect
 
 log = logging.getLogger("awp.db.migrate")
 
@@ -83,3 +92,23 @@ async def migrate(conn: Conn) -> list[int]:
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
     return done
+
+
+async def migrate_when_reachable(dsn: str, give_up_after_s: float = 120.0) -> list[int]:
+    """Migrates once PostgreSQL answers; processes may start before their database."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(
+            (OSError, asyncpg.CannotConnectNowError, asyncpg.PostgresConnectionError)
+        ),
+        wait=wait_exponential_jitter(initial=0.2, max=5.0),
+        stop=stop_after_delay(give_up_after_s),
+        before_sleep=before_sleep_log(log, logging.WARNING),
+        reraise=True,
+    ):
+        with attempt:
+            conn = await connect(dsn, application_name="awp-migrate")
+            try:
+                return await migrate(conn)
+            finally:
+                await conn.close()
+    raise AssertionError("unreachable: tenacity re-raises")
