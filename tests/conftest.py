@@ -11,17 +11,20 @@ import asyncio
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import grpc
 import pytest
-
 from awp_db.connect import Pool, connect, create_pool
 from awp_db.embedded import EmbeddedPostgres
 from awp_db.migrate import migrate
+from awp_server import app
+from awp_server.config import ServerConfig
 
 TEMPLATE = "awp_test_template"
 
@@ -105,3 +108,54 @@ async def conn(database_dsn: str) -> AsyncIterator[asyncpg.Connection]:
         yield connection
     finally:
         await connection.close()
+
+
+# --- An in-process awp-server on a loopback port, over this test's database ---------
+
+WORKER_TOKEN = "test-worker-token"
+ADMIN_TOKEN = "test-admin-token"
+
+
+@dataclass
+class ServerHandle:
+    address: str
+    config: Any
+    running: Any
+    dsn: str
+
+    def channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(self.address)
+
+
+ServerFactory = Callable[..., Awaitable[ServerHandle]]
+
+
+@pytest.fixture
+async def start_server(database_dsn: str) -> AsyncIterator[ServerFactory]:
+    """Starts servers with ServerConfig overrides; all are stopped after the test."""
+    started: list[ServerHandle] = []
+
+    async def start(**overrides: Any) -> ServerHandle:
+        settings: dict[str, Any] = {
+            "database_url": database_dsn,
+            "listen": "127.0.0.1:0",
+            "metrics_listen": None,
+            "worker_token": WORKER_TOKEN,
+            "admin_token": ADMIN_TOKEN,
+            "health_check_interval_s": 0.2,
+        }
+        settings.update(overrides)
+        config = ServerConfig(**settings)
+        running = await app.start(config)
+        handle = ServerHandle(f"127.0.0.1:{running.port}", config, running, database_dsn)
+        started.append(handle)
+        return handle
+
+    yield start
+    for handle in started:
+        await handle.running.stop(0)
+
+
+@pytest.fixture
+async def awp_server(start_server: ServerFactory) -> ServerHandle:
+    return await start_server()

@@ -1,0 +1,1 @@
+"""awp-server: the gRPC transport (WorkerService, ControlService, health, reflection)."""

@@ -1,0 +1,143 @@
+"""Assembles awp-server: services, auth, health, reflection, and a clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import asyncpg
+import grpc
+from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
+from awp_db import leases
+from awp_db.connect import Pool, create_pool
+from awp_db.events import RUN_EVENTS_CHANNEL
+from awp_db.listen import Listener
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from awp_server import metrics
+from awp_server.auth import TokenInterceptor
+from awp_server.config import ServerConfig
+from awp_server.control_service import ControlService
+from awp_server.worker_service import WorkerService
+
+log = logging.getLogger("awp.server")
+
+SERVICE_NAMES = (
+    worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+    control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
+)
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    pool: Pool
+    listener: Listener
+    health: health.aio.HealthServicer
+    shutting_down: asyncio.Event
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def stop(self, grace: float) -> None:
+        """Stops taking calls, lets running ones finish within grace, then releases all."""
+        self.shutting_down.set()
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.listener.stop()
+        await self.pool.close()
+
+
+async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *SERVICE_NAMES):
+        await servicer.set(name, status)
+
+
+async def _watch_database(
+    pool: Pool, servicer: health.aio.HealthServicer, interval_s: float
+) -> None:
+    """NOT_SERVING while PostgreSQL cannot be reached, SERVING again once it can."""
+    serving: bool | None = None
+    while True:
+        try:
+            async with asyncio.timeout(max(interval_s, 1.0) * 2):
+                async with pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+            up = True
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            up = False
+        if up != serving:
+            serving = up
+            await _set_health(servicer, up)
+            metrics.DATABASE_UP.set(1 if up else 0)
+            log.log(
+                logging.INFO if up else logging.WARNING,
+                "database reachable" if up else "database unreachable: NOT_SERVING",
+            )
+        await asyncio.sleep(interval_s)
+
+
+async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer:
+    """Starts serving on config.listen (port 0 picks a free one)."""
+    if pool is None:
+        pool = await create_pool(
+            config.database_url,
+            min_size=0,
+            max_size=config.pool_size,
+            application_name="awp-server",
+        )
+    listener = Listener(config.database_url, [leases.DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
+    await listener.start()
+    shutting_down = asyncio.Event()
+    interceptors = (
+        [] if config.insecure else [TokenInterceptor(config.worker_token, config.admin_token)]
+    )
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+        ],
+    )
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(
+        WorkerService(pool, listener, config, shutting_down), server
+    )
+    control_pb2_grpc.add_ControlServiceServicer_to_server(ControlService(pool, listener), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (
+            *SERVICE_NAMES,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    await _set_health(health_servicer, False)
+    port = server.add_insecure_port(config.listen)
+    if port == 0:
+        raise OSError(f"could not listen on {config.listen}")
+    await server.start()
+    running = RunningServer(server, port, pool, listener, health_servicer, shutting_down)
+    running.tasks.append(
+        asyncio.create_task(
+            _watch_database(pool, health_servicer, config.health_check_interval_s),
+            name="awp-health",
+        )
+    )
+    return running

@@ -1,0 +1,401 @@
+"""Conversions between the awp.v1 protobuf messages and kernel specs / storage rows.
+
+Every enum mapping lives here once: storage speaks the lower-case state names of
+awp_kernel.states ('waiting_retry'), the API speaks TASK_STATE_WAITING_RETRY.
+
+JSON numbers: google.protobuf.Struct holds every number as a double, so `1` arrives as
+`1.0`. Integral doubles that are exact in a double are turned back into ints on the way
+in, so the same JSON gives the same canonical bytes (and definition hash) whichever
+client produced it, and jsonb stores `1`, not `1.0`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+
+from awp.v1 import control_pb2, types_pb2
+from awp_db.stats import StateCount, Stats
+from awp_db.workflows import StoredWorkflow
+from awp_kernel import states
+from awp_kernel.definition import (
+    DEFAULT_TIMEOUT_MS,
+    KNOWN_EXECUTOR_KINDS,
+    MAX_TASKS,
+    DefinitionInvalid,
+    FieldViolation,
+    TaskSpec,
+    WorkflowSpec,
+    validate,
+)
+from awp_kernel.retry import RetryPolicy
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+
+if TYPE_CHECKING:
+    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
+
+V = TypeVar("V", bound=int)
+
+# Larger integral doubles are not exact integers any more: they stay floats.
+_MAX_EXACT_INT: Final = 2**53
+
+
+class Row(Protocol):
+    """A storage row: an asyncpg.Record or a dict."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+# ---------------------------------------------------------------- enums
+
+
+@dataclass(frozen=True, slots=True)
+class EnumMap(Generic[V]):
+    """Lower-case storage state <-> proto enum value, both ways."""
+
+    to_proto: Mapping[str, V]
+    from_proto: Mapping[int, str]
+
+    def proto(self, state: str) -> V:
+        return self.to_proto[state]
+
+    def name(self, value: int) -> str | None:
+        """The storage name of a proto value; None for UNSPECIFIED or unknown values."""
+        return self.from_proto.get(value)
+
+
+def _enum_map(enum: _EnumTypeWrapper[V], prefix: str, names: Sequence[str]) -> EnumMap[V]:
+    # Derived from the kernel's state lists, so a state added there without its proto
+    # counterpart fails at import, not on the first row that carries it.
+    to_proto = {name: enum.Value(prefix + name.upper()) for name in names}
+    return EnumMap(to_proto, {int(value): name for name, value in to_proto.items()})
+
+
+RUN_STATES: Final = _enum_map(types_pb2.RunState, "RUN_STATE_", states.RUN_STATES)
+TASK_STATES: Final = _enum_map(types_pb2.TaskState, "TASK_STATE_", states.TASK_STATES)
+ATTEMPT_STATES: Final = _enum_map(
+    types_pb2.AttemptState, "ATTEMPT_STATE_", states.ATTEMPT_STATES
+)
+DISPATCH_STATES: Final = _enum_map(
+    types_pb2.DispatchState, "DISPATCH_STATE_", states.DISPATCH_STATES
+)
+WORKER_STATES: Final = _enum_map(types_pb2.WorkerState, "WORKER_STATE_", states.WORKER_STATES)
+
+
+# ---------------------------------------------------------------- scalars
+
+
+def timestamp(moment: datetime | None) -> timestamp_pb2.Timestamp | None:
+    """None stays None: an unset message field, which is how the API says 'not yet'."""
+    if moment is None:
+        return None
+    value = timestamp_pb2.Timestamp()
+    value.FromDatetime(moment)
+    return value
+
+
+def duration_ms(value: duration_pb2.Duration) -> int:
+    return value.ToMilliseconds()
+
+
+def duration_from_ms(ms: float) -> duration_pb2.Duration:
+    """Durations the server sends are never negative: a deadline already past is 'zero left'."""
+    value = duration_pb2.Duration()
+    value.FromMilliseconds(max(0, int(ms)))
+    return value
+
+
+# ---------------------------------------------------------------- JSON
+
+
+class JsonInvalid(ValueError):
+    """A Struct value PostgreSQL's jsonb cannot store."""
+
+
+def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """The JSON object a Struct carries, numbers normalised (see the module docstring).
+
+    Raises JsonInvalid for NaN/Infinity and for NUL characters, which jsonb rejects:
+    they must be refused as bad input, not fail as a storage error.
+    """
+    return _object(struct)
+
+
+def _object(struct: struct_pb2.Struct) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in struct.fields.items():
+        if "\x00" in key:
+            raise JsonInvalid("keys must not contain NUL characters")
+        result[key] = _value(value)
+    return result
+
+
+def _value(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise JsonInvalid("numbers must be finite (no NaN or Infinity)")
+        if number.is_integer() and abs(number) <= _MAX_EXACT_INT:
+            return int(number)
+        return number
+    if kind == "string_value":
+        if "\x00" in value.string_value:
+            raise JsonInvalid("strings must not contain NUL characters")
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return _object(value.struct_value)
+    if kind == "list_value":
+        return [_value(item) for item in value.list_value.values]
+    return None  # null_value, or a Value with nothing set
+
+
+def dict_to_struct(data: Mapping[str, Any] | None) -> struct_pb2.Struct | None:
+    """None stays None (an unset field); any JSON object becomes a Struct."""
+    if data is None:
+        return None
+    value = struct_pb2.Struct()
+    value.update(data)
+    return value
+
+
+# ---------------------------------------------------------------- workflow definitions
+
+
+def spec_from_proto(
+    definition: types_pb2.WorkflowDefinition,
+    known_kinds: frozenset[str] = KNOWN_EXECUTOR_KINDS,
+) -> WorkflowSpec:
+    """The validated spec of a definition, defaults filled in.
+
+    Within `retry`, each unset field takes its default (proto3 cannot tell an unset
+    max_attempts or multiplier from 0, and 0 is never valid for either). Raises
+    DefinitionInvalid naming every offending field, e.g. definition.tasks[2].depends_on[0].
+    """
+    if len(definition.tasks) > MAX_TASKS:
+        # Refuse before converting: a huge list is not worth walking to report this.
+        raise DefinitionInvalid(
+            [
+                FieldViolation(
+                    "definition.tasks", f"at most {MAX_TASKS} tasks, got {len(definition.tasks)}"
+                )
+            ]
+        )
+    violations: list[FieldViolation] = []
+    if "\x00" in definition.description:
+        violations.append(
+            FieldViolation("definition.description", "must not contain NUL characters")
+        )
+    tasks = []
+    for index, task in enumerate(definition.tasks):
+        try:
+            task_input = struct_to_dict(task.input)
+        except JsonInvalid as exc:
+            violations.append(FieldViolation(f"definition.tasks[{index}].input", str(exc)))
+            task_input = {}
+        tasks.append(
+            TaskSpec(
+                key=task.key,
+                executor_kind=task.executor_kind,
+                action=task.action,
+                input=task_input,
+                depends_on=tuple(task.depends_on),
+                retry=_retry_from_proto(task.retry) if task.HasField("retry") else RetryPolicy(),
+                timeout_ms=(
+                    duration_ms(task.timeout) if task.HasField("timeout") else DEFAULT_TIMEOUT_MS
+                ),
+            )
+        )
+    spec = WorkflowSpec(
+        name=definition.name,
+        version=definition.version,
+        tasks=tuple(tasks),
+        description=definition.description,
+        concurrency=definition.concurrency,
+    )
+    try:
+        validate(spec, known_kinds)
+    except DefinitionInvalid as exc:
+        violations.extend(exc.violations)
+    if violations:
+        raise DefinitionInvalid(violations)
+    return spec
+
+
+def _retry_from_proto(retry: types_pb2.RetryPolicy) -> RetryPolicy:
+    default = RetryPolicy()
+    return RetryPolicy(
+        max_attempts=retry.max_attempts or default.max_attempts,
+        initial_backoff_ms=(
+            duration_ms(retry.initial_backoff)
+            if retry.HasField("initial_backoff")
+            else default.initial_backoff_ms
+        ),
+        max_backoff_ms=(
+            duration_ms(retry.max_backoff)
+            if retry.HasField("max_backoff")
+            else default.max_backoff_ms
+        ),
+        multiplier=retry.backoff_multiplier or default.multiplier,
+    )
+
+
+def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
+    """Every default spelled out: what is stored is what runs."""
+    return types_pb2.WorkflowDefinition(
+        name=spec.name,
+        version=spec.version,
+        description=spec.description,
+        concurrency=spec.concurrency,
+        tasks=[
+            types_pb2.TaskDefinition(
+                key=task.key,
+                executor_kind=task.executor_kind,
+                action=task.action,
+                input=dict_to_struct(task.input),
+                depends_on=task.depends_on,
+                retry=types_pb2.RetryPolicy(
+                    max_attempts=task.retry.max_attempts,
+                    initial_backoff=duration_from_ms(task.retry.initial_backoff_ms),
+                    max_backoff=duration_from_ms(task.retry.max_backoff_ms),
+                    backoff_multiplier=task.retry.multiplier,
+                ),
+                timeout=duration_from_ms(task.timeout_ms),
+            )
+            for task in spec.tasks
+        ],
+    )
+
+
+def workflow_to_proto(workflow: StoredWorkflow) -> control_pb2.Workflow:
+    return control_pb2.Workflow(
+        definition=spec_to_proto(workflow.spec), created_at=timestamp(workflow.created_at)
+    )
+
+
+# ---------------------------------------------------------------- runs, tasks, attempts, events
+
+
+def run_to_proto(row: Row, task_counts: Mapping[str, int]) -> control_pb2.Run:
+    """A row of the runs queries (runs.get / runs.list_page) and its task counts."""
+    return control_pb2.Run(
+        id=str(row["id"]),
+        workflow_name=row["workflow_name"],
+        workflow_version=row["workflow_version"],
+        state=RUN_STATES.proto(row["state"]),
+        revision=row["revision"],
+        input=dict_to_struct(row["input"]),
+        request_id=row["request_id"] or "",
+        created_at=timestamp(row["created_at"]),
+        finished_at=timestamp(row["finished_at"]),
+        cancel_requested_at=timestamp(row["cancel_requested_at"]),
+        task_counts=task_counts,
+        last_seq=row["last_seq"],
+    )
+
+
+def task_error(error: Mapping[str, Any] | None) -> types_pb2.TaskError | None:
+    """Storage keeps a task's or attempt's error as {"message": ..., "retryable": ...}."""
+    if error is None:
+        return None
+    return types_pb2.TaskError(
+        message=str(error.get("message", "")), retryable=bool(error.get("retryable", False))
+    )
+
+
+def task_to_proto(row: Row) -> control_pb2.Task:
+    return control_pb2.Task(
+        key=row["key"],
+        state=TASK_STATES.proto(row["state"]),
+        executor_kind=row["executor_kind"],
+        action=row["action"],
+        depends_on=row["depends_on"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        output=dict_to_struct(row["output"]),
+        error=task_error(row["error"]),
+        retry_at=timestamp(row["retry_at"]),
+        finished_at=timestamp(row["finished_at"]),
+    )
+
+
+def attempt_to_proto(row: Row) -> control_pb2.Attempt:
+    return control_pb2.Attempt(
+        task_key=row["task_key"],
+        attempt=row["attempt"],
+        state=ATTEMPT_STATES.proto(row["state"]),
+        worker_id=str(row["worker_id"]),
+        dispatch_id=row["dispatch_id"],
+        fencing_token=row["fencing_token"],
+        started_at=timestamp(row["started_at"]),
+        deadline=timestamp(row["deadline"]),
+        finished_at=timestamp(row["finished_at"]),
+        error=task_error(row["error"]),
+    )
+
+
+def task_counts(task_states: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for state in task_states:
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def event_to_proto(row: Row) -> types_pb2.StateEvent:
+    return types_pb2.StateEvent(
+        run_id=str(row["run_id"]),
+        seq=row["seq"],
+        revision=row["revision"],
+        type=row["type"],
+        task_key=row["task_key"] or "",
+        attempt=row["attempt"] or 0,
+        from_state=row["from_state"] or "",
+        to_state=row["to_state"] or "",
+        payload=dict_to_struct(row["payload"]),
+        created_at=timestamp(row["created_at"]),
+    )
+
+
+# ---------------------------------------------------------------- workers and stats
+
+
+def worker_to_proto(row: Row) -> control_pb2.WorkerInfo:
+    return control_pb2.WorkerInfo(
+        id=str(row["id"]),
+        name=row["name"],
+        state=WORKER_STATES.proto(row["state"]),
+        executor_kinds=row["executor_kinds"],
+        max_concurrency=row["max_concurrency"],
+        active_leases=row["active_leases"],
+        labels={str(k): str(v) for k, v in (row["labels"] or {}).items()},
+        protocol_version=row["protocol_version"],
+        registered_at=timestamp(row["registered_at"]),
+        last_heartbeat_at=timestamp(row["last_heartbeat_at"]),
+        stopped_at=timestamp(row["stopped_at"]),
+    )
+
+
+def _state_counts(counts: Iterable[StateCount]) -> list[control_pb2.StateCount]:
+    return [
+        control_pb2.StateCount(state=c.state, executor_kind=c.executor_kind or "", count=c.count)
+        for c in counts
+    ]
+
+
+def stats_to_proto(stats: Stats) -> control_pb2.GetStatsResponse:
+    return control_pb2.GetStatsResponse(
+        tasks=_state_counts(stats.tasks),
+        dispatches=_state_counts(stats.dispatches),
+        runs=_state_counts(stats.runs),
+        workers=_state_counts(stats.workers),
+        active_leases=stats.active_leases,
+        # Unset when nothing is pending: "no queue", not "a queue of age zero".
+        oldest_pending=(
+            None if stats.oldest_pending_ms is None else duration_from_ms(stats.oldest_pending_ms)
+        ),
+    )

@@ -1,0 +1,24 @@
+"""Prometheus metrics of awp-server (served on --metrics-listen)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CLAIMS = Counter("awp_claims_total", "Claim calls by outcome", ["outcome"])
+LEASES_ISSUED = Counter("awp_leases_issued_total", "Leases issued")
+LEASE_ANSWERS = Counter(
+    "awp_lease_heartbeat_answers_total", "Per-lease heartbeat answers", ["status"]
+)
+COMPLETES = Counter("awp_complete_results_total", "Reported results by verdict", ["verdict"])
+HEARTBEAT_STREAMS = Gauge("awp_heartbeat_streams_open", "Open heartbeat streams")
+STREAMS_LOST = Counter(
+    "awp_heartbeat_streams_lost_total", "Streams that broke without a drain (leases shortened)"
+)
+REGISTRATIONS = Counter("awp_worker_registrations_total", "Worker sessions registered")
+RPC_LATENCY = Histogram(
+    "awp_rpc_seconds",
+    "Handler latency",
+    ["method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30),
+)
+DATABASE_UP = Gauge("awp_database_up", "1 when the last health probe reached PostgreSQL")

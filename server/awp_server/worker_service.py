@@ -1,0 +1,374 @@
+"""WorkerService: the transport of the lease protocol (DESIGN.md §4).
+
+Handlers validate input and translate between protobuf and the storage layer; the
+rules themselves live in awp_kernel (fencing, retry) and their transactions in
+awp_db.leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import grpc
+from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp_db import leases, workers
+from awp_db.connect import Pool
+from awp_db.listen import Listener
+from awp_kernel import errors, tokens
+from awp_kernel.definition import EXECUTOR_KIND_PATTERN, json_size
+from awp_kernel.fencing import ResultVerdict
+from awp_kernel.results import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
+from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
+
+from awp_server import metrics
+from awp_server.config import SUPPORTED_PROTOCOL_VERSIONS, ServerConfig
+from awp_server.errors import abort, unary
+
+log = logging.getLogger("awp.server.worker")
+
+MAX_RESULTS_PER_COMPLETE = 500
+MAX_LEASES_PER_CLAIM = 1000
+MAX_LABELS = 64
+# Even with a notification lost, a parked claim re-checks the database this often.
+CLAIM_RECHECK_S = 1.0
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9_./-]{1,63}$")
+
+_WORKER_STATES = {
+    "active": types_pb2.WORKER_STATE_ACTIVE,
+    "draining": types_pb2.WORKER_STATE_DRAINING,
+    "stopped": types_pb2.WORKER_STATE_STOPPED,
+    "offline": types_pb2.WORKER_STATE_OFFLINE,
+}
+_VERDICTS = {
+    ResultVerdict.ACCEPTED: worker_pb2.COMPLETE_OUTCOME_ACCEPTED,
+    ResultVerdict.DUPLICATE: worker_pb2.COMPLETE_OUTCOME_DUPLICATE,
+    ResultVerdict.RESULT_CONFLICT: worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT,
+    ResultVerdict.LEASE_LOST: worker_pb2.COMPLETE_OUTCOME_LEASE_LOST,
+}
+_LEASE_STATUS = {
+    "renewed": worker_pb2.LEASE_STATUS_RENEWED,
+    "revoked": worker_pb2.LEASE_STATUS_REVOKED,
+    "unknown": worker_pb2.LEASE_STATUS_UNKNOWN,
+}
+
+
+def _duration_ms(ms: float) -> duration_pb2.Duration:
+    value = duration_pb2.Duration()
+    value.FromMilliseconds(max(0, int(ms)))
+    return value
+
+
+def _duration_s(seconds: float) -> duration_pb2.Duration:
+    return _duration_ms(seconds * 1000)
+
+
+def _timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
+    value = timestamp_pb2.Timestamp()
+    value.FromDatetime(moment)
+    return value
+
+
+def _struct(data: dict[str, Any] | None) -> struct_pb2.Struct:
+    value = struct_pb2.Struct()
+    if data:
+        value.update(data)
+    return value
+
+
+def _session(session: worker_pb2.Session) -> tuple[str, str]:
+    if not session.worker_id or not session.session_token:
+        raise errors.invalid("session", "worker_id and session_token are required")
+    return session.worker_id, session.session_token
+
+
+def _lease_refs(refs: Any, field: str) -> list[leases.LeaseRef]:
+    found: list[leases.LeaseRef] = []
+    seen: set[int] = set()
+    for index, ref in enumerate(refs):
+        if ref.dispatch_id in seen:
+            raise errors.invalid(f"{field}[{index}].dispatch_id", "listed twice")
+        seen.add(ref.dispatch_id)
+        found.append(leases.LeaseRef(ref.dispatch_id, ref.lease_token))
+    return found
+
+
+class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(
+        self, pool: Pool, listener: Listener, config: ServerConfig, shutting_down: asyncio.Event
+    ) -> None:
+        self._pool = pool
+        self._listener = listener
+        self._config = config
+        self._shutting_down = shutting_down
+        # Cleanups of broken streams run outside the cancelled handler; keep them alive.
+        self._cleanups: set[asyncio.Task[None]] = set()
+
+    @unary
+    async def Register(
+        self, request: worker_pb2.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.RegisterResponse:
+        if request.protocol_version not in SUPPORTED_PROTOCOL_VERSIONS:
+            raise errors.protocol_unsupported(request.protocol_version, SUPPORTED_PROTOCOL_VERSIONS)
+        if not 1 <= len(request.name) <= 128:
+            raise errors.invalid("name", "must be 1 to 128 characters")
+        if not request.executor_kinds:
+            raise errors.invalid("executor_kinds", "at least one executor kind is required")
+        for index, kind in enumerate(request.executor_kinds):
+            if not EXECUTOR_KIND_PATTERN.match(kind):
+                raise errors.invalid(
+                    f"executor_kinds[{index}]", f"{kind!r} is not an executor kind name"
+                )
+        if len(set(request.executor_kinds)) != len(request.executor_kinds):
+            raise errors.invalid("executor_kinds", "lists a kind twice")
+        if not 1 <= request.max_concurrency <= 1000:
+            raise errors.invalid("max_concurrency", "must be 1 to 1000")
+        if len(request.labels) > MAX_LABELS:
+            raise errors.invalid("labels", f"at most {MAX_LABELS} labels")
+        for key, value in request.labels.items():
+            if not _LABEL_KEY.match(key) or len(value) > 256:
+                raise errors.invalid(
+                    f"labels[{key!r}]", "keys: [A-Za-z0-9_./-]{1,63}; values <= 256"
+                )
+        registration = await workers.register(
+            self._pool,
+            request.name,
+            request.protocol_version,
+            list(request.executor_kinds),
+            request.max_concurrency,
+            dict(request.labels),
+        )
+        metrics.REGISTRATIONS.inc()
+        log.info(
+            "worker registered",
+            extra={
+                "worker_id": str(registration.worker_id),
+                "worker_name": request.name,
+                "kinds": list(request.executor_kinds),
+                "max_concurrency": request.max_concurrency,
+            },
+        )
+        server_time = timestamp_pb2.Timestamp()
+        server_time.FromDatetime(registration.registered_at)
+        return worker_pb2.RegisterResponse(
+            session=worker_pb2.Session(
+                worker_id=str(registration.worker_id), session_token=registration.session_token
+            ),
+            heartbeat_interval=_duration_s(self._config.heartbeat_interval_s),
+            lease_ttl=_duration_s(self._config.lease_ttl_s),
+            stream_grace=_duration_s(self._config.stream_grace_s),
+            server_time=server_time,
+        )
+
+    @unary
+    async def Claim(
+        self, request: worker_pb2.ClaimRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.ClaimResponse:
+        worker_id, token = _session(request.session)
+        if not 1 <= request.max_leases <= MAX_LEASES_PER_CLAIM:
+            raise errors.invalid("max_leases", f"must be 1 to {MAX_LEASES_PER_CLAIM}")
+        wait_s = min(request.wait.ToMilliseconds() / 1000, self._config.claim_max_wait_s)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            # Answer (empty) before the client's own deadline cuts the call off.
+            wait_s = min(wait_s, max(0.0, remaining - 0.5))
+        deadline = time.monotonic() + max(0.0, wait_s)
+        async with self._listener.subscribe(leases.DISPATCH_CHANNEL) as waiter:
+            while True:
+                async with self._pool.acquire() as conn:
+                    issued = await leases.claim(
+                        conn, worker_id, token, request.max_leases, self._config.lease_ttl_ms
+                    )
+                left = deadline - time.monotonic()
+                if issued or left <= 0:
+                    break
+                await waiter.wait(min(left, CLAIM_RECHECK_S))
+        metrics.CLAIMS.labels("leased" if issued else "empty").inc()
+        metrics.LEASES_ISSUED.inc(len(issued))
+        return worker_pb2.ClaimResponse(
+            leases=[
+                worker_pb2.Lease(
+                    dispatch_id=lease.dispatch_id,
+                    lease_token=lease.lease_token,
+                    fencing_token=lease.fencing_token,
+                    run_id=str(lease.run_id),
+                    task_key=lease.task_key,
+                    executor_kind=lease.executor_kind,
+                    action=lease.action,
+                    input=_struct(lease.input),
+                    attempt=lease.attempt,
+                    max_attempts=lease.max_attempts,
+                    idempotency_key=f"{lease.run_id}/{lease.task_key}",
+                    lease_expires_at=_timestamp(lease.lease_expires_at),
+                    lease_remaining=_duration_ms(lease.lease_remaining_ms),
+                    attempt_deadline=_timestamp(lease.attempt_deadline),
+                    attempt_remaining=_duration_ms(lease.attempt_remaining_ms),
+                )
+                for lease in issued
+            ]
+        )
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[worker_pb2.HeartbeatRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_pb2.HeartbeatResponse]:
+        session: workers.Session | None = None
+        token = ""
+        epoch: int | None = None
+        stopped = False
+        metrics.HEARTBEAT_STREAMS.inc()
+        try:
+            async for request in request_iterator:
+                worker_id, presented = _session(request.session)
+                refs = _lease_refs(request.leases, "leases")
+                async with self._pool.acquire() as conn:
+                    if session is None:
+                        session = await workers.authenticate(conn, worker_id, presented)
+                        token = presented
+                        epoch = await workers.open_stream(conn, session.worker_id)
+                    elif worker_id != str(session.worker_id) or not tokens.matches(
+                        presented, tokens.digest(token)
+                    ):
+                        raise errors.session_invalid("a stream serves one session")
+                    state = await workers.touch(conn, session.worker_id)
+                    if state is None:
+                        raise errors.session_invalid("worker session is no longer live")
+                    answers = await leases.renew(
+                        conn, session.worker_id, refs, self._config.lease_ttl_ms
+                    )
+                for answer in answers:
+                    metrics.LEASE_ANSWERS.labels(answer.status).inc()
+                stopped = state == "stopped"
+                yield worker_pb2.HeartbeatResponse(
+                    session_state=_WORKER_STATES[state],
+                    leases=[
+                        worker_pb2.LeaseState(
+                            dispatch_id=a.dispatch_id,
+                            status=_LEASE_STATUS[a.status],
+                            lease_expires_at=_timestamp(a.lease_expires_at)
+                            if a.lease_expires_at
+                            else None,
+                            lease_remaining=_duration_ms(a.lease_remaining_ms),
+                            attempt_remaining=_duration_ms(a.attempt_remaining_ms),
+                        )
+                        for a in answers
+                    ],
+                    server_time=_now(),
+                )
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            await abort(context, exc)
+        finally:
+            metrics.HEARTBEAT_STREAMS.dec()
+            if session is not None and epoch is not None and not stopped:
+                self._stream_ended(session.worker_id, epoch)
+
+    def _stream_ended(self, worker_id: Any, epoch: int) -> None:
+        """Without a drain, a vanished stream shortens the worker's leases to the grace.
+
+        Not while this server shuts down: its workers reconnect to the next one.
+        """
+        if self._shutting_down.is_set():
+            return
+
+        async def shorten() -> None:
+            try:
+                async with self._pool.acquire() as conn:
+                    count = await leases.stream_lost(
+                        conn, worker_id, epoch, self._config.stream_grace_ms
+                    )
+                if count:
+                    metrics.STREAMS_LOST.inc()
+                    log.info(
+                        "heartbeat stream lost; leases shortened to the stream grace",
+                        extra={"worker_id": str(worker_id), "leases": count},
+                    )
+            except Exception:
+                # The leases then expire at their normal TTL: slower, still correct.
+                log.exception("could not shorten leases", extra={"worker_id": str(worker_id)})
+
+        task = asyncio.create_task(shorten())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    @unary
+    async def Complete(
+        self, request: worker_pb2.CompleteRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.CompleteResponse:
+        worker_id, token = _session(request.session)
+        if not 1 <= len(request.results) <= MAX_RESULTS_PER_COMPLETE:
+            raise errors.invalid("results", f"must hold 1 to {MAX_RESULTS_PER_COMPLETE} results")
+        results = [_result_in(index, r) for index, r in enumerate(request.results)]
+        if len({r.dispatch_id for r in results}) != len(results):
+            raise errors.invalid("results", "at most one result per dispatch")
+        async with self._pool.acquire() as conn:
+            verdicts = await leases.complete(conn, worker_id, token, results)
+        for verdict in verdicts:
+            metrics.COMPLETES.labels(verdict.value).inc()
+        return worker_pb2.CompleteResponse(
+            answers=[
+                worker_pb2.CompleteAnswer(dispatch_id=r.dispatch_id, outcome=_VERDICTS[v])
+                for r, v in zip(results, verdicts, strict=True)
+            ]
+        )
+
+    @unary
+    async def Drain(
+        self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.DrainResponse:
+        worker_id, token = _session(request.session)
+        hand_back = _lease_refs(request.hand_back, "hand_back")
+        async with self._pool.acquire() as conn:
+            outcome = await leases.drain(conn, worker_id, token, hand_back)
+        log.info(
+            "worker drain",
+            extra={
+                "worker_id": worker_id,
+                "state": outcome.state,
+                "active_leases": outcome.active_leases,
+                "handed_back": outcome.handed_back,
+            },
+        )
+        return worker_pb2.DrainResponse(
+            session_state=_WORKER_STATES[outcome.state], active_leases=outcome.active_leases
+        )
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    value = timestamp_pb2.Timestamp()
+    value.GetCurrentTime()
+    return value
+
+
+def _result_in(index: int, result: worker_pb2.TaskResult) -> leases.ResultIn:
+    where = f"results[{index}]"
+    if result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED:
+        if result.HasField("error"):
+            raise errors.invalid(f"{where}.error", "only a FAILED result carries an error")
+        output = json_format.MessageToDict(result.output)
+        if json_size(output) > MAX_OUTPUT_BYTES:
+            raise errors.invalid(f"{where}.output", f"at most {MAX_OUTPUT_BYTES} bytes serialised")
+        return leases.ResultIn(result.dispatch_id, result.lease_token, "succeeded", output=output)
+    if result.outcome == worker_pb2.RESULT_OUTCOME_FAILED:
+        if result.HasField("output") and result.output.fields:
+            raise errors.invalid(f"{where}.output", "only a SUCCEEDED result carries an output")
+        message = result.error.message
+        if len(message) > MAX_ERROR_MESSAGE_CHARS:
+            raise errors.invalid(
+                f"{where}.error.message", f"at most {MAX_ERROR_MESSAGE_CHARS} characters"
+            )
+        return leases.ResultIn(
+            result.dispatch_id,
+            result.lease_token,
+            "failed",
+            error_message=message,
+            retryable=result.error.retryable,
+        )
+    raise errors.invalid(f"{where}.outcome", "must be SUCCEEDED or FAILED")

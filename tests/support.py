@@ -1,0 +1,111 @@
+"""Helpers shared by tests: rich error details, workflows and runs made through the db layer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from uuid import UUID
+
+import grpc
+from awp_db import runs, workflows
+from awp_db.connect import Pool
+from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
+from awp_kernel.retry import RetryPolicy
+from google.rpc import error_details_pb2, status_pb2
+
+T = TypeVar("T")
+
+
+@dataclass
+class RichError:
+    code: grpc.StatusCode
+    reason: str
+    message: str
+    fields: list[str]
+
+
+def rich_error(error: grpc.aio.AioRpcError) -> RichError:
+    """Decodes google.rpc.ErrorInfo / BadRequest from a failed call's trailers."""
+    reason = ""
+    fields: list[str] = []
+    for key, value in error.trailing_metadata() or ():
+        if key != "grpc-status-details-bin":
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                fields.extend(v.field for v in bad.field_violations)
+    return RichError(error.code(), reason, error.details() or "", fields)
+
+
+async def expect_error(call: Awaitable[Any]) -> RichError:
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return rich_error(error)
+    raise AssertionError("the call succeeded but an error was expected")
+
+
+async def poll_until(
+    probe: Callable[[], Awaitable[T]], *, within: float = 10.0, interval: float = 0.02
+) -> T:
+    """Re-evaluates probe until it returns something truthy; fails after `within` s."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within} s (last value {value!r})")
+        await asyncio.sleep(interval)
+
+
+def spec(
+    name: str = "wf",
+    tasks: int = 1,
+    *,
+    chain: bool = False,
+    kind: str = "mock",
+    max_attempts: int = 3,
+    backoff_ms: int = 0,
+    timeout_ms: int = 60_000,
+    concurrency: int = 0,
+    task_input: dict[str, Any] | None = None,
+) -> WorkflowSpec:
+    """n tasks t0..t(n-1), independent or (chain=True) each depending on the previous."""
+    retry = RetryPolicy(max_attempts, backoff_ms, max(backoff_ms, 1000), 2.0)
+    return validate(
+        WorkflowSpec(
+            name=name,
+            version=1,
+            concurrency=concurrency,
+            tasks=tuple(
+                TaskSpec(
+                    key=f"t{i}",
+                    executor_kind=kind,
+                    action="noop",
+                    input=task_input or {},
+                    depends_on=(f"t{i - 1}",) if chain and i else (),
+                    retry=retry,
+                    timeout_ms=timeout_ms,
+                )
+                for i in range(tasks)
+            ),
+        )
+    )
+
+
+async def start_run(pool: Pool, workflow: WorkflowSpec, request_id: str | None = None) -> UUID:
+    stored, _ = await workflows.create(pool, workflow)
+    async with pool.acquire() as conn:
+        started = await runs.start(conn, stored, {}, request_id)
+    return started.run_id
