@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import grpc
 import pytest
+
 from awp_db.connect import Pool, connect, create_pool
 from awp_db.embedded import EmbeddedPostgres
 from awp_db.migrate import migrate

@@ -10,11 +10,12 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
+
 from awp_db import runs, workflows
 from awp_db.connect import Pool
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
 from awp_kernel.retry import RetryPolicy
-from google.rpc import error_details_pb2, status_pb2
 
 T = TypeVar("T")
 

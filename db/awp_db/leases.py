@@ -14,15 +14,15 @@ from typing import Any, Literal
 from uuid import UUID
 
 import asyncpg
-from awp_kernel import errors, tokens
-from awp_kernel.fencing import ResultVerdict, judge_result
-from awp_kernel.results import result_hash
-from awp_kernel.retry import AttemptEnd
 
 from awp_db import settle, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries
+from awp_kernel import errors, tokens
+from awp_kernel.fencing import ResultVerdict, judge_result
+from awp_kernel.results import result_hash
+from awp_kernel.retry import AttemptEnd
 
 Q = queries("leases")
 log = logging.getLogger("awp.db.leases")

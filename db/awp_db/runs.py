@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import asyncpg
-from awp_kernel.errors import invalid, not_found
 
 from awp_db import settle
 from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
 from awp_db.queries import queries
 from awp_db.workflows import StoredWorkflow
+from awp_kernel.errors import invalid, not_found
 
 Q = queries("runs")
 
@@ -118,3 +119,26 @@ async def request_cancel(conn: Conn, run_id: UUID, reason: str) -> bool:
             await events.flush(conn)
             await settle.notify_coordinator(conn, "cancel")
     return changed
+
+
+async def progress(conn: Conn | Pool, run_id: UUID) -> tuple[str, int]:
+    """(state, last_seq): enough for a watcher to know whether it has seen everything."""
+    row = await conn.fetchrow(Q["progress"], run_id)
+    if row is None:
+        raise not_found("RUN_NOT_FOUND", f"run {run_id}")
+    return row["state"], row["last_seq"]
+
+
+async def list_page(
+    conn: Conn | Pool,
+    workflow_name: str | None,
+    state: str | None,
+    before: tuple[datetime, UUID] | None,
+    limit: int,
+) -> list[asyncpg.Record]:
+    """Newest first; `before` is the (created_at, id) of the previous page's last run."""
+    created_at, run_id = before if before is not None else (None, None)
+    rows: list[asyncpg.Record] = await conn.fetch(
+        Q["list"], workflow_name, state, created_at, run_id, limit
+    )
+    return rows

@@ -15,12 +15,12 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from awp_kernel.retry import AttemptEnd, RetryPolicy, decide
-from awp_kernel.states import run_outcome
 
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries
+from awp_kernel.retry import AttemptEnd, RetryPolicy, decide
+from awp_kernel.states import run_outcome
 
 Q = queries("settle")
 

@@ -8,10 +8,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from awp_kernel import errors, tokens
-
 from awp_db.connect import Conn, Pool
 from awp_db.queries import queries
+from awp_kernel import errors, tokens
 
 Q = queries("workers")
 log = logging.getLogger("awp.db.workers")

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
-from awp_kernel.definition import WorkflowSpec
-from awp_kernel.errors import AwpError, ErrorKind, not_found
 
 from awp_db.connect import Conn, Pool
 from awp_db.queries import queries
+from awp_kernel.definition import WorkflowSpec
+from awp_kernel.errors import AwpError, ErrorKind, not_found
 
 Q = queries("workflows")
 

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 import asyncpg
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
 from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
 from awp_db import leases
 from awp_db.connect import Pool, create_pool
 from awp_db.events import RUN_EVENTS_CHANNEL
 from awp_db.listen import Listener
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
 from awp_server import metrics
 from awp_server.auth import TokenInterceptor
 from awp_server.config import ServerConfig

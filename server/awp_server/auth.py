@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from awp_kernel.errors import AwpError, ErrorKind
 
+from awp_kernel.errors import AwpError, ErrorKind
 from awp_server.errors import to_status
 
 REGISTER = "/awp.v1.WorkerService/Register"

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+
 from awp.v1 import control_pb2, types_pb2
 from awp_db.stats import StateCount, Stats
 from awp_db.workflows import StoredWorkflow
@@ -32,7 +34,6 @@ from awp_kernel.definition import (
     validate,
 )
 from awp_kernel.retry import RetryPolicy
-from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
 if TYPE_CHECKING:
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
@@ -76,9 +77,7 @@ def _enum_map(enum: _EnumTypeWrapper[V], prefix: str, names: Sequence[str]) -> E
 
 RUN_STATES: Final = _enum_map(types_pb2.RunState, "RUN_STATE_", states.RUN_STATES)
 TASK_STATES: Final = _enum_map(types_pb2.TaskState, "TASK_STATE_", states.TASK_STATES)
-ATTEMPT_STATES: Final = _enum_map(
-    types_pb2.AttemptState, "ATTEMPT_STATE_", states.ATTEMPT_STATES
-)
+ATTEMPT_STATES: Final = _enum_map(types_pb2.AttemptState, "ATTEMPT_STATE_", states.ATTEMPT_STATES)
 DISPATCH_STATES: Final = _enum_map(
     types_pb2.DispatchState, "DISPATCH_STATE_", states.DISPATCH_STATES
 )

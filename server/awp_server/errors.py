@@ -13,11 +13,12 @@ from typing import Any, Final, TypeVar
 
 import asyncpg
 import grpc
-from awp_kernel.definition import DefinitionInvalid
-from awp_kernel.errors import AwpError, ErrorKind, database_unavailable, invalid_many
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from awp_kernel.definition import DefinitionInvalid
+from awp_kernel.errors import AwpError, ErrorKind, database_unavailable, invalid_many
 
 log = logging.getLogger("awp.server.errors")
 

@@ -8,11 +8,11 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from prometheus_client import start_http_server
+
 from awp_common import logs
 from awp_common.flags import host_port
 from awp_db.migrate import migrate_when_reachable
-from prometheus_client import start_http_server
-
 from awp_server import app
 from awp_server.config import ServerConfig, parse
 

@@ -16,6 +16,8 @@ from datetime import datetime
 from typing import Any
 
 import grpc
+from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
+
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import leases, workers
 from awp_db.connect import Pool
@@ -24,8 +26,6 @@ from awp_kernel import errors, tokens
 from awp_kernel.definition import EXECUTOR_KIND_PATTERN, json_size
 from awp_kernel.fencing import ResultVerdict
 from awp_kernel.results import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
-from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
-
 from awp_server import metrics
 from awp_server.config import SUPPORTED_PROTOCOL_VERSIONS, ServerConfig
 from awp_server.errors import abort, unary

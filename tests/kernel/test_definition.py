@@ -9,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from awp_kernel.definition import (
     DEFAULT_TIMEOUT_MS,
     MAX_ATTEMPTS,
@@ -30,8 +33,6 @@ from awp_kernel.definition import (
     validate,
 )
 from awp_kernel.retry import RetryPolicy
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 PROPERTY = settings(max_examples=200, deadline=None)
 # Generating whole workflows with JSON inputs is costlier: fewer examples keep the suite fast.

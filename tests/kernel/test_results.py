@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from awp_kernel.results import result_hash
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from awp_kernel.results import result_hash
 
 PROPERTY = settings(max_examples=200, deadline=None)
 JSON_PROPERTY = settings(max_examples=60, deadline=None)

@@ -6,10 +6,11 @@ import time
 from typing import get_args
 
 import pytest
-from awp_kernel.definition import MAX_ATTEMPTS, MAX_BACKOFF_MULTIPLIER, MAX_DURATION_MS
-from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from awp_kernel.definition import MAX_ATTEMPTS, MAX_BACKOFF_MULTIPLIER, MAX_DURATION_MS
+from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide
 
 PROPERTY = settings(max_examples=200, deadline=None)
 

@@ -7,6 +7,9 @@ from collections import deque
 from typing import Any, get_args
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from awp_kernel.states import (
     ATTEMPT_STATES,
     ATTEMPT_TRANSITIONS,
@@ -29,8 +32,6 @@ from awp_kernel.states import (
     check_transition,
     run_outcome,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 PROPERTY = settings(max_examples=200, deadline=None)
 

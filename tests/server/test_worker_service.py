@@ -9,13 +9,14 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from conftest import WORKER_TOKEN, ServerHandle
+from google.protobuf import duration_pb2, struct_pb2
+from support import expect_error, poll_until, spec, start_run
+
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import dispatching, settle
 from awp_db.connect import Pool
 from awp_db.events import EventBatch
-from conftest import WORKER_TOKEN, ServerHandle
-from google.protobuf import duration_pb2, struct_pb2
-from support import expect_error, poll_until, spec, start_run
 
 AUTH = (("authorization", f"Bearer {WORKER_TOKEN}"),)
 

@@ -51,3 +51,20 @@ SELECT t.key AS task_key, a.attempt, a.state, a.worker_id, a.dispatch_id, a.fenc
 UPDATE runs SET cancel_requested_at = now(), cancel_reason = $2
  WHERE id = $1 AND state = 'running' AND cancel_requested_at IS NULL
 RETURNING id
+
+-- name: progress
+-- What a watcher needs to know whether it has seen everything: cheap, no join.
+SELECT state, last_seq FROM runs WHERE id = $1
+
+-- name: list
+-- Newest first, keyset paging on (created_at, id) over the runs_created index. A NULL
+-- filter matches every run; $3/$4 (the last run of the previous page) NULL: first page.
+SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
+       r.cancel_requested_at, r.cancel_reason, r.concurrency, w.name AS workflow_name,
+       w.version AS workflow_version
+  FROM runs r JOIN workflows w ON w.id = r.workflow_id
+ WHERE ($1::text IS NULL OR w.name = $1)
+   AND ($2::text IS NULL OR r.state = $2)
+   AND ($3::timestamptz IS NULL OR (r.created_at, r.id) < ($3, $4::uuid))
+ ORDER BY r.created_at DESC, r.id DESC
+ LIMIT $5
