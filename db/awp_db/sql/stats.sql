@@ -1,0 +1,24 @@
+-- Operator figures for GetStats. Both queries run in one read-only snapshot.
+
+-- name: counts
+-- (section, state, executor_kind, n); executor_kind is NULL where counts are not per kind.
+SELECT 'tasks' AS section, t.state, t.executor_kind, count(*) AS n
+  FROM tasks t JOIN runs r ON r.id = t.run_id
+ WHERE r.state = 'running'
+ GROUP BY t.state, t.executor_kind
+UNION ALL
+SELECT 'dispatches', state, executor_kind, count(*)
+  FROM dispatches
+ WHERE state IN ('pending', 'leased')
+ GROUP BY state, executor_kind
+UNION ALL
+SELECT 'runs', state, NULL, count(*) FROM runs GROUP BY state
+UNION ALL
+SELECT 'workers', state, NULL, count(*) FROM workers GROUP BY state
+ORDER BY 1, 2, 3
+
+-- name: oldest_pending
+-- NULL when nothing is pending. The live clock: now() would be the snapshot's start.
+SELECT (extract(epoch FROM clock_timestamp() - min(created_at)) * 1000)::float8 AS age_ms
+  FROM dispatches
+ WHERE state = 'pending'

@@ -1,0 +1,308 @@
+"""ControlService: workflows, runs, their events, workers and stats (DESIGN.md §5).
+
+Handlers validate input, call the storage layer (awp_db) and convert rows to
+messages (awp_server.convert); no SQL and no lifecycle rule lives here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any, Final
+from uuid import UUID
+
+import grpc
+
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_db import events, reads, runs, stats, workers, workflows
+from awp_db.connect import Conn, Pool
+from awp_db.listen import Listener
+from awp_kernel.definition import MAX_INPUT_BYTES, MAX_VERSION, NAME_PATTERN, json_size
+from awp_kernel.errors import AwpError, ErrorKind, invalid
+from awp_kernel.states import TERMINAL_RUN_STATES
+from awp_server import convert
+from awp_server.errors import server_stream, unary
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+WORKFLOWS_PAGE: Final = (100, 1000)  # (default, max) page size
+RUNS_PAGE: Final = (50, 1000)
+MAX_REQUEST_ID_CHARS: Final = 128
+MAX_CANCEL_REASON_CHARS: Final = 1024
+# seq is a PostgreSQL bigint; a larger after_seq cannot name any event.
+MAX_SEQ: Final = 2**63 - 1
+# Events read per query while catching a watcher up.
+WATCH_BATCH: Final = 500
+# Even with a notification lost, a watcher re-reads the database this often.
+WATCH_POLL_S: Final = 1.0
+
+
+class ControlService(control_pb2_grpc.ControlServiceServicer):
+    def __init__(self, pool: Pool, listener: Listener, *, watch_poll_s: float = WATCH_POLL_S):
+        self._pool = pool
+        self._listener = listener
+        self._watch_poll_s = watch_poll_s
+
+    # ------------------------------------------------------------ workflows
+
+    @unary
+    async def CreateWorkflow(
+        self, request: control_pb2.CreateWorkflowRequest, context: Context
+    ) -> control_pb2.CreateWorkflowResponse:
+        spec = convert.spec_from_proto(request.definition)
+        stored, created = await workflows.create(self._pool, spec)
+        return control_pb2.CreateWorkflowResponse(
+            workflow=convert.workflow_to_proto(stored), created=created
+        )
+
+    @unary
+    async def GetWorkflow(
+        self, request: control_pb2.GetWorkflowRequest, context: Context
+    ) -> control_pb2.Workflow:
+        _check_name("name", request.name)
+        _check_version("version", request.version)
+        stored = await workflows.get(self._pool, request.name, request.version)
+        return convert.workflow_to_proto(stored)
+
+    @unary
+    async def ListWorkflows(
+        self, request: control_pb2.ListWorkflowsRequest, context: Context
+    ) -> control_pb2.ListWorkflowsResponse:
+        if request.name:
+            _check_name("name", request.name)
+        size = _page_size(request.page_size, *WORKFLOWS_PAGE)
+        after: tuple[str, int] = ("", 0)  # sorts before every (name, version)
+        if request.page_token:
+            name, version = _decode_token(request.page_token, "w", (str, int))
+            if not NAME_PATTERN.fullmatch(name) or not 1 <= version <= MAX_VERSION:
+                raise _bad_token()
+            after = (name, version)
+        found = await workflows.list_page(self._pool, request.name or None, after, size + 1)
+        page = found[:size]
+        next_token = ""
+        if len(found) > size:
+            last = page[-1].spec
+            next_token = _encode_token("w", [last.name, last.version])
+        return control_pb2.ListWorkflowsResponse(
+            workflows=[convert.workflow_to_proto(w) for w in page], next_page_token=next_token
+        )
+
+    # ------------------------------------------------------------ runs
+
+    @unary
+    async def StartRun(
+        self, request: control_pb2.StartRunRequest, context: Context
+    ) -> control_pb2.StartRunResponse:
+        _check_name("workflow_name", request.workflow_name)
+        _check_version("workflow_version", request.workflow_version)
+        run_input = _json_object("input", request.input)
+        if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+            raise invalid("request_id", f"must be at most {MAX_REQUEST_ID_CHARS} characters")
+        _check_no_nul("request_id", request.request_id)
+        workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
+        async with self._pool.acquire() as conn:
+            started = await runs.start(conn, workflow, run_input, request.request_id or None)
+            run = await _load_run(conn, started.run_id)
+        if not started.created and (
+            run.workflow_name != request.workflow_name
+            or request.workflow_version not in (0, run.workflow_version)
+        ):
+            # Same key, different request: not a retry. Returning the other run would
+            # hide the client's bug.
+            raise AwpError(
+                ErrorKind.ALREADY_EXISTS,
+                "REQUEST_ID_CONFLICT",
+                f"request_id {request.request_id!r} already started run {run.id} of "
+                f"{run.workflow_name}@{run.workflow_version}",
+                metadata={"run_id": run.id},
+            )
+        return control_pb2.StartRunResponse(run=run, created=started.created)
+
+    @unary
+    async def GetRun(
+        self, request: control_pb2.GetRunRequest, context: Context
+    ) -> control_pb2.GetRunResponse:
+        run_id = runs.parse_run_id(request.run_id)
+        # One snapshot: the counts, tasks, attempts and revision all agree.
+        async with reads.snapshot(self._pool) as conn:
+            run_row = await runs.get(conn, run_id)
+            task_rows = await runs.tasks(conn, run_id)
+            attempt_rows = await runs.attempts(conn, run_id)
+        return control_pb2.GetRunResponse(
+            run=convert.run_to_proto(
+                run_row, convert.task_counts(row["state"] for row in task_rows)
+            ),
+            tasks=[convert.task_to_proto(row) for row in task_rows],
+            attempts=[convert.attempt_to_proto(row) for row in attempt_rows],
+        )
+
+    @unary
+    async def ListRuns(
+        self, request: control_pb2.ListRunsRequest, context: Context
+    ) -> control_pb2.ListRunsResponse:
+        if request.workflow_name:
+            _check_name("workflow_name", request.workflow_name)
+        state: str | None = None
+        if request.state != types_pb2.RUN_STATE_UNSPECIFIED:
+            state = convert.RUN_STATES.name(request.state)
+            if state is None:
+                raise invalid("state", f"unknown run state {request.state}")
+        size = _page_size(request.page_size, *RUNS_PAGE)
+        before: tuple[datetime, UUID] | None = None
+        if request.page_token:
+            created_at, run_id = _decode_token(request.page_token, "r", (str, str))
+            try:
+                before = (datetime.fromisoformat(created_at), UUID(run_id))
+            except ValueError:
+                raise _bad_token() from None
+            if before[0].tzinfo is None:
+                raise _bad_token()
+        async with reads.snapshot(self._pool) as conn:
+            found = await runs.list_page(
+                conn, request.workflow_name or None, state, before, size + 1
+            )
+            page = found[:size]
+            counts = await runs.task_counts(conn, [row["id"] for row in page])
+        next_token = ""
+        if len(found) > size:
+            last = page[-1]
+            next_token = _encode_token("r", [last["created_at"].isoformat(), str(last["id"])])
+        return control_pb2.ListRunsResponse(
+            runs=[convert.run_to_proto(row, counts[row["id"]]) for row in page],
+            next_page_token=next_token,
+        )
+
+    @unary
+    async def CancelRun(
+        self, request: control_pb2.CancelRunRequest, context: Context
+    ) -> control_pb2.CancelRunResponse:
+        run_id = runs.parse_run_id(request.run_id)
+        if len(request.reason) > MAX_CANCEL_REASON_CHARS:
+            raise invalid("reason", f"must be at most {MAX_CANCEL_REASON_CHARS} characters")
+        _check_no_nul("reason", request.reason)
+        async with self._pool.acquire() as conn:
+            # False for a finished (or already canceling) run: nothing to do, not an error.
+            await runs.request_cancel(conn, run_id, request.reason)
+            run = await _load_run(conn, run_id)
+        return control_pb2.CancelRunResponse(run=run)
+
+    @server_stream
+    async def WatchRun(
+        self, request: control_pb2.WatchRunRequest, context: Context
+    ) -> AsyncIterator[types_pb2.StateEvent]:
+        run_id = runs.parse_run_id(request.run_id)
+        if request.after_seq > MAX_SEQ:
+            raise invalid("after_seq", f"must be at most {MAX_SEQ}")
+        sent = request.after_seq
+        # Subscribe before the first read: a change committed between a read and the
+        # wait still sets the waiter, so the wait returns at once instead of missing it.
+        async with self._listener.subscribe(events.RUN_EVENTS_CHANNEL, key=str(run_id)) as waiter:
+            while True:
+                # The run's progress is read before its events: if it is terminal here,
+                # every event up to last_seq is already committed and the reads below see it.
+                state, last_seq = await runs.progress(self._pool, run_id)
+                while True:
+                    rows = await events.after_seq(self._pool, run_id, sent, WATCH_BATCH)
+                    for row in rows:
+                        yield convert.event_to_proto(row)
+                        sent = row["seq"]
+                    if len(rows) < WATCH_BATCH:
+                        break
+                if state in TERMINAL_RUN_STATES and sent >= last_seq:
+                    return
+                # Woken by a notification, or re-read anyway in case one was lost.
+                await waiter.wait(self._watch_poll_s)
+
+    # ------------------------------------------------------------ fleet
+
+    @unary
+    async def ListWorkers(
+        self, request: control_pb2.ListWorkersRequest, context: Context
+    ) -> control_pb2.ListWorkersResponse:
+        rows = await workers.list_workers(self._pool, request.include_inactive)
+        return control_pb2.ListWorkersResponse(workers=[convert.worker_to_proto(r) for r in rows])
+
+    @unary
+    async def GetStats(
+        self, request: control_pb2.GetStatsRequest, context: Context
+    ) -> control_pb2.GetStatsResponse:
+        return convert.stats_to_proto(await stats.snapshot(self._pool))
+
+
+async def _load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:
+    row = await runs.get(conn, run_id)
+    counts = await runs.task_counts(conn, [run_id])
+    return convert.run_to_proto(row, counts[run_id])
+
+
+# ---------------------------------------------------------------- input checks
+
+
+def _check_name(field: str, name: str) -> None:
+    if not NAME_PATTERN.fullmatch(name):
+        raise invalid(field, "must be 1-128 characters of letters, digits, '_', '.', '-'")
+
+
+def _check_version(field: str, version: int) -> None:
+    # 0 means "the latest"; the column is a PostgreSQL integer.
+    if version > MAX_VERSION:
+        raise invalid(field, f"must be 0 (latest) to {MAX_VERSION}")
+
+
+def _check_no_nul(field: str, text: str) -> None:
+    # PostgreSQL text cannot hold NUL: refuse it as bad input, not as a storage failure.
+    if "\x00" in text:
+        raise invalid(field, "must not contain NUL characters")
+
+
+def _json_object(field: str, value: Any) -> dict[str, Any]:
+    try:
+        data = convert.struct_to_dict(value)
+    except convert.JsonInvalid as exc:
+        raise invalid(field, str(exc)) from None
+    size = json_size(data)
+    if size > MAX_INPUT_BYTES:
+        raise invalid(field, f"is {size} bytes serialised; at most {MAX_INPUT_BYTES}")
+    return data
+
+
+def _page_size(requested: int, default: int, maximum: int) -> int:
+    # Capped, not refused: a client asking for more simply gets pages of the maximum.
+    return min(requested or default, maximum)
+
+
+# ---------------------------------------------------------------- page tokens
+# Opaque to clients: URL-safe base64 of JSON [kind, *last key of the previous page]. The
+# kind stops a token of one listing from being replayed against another.
+
+
+def _encode_token(kind: str, key: list[Any]) -> str:
+    raw = json.dumps([kind, *key], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_token(token: str, kind: str, shape: tuple[type, ...]) -> list[Any]:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        decoded = json.loads(raw)
+    except (binascii.Error, ValueError):
+        raise _bad_token() from None
+    if (
+        not isinstance(decoded, list)
+        or len(decoded) != len(shape) + 1
+        or decoded[0] != kind
+        # bool is an int to isinstance, and never a valid key part.
+        or not all(
+            isinstance(part, expected) and not isinstance(part, bool)
+            for part, expected in zip(decoded[1:], shape, strict=True)
+        )
+    ):
+        raise _bad_token()
+    return decoded[1:]
+
+
+def _bad_token() -> AwpError:
+    return invalid("page_token", "is not a page token this listing issued")
