@@ -1,0 +1,29 @@
+"""AWP worker: the runtime behind ``awp-worker`` and the tiny SDK user actions need.
+
+Register a function as an action, point ``awp-worker --kinds python --module my_pkg``
+at the module, and the worker runs it for every task whose action has that name::
+
+    from awp_worker import ActionContext, RetryableError, action
+
+    @action("reports.summarize")
+    async def summarize(ctx: ActionContext, input: dict) -> dict:
+        ...
+        return {"summary": text}
+
+Sync functions run in a thread pool (poll ``ctx.cancelled`` or call
+``ctx.raise_if_cancelled()`` in long loops); async functions run on the event loop and
+are cancelled directly. Raise ``RetryableError`` or ``PermanentError`` to say whether
+a failure may succeed when tried again; any other exception counts as retryable.
+"""
+
+from __future__ import annotations
+
+from awp_worker._sdk import (
+    ActionCancelled,
+    ActionContext,
+    PermanentError,
+    RetryableError,
+    action,
+)
+
+__all__ = ["ActionCancelled", "ActionContext", "PermanentError", "RetryableError", "action"]

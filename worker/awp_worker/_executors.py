@@ -1,0 +1,208 @@
+"""Executors by kind, and the conversion of what they return into a TaskResult.
+
+An executor is anything with ``async execute(ctx, input) -> object``: it returns the
+output (checked here: it must be a JSON object) or raises. ``RetryableError`` and
+ordinary exceptions become retryable failures, ``PermanentError`` a final one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from google.protobuf import struct_pb2
+
+from awp.v1 import types_pb2, worker_pb2
+from awp_worker._sdk import (
+    DEFAULT_REGISTRY,
+    ActionContext,
+    ActionRegistry,
+    PermanentError,
+    RetryableError,
+)
+
+MAX_OUTPUT_BYTES = 1024 * 1024
+MAX_ERROR_MESSAGE_CHARS = 8 * 1024
+# Integers beyond this cannot survive a protobuf Struct (numbers are doubles).
+_MAX_EXACT_INT = 2**53
+
+
+class Executor(Protocol):
+    async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
+        """Run one attempt; return a JSON object or raise."""
+        ...
+
+
+class OutputError(PermanentError):
+    """What an action returned cannot be reported (not a JSON object, too large...)."""
+
+
+# --- JSON <-> protobuf Struct -------------------------------------------------------
+
+
+def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct as plain Python; whole numbers come back as ``int``.
+
+    Struct stores every number as a double, so ``{"n": 3}`` arrives as ``3.0``;
+    handing actions ``3`` is what a JSON user expects.
+    """
+    return {key: _from_value(value) for key, value in struct.fields.items()}
+
+
+def _from_value(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return struct_to_dict(value.struct_value)
+    if kind == "list_value":
+        return [_from_value(item) for item in value.list_value.values]
+    if kind == "number_value":
+        number = value.number_value
+        if math.isfinite(number) and number.is_integer() and abs(number) <= _MAX_EXACT_INT:
+            return int(number)
+        return number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None
+
+
+def output_struct(output: object) -> struct_pb2.Struct:
+    """Check an action's return value and convert it; raises OutputError."""
+    if not isinstance(output, dict):
+        raise OutputError(
+            f"the action returned {type(output).__name__}, expected a JSON object (dict)"
+        )
+    try:
+        encoded = json.dumps(output, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise OutputError(f"the action's output is not valid JSON: {exc}") from None
+    size = len(encoded.encode())
+    if size > MAX_OUTPUT_BYTES:
+        raise OutputError(
+            f"the action's output is {size} bytes of JSON, more than the {MAX_OUTPUT_BYTES} allowed"
+        )
+    struct = struct_pb2.Struct()
+    try:
+        # Round-trip through JSON: keys become strings exactly as JSON would have them.
+        struct.update(json.loads(encoded))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise OutputError(f"the action's output cannot be reported: {exc}") from None
+    return struct
+
+
+# --- results --------------------------------------------------------------------------
+
+
+def success(lease: worker_pb2.Lease, output: struct_pb2.Struct) -> worker_pb2.TaskResult:
+    return worker_pb2.TaskResult(
+        dispatch_id=lease.dispatch_id,
+        lease_token=lease.lease_token,
+        outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
+        output=output,
+    )
+
+
+def failure(lease: worker_pb2.Lease, message: str, *, retryable: bool) -> worker_pb2.TaskResult:
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[: MAX_ERROR_MESSAGE_CHARS - 15] + " ...[truncated]"
+    return worker_pb2.TaskResult(
+        dispatch_id=lease.dispatch_id,
+        lease_token=lease.lease_token,
+        outcome=worker_pb2.RESULT_OUTCOME_FAILED,
+        error=types_pb2.TaskError(message=message or "failed", retryable=retryable),
+    )
+
+
+def failure_from_exception(lease: worker_pb2.Lease, exc: Exception) -> worker_pb2.TaskResult:
+    """Permanent for PermanentError (and bad output), retryable for everything else."""
+    if isinstance(exc, PermanentError):
+        return failure(lease, str(exc) or type(exc).__name__, retryable=False)
+    if isinstance(exc, RetryableError):
+        return failure(lease, str(exc) or type(exc).__name__, retryable=True)
+    text = str(exc)
+    message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return failure(lease, message, retryable=True)
+
+
+# --- mock ---------------------------------------------------------------------------
+
+
+class MockExecutor:
+    """Deterministic results for tests and benchmarks.
+
+    Output: ``{"action": ..., "echo": input, "attempt": n}``. Input fields:
+    ``sleep_ms`` sleeps first (cancellable); ``fail`` (a message or ``true``) fails
+    permanently; ``fail_attempts: N`` fails retryably while the attempt is <= N.
+    """
+
+    async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
+        sleep_ms = _number(input, "sleep_ms")
+        if sleep_ms > 0:
+            await asyncio.sleep(sleep_ms / 1000)
+        fail = input.get("fail")
+        if fail is not None and fail is not False:
+            if isinstance(fail, str) and fail:
+                raise PermanentError(fail)
+            if fail is True:
+                raise PermanentError("mock failure requested by input.fail")
+            raise PermanentError(f"mock: input.fail must be a string or true, got {fail!r}")
+        fail_attempts = _number(input, "fail_attempts")
+        if ctx.attempt <= fail_attempts:
+            raise RetryableError(
+                f"mock retryable failure: attempt {ctx.attempt} <= fail_attempts {fail_attempts:g}"
+            )
+        return {"action": ctx.action, "echo": input, "attempt": ctx.attempt}
+
+
+def _number(input: dict[str, Any], name: str) -> float:
+    value = input.get(name, 0)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PermanentError(f"mock: input.{name} must be a number, got {value!r}")
+    return float(value)
+
+
+# --- python ---------------------------------------------------------------------------
+
+
+class PythonExecutor:
+    """Runs functions registered with ``@action``: async ones on the loop, sync ones in
+    a thread pool (a cancelled sync action keeps its thread until it returns; it should
+    poll ``ctx.cancelled``)."""
+
+    def __init__(self, registry: ActionRegistry | None = None, *, max_threads: int = 8) -> None:
+        self.registry = registry if registry is not None else DEFAULT_REGISTRY
+        self._max_threads = max(1, max_threads)
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
+        registered = self.registry.get(ctx.action)
+        if registered is None:
+            known = ", ".join(self.registry.names()) or "none"
+            raise PermanentError(
+                f"unknown action {ctx.action!r} for executor kind 'python' "
+                f"(registered here: {known})"
+            )
+        if registered.is_async:
+            return await registered.fn(ctx, input)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._max_threads, thread_name_prefix="awp-action")
+        loop = asyncio.get_running_loop()
+        # The thread sees the task's context variables (log fields among them).
+        context = contextvars.copy_context()
+        result = await loop.run_in_executor(self._pool, context.run, registered.fn, ctx, input)
+        if inspect.isawaitable(result):  # a sync wrapper that returned a coroutine
+            result = await result
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
