@@ -1,0 +1,108 @@
+-- The coordinator's own reads and writes (DESIGN.md §7). Everything else it does goes
+-- through settle, leases and dispatching, so one rule has one implementation.
+--
+-- Candidates are selected without locks; the statements that change anything re-check
+-- their condition under the lock against clock_timestamp(), because two coordinators
+-- may run the same pass at once and a heartbeat may renew a lease in between.
+
+-- name: try_lead
+-- Leadership is a session lock on a dedicated connection: it lasts as long as that
+-- connection, so a killed leader's lock goes with its socket.
+SELECT pg_try_advisory_lock($1::bigint)
+
+-- name: still_leading
+-- The keepalive: proves the connection works and that this session still holds the lock.
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+     WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+       AND classid = ($1::bigint >> 32)::oid
+       AND objid = ($1::bigint & 4294967295)::oid
+       AND objsubid = 1)
+
+-- name: resign
+SELECT pg_advisory_unlock($1::bigint)
+
+-- name: leader_pid
+-- The backend holding the leader lock, if any (for operators and tests).
+SELECT l.pid, a.application_name
+  FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
+           SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid = ($1::bigint >> 32)::oid
+   AND l.objid = ($1::bigint & 4294967295)::oid
+   AND l.objsubid = 1
+
+-- name: cancel_requested
+-- Runs whose cancellation has not converged yet (index runs_cancel_pending).
+SELECT id FROM runs
+ WHERE state = 'running' AND cancel_requested_at IS NOT NULL
+ ORDER BY id
+ LIMIT $1
+
+-- name: expired_leases
+-- Reaper candidates, unlocked: leases past their expiry or their attempt's deadline.
+(SELECT id, run_id FROM dispatches
+  WHERE state = 'leased' AND lease_expires_at <= clock_timestamp()
+  ORDER BY lease_expires_at LIMIT $1)
+UNION
+(SELECT id, run_id FROM dispatches
+  WHERE state = 'leased' AND attempt_deadline <= clock_timestamp()
+  ORDER BY attempt_deadline LIMIT $1)
+
+-- name: lock_expired
+-- Runs are locked by the caller. The expiry is re-checked under the row lock against
+-- the live clock, and a row a heartbeat is renewing right now is skipped: the renewal
+-- (`leases.renew`, the exact complement of this condition) and the reaper can never
+-- both win. A passed deadline wins over an expired lease.
+SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.result_hash,
+       d.lease_expires_at, d.attempt_deadline,
+       a.attempt, t.key AS task_key, t.dependents, t.max_attempts, t.backoff_initial_ms,
+       t.backoff_max_ms, t.backoff_multiplier,
+       CASE WHEN d.attempt_deadline <= clock_timestamp() THEN 'timed_out'
+            ELSE 'interrupted' END AS ending
+  FROM dispatches d
+  JOIN tasks t ON t.id = d.task_id
+  JOIN attempts a ON a.dispatch_id = d.id
+ WHERE d.id = ANY($1::bigint[]) AND d.state = 'leased'
+   AND (d.lease_expires_at <= clock_timestamp() OR d.attempt_deadline <= clock_timestamp())
+ ORDER BY d.id
+   FOR UPDATE OF d SKIP LOCKED
+
+-- name: due_retries
+-- Retry timers that have fired, unlocked (index tasks_retry_due).
+SELECT id, run_id FROM tasks
+ WHERE state = 'waiting_retry' AND retry_at <= clock_timestamp()
+ ORDER BY retry_at
+ LIMIT $1
+
+-- name: release_retries
+-- Runs are locked by the caller; only tasks of running runs still waiting and due move.
+UPDATE tasks t
+   SET state = 'ready', retry_at = NULL, ready_at = clock_timestamp()
+ WHERE t.id = ANY($1::bigint[]) AND t.run_id = ANY($2::uuid[])
+   AND t.state = 'waiting_retry' AND t.retry_at <= clock_timestamp()
+RETURNING t.run_id, t.key, t.attempts
+
+-- name: finishable_runs
+-- Runs still running with no unfinished task: settlement finishes runs itself, this is
+-- the safety sweep for any that slipped through.
+SELECT r.id FROM runs r
+ WHERE r.state = 'running'
+   AND NOT EXISTS (
+       SELECT 1 FROM tasks t
+        WHERE t.run_id = r.id
+          AND t.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry'))
+ ORDER BY r.id
+ LIMIT $1
+
+-- name: next_due_in
+-- Seconds until the earliest lease expiry, attempt deadline, retry timer or worker
+-- silence threshold ($1 ms); NULL when nothing is pending. The difference is taken on
+-- the database clock, so the coordinator's own clock never matters.
+SELECT extract(epoch FROM least(
+           (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),
+           (SELECT min(attempt_deadline) FROM dispatches WHERE state = 'leased'),
+           (SELECT min(retry_at) FROM tasks WHERE state = 'waiting_retry'),
+           (SELECT min(last_heartbeat_at) FROM workers WHERE state IN ('active', 'draining'))
+               + $1::bigint * interval '1 millisecond'
+       ) - clock_timestamp())::float8

@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from awp_coordinator.main import main
+
+main()

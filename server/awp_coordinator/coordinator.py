@@ -1,0 +1,225 @@
+"""The coordinator: passes over the database, and the leader loop that drives them.
+
+`run_pass()` works without leadership (tests drive passes directly, and two coordinators
+running passes at once stay correct); `run()` is the process loop: contend for the
+leader lock, and while leading run a pass on every notification, on every scan tick and
+at the next known deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Final
+
+from awp_coordinator.config import CoordinatorConfig
+from awp_coordinator.leadership import Leadership
+from awp_coordinator.metrics import Metrics
+from awp_db import coordination
+from awp_db.connect import Pool
+from awp_db.listen import Listener, Waiter
+from awp_db.settle import COORDINATOR_CHANNEL
+
+log = logging.getLogger("awp.coordinator")
+
+# Shortest sleep when something is already due but the pass could not take it (a row
+# another transaction holds): try again soon without spinning.
+MIN_SLEEP_S: Final = 0.05
+# A deadline is acted on a little after it, never just before (the database's checks
+# are strict inequalities against its live clock).
+DUE_MARGIN_S: Final = 0.005
+
+
+@dataclass(slots=True)
+class PassReport:
+    """What one pass changed, by kind of work."""
+
+    canceled_runs: int = 0
+    offline_workers: int = 0
+    offline_leases: int = 0
+    interrupted: int = 0
+    timed_out: int = 0
+    retries_released: int = 0
+    withdrawn: int = 0
+    dispatched: int = 0
+    runs_finished: int = 0
+    # Seconds until the earliest known lease expiry, deadline, retry or offline
+    # threshold (negative if overdue), None when nothing is pending.
+    next_due_in: float | None = None
+
+    def counts(self) -> dict[str, int]:
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "next_due_in"
+        }
+
+    @property
+    def did_work(self) -> bool:
+        return any(self.counts().values())
+
+
+class Coordinator:
+    def __init__(
+        self, pool: Pool, config: CoordinatorConfig, metrics: Metrics | None = None
+    ) -> None:
+        self._pool = pool
+        self.config = config
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._last_sweep = float("-inf")
+        self._leading = False
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    # --- one pass --------------------------------------------------------------------
+
+    async def run_pass(self) -> PassReport:
+        """Every kind of work once, each in its own short transaction, in an order where
+        each step feeds the next: cancellations first (nothing is dispatched for a run
+        being canceled), then what frees capacity or makes tasks ready, then dispatch."""
+        config = self.config
+        batch = config.batch_size
+        report = PassReport()
+        started = time.perf_counter()
+        async with self._pool.acquire() as conn:
+            report.canceled_runs = len(await coordination.converge_cancels(conn, batch))
+
+            offline = await coordination.mark_silent_offline(conn, config.offline_after_ms)
+            report.offline_workers = len(offline.workers)
+            report.offline_leases = offline.leases
+
+            reaped = await coordination.reap_expired(conn, batch)
+            report.interrupted = reaped.interrupted
+            report.timed_out = reaped.timed_out
+            report.runs_finished += len(reaped.settled.runs_finished)
+
+            report.retries_released = await coordination.release_retries(conn, batch)
+            report.withdrawn = await coordination.withdraw_unservable(conn, batch)
+
+            # Settlement finishes runs itself; the sweep is a safety net, so once per
+            # scan interval is enough, not once per notification.
+            if time.monotonic() - self._last_sweep >= config.scan_interval_s:
+                self._last_sweep = time.monotonic()
+                report.runs_finished += len(await coordination.sweep_finished(conn, batch))
+
+            dispatched = await coordination.create_dispatches(conn, config.global_dispatch_limit)
+            report.dispatched = dispatched.created
+
+            report.next_due_in = await coordination.next_due_in(conn, config.offline_after_ms)
+        self._record(report, time.perf_counter() - started)
+        return report
+
+    async def converge_cancels(self) -> int:
+        """Only the cancel convergence (also the first step of every pass)."""
+        async with self._pool.acquire() as conn:
+            return len(await coordination.converge_cancels(conn, self.config.batch_size))
+
+    def _record(self, report: PassReport, seconds: float) -> None:
+        self.metrics.passes.inc()
+        self.metrics.pass_seconds.observe(seconds)
+        counts = {kind: n for kind, n in report.counts().items() if n}
+        for kind, n in counts.items():
+            self.metrics.items.labels(kind).inc(n)
+        if counts:
+            log.info("pass", extra={**counts, "ms": round(seconds * 1000, 1)})
+
+    def sleep_after(self, report: PassReport) -> float:
+        """How long to wait for a notification before the next pass."""
+        if report.did_work:
+            return 0.0
+        delay = self.config.scan_interval_s
+        if report.next_due_in is not None:
+            delay = min(delay, max(report.next_due_in + DUE_MARGIN_S, MIN_SLEEP_S))
+        return delay
+
+    # --- the process loop ------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Contends for leadership until stop is set; leads while it holds the lock."""
+        config = self.config
+        leadership = Leadership(
+            config.database_url,
+            keepalive_s=config.scan_interval_s,
+            application_name=f"awp-coordinator-lock {config.instance}"[:63],
+        )
+        listener = Listener(
+            config.database_url, [COORDINATOR_CHANNEL], keepalive_s=max(config.scan_interval_s, 1)
+        )
+        await listener.start()
+        standing_by = False
+        try:
+            async with listener.subscribe(COORDINATOR_CHANNEL) as waiter:
+                while not stop.is_set():
+                    if not await leadership.try_acquire():
+                        if not standing_by:
+                            standing_by = True
+                            log.info("standing by", extra={"instance": config.instance})
+                        await _wait(stop, config.scan_interval_s)
+                        continue
+                    standing_by = False
+                    self._set_leading(True)
+                    try:
+                        await self._lead(stop, leadership, waiter)
+                    finally:
+                        self._set_leading(False, leadership.lost_reason)
+        finally:
+            await leadership.release()
+            await listener.stop()
+
+    def _set_leading(self, leading: bool, why: str = "") -> None:
+        self._leading = leading
+        self.metrics.leader.set(1 if leading else 0)
+        self.metrics.leadership_changes.labels("acquired" if leading else "released").inc()
+        extra: dict[str, object] = {"leader": leading, "instance": self.config.instance}
+        if why:
+            extra["why"] = why
+        if leading:
+            log.info("leadership acquired", extra=extra)
+        elif why:
+            log.warning("leadership lost", extra=extra)
+        else:
+            log.info("leadership released", extra=extra)
+
+    async def _lead(self, stop: asyncio.Event, leadership: Leadership, waiter: Waiter) -> None:
+        """Runs passes until stop is set or the lock is lost; either ends them at once."""
+        work = asyncio.create_task(self._passes(waiter), name="awp-coordinator-passes")
+        stopped = asyncio.create_task(stop.wait())
+        lost = asyncio.create_task(leadership.wait_lost())
+        try:
+            await asyncio.wait({work, stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, stopped, lost):
+                task.cancel()
+            for task in (work, stopped, lost):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _passes(self, waiter: Waiter) -> None:
+        while True:
+            try:
+                report = await self.run_pass()
+            except Exception:
+                # A daemon outlives one bad pass (a deadlock victim, a database restart):
+                # everything is re-read from the database next time.
+                self.metrics.pass_errors.inc()
+                log.exception("coordinator pass failed")
+                await waiter.wait(self.config.scan_interval_s)
+                continue
+            delay = self.sleep_after(report)
+            if delay <= 0:
+                # Let a stop or a lost lock be seen between back-to-back passes.
+                await asyncio.sleep(0)
+                continue
+            await waiter.wait(delay)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()

@@ -1,0 +1,84 @@
+"""awp-coordinator entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import asyncpg
+from prometheus_client import start_http_server
+
+from awp_common import logs
+from awp_common.flags import host_port
+from awp_coordinator.config import CoordinatorConfig, parse
+from awp_coordinator.coordinator import Coordinator
+from awp_coordinator.metrics import Metrics
+from awp_db.connect import create_pool
+from awp_db.migrate import migrate_when_reachable
+
+log = logging.getLogger("awp.coordinator")
+
+
+async def serve(config: CoordinatorConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    # A stop during startup (the database may not be up yet) ends the wait at once.
+    migrating = asyncio.create_task(migrate_when_reachable(config.database_url))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({migrating, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not migrating.done():
+        migrating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await migrating
+        log.info("awp-coordinator stopped before it started")
+        return
+    migrating.result()
+
+    metrics = Metrics()
+    if config.metrics_listen:
+        host, port = host_port(config.metrics_listen)
+        server, _ = start_http_server(port, addr=host, registry=metrics.registry)
+        log.info(
+            "metrics listening",
+            extra={"address": f"{host}:{server.server_port}"},
+        )
+    pool = await create_pool(
+        config.database_url,
+        min_size=1,
+        max_size=config.pool_size,
+        application_name=f"awp-coordinator {config.instance}"[:63],
+    )
+    log.info(
+        "awp-coordinator started",
+        extra={
+            "instance": config.instance,
+            "scan_interval_s": config.scan_interval_s,
+            "offline_after_ms": config.offline_after_ms,
+            "global_dispatch_limit": config.global_dispatch_limit,
+        },
+    )
+    try:
+        await Coordinator(pool, config, metrics).run(stop)
+    finally:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await pool.close()
+    log.info("awp-coordinator stopped", extra={"instance": config.instance})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse(argv)
+    logs.setup(config.log_format, config.log_level)
+    try:
+        asyncio.run(serve(config))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        log.error("awp-coordinator cannot run", extra={"error": repr(exc)})
+        sys.exit(2)

@@ -1,0 +1,149 @@
+"""Dispatch: only for compatible active workers, within every limit, fair across runs."""
+
+from __future__ import annotations
+
+import random
+
+from coordinator_support import (
+    Worker,
+    check_invariants,
+    coordinator,
+    make_spec,
+    register,
+    run_state,
+    start_run,
+    task_states,
+)
+
+from awp_db.connect import Pool
+
+
+async def test_no_dispatch_without_a_compatible_active_worker(pool: Pool) -> None:
+    run_id = await start_run(pool, make_spec("lonely", 3))
+    coord = coordinator(pool)
+    await register(pool, kinds=["python"])  # active, but cannot run 'mock' tasks
+
+    report = await coord.run_pass()
+
+    assert report.dispatched == 0
+    assert await pool.fetchval("SELECT count(*) FROM dispatches") == 0
+    assert set((await task_states(pool, run_id)).values()) == {"ready"}
+
+    # A compatible worker that registers later gets the work.
+    worker = await register(pool, kinds=["mock"], max_concurrency=2)
+    report = await coord.run_pass()
+    assert report.dispatched == 2  # no more than its free slots are offered
+    claimed = await worker.claim()
+    assert len(claimed) == 2
+    assert sorted((await task_states(pool, run_id)).values()) == ["ready", "running", "running"]
+    await check_invariants(pool)
+
+
+async def test_a_draining_worker_is_not_capacity(pool: Pool) -> None:
+    await start_run(pool, make_spec("drained", 2))
+    worker = await register(pool)
+    outcome = await worker.drain()
+    assert outcome.state == "stopped"
+
+    report = await coordinator(pool).run_pass()
+
+    assert report.dispatched == 0
+
+
+async def test_queued_task_whose_kind_loses_its_last_worker_goes_back_to_ready(
+    pool: Pool,
+) -> None:
+    run_id = await start_run(pool, make_spec("orphaned", 2))
+    worker = await register(pool, max_concurrency=5)
+    coord = coordinator(pool)
+    assert (await coord.run_pass()).dispatched == 2
+    assert set((await task_states(pool, run_id)).values()) == {"queued"}
+
+    await worker.drain()  # no leases: straight to stopped
+    report = await coord.run_pass()
+
+    assert report.withdrawn == 2
+    assert report.dispatched == 0
+    rows = await pool.fetch("SELECT state, attempts FROM tasks WHERE run_id = $1", run_id)
+    assert [(r["state"], r["attempts"]) for r in rows] == [("ready", 0), ("ready", 0)]
+    assert await pool.fetchval("SELECT count(*) FROM attempts") == 0
+    assert await pool.fetchval(
+        "SELECT array_agg(DISTINCT state) FROM dispatches WHERE run_id = $1", run_id
+    ) == ["expired"]
+    await check_invariants(pool)
+
+    # And the next compatible worker picks the tasks up again, nothing spent.
+    newcomer = await register(pool)
+    assert (await coord.run_pass()).dispatched == 2
+    leases = await newcomer.claim()
+    assert sorted(lease.attempt for lease in leases) == [1, 1]
+
+
+async def test_limits_hold_throughout_a_run(pool: Pool) -> None:
+    """Claim/complete cycles against three runs and three workers; after every step the
+    global limit, each run's concurrency and each worker's slots hold."""
+    global_limit = 7
+    rng = random.Random(7)
+    run_ids = [
+        await start_run(pool, make_spec("narrow", 12, concurrency=2)),
+        await start_run(pool, make_spec("wider", 15, concurrency=5, depends={5: [0, 1]})),
+        await start_run(pool, make_spec("open", 10, max_attempts=2)),
+    ]
+    fleet: list[Worker] = [
+        await register(pool, max_concurrency=1, name="a"),
+        await register(pool, max_concurrency=3, name="b"),
+        await register(pool, max_concurrency=4, name="c"),
+    ]
+    coord = coordinator(pool, global_dispatch_limit=global_limit)
+    peak = 0
+    for _ in range(400):
+        await coord.run_pass()
+        counts = await check_invariants(pool, global_limit=global_limit)
+        peak = max(peak, counts["live"])
+        held = []
+        for worker in fleet:
+            held.extend((worker, lease) for lease in await worker.claim(rng.randint(1, 3)))
+            await check_invariants(pool, global_limit=global_limit)
+        for worker, lease in held:
+            outcome = "failed" if rng.random() < 0.15 else "succeeded"
+            assert await worker.complete(lease, outcome) == "ACCEPTED"
+        await check_invariants(pool, global_limit=global_limit)
+        if all([await run_state(pool, run_id) != "running" for run_id in run_ids]):
+            break
+    else:
+        raise AssertionError("runs did not finish")
+    await check_invariants(pool, global_limit=global_limit, finished=True)
+    assert peak == global_limit  # the limit was actually reached, not trivially held
+
+
+async def test_an_old_large_run_cannot_starve_a_new_small_one(pool: Pool) -> None:
+    """Global limit 1: the 200-task run is in progress, a new 2-task run still gets
+    every other dispatch, also after a coordinator restart."""
+    big = await start_run(pool, make_spec("big", 200))
+    worker = await register(pool, max_concurrency=5)
+    coord = coordinator(pool, global_dispatch_limit=1)
+
+    async def cycle() -> str:
+        """One dispatch, claimed and completed: which run it served."""
+        report = await coord.run_pass()
+        assert report.dispatched == 1
+        (lease,) = await worker.claim()
+        assert await worker.complete(lease) == "ACCEPTED"
+        return "big" if lease.run_id == big else "small"
+
+    for _ in range(10):
+        assert await cycle() == "big"
+    small = await start_run(pool, make_spec("small", 2))
+    served = [await cycle() for _ in range(4)]
+    assert served.count("small") == 2, served
+    assert served[0] == "small"  # never dispatched yet: first in line
+    assert await run_state(pool, small) == "succeeded"
+
+    # A restart keeps fairness: it lives in the database, not in the coordinator.
+    later = await start_run(pool, make_spec("later", 2))
+    coord = coordinator(pool, global_dispatch_limit=1)
+    served = [await cycle() for _ in range(4)]
+    assert served.count("small") == 2  # 'later' is the one that is not 'big'
+    assert await run_state(pool, later) == "succeeded"
+    assert await run_state(pool, big) == "running"
+    await check_invariants(pool, global_limit=1)
