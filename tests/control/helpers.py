@@ -12,8 +12,8 @@ from typing import Any
 from uuid import UUID
 
 import grpc
+import support
 from google.protobuf import duration_pb2, struct_pb2
-from google.rpc import error_details_pb2, status_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import dispatching, leases, settle, workers
@@ -95,50 +95,18 @@ async def start_run(
 # ---------------------------------------------------------------- errors
 
 
-def error_details(
-    error: grpc.aio.AioRpcError,
-) -> tuple[error_details_pb2.ErrorInfo, list[error_details_pb2.BadRequest.FieldViolation]]:
-    """The ErrorInfo and BadRequest field violations of a failed call."""
-    status = None
-    for key, value in error.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)
-    assert status is not None, f"no rich status on {error.code()}: {error.details()}"
-    assert status.code == error.code().value[0]
-    info = error_details_pb2.ErrorInfo()
-    violations: list[error_details_pb2.BadRequest.FieldViolation] = []
-    found_info = False
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            detail.Unpack(info)
-            found_info = True
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad_request = error_details_pb2.BadRequest()
-            detail.Unpack(bad_request)
-            violations.extend(bad_request.field_violations)
-    assert found_info, "every error carries an ErrorInfo"
-    assert info.domain == "awp.dev"
-    return info, violations
-
-
 async def expect_error(
     call: Awaitable[Any],
     code: grpc.StatusCode,
     reason: str,
     field: str | None = None,
-) -> grpc.aio.AioRpcError:
+) -> support.RichError:
     """Asserts the call fails with this code and reason (and a violation naming field)."""
-    try:
-        await call
-    except grpc.aio.AioRpcError as error:
-        assert error.code() == code, (error.code(), error.details())
-        info, violations = error_details(error)
-        assert info.reason == reason, (info.reason, error.details())
-        if field is not None:
-            fields = [v.field for v in violations]
-            assert field in fields, (field, fields)
-        return error
-    raise AssertionError(f"expected {code.name} {reason}, the call succeeded")
+    error = await support.expect_error(call)
+    assert (error.code, error.reason) == (code, reason), error
+    if field is not None:
+        assert field in error.fields, (field, error.fields)
+    return error
 
 
 # ---------------------------------------------------------------- driving runs
@@ -188,7 +156,7 @@ async def complete(
 
 
 async def drive_to_end(pool: Pool, run_id: UUID, worker: workers.Registration) -> str:
-    """Claims and succeeds tasks until the run is finished; its final state."""
+    """Claims and succeeds every dispatchable task (of any run) until this run finishes."""
     for _ in range(100):
         state = await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id)
         if state != "running":
