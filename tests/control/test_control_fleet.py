@@ -1,0 +1,100 @@
+"""ListWorkers and GetStats over real gRPC and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from uuid import UUID
+
+from control.helpers import (
+    converge_cancel,
+    create_workflow,
+    dispatch_and_claim,
+    register_worker,
+    start_run,
+    task,
+)
+
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_db import dispatching, leases
+from awp_db.connect import Pool
+
+Stub = control_pb2_grpc.ControlServiceStub
+
+
+async def test_list_workers(control: Stub, pool: Pool) -> None:
+    busy = await register_worker(
+        pool, ["mock", "python"], name="busy", max_concurrency=4, labels={"zone": "a"}
+    )
+    gone = await register_worker(pool, name="gone")
+    async with pool.acquire() as conn:
+        await leases.drain(conn, str(gone.worker_id), gone.session_token, [])
+    await create_workflow(control)
+    await start_run(control)
+    await dispatch_and_claim(pool, busy)
+
+    live = await control.ListWorkers(control_pb2.ListWorkersRequest())
+    (info,) = live.workers
+    assert info.id == str(busy.worker_id)
+    assert (info.name, info.state) == ("busy", types_pb2.WORKER_STATE_ACTIVE)
+    assert list(info.executor_kinds) == ["mock", "python"]
+    assert (info.max_concurrency, info.active_leases, info.protocol_version) == (4, 1, 1)
+    assert dict(info.labels) == {"zone": "a"}
+    assert info.HasField("registered_at") and info.HasField("last_heartbeat_at")
+    assert not info.HasField("stopped_at")
+
+    everyone = await control.ListWorkers(control_pb2.ListWorkersRequest(include_inactive=True))
+    states = {w.name: w for w in everyone.workers}
+    assert states["gone"].state == types_pb2.WORKER_STATE_STOPPED
+    assert states["gone"].HasField("stopped_at")
+    # Newest first.
+    assert [w.name for w in everyone.workers] == ["gone", "busy"]
+
+
+async def test_stats_of_an_empty_system(control: Stub) -> None:
+    stats = await control.GetStats(control_pb2.GetStatsRequest())
+    assert stats == control_pb2.GetStatsResponse()
+    assert not stats.HasField("oldest_pending")  # no queue, not a queue of age zero
+
+
+def counts(items: Iterable[control_pb2.StateCount]) -> dict[tuple[str, str], int]:
+    return {(c.state, c.executor_kind): c.count for c in items}
+
+
+async def test_stats_count_queues_runs_workers_and_leases(control: Stub, pool: Pool) -> None:
+    await create_workflow(
+        control,
+        tasks=[
+            task("m1"),
+            task("m2"),
+            task("m3"),
+            task("p1", kind="python"),
+            task("later", ["m1"]),
+        ],
+    )
+    await start_run(control)
+    canceled = await start_run(control)
+    await control.CancelRun(control_pb2.CancelRunRequest(run_id=canceled.id))
+    await converge_cancel(pool, UUID(canceled.id))
+    # One mock slot: the coordinator offers one dispatch per free slot, the worker takes it.
+    worker = await register_worker(pool, ["mock"], max_concurrency=1)
+    leased = await dispatch_and_claim(pool, worker)
+    assert len(leased) == 1
+    await register_worker(pool, ["mock"], name="idle", max_concurrency=1)
+    async with pool.acquire() as conn:
+        await dispatching.create_dispatches(conn)
+
+    stats = await control.GetStats(control_pb2.GetStatsRequest())
+    # Only the running run's tasks: the canceled run's are history.
+    assert counts(stats.tasks) == {
+        ("running", "mock"): 1,
+        ("queued", "mock"): 1,
+        ("ready", "mock"): 1,
+        ("ready", "python"): 1,
+        ("pending", "mock"): 1,
+    }
+    assert counts(stats.dispatches) == {("leased", "mock"): 1, ("pending", "mock"): 1}
+    assert counts(stats.runs) == {("running", ""): 1, ("canceled", ""): 1}
+    assert counts(stats.workers) == {("active", ""): 2}
+    assert stats.active_leases == 1
+    assert stats.HasField("oldest_pending")
+    assert stats.oldest_pending.ToMilliseconds() >= 0

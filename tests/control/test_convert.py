@@ -1,0 +1,108 @@
+"""convert: enum maps, JSON normalisation and definition round trips (no I/O)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from control.helpers import definition, seconds, struct, task
+
+from awp.v1 import types_pb2
+from awp_kernel import states
+from awp_kernel.definition import DefinitionInvalid, canonical_json
+from awp_server import convert
+
+
+@pytest.mark.parametrize(
+    ("enum_map", "enum", "names"),
+    [
+        (convert.RUN_STATES, types_pb2.RunState, states.RUN_STATES),
+        (convert.TASK_STATES, types_pb2.TaskState, states.TASK_STATES),
+        (convert.ATTEMPT_STATES, types_pb2.AttemptState, states.ATTEMPT_STATES),
+        (convert.DISPATCH_STATES, types_pb2.DispatchState, states.DISPATCH_STATES),
+        (convert.WORKER_STATES, types_pb2.WorkerState, states.WORKER_STATES),
+    ],
+)
+def test_enum_maps_cover_every_state_both_ways(
+    enum_map: convert.EnumMap[int], enum: object, names: tuple[str, ...]
+) -> None:
+    proto_values = {v for v in enum.values() if v != 0}  # type: ignore[attr-defined]
+    assert {enum_map.proto(name) for name in names} == proto_values
+    for name in names:
+        assert enum_map.name(enum_map.proto(name)) == name
+    assert enum_map.name(0) is None  # UNSPECIFIED is never a state
+    assert enum_map.name(999) is None
+
+
+def test_waiting_retry_maps_to_its_enum() -> None:
+    assert convert.TASK_STATES.proto("waiting_retry") == types_pb2.TASK_STATE_WAITING_RETRY
+    assert convert.ATTEMPT_STATES.proto("timed_out") == types_pb2.ATTEMPT_STATE_TIMED_OUT
+
+
+def test_struct_numbers_are_normalised() -> None:
+    data = convert.struct_to_dict(
+        struct({"i": 1, "f": 1.5, "neg": -3.0, "huge": 2.0**60, "l": [2, {"z": 0}], "n": None})
+    )
+    assert data == {"i": 1, "f": 1.5, "neg": -3, "huge": 2.0**60, "l": [2, {"z": 0}], "n": None}
+    assert type(data["i"]) is int and type(data["huge"]) is float
+    assert canonical_json(data) == canonical_json(
+        convert.struct_to_dict(convert.dict_to_struct(data))  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"x": float("nan")},
+        {"x": [float("-inf")]},
+        {"x": "a\x00"},
+        {"a\x00": 1},
+        {"d": {"e": "\x00"}},
+    ],
+)
+def test_struct_values_jsonb_cannot_hold_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(convert.JsonInvalid):
+        convert.struct_to_dict(struct(bad))
+
+
+def test_definition_round_trip_is_stable() -> None:
+    original = definition(
+        tasks=[
+            task("a", input=struct({"n": 1})),
+            task(
+                "b",
+                ["a"],
+                retry=types_pb2.RetryPolicy(
+                    max_attempts=7, initial_backoff=seconds(0), backoff_multiplier=1.5
+                ),
+                timeout=seconds(2.5),
+            ),
+        ],
+        concurrency=2,
+    )
+    spec = convert.spec_from_proto(original)
+    b = spec.tasks[1]
+    assert (b.retry.max_attempts, b.retry.initial_backoff_ms, b.retry.multiplier) == (7, 0, 1.5)
+    assert b.retry.max_backoff_ms == 60_000 and b.timeout_ms == 2_500
+    again = convert.spec_from_proto(convert.spec_to_proto(spec))
+    assert again == spec
+    assert again.definition_hash() == spec.definition_hash()
+
+
+def test_spec_from_proto_collects_conversion_and_rule_violations() -> None:
+    with pytest.raises(DefinitionInvalid) as caught:
+        convert.spec_from_proto(
+            definition(tasks=[task("a", input=struct({"x": "\x00"})), task("a")])
+        )
+    fields = [v.field for v in caught.value.violations]
+    assert "definition.tasks[0].input" in fields and "definition.tasks[1].key" in fields
+
+
+def test_optional_fields_stay_unset() -> None:
+    assert convert.timestamp(None) is None
+    assert convert.dict_to_struct(None) is None
+    assert convert.task_error(None) is None
+    moment = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    stamp = convert.timestamp(moment)
+    assert stamp is not None and stamp.ToDatetime(tzinfo=UTC) == moment
+    assert convert.duration_from_ms(-5).ToMilliseconds() == 0
