@@ -59,12 +59,15 @@ SELECT state, last_seq FROM runs WHERE id = $1
 -- name: list
 -- Newest first, keyset paging on (created_at, id) over the runs_created index. A NULL
 -- filter matches every run; $3/$4 (the last run of the previous page) NULL: first page.
+-- The keyset bound is always a plain row comparison (never "$3 IS NULL OR ..."), so even
+-- a generic plan starts the index scan at the page instead of filtering up to it.
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
        r.cancel_requested_at, r.cancel_reason, r.concurrency, w.name AS workflow_name,
        w.version AS workflow_version
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE ($1::text IS NULL OR w.name = $1)
    AND ($2::text IS NULL OR r.state = $2)
-   AND ($3::timestamptz IS NULL OR (r.created_at, r.id) < ($3, $4::uuid))
+   AND (r.created_at, r.id) < (coalesce($3::timestamptz, 'infinity'),
+                               coalesce($4::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
  ORDER BY r.created_at DESC, r.id DESC
  LIMIT $5
