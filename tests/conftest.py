@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-import grpc
 import pytest
+from support import ADMIN_TOKEN, WORKER_TOKEN, ServerHandle
 
 from awp_db.connect import Pool, connect, create_pool
 from awp_db.embedded import EmbeddedPostgres
@@ -112,21 +112,6 @@ async def conn(database_dsn: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 # --- An in-process awp-server on a loopback port, over this test's database ---------
-
-WORKER_TOKEN = "test-worker-token"
-ADMIN_TOKEN = "test-admin-token"
-
-
-@dataclass
-class ServerHandle:
-    address: str
-    config: Any
-    running: Any
-    dsn: str
-
-    def channel(self) -> grpc.aio.Channel:
-        return grpc.aio.insecure_channel(self.address)
-
 
 ServerFactory = Callable[..., Awaitable[ServerHandle]]
 

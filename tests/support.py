@@ -110,3 +110,20 @@ async def start_run(pool: Pool, workflow: WorkflowSpec, request_id: str | None =
     async with pool.acquire() as conn:
         started = await runs.start(conn, stored, {}, request_id)
     return started.run_id
+
+
+# --- The in-process server the `start_server` fixture makes -------------------------
+
+WORKER_TOKEN = "test-worker-token"
+ADMIN_TOKEN = "test-admin-token"
+
+
+@dataclass
+class ServerHandle:
+    address: str
+    config: Any
+    running: Any
+    dsn: str
+
+    def channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(self.address)

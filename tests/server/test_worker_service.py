@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from conftest import WORKER_TOKEN, ServerHandle
 from google.protobuf import duration_pb2, struct_pb2
-from support import expect_error, poll_until, spec, start_run
+from support import WORKER_TOKEN, ServerHandle, expect_error, poll_until, spec, start_run
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import dispatching, settle
