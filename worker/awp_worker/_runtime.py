@@ -25,7 +25,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
@@ -128,9 +129,9 @@ class WorkerRuntime:
         self._changed = asyncio.Event()  # a lease went away / the claim loop ended
         self._registered = asyncio.Event()
         self._leases = LeaseTable(self._on_release)
-        # Leases given up locally (safety deadline) that the server may still count:
-        # dispatch id -> (ref, local lease expiry). Handed back in the last Drain.
-        self._abandoned: dict[int, tuple[worker_pb2.LeaseRef, float]] = {}
+        # Leases given up locally (safety deadline, rejected result) that the server
+        # may still count as held: handed back in the last Drain.
+        self._abandoned: dict[int, worker_pb2.LeaseRef] = {}
         self._draining = False
         self._session_stopped = False
         self._stub: worker_pb2_grpc.WorkerServiceAsyncStub | None = None
@@ -180,7 +181,8 @@ class WorkerRuntime:
                 self.config.metrics_port,
             )
         channel = self._open_channel()
-        self._stub = worker_pb2_grpc.WorkerServiceAsyncStub(channel)
+        # An aio channel makes the generated stub asynchronous (its .pyi says so).
+        self._stub = worker_pb2_grpc.WorkerServiceStub(channel)
         try:
             code = await self._run()
         finally:
@@ -278,7 +280,7 @@ class WorkerRuntime:
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda exc: classify(exc) is Kind.TRANSIENT),
-            wait=wait_exponential_jitter(initial=0.25, max=5.0, jitter=0.25),
+            wait=wait_exponential(multiplier=0.25, max=5.0) + wait_random(0, 0.25),
             before_sleep=_log_retry("Register"),
             reraise=True,
         )
@@ -559,7 +561,7 @@ class WorkerRuntime:
     def _give_up_locally(self, held: HeldLease) -> None:
         """Stop holding a lease the worker can no longer vouch for (no report)."""
         if self._leases.release(held):
-            self._abandoned[held.dispatch_id] = (held.ref(), held.clock.lease_expiry)
+            self._abandoned[held.dispatch_id] = held.ref()
 
     async def _send_complete(
         self, results: Sequence[worker_pb2.TaskResult]
@@ -691,8 +693,9 @@ class WorkerRuntime:
             await self._wait_first(events=(self._changed, self._sup.failed), within=remaining)
 
     def _abandoned_refs(self) -> list[worker_pb2.LeaseRef]:
-        now = asyncio.get_running_loop().time()
-        return [ref for ref, expiry in self._abandoned.values() if expiry > now]
+        # The server settles only leases still held by this session; stale refs are
+        # ignored, so every abandoned one can go.
+        return list(self._abandoned.values())
 
     async def _final_drain(self, hand_back: Sequence[worker_pb2.LeaseRef]) -> int:
         try:
@@ -732,7 +735,7 @@ class WorkerRuntime:
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda exc: classify(exc) is Kind.TRANSIENT),
-            wait=wait_exponential_jitter(initial=0.1, max=2.0, jitter=0.1),
+            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             stop=stop_after_delay(give_up_after),
             before_sleep=_log_retry("Drain"),
             reraise=True,

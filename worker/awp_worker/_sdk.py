@@ -142,13 +142,16 @@ def action(name: str, *, registry: ActionRegistry | None = None) -> Callable[[F]
     (a ``dict``); it may be ``async``. Registering a second function under a name
     already taken raises ``ValueError``.
     """
-    return (registry or DEFAULT_REGISTRY).action(name)
+    return (registry if registry is not None else DEFAULT_REGISTRY).action(name)
 
 
 def _identity(fn: Callable[..., Any]) -> str:
+    """Where a function was defined: the same after its module is imported again."""
     module = getattr(fn, "__module__", None) or "?"
     qualname = getattr(fn, "__qualname__", None) or repr(fn)
-    return f"{module}.{qualname}"
+    code = getattr(fn, "__code__", None)
+    line = f":{code.co_firstlineno}" if code is not None else ""
+    return f"{module}.{qualname}{line}"
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

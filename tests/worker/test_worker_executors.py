@@ -1,0 +1,384 @@
+"""Executors (mock, python), the SDK, output/input conversion, and result coalescing."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from test_worker_units import FakeRpcError
+from worker_fakes import eventually
+
+from awp.v1 import worker_pb2
+from awp_worker import ActionCancelled, ActionContext, PermanentError, RetryableError, action
+from awp_worker._backoff import Backoff
+from awp_worker._completer import ResultFlusher
+from awp_worker._errors import SessionLost
+from awp_worker._executors import (
+    MAX_ERROR_MESSAGE_CHARS,
+    MockExecutor,
+    OutputError,
+    PythonExecutor,
+    failure_from_exception,
+    output_struct,
+    struct_to_dict,
+    success,
+)
+from awp_worker._lease import HeldLease, LeaseClock
+from awp_worker._logging import bind, bound_fields, unbind
+from awp_worker._sdk import DEFAULT_REGISTRY, ActionRegistry
+
+
+def make_ctx(action: str = "a", attempt: int = 1) -> ActionContext:
+    return ActionContext(
+        run_id="r",
+        task_key="t",
+        action=action,
+        attempt=attempt,
+        max_attempts=3,
+        idempotency_key="r/t",
+        fencing_token=7,
+        deadline=time.monotonic() + 60,
+    )
+
+
+def make_lease(dispatch_id: int = 1) -> worker_pb2.Lease:
+    return worker_pb2.Lease(dispatch_id=dispatch_id, lease_token=f"tok-{dispatch_id}")
+
+
+# --- mock -----------------------------------------------------------------------------
+
+
+async def test_mock_echoes_its_input_deterministically() -> None:
+    mock = MockExecutor()
+    out = await mock.execute(make_ctx("say", attempt=2), {"x": [1, {"y": None}]})
+    assert out == {"action": "say", "echo": {"x": [1, {"y": None}]}, "attempt": 2}
+    assert out == await mock.execute(make_ctx("say", attempt=2), {"x": [1, {"y": None}]})
+
+
+async def test_mock_sleep_is_cancellable() -> None:
+    task = asyncio.create_task(MockExecutor().execute(make_ctx(), {"sleep_ms": 60_000}))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_mock_fail_is_permanent() -> None:
+    with pytest.raises(PermanentError, match=r"^boom$"):
+        await MockExecutor().execute(make_ctx(), {"fail": "boom"})
+    with pytest.raises(PermanentError, match="requested"):
+        await MockExecutor().execute(make_ctx(), {"fail": True})
+    assert await MockExecutor().execute(make_ctx(), {"fail": False})
+
+
+async def test_mock_fail_attempts_is_retryable_until_the_attempt_passes_it() -> None:
+    mock = MockExecutor()
+    for attempt in (1, 2):
+        with pytest.raises(RetryableError):
+            await mock.execute(make_ctx(attempt=attempt), {"fail_attempts": 2})
+    assert (await mock.execute(make_ctx(attempt=3), {"fail_attempts": 2}))["attempt"] == 3  # type: ignore[index]
+
+
+@pytest.mark.parametrize("bad", [{"sleep_ms": "x"}, {"fail_attempts": True}, {"fail": 3}])
+async def test_mock_rejects_malformed_fields(bad: dict[str, Any]) -> None:
+    with pytest.raises(PermanentError, match="mock"):
+        await MockExecutor().execute(make_ctx(), bad)
+
+
+# --- conversion -----------------------------------------------------------------------
+
+
+def test_struct_input_gives_whole_numbers_back_as_ints() -> None:
+    struct = struct_pb2.Struct()
+    struct.update({"n": 3, "f": 2.5, "l": [1, 2.0, "s", True, None], "d": {"big": 1e300}})
+    assert struct_to_dict(struct) == {
+        "n": 3,
+        "f": 2.5,
+        "l": [1, 2, "s", True, None],
+        "d": {"big": 1e300},
+    }
+    assert isinstance(struct_to_dict(struct)["n"], int)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ([1, 2], "returned list, expected a JSON object"),
+        (None, "returned NoneType"),
+        ({"when": object()}, "not valid JSON"),
+        ({"x": math.nan}, "not valid JSON"),
+        ({"blob": "x" * (1024 * 1024 + 1)}, "more than the 1048576 allowed"),
+    ],
+)
+def test_bad_outputs_are_permanent_failures_naming_the_problem(value: object, problem: str) -> None:
+    with pytest.raises(OutputError, match=problem):
+        output_struct(value)
+    assert issubclass(OutputError, PermanentError)
+
+
+def test_outputs_convert_like_json() -> None:
+    struct = output_struct({1: "a", "nested": {"t": (1, 2)}})
+    assert struct_to_dict(struct) == {"1": "a", "nested": {"t": [1, 2]}}
+
+
+def test_exceptions_map_to_failures() -> None:
+    lease = make_lease()
+    permanent = failure_from_exception(lease, PermanentError("no"))
+    assert (permanent.error.message, permanent.error.retryable) == ("no", False)
+    retry = failure_from_exception(lease, RetryableError("later"))
+    assert (retry.error.message, retry.error.retryable) == ("later", True)
+    other = failure_from_exception(lease, KeyError("k"))
+    assert (other.error.message, other.error.retryable) == ("KeyError: 'k'", True)
+    assert other.outcome == worker_pb2.RESULT_OUTCOME_FAILED
+    assert (other.dispatch_id, other.lease_token) == (1, "tok-1")
+    long = failure_from_exception(lease, ValueError("x" * 50_000))
+    assert len(long.error.message) == MAX_ERROR_MESSAGE_CHARS
+    assert long.error.message.endswith("[truncated]")
+
+
+# --- SDK ------------------------------------------------------------------------------
+
+
+def test_actions_register_by_name() -> None:
+    registry = ActionRegistry()
+
+    @action("reports.summarize", registry=registry)
+    def summarize(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    found = registry.get("reports.summarize")
+    assert found is not None and found.fn is summarize and not found.is_async
+    assert registry.names() == ["reports.summarize"]
+    registry.register("reports.summarize", summarize)  # the same function again: fine
+
+
+def test_a_name_cannot_be_taken_twice_or_be_malformed() -> None:
+    registry = ActionRegistry()
+    registry.register("a", lambda ctx, input: {})
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("a", lambda ctx, input: {"other": True})
+    for bad in ("", "1abc", "has space", "x" * 129, "../etc"):
+        with pytest.raises(ValueError, match="invalid action name"):
+            registry.register(bad, lambda ctx, input: {})
+
+
+def test_the_default_registry_backs_the_decorator() -> None:
+    @action("tests.worker.default-registry")
+    async def fn(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    found = DEFAULT_REGISTRY.get("tests.worker.default-registry")
+    assert found is not None and found.is_async
+
+
+def test_context_cancellation_signal() -> None:
+    ctx = make_ctx()
+    assert not ctx.cancelled
+    ctx.raise_if_cancelled()
+    ctx._cancel()
+    assert ctx.cancelled and ctx.wait_cancelled(0)
+    with pytest.raises(ActionCancelled):
+        ctx.raise_if_cancelled()
+    # A broad `except Exception` in user code does not swallow it.
+    assert not issubclass(ActionCancelled, Exception)
+    assert 59 < make_ctx().time_remaining() <= 60
+
+
+# --- python executor ------------------------------------------------------------------
+
+
+async def test_sync_actions_run_in_a_thread_with_the_log_context() -> None:
+    registry = ActionRegistry()
+    seen: dict[str, Any] = {}
+
+    @registry.action("sync")
+    def sync(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        seen["thread"] = threading.get_ident()
+        seen["fields"] = dict(bound_fields())
+        return {"doubled": input["n"] * 2}
+
+    executor = PythonExecutor(registry, max_threads=2)
+    try:
+        token = bind(run_id="r-ctx")
+        try:
+            assert await executor.execute(make_ctx("sync"), {"n": 21}) == {"doubled": 42}
+        finally:
+            unbind(token)
+    finally:
+        executor.close()
+    assert seen["thread"] != threading.get_ident()
+    assert seen["fields"]["run_id"] == "r-ctx"
+
+
+async def test_async_actions_run_on_the_loop() -> None:
+    registry = ActionRegistry()
+
+    @registry.action("async")
+    async def run(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"attempt": ctx.attempt, "thread": threading.get_ident()}
+
+    out = await PythonExecutor(registry).execute(make_ctx("async", attempt=2), {})
+    assert out == {"attempt": 2, "thread": threading.get_ident()}
+
+
+async def test_unknown_actions_are_permanent_failures_naming_them() -> None:
+    registry = ActionRegistry()
+    registry.register("known", lambda ctx, input: {})
+    with pytest.raises(PermanentError, match=r"unknown action 'nope'.*known"):
+        await PythonExecutor(registry).execute(make_ctx("nope"), {})
+
+
+async def test_a_cancelled_sync_action_sees_the_signal() -> None:
+    registry = ActionRegistry()
+    stopped = threading.Event()
+
+    @registry.action("loop")
+    def loop(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        while True:
+            try:
+                ctx.raise_if_cancelled()
+            except ActionCancelled:
+                stopped.set()
+                raise
+            time.sleep(0.005)
+
+    executor = PythonExecutor(registry)
+    ctx = make_ctx("loop")
+    task = asyncio.create_task(executor.execute(ctx, {}))
+    await asyncio.sleep(0.05)
+    ctx._cancel()  # what the runtime does when it gives the lease up
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(stopped.wait, 5)
+    executor.close()
+
+
+# --- result coalescing ----------------------------------------------------------------
+
+
+def make_held(dispatch_id: int, output: dict[str, Any] | None = None) -> HeldLease:
+    lease = make_lease(dispatch_id)
+    held = HeldLease(
+        lease=lease, clock=LeaseClock.start(0, 15, 60, 1), ctx=make_ctx(), log_fields={}
+    )
+    held.result = success(lease, output_struct(output or {"i": dispatch_id}))
+    return held
+
+
+class Recorder:
+    def __init__(self, *errors: Exception) -> None:
+        self.calls: list[list[worker_pb2.TaskResult]] = []
+        self.errors = list(errors)
+        self.answers: dict[int, int] = {}
+        self.dropped: list[int] = []
+        self.rejected: list[int] = []
+        self.current: set[int] | None = None
+
+    async def send(self, results: Sequence[worker_pb2.TaskResult]) -> worker_pb2.CompleteResponse:
+        self.calls.append(list(results))
+        if self.errors:
+            raise self.errors.pop(0)
+        return worker_pb2.CompleteResponse(
+            answers=[
+                worker_pb2.CompleteAnswer(
+                    dispatch_id=r.dispatch_id, outcome=worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+                )
+                for r in results
+            ]
+        )
+
+    def flusher(self, **kw: Any) -> ResultFlusher:
+        return ResultFlusher(
+            send=self.send,
+            is_current=lambda h: self.current is None or h.dispatch_id in self.current,
+            on_answer=lambda h, o: self.answers.__setitem__(h.dispatch_id, o),
+            on_dropped=lambda h: self.dropped.append(h.dispatch_id),
+            on_rejected=lambda h, why: self.rejected.append(h.dispatch_id),
+            **kw,
+        )
+
+
+async def _run_until(flusher: ResultFlusher, done: Any, within: float = 5.0) -> None:
+    task = asyncio.create_task(flusher.run())
+    try:
+        await eventually(done, within=within, interval=0.001)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_full_batch_flushes_without_waiting() -> None:
+    recorder = Recorder()
+    flusher = recorder.flusher(flush_size=16, flush_interval=30.0)
+    for i in range(16):
+        flusher.submit(make_held(i))
+    await _run_until(flusher, lambda: len(recorder.answers) == 16, within=2.0)
+    assert [len(call) for call in recorder.calls] == [16]
+
+
+async def test_a_partial_batch_flushes_after_the_interval() -> None:
+    recorder = Recorder()
+    flusher = recorder.flusher(flush_size=16, flush_interval=0.05)
+    for i in range(3):
+        flusher.submit(make_held(i))
+    await _run_until(flusher, lambda: len(recorder.answers) == 3)
+    assert [len(call) for call in recorder.calls] == [3]
+
+
+async def test_a_lost_answer_is_retried_with_the_same_results() -> None:
+    recorder = Recorder(FakeRpcError(grpc.StatusCode.UNAVAILABLE), TimeoutError())
+    flusher = recorder.flusher(backoff=lambda: Backoff(0.001, 0.01))
+    flusher.submit(make_held(1))
+    flusher.submit(make_held(2))
+    await _run_until(flusher, lambda: len(recorder.answers) == 2)
+    assert len(recorder.calls) == 3
+    assert recorder.calls[0] == recorder.calls[1] == recorder.calls[2]
+
+
+async def test_results_of_revoked_leases_are_dropped_before_sending() -> None:
+    recorder = Recorder()
+    recorder.current = {2}
+    flusher = recorder.flusher()
+    flusher.submit(make_held(1))
+    flusher.submit(make_held(2))
+    await _run_until(flusher, lambda: recorder.answers)
+    assert [r.dispatch_id for r in recorder.calls[0]] == [2]
+    assert recorder.dropped == [1]
+
+
+async def test_a_rejected_batch_is_retried_one_by_one() -> None:
+    invalid = FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT)
+    recorder = Recorder(invalid, invalid)  # the batch, then the first single
+    flusher = recorder.flusher()
+    flusher.submit(make_held(1))
+    flusher.submit(make_held(2))
+    await _run_until(flusher, lambda: recorder.answers and recorder.rejected)
+    assert recorder.rejected == [1] and list(recorder.answers) == [2]
+
+
+async def test_a_permanent_error_ends_the_flusher() -> None:
+    recorder = Recorder(FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID"))
+    flusher = recorder.flusher()
+    flusher.submit(make_held(1))
+    with pytest.raises(SessionLost, match="SESSION_INVALID"):
+        async with asyncio.timeout(5):
+            await flusher.run()
+
+
+async def test_batches_stay_under_the_message_size_limit() -> None:
+    recorder = Recorder()
+    flusher = recorder.flusher(flush_size=16, flush_interval=0.01)
+    for i in range(5):
+        flusher.submit(make_held(i, {"blob": "x" * (1024 * 1024 - 100)}))
+    await _run_until(flusher, lambda: len(recorder.answers) == 5)
+    assert len(recorder.calls) >= 2
+    assert all(sum(r.ByteSize() for r in call) < 4 * 1024 * 1024 for call in recorder.calls)
