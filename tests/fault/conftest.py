@@ -1,0 +1,93 @@
+"""Fixtures of the fault suite: a cluster of real processes per test, its logs attached to
+every failure report, and recovery figures gathered into the terminal summary."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Generator, Iterator
+from pathlib import Path
+
+import pytest
+from cluster import Cluster
+
+from awp_db.connect import connect
+from awp_db.embedded import EmbeddedPostgres
+from awp_db.migrate import migrate
+
+CLUSTERS = pytest.StashKey[list[Cluster]]()
+# Lines printed under "awp fault figures" at the end of the run: what recovery cost.
+FIGURES: list[str] = []
+
+
+def report_figure(line: str) -> None:
+    """Prints a measured figure now (visible with -s) and again in the summary."""
+    print(line, flush=True)
+    FIGURES.append(line)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        # The processes' own words are the first thing a failure needs.
+        for cluster in item.stash.get(CLUSTERS, []):
+            for name, tail in cluster.log_tails():
+                report.sections.append((f"awp log tail: {name} ({report.when})", tail))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FIGURES:
+        terminalreporter.section("awp fault figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
+
+
+def _register(request: pytest.FixtureRequest, cluster: Cluster) -> None:
+    clusters = request.node.stash.get(CLUSTERS, [])
+    clusters.append(cluster)
+    request.node.stash[CLUSTERS] = clusters
+
+
+@pytest.fixture
+async def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, database_dsn: str
+) -> AsyncIterator[Cluster]:
+    """Processes against this test's fresh database on the session's PostgreSQL."""
+    running = Cluster(tmp_path / "cluster", database_dsn)
+    running.dir.mkdir()
+    _register(request, running)
+    try:
+        yield running
+    finally:
+        await running.close()
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of this test's own, for scenarios that stop it (others are untouched)."""
+    server = EmbeddedPostgres(tmp_path / "pg", unsafe_fast=True).start()
+    try:
+        yield server
+    finally:
+        server.stop(mode="immediate")
+
+
+@pytest.fixture
+async def pg_cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, own_postgres: EmbeddedPostgres
+) -> AsyncIterator[Cluster]:
+    """Processes against a PostgreSQL the test may stop and start (cluster.postgres)."""
+    conn = await connect(own_postgres.dsn)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+    running = Cluster(tmp_path / "cluster", own_postgres.dsn, postgres=own_postgres)
+    running.dir.mkdir()
+    _register(request, running)
+    try:
+        yield running
+    finally:
+        await running.close()

@@ -1,0 +1,135 @@
+"""Fault scenarios over real processes (DESIGN.md §10). Each ends with the invariant check."""
+
+from __future__ import annotations
+
+import json
+from uuid import UUID
+
+import grpc
+import pytest
+import workload
+from cluster import Cluster, wait_for
+from conftest import report_figure
+from google.protobuf import struct_pb2
+from invariants import Expect, check_invariants
+from probes import revision, seconds_between, wait_attempt, wait_run
+from support import rich_error
+
+from awp.v1 import worker_pb2
+
+pytestmark = pytest.mark.fault
+
+
+async def test_fan_out_fan_in_on_two_workers(cluster: Cluster) -> None:
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    await cluster.start_worker("w1", concurrency=4)
+    await cluster.start_worker("w2", concurrency=4)
+    run_id = await workload.start(
+        cluster.control(), workload.definition("fan", workload.fan_out_in(12, sleep_ms=200))
+    )
+    await wait_run(cluster, run_id)
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
+    by_worker = await cluster.fetch(
+        "SELECT worker_id::text AS w, count(*) AS n FROM attempts WHERE run_id = $1 GROUP BY 1",
+        run_id,
+    )
+    names = {cluster.worker_of(row["w"]).process.name: row["n"] for row in by_worker}
+    print("WORK", names)
+    assert set(names) == {"w1", "w2"}, names
+
+
+# --- 2. kill -9 a worker holding a lease ----------------------------------------------
+
+
+async def test_killed_workers_task_runs_again_on_the_other(cluster: Cluster) -> None:
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    w1 = await cluster.start_worker("w1", concurrency=1)
+    w2 = await cluster.start_worker("w2", concurrency=1)
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition("kill9", [workload.Task("slow", input={"sleep_ms": 1500})]),
+    )
+    first = await wait_attempt(cluster, run_id, "slow", 1, "running")
+    victim = cluster.worker_of(first["worker_id"])
+    survivor = w2 if victim is w1 else w1
+
+    killed_at = await cluster.db_now()
+    victim.process.kill()
+    second = await wait_attempt(cluster, run_id, "slow", 2)
+    await wait_run(cluster, run_id)
+    finished_at = await cluster.fetchval("SELECT finished_at FROM runs WHERE id = $1", run_id)
+    to_attempt2 = seconds_between(killed_at, second["started_at"])
+    report_figure(
+        f"RECOVERY worker kill -9: kill->attempt2={to_attempt2:.2f}s"
+        f" kill->success={seconds_between(killed_at, finished_at):.2f}s"
+    )
+
+    assert second["worker_id"] == survivor.worker_id
+    first = await wait_attempt(cluster, run_id, "slow", 1)
+    assert first["state"] == "interrupted"
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
+
+
+# --- 3. a dead worker's lease, replayed, is fenced --------------------------------------
+
+
+async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> None:
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition("fence", [workload.Task("only", input={"sleep_ms": 1500})]),
+    )
+    holder, lease = await cluster.start_holder("holder")
+    holder.kill()
+    await cluster.start_worker("w1", concurrency=1)
+    await wait_attempt(cluster, run_id, "only", 2, "running")
+
+    stub = cluster.worker_stub()
+    session = worker_pb2.Session(worker_id=lease.worker_id, session_token=lease.session_token)
+    forged = struct_pb2.Struct()
+    forged.update({"forged": True})
+    replay = worker_pb2.CompleteRequest(
+        session=session,
+        results=[
+            worker_pb2.TaskResult(
+                dispatch_id=lease.dispatch_id,
+                lease_token=lease.lease_token,
+                outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
+                output=forged,
+            )
+        ],
+    )
+
+    async def replay_complete() -> str:
+        try:
+            response = await stub.Complete(replay, timeout=10)
+        except grpc.aio.AioRpcError as error:
+            return rich_error(error).reason
+        return worker_pb2.CompleteOutcome.Name(response.answers[0].outcome)
+
+    # While the dead session is still live (not yet offline) the lease itself fences...
+    before = await revision(cluster, run_id)
+    first = await replay_complete()
+    assert first in ("COMPLETE_OUTCOME_LEASE_LOST", "SESSION_INVALID"), first
+    assert await revision(cluster, run_id) == before
+    # ...and once the coordinator has marked it offline, the session does.
+    await wait_for(
+        lambda: cluster.fetchval(
+            "SELECT state = 'offline' FROM workers WHERE id = $1", UUID(lease.worker_id)
+        ),
+        "the dead holder's session to go offline",
+    )
+    before = await revision(cluster, run_id)
+    assert await replay_complete() == "SESSION_INVALID"
+    assert await revision(cluster, run_id) == before
+    print(f"FENCE replay while live: {first}; after offline: SESSION_INVALID")
+
+    await wait_run(cluster, run_id)
+    output = await cluster.fetchval(
+        "SELECT output FROM tasks WHERE run_id = $1 AND key = 'only'", run_id
+    )
+    assert "forged" not in json.loads(output)
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
