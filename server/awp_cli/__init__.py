@@ -1,0 +1,1 @@
+"""awp: the user and operator CLI of AWP (workflows, runs, workers, stats, `awp dev`)."""

@@ -1,0 +1,170 @@
+"""The CLI's connection to awp-server's ControlService, and how its errors read.
+
+Every failed call becomes a CliError: the server's ErrorInfo reason and message, its
+BadRequest field violations one per line, or "cannot reach awp-server at ADDR" when
+no server answered at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from awp.v1 import control_pb2_grpc
+from awp_cli.errors import CliError, Exit
+
+DEFAULT_ADDRESS: Final = "127.0.0.1:50051"
+STATUS_DETAILS_KEY: Final = "grpc-status-details-bin"
+
+# Codes that mean the request itself is wrong: the user can fix it and retry.
+_USER_CODES: Final = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
+# Worth a reconnect while following a stream: the server or network hiccuped.
+TRANSIENT_CODES: Final = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.ABORTED,
+    }
+)
+# Hints for reasons whose fix is not obvious from the server's message alone.
+_HINTS: Final = {
+    "DEFINITION_CONFLICT": "workflows are immutable: give the changed definition a new version",
+    "TOKEN_INVALID": "pass the admin token with --token or AWP_TOKEN",
+}
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    address: str = DEFAULT_ADDRESS
+    token: str = field(default="", repr=False)
+    # Deadline of each unary call, seconds.
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerError:
+    """What a failed call's trailers say: google.rpc.ErrorInfo and BadRequest."""
+
+    code: grpc.StatusCode
+    message: str
+    reason: str = ""
+    violations: tuple[tuple[str, str], ...] = ()
+
+
+def decode(error: grpc.aio.AioRpcError) -> ServerError:
+    reason = ""
+    violations: list[tuple[str, str]] = []
+    for key, value in error.trailing_metadata() or ():
+        if key != STATUS_DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                violations.extend((v.field, v.description) for v in bad.field_violations)
+    return ServerError(error.code(), error.details() or "", reason, tuple(violations))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def failure(error: grpc.aio.AioRpcError, address: str) -> CliError:
+    """The CliError a failed call stands for."""
+    decoded = decode(error)
+    message = _one_line(decoded.message)
+    if decoded.reason:
+        hint = _HINTS.get(decoded.reason)
+        code = Exit.USAGE if decoded.code in _USER_CODES else Exit.SERVER
+        if decoded.violations:
+            # The message only joins the violations, which are listed one per line below.
+            count = len(decoded.violations)
+            message = f"{count} invalid field{'s' if count > 1 else ''}"
+        return CliError(
+            code,
+            f"{decoded.reason}: {message}",
+            details=(f"hint: {hint}",) if hint else (),
+            violations=decoded.violations,
+            reason=decoded.reason,
+        )
+    # No ErrorInfo: the answer did not come from AWP's handlers (transport, proxy, crash).
+    if decoded.code == grpc.StatusCode.UNAVAILABLE:
+        return CliError(Exit.SERVER, f"cannot reach awp-server at {address}: {message}")
+    if decoded.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return CliError(Exit.SERVER, f"awp-server at {address} did not answer in time")
+    if decoded.code == grpc.StatusCode.UNIMPLEMENTED:
+        return CliError(Exit.SERVER, f"{address} does not serve awp.v1.ControlService ({message})")
+    code = Exit.USAGE if decoded.code in _USER_CODES else Exit.SERVER
+    return CliError(code, f"{decoded.code.name}: {message}")
+
+
+class Client:
+    """One channel to awp-server; create it inside the running event loop."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._channel = grpc.aio.insecure_channel(
+            target.address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        )
+        self.control = control_pb2_grpc.ControlServiceStub(self._channel)
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {target.token}"),) if target.token else ()
+        )
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._channel.close()
+
+    async def call(self, method: Callable[..., Awaitable[Resp]], request: Req) -> Resp:
+        """A unary call with the token and a deadline; failures raise CliError."""
+        try:
+            return await method(
+                request,
+                metadata=self._metadata,
+                timeout=self.target.timeout,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise failure(error, self.target.address) from None
+
+    def stream(
+        self, method: Callable[..., grpc.aio.UnaryStreamCall[Req, Resp]], request: Req
+    ) -> grpc.aio.UnaryStreamCall[Req, Resp]:
+        """A server stream with the token and no deadline: the caller decides when to stop,
+        cancels the call when it does, and handles AioRpcError (to reconnect or not)."""
+        return method(request, metadata=self._metadata)
+
+
+async def iterate(call: grpc.aio.UnaryStreamCall[Req, Resp]) -> AsyncIterator[Resp]:
+    """The messages of a stream, cancelling the call if the consumer stops early."""
+    try:
+        async for message in call:
+            yield message
+    finally:
+        call.cancel()

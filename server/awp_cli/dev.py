@@ -1,0 +1,249 @@
+"""`awp dev` (the whole stack on this machine until Ctrl-C) and `awp demo` (the same stack
+in a throwaway directory, one example run, then everything stopped)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from google.protobuf import struct_pb2
+from rich.text import Text
+
+from awp.v1 import control_pb2
+from awp_cli import render, workflow_file
+from awp_cli.client import DEFAULT_ADDRESS, Client, Target
+from awp_cli.commands import wait_for_run
+from awp_cli.errors import Exit, usage
+from awp_cli.follow import run_exit
+
+if TYPE_CHECKING:
+    from awp_cli.stack import Stack
+
+# A source checkout: server/awp_cli/dev.py -> the repository root.
+REPOSITORY: Final = Path(__file__).resolve().parents[2]
+DEMO_WORKFLOW: Final = REPOSITORY / "examples" / "demo.yaml"
+DEMO_MODULE: Final = "examples.demo_actions"
+DEMO_INPUT: Final = {"requested_by": "make demo"}
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "awp" / "dev"
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    dev = commands.add_parser(
+        "dev",
+        help="run PostgreSQL, awp-server, awp-coordinator and workers here until Ctrl-C",
+        description=(
+            "Starts a private PostgreSQL (its data kept in --data-dir across runs), "
+            "awp-server, awp-coordinator and --workers awp-workers, on loopback without "
+            "tokens. Ctrl-C (or SIGTERM) stops them: workers first, so they drain."
+        ),
+    )
+    dev.add_argument("--workers", type=_count, default=2, help="worker processes (default 2)")
+    dev.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default_data_dir(),
+        help=f"PostgreSQL data and logs (default {default_data_dir()})",
+    )
+    dev.add_argument(
+        "--listen", default=DEFAULT_ADDRESS, help=f"gRPC HOST:PORT (default {DEFAULT_ADDRESS})"
+    )
+    dev.add_argument("--concurrency", type=_count, default=8, help="leases per worker (default 8)")
+    dev.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        help="module with @action functions for the python executor; repeatable",
+    )
+    _add_output_flags(dev)
+    dev.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9464,
+        help="Prometheus port of the server; the coordinator's is the next, then one per "
+        "worker (default 9464; 0 picks free ports)",
+    )
+    dev.set_defaults(run=run_dev)
+
+    demo = commands.add_parser(
+        "demo",
+        help="start a throwaway stack, run the example workflow, stop (what `make demo` runs)",
+        description=(
+            f"Runs {DEMO_WORKFLOW.relative_to(REPOSITORY)} on a fresh stack in a temporary "
+            "directory: four fetches in parallel (one fails once and is retried), a Python "
+            "summary, a publish; prints the progress and the outcome, then stops everything."
+        ),
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    _add_output_flags(demo)
+    demo.set_defaults(run=run_demo)
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also print every process's log here, each line prefixed by its name",
+    )
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be 0 to 64, got {value}")
+    return value
+
+
+def _say(prefix: str) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        style = "yellow" if message.startswith("warning") else "dim"
+        render.stdout.print(Text(f"{prefix}: {message}", style=style))
+
+    return say
+
+
+# ---------------------------------------------------------------- awp dev
+
+
+# awp_cli.stack is imported by the two commands that need it: it pulls in the embedded
+# PostgreSQL and asyncpg, which every other command would pay for at startup.
+
+
+def run_dev(args: argparse.Namespace) -> Exit:
+    from awp_cli.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
+
+    if not 0 <= args.metrics_port <= 65535 - 2 - args.workers:
+        raise usage(f"--metrics-port {args.metrics_port} leaves no room for every process")
+    config = StackConfig(
+        data_dir=args.data_dir,
+        listen=args.listen,
+        workers=args.workers,
+        concurrency=args.concurrency or 1,
+        modules=tuple(args.module),
+        metrics_port=args.metrics_port,
+        verbose=args.verbose,
+    )
+    stack = Stack(config, _say("awp dev"))
+
+    def serve(started: Stack) -> Exit:
+        _print_ready(started)
+        started.supervise()
+        return Exit.OK
+
+    # Ctrl-C is how `awp dev` is meant to end: a clean stop is a success.
+    code = operate(stack, serve, interrupted=Exit.OK)
+    if code == Exit.OK:
+        render.stdout.print(Text(f"awp dev: data kept in {stack.data_dir}", style="dim"))
+    return code
+
+
+def _print_ready(stack: Stack) -> None:
+    m = stack.metrics
+    logs = ",".join(c.name for c in stack.children())
+    worker_ports = [m[w.name] for w in stack.workers]
+    workers = ""
+    if worker_ports:
+        workers = f", {','.join(str(p) for p in worker_ports)} (workers)"
+    address_hint = "" if stack.address == DEFAULT_ADDRESS else f" --address {stack.address}"
+    postgres = stack.postgres
+    assert postgres is not None
+    lines = [
+        ("server", f"{stack.address}  (plaintext, no tokens: loopback only)"),
+        (
+            "metrics",
+            f"http://127.0.0.1:{m['awp-server']}/metrics (server), "
+            f":{m['awp-coordinator']} (coordinator){workers}",
+        ),
+        (
+            "workers",
+            f"{len(stack.workers)} x kinds mock,python, concurrency {stack.config.concurrency}",
+        ),
+        ("logs", f"{stack.logs}/{{{logs}}}.log, {postgres.log_file}"),
+        ("database", f"{postgres.dsn}  (data in {postgres.data_dir}, kept across runs)"),
+        ("try", f"awp{address_hint} workflow apply examples/demo.yaml"),
+        ("", f"awp{address_hint} run start research-digest --wait"),
+    ]
+    render.stdout.print(Text("awp dev: ready", style="bold green"))
+    for label, value in lines:
+        render.stdout.print(Text(f"  {label:<9} ", style="dim") + Text(value))
+    render.stdout.print(Text("Ctrl-C stops everything; the data stays.", style="dim"))
+
+
+# ---------------------------------------------------------------- awp demo
+
+
+def run_demo(args: argparse.Namespace) -> Exit:
+    from awp_cli.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
+
+    if not DEMO_WORKFLOW.is_file():
+        raise usage(f"awp demo runs from a source checkout: {DEMO_WORKFLOW} not found")
+    began = time.monotonic()
+    data_dir = Path(tempfile.mkdtemp(prefix="awp-demo-"))
+    config = StackConfig(
+        data_dir=data_dir,
+        listen="127.0.0.1:0",
+        workers=2,
+        concurrency=8,
+        modules=(DEMO_MODULE,),
+        metrics_port=0,
+        import_paths=(REPOSITORY,),
+        unsafe_fast=True,
+        verbose=args.verbose,
+    )
+    stack = Stack(config, _say("awp demo"))
+
+    def demo(started: Stack) -> Exit:
+        return asyncio.run(_demo_run(started))
+
+    try:
+        code = operate(stack, demo, interrupted=Exit.INTERRUPTED)
+    finally:
+        if args.keep:
+            render.stdout.print(Text(f"awp demo: data and logs kept in {data_dir}", style="dim"))
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    outcome = "succeeded" if code == Exit.OK else "did not succeed"
+    render.stdout.print(
+        Text(f"awp demo {outcome} in {time.monotonic() - began:.1f} s", style="bold")
+    )
+    return code
+
+
+async def _demo_run(stack: Stack) -> Exit:
+    say = stack.say
+    loaded = workflow_file.load(DEMO_WORKFLOW)
+    async with Client(Target(address=stack.address)) as client:
+        created = await client.call(
+            client.control.CreateWorkflow,
+            control_pb2.CreateWorkflowRequest(definition=loaded.definition),
+        )
+        say(f"applied {DEMO_WORKFLOW.relative_to(REPOSITORY)}:")
+        render.stdout.print(render.workflow_view(created.workflow))
+        run_input = struct_pb2.Struct()
+        run_input.update(DEMO_INPUT)
+        started = await client.call(
+            client.control.StartRun,
+            control_pb2.StartRunRequest(
+                workflow_name=loaded.definition.name,
+                workflow_version=loaded.definition.version,
+                input=run_input,
+            ),
+        )
+        say(f"started run {started.run.id}")
+        final = await wait_for_run(client, started.run)
+        render.stdout.print(render.tasks_table(final))
+        return run_exit(final.run)

