@@ -15,7 +15,8 @@ OFFLINE_AFTER_INTERVALS = 3
 
 
 def default_instance() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    # The pid first: application_name keeps only 63 bytes and hostnames can be long.
+    return f"{os.getpid()}@{socket.gethostname()}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
-from awp_coordinator import Coordinator, CoordinatorConfig
+from awp_coordinator import Coordinator, CoordinatorConfig, PassReport
 from awp_db import leases, runs, workers, workflows
 from awp_db.connect import Pool
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
@@ -31,6 +31,20 @@ async def poll_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {within} s (last value {value!r})")
         await asyncio.sleep(interval)
+
+
+async def pass_until(
+    coord: Coordinator, done: Callable[[PassReport], bool], *, within: float = 20.0
+) -> PassReport:
+    """Runs passes until one reports what done() looks for; fails after `within` s."""
+
+    async def probe() -> PassReport | None:
+        report = await coord.run_pass()
+        return report if done(report) else None
+
+    found = await poll_until(probe, within=within)
+    assert found is not None
+    return found
 
 
 def make_spec(
