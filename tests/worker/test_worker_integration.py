@@ -1,0 +1,230 @@
+"""WorkerRuntime against the real awp-server and coordinator (in-process) over real
+PostgreSQL: runs go to completion, failures follow the retry rule, cancellation revokes
+running leases, a drain stops the session and a shutdown timeout hands leases back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from uuid import UUID
+
+import pytest
+from support import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
+
+from awp_coordinator import Coordinator, CoordinatorConfig
+from awp_db import runs
+from awp_db.connect import Pool
+from awp_worker import ActionContext
+from awp_worker._config import WorkerConfig
+from awp_worker._executors import PythonExecutor
+from awp_worker._runtime import EXIT_OK, EXIT_SESSION_LOST, WorkerRuntime
+from awp_worker._sdk import ActionRegistry
+
+ServerFactory = Callable[..., Awaitable[ServerHandle]]
+
+
+@pytest.fixture
+async def server(start_server: ServerFactory) -> ServerHandle:
+    # Short intervals so that renewals happen within a test's lifetime.
+    return await start_server(heartbeat_interval_s=0.5, lease_ttl_s=3.0)
+
+
+@pytest.fixture
+async def coordinator(pool: Pool, database_dsn: str) -> AsyncIterator[Coordinator]:
+    coord = Coordinator(
+        pool,
+        CoordinatorConfig(
+            database_url=database_dsn,
+            scan_interval_s=0.1,
+            heartbeat_interval_s=0.5,
+            metrics_listen=None,
+        ),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(coord.run(stop))
+    try:
+        yield coord
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await task
+
+
+def worker_config(server: ServerHandle, **overrides: Any) -> WorkerConfig:
+    settings: dict[str, Any] = {
+        "server": server.address,
+        "token": WORKER_TOKEN,
+        "name": "it-worker",
+        "kinds": ("mock",),
+        "concurrency": 4,
+        "claim_wait": 0.5,
+        "shutdown_timeout": 10.0,
+        "safety_margin": 0.5,
+    }
+    settings.update(overrides)
+    return WorkerConfig(**settings)
+
+
+class Running:
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self.runtime = runtime
+        self.task = asyncio.create_task(runtime.run())
+
+    async def exit_code(self) -> int:
+        async with asyncio.timeout(30):
+            return await self.task
+
+    async def stop(self) -> int:
+        self.runtime.request_shutdown()
+        return await self.exit_code()
+
+
+async def run_state(pool: Pool, run_id: UUID, *states: str, within: float = 30.0) -> str:
+    async def probe() -> str | None:
+        state: str = (await runs.get(pool, run_id))["state"]
+        return state if state in states else None
+
+    return await poll_until(probe, within=within)
+
+
+async def test_a_workflow_runs_to_completion_and_the_worker_stops(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    run_id = await start_run(pool, spec("chain", tasks=6, chain=True, task_input={"n": 1}))
+    other = await start_run(pool, spec("fan", tasks=12, task_input={"sleep_ms": 20}))
+    worker = Running(WorkerRuntime(worker_config(server)))
+    assert await run_state(pool, run_id, "succeeded", "failed") == "succeeded"
+    assert await run_state(pool, other, "succeeded", "failed") == "succeeded"
+    assert await worker.stop() == EXIT_OK
+    attempts = await pool.fetch(
+        "SELECT t.key, a.attempt, a.state, a.output FROM attempts a"
+        " JOIN tasks t ON t.id = a.task_id WHERE a.run_id = $1",
+        run_id,
+    )
+    assert sorted(a["key"] for a in attempts) == [f"t{i}" for i in range(6)]
+    assert {(a["attempt"], a["state"]) for a in attempts} == {(1, "succeeded")}
+    worker_state = await pool.fetchval(
+        "SELECT state FROM workers WHERE id = $1::uuid", worker.runtime.worker_id
+    )
+    assert worker_state == "stopped"
+    metrics = worker.runtime.metrics
+    assert metrics.completes.labels("accepted")._value.get() == 18
+
+
+async def test_retryable_failures_retry_and_permanent_ones_fail_the_run(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    flaky = await start_run(pool, spec("flaky", tasks=2, task_input={"fail_attempts": 1}))
+    broken = await start_run(pool, spec("broken", tasks=1, task_input={"fail": "nope"}))
+    worker = Running(WorkerRuntime(worker_config(server)))
+    assert await run_state(pool, flaky, "succeeded", "failed") == "succeeded"
+    assert await run_state(pool, broken, "succeeded", "failed") == "failed"
+    assert await worker.stop() == EXIT_OK
+    states = await pool.fetch(
+        "SELECT attempt, state FROM attempts WHERE run_id = $1 ORDER BY attempt", flaky
+    )
+    assert [(r["attempt"], r["state"]) for r in states] == [
+        (1, "failed"),
+        (1, "failed"),
+        (2, "succeeded"),
+        (2, "succeeded"),
+    ]
+    error = await pool.fetchval("SELECT error FROM attempts WHERE run_id = $1", broken)
+    assert "nope" in str(error)
+
+
+async def test_python_actions_with_the_sdk(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    registry = ActionRegistry()
+    seen: list[tuple[str, int, int]] = []
+
+    @registry.action("noop")
+    def noop(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        seen.append((ctx.idempotency_key, ctx.attempt, ctx.fencing_token))
+        return {"key": ctx.task_key}
+
+    run_id = await start_run(pool, spec("py", tasks=3, kind="python"))
+    worker = Running(
+        WorkerRuntime(
+            worker_config(server, kinds=("python",)),
+            executors={"python": PythonExecutor(registry)},
+        )
+    )
+    assert await run_state(pool, run_id, "succeeded", "failed") == "succeeded"
+    assert await worker.stop() == EXIT_OK
+    assert sorted(key for key, _, _ in seen) == [f"{run_id}/t{i}" for i in range(3)]
+    assert len({fence for _, _, fence in seen}) == 3
+
+
+async def test_cancelling_a_run_revokes_its_running_lease(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    run_id = await start_run(pool, spec("long", tasks=1, task_input={"sleep_ms": 60_000}))
+    worker = Running(WorkerRuntime(worker_config(server)))
+
+    async def running() -> bool:
+        return worker.runtime.held_leases == 1
+
+    await poll_until(running, within=20)
+    async with pool.acquire() as conn:
+        await runs.request_cancel(conn, run_id, "test")
+    assert await run_state(pool, run_id, "canceled") == "canceled"
+
+    async def released() -> bool:
+        return worker.runtime.held_leases == 0
+
+    await poll_until(released, within=20)
+    metrics = worker.runtime.metrics
+    assert metrics.revocations.labels("revoked")._value.get() == 1
+    assert metrics.executions.labels("mock", "cancelled")._value.get() == 1
+    assert metrics.complete_calls.labels("ok")._value.get() == 0  # nothing reported
+    assert await worker.stop() == EXIT_OK
+
+
+async def test_renewals_keep_a_task_longer_than_the_lease_ttl(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    # Lease TTL 3 s, heartbeat 0.5 s: a 4 s task lives on renewals alone.
+    run_id = await start_run(pool, spec("renew", tasks=1, task_input={"sleep_ms": 4_000}))
+    worker = Running(WorkerRuntime(worker_config(server)))
+    assert await run_state(pool, run_id, "succeeded", "failed") == "succeeded"
+    assert await worker.stop() == EXIT_OK
+    assert worker.runtime.metrics.safety_cancellations._value.get() == 0
+
+
+async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    run_id = await start_run(pool, spec("handback", tasks=1, task_input={"sleep_ms": 60_000}))
+    first = Running(WorkerRuntime(worker_config(server, name="first", shutdown_timeout=0.5)))
+
+    async def held() -> bool:
+        return first.runtime.held_leases == 1
+
+    await poll_until(held, within=20)
+    assert await first.stop() == EXIT_OK
+    attempt = await pool.fetchrow("SELECT state, error FROM attempts WHERE run_id = $1", run_id)
+    assert attempt["state"] == "interrupted"
+    assert await pool.fetchval(
+        "SELECT state FROM workers WHERE id = $1::uuid", first.runtime.worker_id
+    ) in ("stopped",)
+    # Retried at once by another worker, not after a lease TTL.
+    second = Running(WorkerRuntime(worker_config(server, name="second")))
+
+    async def retried() -> bool:
+        count: int = await pool.fetchval(
+            "SELECT count(*) FROM attempts WHERE run_id = $1 AND attempt = 2", run_id
+        )
+        return count == 1
+
+    await poll_until(retried, within=20)
+    second.runtime.request_shutdown()
+    second.runtime.request_shutdown()  # do not wait for the 60 s task
+    assert await second.exit_code() == EXIT_OK
+
+
+async def test_a_wrong_worker_token_exits_with_code_3(server: ServerHandle) -> None:
+    worker = Running(WorkerRuntime(worker_config(server, token="wrong")))
+    assert await worker.exit_code() == EXIT_SESSION_LOST
