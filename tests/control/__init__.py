@@ -1,0 +1,1 @@
+"""Control API tests (a package, so its conftest does not shadow tests/conftest.py)."""
