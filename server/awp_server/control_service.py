@@ -15,6 +15,7 @@ from typing import Any, Final
 from uuid import UUID
 
 import grpc
+from google.protobuf import struct_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import events, reads, runs, stats, workers, workflows
@@ -258,7 +259,7 @@ def _check_no_nul(field: str, text: str) -> None:
         raise invalid(field, "must not contain NUL characters")
 
 
-def _json_object(field: str, value: Any) -> dict[str, Any]:
+def _json_object(field: str, value: struct_pb2.Struct) -> dict[str, Any]:
     try:
         data = convert.struct_to_dict(value)
     except convert.JsonInvalid as exc:
