@@ -111,7 +111,7 @@ def _count(text: str) -> int:
 def _say(prefix: str) -> Callable[[str], None]:
     def say(message: str) -> None:
         style = "yellow" if message.startswith("warning") else "dim"
-        render.stdout.print(Text(f"{prefix}: {message}", style=style))
+        render.stdout.print(Text(f"{prefix}: {message}", style=style), soft_wrap=True)
 
     return say
 
@@ -154,10 +154,8 @@ def run_dev(args: argparse.Namespace) -> Exit:
 def _print_ready(stack: Stack) -> None:
     m = stack.metrics
     logs = ",".join(c.name for c in stack.children())
-    worker_ports = [m[w.name] for w in stack.workers]
-    workers = ""
-    if worker_ports:
-        workers = f", {','.join(str(p) for p in worker_ports)} (workers)"
+    worker_ports = ", ".join(f":{m[w.name]}" for w in stack.workers)
+    workers = f", {worker_ports} (workers)" if worker_ports else ""
     address_hint = "" if stack.address == DEFAULT_ADDRESS else f" --address {stack.address}"
     postgres = stack.postgres
     assert postgres is not None
@@ -177,9 +175,11 @@ def _print_ready(stack: Stack) -> None:
         ("try", f"awp{address_hint} workflow apply examples/demo.yaml"),
         ("", f"awp{address_hint} run start research-digest --wait"),
     ]
+    if DEMO_MODULE not in stack.config.modules:
+        lines.append(("", f"(its python actions need: awp dev --module {DEMO_MODULE})"))
     render.stdout.print(Text("awp dev: ready", style="bold green"))
     for label, value in lines:
-        render.stdout.print(Text(f"  {label:<9} ", style="dim") + Text(value))
+        render.stdout.print(Text(f"  {label:<9} ", style="dim") + Text(value), soft_wrap=True)
     render.stdout.print(Text("Ctrl-C stops everything; the data stays.", style="dim"))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -18,8 +19,10 @@ from rich.text import Text
 from awp.v1 import control_pb2, types_pb2
 from awp_cli.workflow_file import format_duration
 
+# Piped output is not wrapped at 80 columns: a table row stays one line for grep and awk.
+_PIPED_WIDTH: Final = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 250
+stdout = Console(highlight=False, width=_PIPED_WIDTH)
 # Long error lines must stay one line each, whatever the terminal width.
-stdout = Console(highlight=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 TERMINAL_RUN_STATES: Final = frozenset({"succeeded", "failed", "canceled"})
@@ -419,45 +422,33 @@ def workers_table(found: Iterable[control_pb2.WorkerInfo]) -> Table:
     return table
 
 
-def _counts_table(title: str, counts: Sequence[control_pb2.StateCount]) -> Table:
-    per_kind = any(c.executor_kind for c in counts)
-    table = Table(title=title, title_justify="left", title_style="bold", box=None)
-    table.add_column("STATE")
-    if per_kind:
-        table.add_column("KIND")
+def stats_view(stats: control_pb2.GetStatsResponse) -> RenderableType:
+    table = Table(box=None, header_style="bold")
+    for column in ("OF", "STATE", "KIND"):
+        table.add_column(column)
     table.add_column("COUNT", justify="right")
     order = {state: i for i, state in enumerate(TASK_STATE_ORDER)}
-    for count in sorted(counts, key=lambda c: (order.get(c.state, 99), c.state, c.executor_kind)):
-        row: list[RenderableType] = [styled(count.state)]
-        if per_kind:
-            row.append(count.executor_kind or "-")
-        row.append(str(count.count))
-        table.add_row(*row)
-    if not counts:
-        table.add_row(*([Text("none", style="dim")] + [""] * (2 if per_kind else 1)))
-    return table
-
-
-def stats_view(stats: control_pb2.GetStatsResponse) -> RenderableType:
+    for section, counts in (
+        ("runs", stats.runs),
+        ("tasks of running runs", stats.tasks),
+        ("dispatches", stats.dispatches),
+        ("workers", stats.workers),
+    ):
+        if not counts:
+            table.add_row(section, Text("none", style="dim"), "", "0")
+        for count in sorted(
+            counts, key=lambda c: (order.get(c.state, 99), c.state, c.executor_kind)
+        ):
+            table.add_row(section, styled(count.state), count.executor_kind, str(count.count))
     oldest = (
         format_duration(stats.oldest_pending.ToTimedelta().total_seconds())
         if stats.HasField("oldest_pending")
         else "none pending"
     )
-    headline = Text.assemble(
+    footer = Text.assemble(
         ("active leases ", "dim"),
         (str(stats.active_leases), "bold"),
         ("   oldest pending dispatch ", "dim"),
         (oldest, "bold"),
     )
-    return Group(
-        headline,
-        Text(""),
-        _counts_table("Runs", stats.runs),
-        Text(""),
-        _counts_table("Tasks of running runs", stats.tasks),
-        Text(""),
-        _counts_table("Dispatches", stats.dispatches),
-        Text(""),
-        _counts_table("Workers", stats.workers),
-    )
+    return Group(table, Text(""), footer)

@@ -491,14 +491,16 @@ def operate(stack: Stack, body: Callable[[Stack], Exit], *, interrupted: Exit) -
     finally:
         for sig in previous:
             signal.signal(sig, hasten)
+        started = stack.postgres is not None
         try:
-            stack.say("stopping: workers (they drain), coordinator, server, PostgreSQL")
+            if started:
+                stack.say("stopping: workers (they drain), coordinator, server, PostgreSQL")
             problems = stack.stop(hurry)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         for problem in problems:
             stack.say(f"warning: {problem}")
-        if not problems:
+        if started and not problems:
             stack.say("stopped")
     return Exit.SERVER if problems and code == Exit.OK else code
