@@ -12,13 +12,12 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
-from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_db import leases, workers
 from awp_db.connect import Pool
 from awp_db.listen import Listener
@@ -28,6 +27,14 @@ from awp_kernel.fencing import ResultVerdict
 from awp_kernel.results import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
 from awp_server import metrics
 from awp_server.config import SUPPORTED_PROTOCOL_VERSIONS, ServerConfig
+from awp_server.convert import (
+    WORKER_STATES,
+    JsonInvalid,
+    dict_to_struct,
+    duration_from_ms,
+    struct_to_dict,
+    timestamp,
+)
 from awp_server.errors import abort, unary
 
 log = logging.getLogger("awp.server.worker")
@@ -39,12 +46,6 @@ MAX_LABELS = 64
 CLAIM_RECHECK_S = 1.0
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_./-]{1,63}$")
 
-_WORKER_STATES = {
-    "active": types_pb2.WORKER_STATE_ACTIVE,
-    "draining": types_pb2.WORKER_STATE_DRAINING,
-    "stopped": types_pb2.WORKER_STATE_STOPPED,
-    "offline": types_pb2.WORKER_STATE_OFFLINE,
-}
 _VERDICTS = {
     ResultVerdict.ACCEPTED: worker_pb2.COMPLETE_OUTCOME_ACCEPTED,
     ResultVerdict.DUPLICATE: worker_pb2.COMPLETE_OUTCOME_DUPLICATE,
@@ -56,29 +57,6 @@ _LEASE_STATUS = {
     "revoked": worker_pb2.LEASE_STATUS_REVOKED,
     "unknown": worker_pb2.LEASE_STATUS_UNKNOWN,
 }
-
-
-def _duration_ms(ms: float) -> duration_pb2.Duration:
-    value = duration_pb2.Duration()
-    value.FromMilliseconds(max(0, int(ms)))
-    return value
-
-
-def _duration_s(seconds: float) -> duration_pb2.Duration:
-    return _duration_ms(seconds * 1000)
-
-
-def _timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
-    value = timestamp_pb2.Timestamp()
-    value.FromDatetime(moment)
-    return value
-
-
-def _struct(data: dict[str, Any] | None) -> struct_pb2.Struct:
-    value = struct_pb2.Struct()
-    if data:
-        value.update(data)
-    return value
 
 
 def _session(session: worker_pb2.Session) -> tuple[str, str]:
@@ -153,16 +131,14 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 "max_concurrency": request.max_concurrency,
             },
         )
-        server_time = timestamp_pb2.Timestamp()
-        server_time.FromDatetime(registration.registered_at)
         return worker_pb2.RegisterResponse(
             session=worker_pb2.Session(
                 worker_id=str(registration.worker_id), session_token=registration.session_token
             ),
-            heartbeat_interval=_duration_s(self._config.heartbeat_interval_s),
-            lease_ttl=_duration_s(self._config.lease_ttl_s),
-            stream_grace=_duration_s(self._config.stream_grace_s),
-            server_time=server_time,
+            heartbeat_interval=duration_from_ms(self._config.heartbeat_interval_s * 1000),
+            lease_ttl=duration_from_ms(self._config.lease_ttl_s * 1000),
+            stream_grace=duration_from_ms(self._config.stream_grace_s * 1000),
+            server_time=timestamp(registration.registered_at),
         )
 
     @unary
@@ -200,14 +176,14 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     task_key=lease.task_key,
                     executor_kind=lease.executor_kind,
                     action=lease.action,
-                    input=_struct(lease.input),
+                    input=dict_to_struct(lease.input),
                     attempt=lease.attempt,
                     max_attempts=lease.max_attempts,
                     idempotency_key=f"{lease.run_id}/{lease.task_key}",
-                    lease_expires_at=_timestamp(lease.lease_expires_at),
-                    lease_remaining=_duration_ms(lease.lease_remaining_ms),
-                    attempt_deadline=_timestamp(lease.attempt_deadline),
-                    attempt_remaining=_duration_ms(lease.attempt_remaining_ms),
+                    lease_expires_at=timestamp(lease.lease_expires_at),
+                    lease_remaining=duration_from_ms(lease.lease_remaining_ms),
+                    attempt_deadline=timestamp(lease.attempt_deadline),
+                    attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
                 )
                 for lease in issued
             ]
@@ -246,16 +222,14 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     metrics.LEASE_ANSWERS.labels(answer.status).inc()
                 stopped = state == "stopped"
                 yield worker_pb2.HeartbeatResponse(
-                    session_state=_WORKER_STATES[state],
+                    session_state=WORKER_STATES.proto(state),
                     leases=[
                         worker_pb2.LeaseState(
                             dispatch_id=a.dispatch_id,
                             status=_LEASE_STATUS[a.status],
-                            lease_expires_at=_timestamp(a.lease_expires_at)
-                            if a.lease_expires_at
-                            else None,
-                            lease_remaining=_duration_ms(a.lease_remaining_ms),
-                            attempt_remaining=_duration_ms(a.attempt_remaining_ms),
+                            lease_expires_at=timestamp(a.lease_expires_at),
+                            lease_remaining=duration_from_ms(a.lease_remaining_ms),
+                            attempt_remaining=duration_from_ms(a.attempt_remaining_ms),
                         )
                         for a in answers
                     ],
@@ -337,7 +311,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             },
         )
         return worker_pb2.DrainResponse(
-            session_state=_WORKER_STATES[outcome.state], active_leases=outcome.active_leases
+            session_state=WORKER_STATES.proto(outcome.state), active_leases=outcome.active_leases
         )
 
 
@@ -352,7 +326,10 @@ def _result_in(index: int, result: worker_pb2.TaskResult) -> leases.ResultIn:
     if result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED:
         if result.HasField("error"):
             raise errors.invalid(f"{where}.error", "only a FAILED result carries an error")
-        output = json_format.MessageToDict(result.output)
+        try:
+            output = struct_to_dict(result.output)
+        except JsonInvalid as exc:
+            raise errors.invalid(f"{where}.output", str(exc)) from None
         if json_size(output) > MAX_OUTPUT_BYTES:
             raise errors.invalid(f"{where}.output", f"at most {MAX_OUTPUT_BYTES} bytes serialised")
         return leases.ResultIn(result.dispatch_id, result.lease_token, "succeeded", output=output)
