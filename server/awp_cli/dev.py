@@ -177,10 +177,13 @@ def _print_ready(stack: Stack) -> None:
     ]
     if DEMO_MODULE not in stack.config.modules:
         lines.append(("", f"(its python actions need: awp dev --module {DEMO_MODULE})"))
-    render.stdout.print(Text("awp dev: ready", style="bold green"))
     for label, value in lines:
         render.stdout.print(Text(f"  {label:<9} ", style="dim") + Text(value), soft_wrap=True)
-    render.stdout.print(Text("Ctrl-C stops everything; the data stays.", style="dim"))
+    # Last, so that a script waiting for this line has everything above it.
+    render.stdout.print(
+        Text("awp dev: ready", style="bold green")
+        + Text(" (Ctrl-C stops everything; the data stays)", style="dim")
+    )
 
 
 # ---------------------------------------------------------------- awp demo

@@ -1,0 +1,391 @@
+"""Every awp command as a subprocess against one `awp dev` stack (real PostgreSQL, server,
+coordinator, two workers), started once for this module on free ports in a fresh
+directory, and stopped at the end with SIGINT, which must end it cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from awp_db.embedded import free_port
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# What `pip install -e .` would put on the path; the children of `awp dev` inherit it.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")} | {
+    "PYTHONPATH": os.pathsep.join(
+        str(REPOSITORY / p) for p in ("generated", "server", "worker", "db")
+    ),
+}
+STARTUP_S = 60
+STOP_S = 60
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def json_lines(self) -> list[Any]:
+        return [json.loads(line) for line in self.out.splitlines() if line.strip()]
+
+
+def awp(*args: str, timeout: float = 60) -> Result:
+    done = subprocess.run(
+        [sys.executable, "-m", "awp_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=REPOSITORY,
+        check=False,
+    )
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+@dataclass
+class DevStack:
+    process: subprocess.Popen[str]
+    address: str = ""
+    metrics_url: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def awp(self, *args: str, timeout: float = 60) -> Result:
+        return awp("--address", self.address, *args, timeout=timeout)
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _read_lines(stack: DevStack, ready: threading.Event) -> None:
+    assert stack.process.stdout is not None
+    for line in stack.process.stdout:
+        stack.lines.append(line.rstrip("\n"))
+        if found := re.search(r"awp-server listening on (\S+)", line):
+            stack.address = found[1]
+        if found := re.search(r"(http://127\.0\.0\.1:\d+/metrics) \(server\)", line):
+            stack.metrics_url = found[1]
+        if "awp dev: ready" in line:
+            ready.set()
+    ready.set()  # output ended: the process is gone
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    # Not under pytest's basetemp: as root, PostgreSQL runs as another user that must
+    # traverse the path, and every pytest session resets that tree to mode 0700.
+    data_dir = Path(tempfile.mkdtemp(prefix="awp-cli-test-"))
+    try:
+        yield from _run_stack(data_dir)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _run_stack(data_dir: Path) -> Iterator[DevStack]:
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "awp_cli", "dev",
+            "--data-dir", str(data_dir),
+            "--listen", "127.0.0.1:0",
+            "--metrics-port", "0",
+            "--workers", "2",
+            "--module", "examples.demo_actions",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+        cwd=REPOSITORY,
+    )  # fmt: skip
+    dev = DevStack(process)
+    ready = threading.Event()
+    reader = threading.Thread(target=_read_lines, args=(dev, ready), daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(STARTUP_S), f"awp dev not ready in {STARTUP_S} s:\n{dev.output()}"
+        assert process.poll() is None, f"awp dev exited:\n{dev.output()}"
+        assert dev.address and dev.metrics_url, dev.output()
+        yield dev
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            code = process.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        reader.join(5)
+    assert code == 0, f"awp dev did not stop cleanly (exit {code}):\n{dev.output()}"
+    assert "awp dev: stopped" in dev.output()
+    assert not (data_dir / "pg" / "postmaster.pid").exists(), "PostgreSQL still running"
+    assert (data_dir / "logs" / "worker-1.log").read_text().strip()
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+FLAKY = """\
+name: {name}
+version: 1
+description: a fan-out whose middle task fails once
+tasks:
+  - key: first
+    kind: mock
+    action: noop
+    input: {{sleep_ms: 50}}
+  - key: flaky
+    kind: mock
+    action: noop
+    depends_on: [first]
+    input: {{fail_attempts: 1}}
+    retry: {{max_attempts: 3, initial_backoff: 100ms, max_backoff: 1s, multiplier: 2}}
+    timeout: 30s
+  - key: summarize
+    kind: python
+    action: digest.summarize
+    depends_on: [flaky]
+    input: {{sources: [news, forum], max_keywords: 3}}
+"""
+
+
+def test_apply_list_and_get_a_workflow(stack: DevStack, tmp_path: Path) -> None:
+    path = write(tmp_path, "flaky.yaml", FLAKY.format(name="cli-flaky"))
+    applied = stack.awp("workflow", "apply", str(path))
+    assert applied.code == 0, applied.err
+    assert "created workflow cli-flaky@1 (3 tasks)" in applied.out
+    again = stack.awp("workflow", "apply", str(path), "--json")
+    assert again.code == 0
+    assert again.json().get("created", False) is False  # protobuf JSON omits false
+    listed = stack.awp("--json", "workflow", "list")
+    assert "cli-flaky" in [w["definition"]["name"] for w in listed.json()["workflows"]]
+    got = stack.awp("workflow", "get", "cli-flaky@1", "--json").json()
+    flaky = got["definition"]["tasks"][1]
+    assert flaky["dependsOn"] == ["first"]
+    assert flaky["retry"]["initialBackoff"] == "0.100s"
+    assert flaky["timeout"] == "30s"
+    table = stack.awp("workflow", "get", "cli-flaky")
+    assert table.code == 0 and "digest.summarize" in table.out
+
+    # `get --json` is a file `apply` takes back: edit it into version 2.
+    got["definition"]["version"] = 2
+    exported = write(tmp_path, "exported.json", json.dumps(got))
+    assert stack.awp("workflow", "apply", str(exported)).code == 0
+    latest = stack.awp("workflow", "get", "cli-flaky", "--json").json()
+    assert latest["definition"]["version"] == 2
+
+
+def test_run_start_wait_follows_a_retry_to_success(stack: DevStack, tmp_path: Path) -> None:
+    assert (
+        stack.awp(
+            "workflow", "apply", str(write(tmp_path, "w.yaml", FLAKY.format(name="cli-ok")))
+        ).code
+        == 0
+    )
+    waited = stack.awp("run", "start", "cli-ok", "--wait", "--input", '{"who": "test"}')
+    assert waited.code == 0, waited.out + waited.err
+    assert re.search(r"run \S+ succeeded in", waited.out)
+    assert "flaky (2 attempts)" in waited.out
+    assert "waiting_retry" in waited.out  # the progress lines showed the retry
+
+    final = stack.awp("run", "start", "cli-ok", "--wait", "--json").json()
+    assert final["run"]["state"] == "RUN_STATE_SUCCEEDED"
+    assert final["run"]["taskCounts"] == {"succeeded": 3}
+    tasks = {t["key"]: t for t in final["tasks"]}
+    assert tasks["flaky"]["attempts"] == 2
+    assert tasks["summarize"]["output"]["sources"] == 2
+
+
+def test_a_failing_run_exits_1(stack: DevStack, tmp_path: Path) -> None:
+    failing = write(
+        tmp_path,
+        "failing.yaml",
+        """\
+name: cli-failing
+tasks:
+  - {key: doomed, kind: mock, action: noop, input: {fail: "upstream said no"}}
+  - {key: after, kind: mock, action: noop, depends_on: [doomed]}
+""",
+    )
+    assert stack.awp("workflow", "apply", str(failing)).code == 0
+    waited = stack.awp("run", "start", "cli-failing", "--wait")
+    assert waited.code == 1, waited.out + waited.err
+    assert "failed:   doomed: upstream said no" in waited.out
+    assert "1 skipped" in waited.out
+
+
+def test_run_get_list_watch_and_request_ids(stack: DevStack, tmp_path: Path) -> None:
+    path = write(tmp_path, "w.yaml", FLAKY.format(name="cli-watch"))
+    assert stack.awp("workflow", "apply", str(path)).code == 0
+    started = stack.awp("run", "start", "cli-watch", "--request-id", "once", "--json").json()
+    run_id = started["run"]["id"]
+    assert started["created"] is True
+    again = stack.awp("run", "start", "cli-watch", "--request-id", "once")
+    assert again.code == 0 and "already started" in again.out
+
+    watched = stack.awp("run", "watch", run_id, "--json")
+    assert watched.code == 0, watched.err
+    events = watched.json_lines()
+    assert [int(e["seq"]) for e in events] == list(range(1, len(events) + 1))
+    assert (events[-1]["type"], events[-1]["toState"]) == ("run.state", "succeeded")
+    tail = stack.awp("run", "watch", run_id, "--after-seq", str(len(events) - 1), "--json")
+    assert [e["type"] for e in tail.json_lines()] == ["run.state"]
+    human = stack.awp("run", "watch", run_id)
+    assert human.code == 0 and "running -> succeeded" in human.out
+
+    got = stack.awp("run", "get", run_id, "--json").json()
+    assert got["run"]["state"] == "RUN_STATE_SUCCEEDED"
+    assert {a["taskKey"] for a in got["attempts"]} == {"first", "flaky", "summarize"}
+    shown = stack.awp("run", "get", run_id)
+    assert shown.code == 0 and "mock retryable failure" in shown.out
+
+    listed = stack.awp("run", "list", "--workflow", "cli-watch", "--state", "succeeded", "--json")
+    assert [r["id"] for r in listed.json()["runs"]] == [run_id]
+    none = stack.awp("run", "list", "--workflow", "cli-watch", "--state", "failed")
+    assert none.code == 0 and "no runs match" in none.out
+    table = stack.awp("run", "list", "--limit", "5")
+    assert table.code == 0 and run_id in table.out
+
+
+def test_cancel_a_running_run(stack: DevStack, tmp_path: Path) -> None:
+    slow = write(
+        tmp_path,
+        "slow.yaml",
+        "name: cli-slow\ntasks: [{key: nap, kind: mock, action: noop, input: {sleep_ms: 60000}}]\n",
+    )
+    assert stack.awp("workflow", "apply", str(slow)).code == 0
+    run_id = stack.awp("run", "start", "cli-slow", "--json").json()["run"]["id"]
+    canceled = stack.awp("run", "cancel", run_id, "--reason", "test", "--wait", "--json")
+    assert canceled.code == 0, canceled.err
+    assert canceled.json()["run"]["state"] == "RUN_STATE_CANCELED"
+    watched = stack.awp("run", "watch", run_id)
+    assert watched.code == 1  # the run did not succeed
+    assert "cancel requested: test" in watched.out
+    again = stack.awp("run", "cancel", run_id)
+    assert again.code == 0 and "is canceled" in again.out
+
+
+def test_workers_and_stats(stack: DevStack) -> None:
+    workers = stack.awp("workers", "--json").json()["workers"]
+    assert sorted(w["name"] for w in workers) == ["dev-worker-1", "dev-worker-2"]
+    assert all(w["state"] == "WORKER_STATE_ACTIVE" for w in workers)
+    assert all(w["executorKinds"] == ["mock", "python"] for w in workers)
+    table = stack.awp("workers", "--all")
+    assert table.code == 0 and "dev-worker-1" in table.out
+    stats = stack.awp("stats", "--json").json()
+    assert {c["state"] for c in stats["workers"]} >= {"active"}
+    shown = stack.awp("stats")
+    assert shown.code == 0 and "active leases" in shown.out
+
+
+def test_server_counters_move_during_a_run(stack: DevStack, tmp_path: Path) -> None:
+    def counters() -> dict[str, float]:
+        with urllib.request.urlopen(stack.metrics_url, timeout=10) as answer:
+            text = answer.read().decode()
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        return totals
+
+    before = counters()
+    assert "awp_database_up" in before
+    path = write(tmp_path, "w.yaml", FLAKY.format(name="cli-metrics"))
+    assert stack.awp("workflow", "apply", str(path)).code == 0
+    assert stack.awp("run", "start", "cli-metrics", "--wait").code == 0
+    after = counters()
+    # Three tasks, one retried: four attempts claimed and four results reported at least.
+    assert after["awp_leases_issued_total"] - before.get("awp_leases_issued_total", 0) >= 4
+    assert after["awp_complete_results_total"] - before.get("awp_complete_results_total", 0) >= 4
+    assert after["awp_claims_total"] > before.get("awp_claims_total", 0)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def one_error_line(result: Result) -> str:
+    assert "Traceback" not in result.err + result.out
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    return lines[0]
+
+
+def test_server_down_is_exit_3_in_one_line() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    result = awp("--address", address, "--timeout", "5", "workflow", "list")
+    assert result.code == 3
+    assert one_error_line(result).startswith(f"awp: cannot reach awp-server at {address}: ")
+
+
+def test_unknown_workflow_is_exit_2_with_its_reason(stack: DevStack) -> None:
+    result = stack.awp("run", "start", "no-such-workflow")
+    assert result.code == 2
+    assert one_error_line(result).startswith("awp: WORKFLOW_NOT_FOUND: ")
+    missing = stack.awp("run", "get", "00000000-0000-0000-0000-000000000000")
+    assert missing.code == 2 and "RUN_NOT_FOUND" in missing.err
+
+
+def test_bad_workflow_files_name_the_file_and_line(stack: DevStack, tmp_path: Path) -> None:
+    broken = write(tmp_path, "broken.yaml", "name: x\ntasks:\n  - key: a\n    kind: [mock\n")
+    result = stack.awp("workflow", "apply", str(broken))
+    assert result.code == 2
+    assert re.match(
+        rf"awp: {re.escape(str(broken))}:\d+:\d+: invalid YAML: ", one_error_line(result)
+    )
+
+    shaped = write(
+        tmp_path,
+        "shaped.yaml",
+        "name: x\ntasks:\n  - key: a\n    kind: mock\n    action: noop\n"
+        "    timeout: soon\n    depends-on: [b]\n",
+    )
+    result = stack.awp("workflow", "apply", str(shaped))
+    assert result.code == 2
+    assert f"{shaped}:6: tasks[0].timeout: expected a duration" in result.err
+    assert (
+        f"{shaped}:7: tasks[0].depends-on: unknown field 'depends-on' (did you mean 'depends_on'?)"
+        in result.err
+    )
+
+    # Rules only the server checks come back as field violations, mapped to lines too.
+    cyclic = write(
+        tmp_path,
+        "cyclic.yaml",
+        "name: cli-cyclic\ntasks:\n"
+        "  - {key: a, kind: mock, action: noop, depends_on: [b]}\n"
+        "  - {key: b, kind: mock, action: noop, depends_on: [c]}\n",
+    )
+    result = stack.awp("workflow", "apply", str(cyclic))
+    assert result.code == 2
+    assert "INVALID_DEFINITION" in result.err
+    assert f"{cyclic}:4: tasks[1].depends_on[0]: unknown task 'c'" in result.err
+    assert "Traceback" not in result.err
+
+    missing = stack.awp("workflow", "apply", str(tmp_path / "nope.yaml"))
+    assert missing.code == 2 and "nope.yaml" in one_error_line(missing)
+
+
+def test_bad_input_json_is_a_usage_error(stack: DevStack) -> None:
+    result = stack.awp("run", "start", "cli-ok", "--input", "{not json")
+    assert result.code == 2
+    assert "--input" in result.err and "not valid JSON" in result.err
+    assert "Traceback" not in result.err
