@@ -14,6 +14,7 @@ from awp_db.embedded import EmbeddedPostgres
 from awp_db.migrate import migrate
 
 CLUSTERS = pytest.StashKey[list[Cluster]]()
+FAILED_REPORT = pytest.StashKey[pytest.TestReport]()
 # Lines printed under "awp fault figures" at the end of the run: what recovery cost.
 FIGURES: list[str] = []
 
@@ -30,6 +31,7 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.failed:
+        item.stash[FAILED_REPORT] = report
         # The processes' own words are the first thing a failure needs.
         for cluster in item.stash.get(CLUSTERS, []):
             for name, tail in cluster.log_tails():
@@ -50,6 +52,14 @@ def _register(request: pytest.FixtureRequest, cluster: Cluster) -> None:
     request.node.stash[CLUSTERS] = clusters
 
 
+async def _close(request: pytest.FixtureRequest, cluster: Cluster) -> None:
+    """After a failure, adds the database's view to the report before tearing down."""
+    failed = request.node.stash.get(FAILED_REPORT, None)
+    if failed is not None:
+        failed.sections.append(("awp database snapshot", await cluster.snapshot()))
+    await cluster.close()
+
+
 @pytest.fixture
 async def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, database_dsn: str
@@ -61,7 +71,7 @@ async def cluster(
     try:
         yield running
     finally:
-        await running.close()
+        await _close(request, running)
 
 
 @pytest.fixture
@@ -90,4 +100,4 @@ async def pg_cluster(
     try:
         yield running
     finally:
-        await running.close()
+        await _close(request, running)

@@ -133,3 +133,62 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
     )
     assert "forged" not in json.loads(output)
     await check_invariants(await cluster.pool(), {run_id: Expect()})
+
+
+# --- 4. awp-server stopped and restarted mid-run ----------------------------------------
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+async def test_server_restart_keeps_worker_sessions(cluster: Cluster, how: str) -> None:
+    server = await cluster.start_server()
+    await cluster.start_coordinator()
+    w1 = await cluster.start_worker("w1", concurrency=2)
+    w2 = await cluster.start_worker("w2", concurrency=2)
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition("restart", workload.layers(3, 4, sleep_ms=400)),
+    )
+    # Mid-run: some results in, others running.
+    await wait_for(
+        lambda: cluster.fetchval(
+            "SELECT count(*) >= 2 FROM attempts WHERE run_id = $1 AND state = 'succeeded'", run_id
+        ),
+        "the first results",
+    )
+    stopping_at = await cluster.db_now()
+    if how == "SIGTERM":
+        server.terminate()
+        assert await server.wait_exit(30) == 0
+    else:
+        server.kill()
+    stopped_at = await cluster.db_now()
+    await cluster.start_server()
+    serving_at = await cluster.db_now()
+    await wait_run(cluster, run_id)
+    report_figure(
+        f"RESTART server {how}: stop->exit={seconds_between(stopping_at, stopped_at):.2f}s"
+        f" exit->serving={seconds_between(stopped_at, serving_at):.2f}s"
+    )
+
+    # The same two sessions carried on: no new registration, both heartbeat the new
+    # server, and results were accepted from them after it came up.
+    sessions = await cluster.fetch(
+        "SELECT id::text AS id, state, last_heartbeat_at FROM workers ORDER BY registered_at"
+    )
+    assert [row["id"] for row in sessions] == [w1.worker_id, w2.worker_id]
+    await wait_for(
+        lambda: cluster.fetchval(
+            "SELECT bool_and(state = 'active' AND last_heartbeat_at > $1) FROM workers",
+            serving_at,
+        ),
+        "both sessions to heartbeat the restarted server",
+    )
+    accepted_after = await cluster.fetchval(
+        "SELECT count(*) FROM attempts WHERE run_id = $1 AND state = 'succeeded'"
+        " AND finished_at > $2",
+        run_id,
+        serving_at,
+    )
+    assert accepted_after > 0
+    assert w1.process.alive and w2.process.alive
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
