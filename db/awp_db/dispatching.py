@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
 from awp_db import settle
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
+from awp_db.leases import DISPATCH_CHANNEL
 from awp_db.queries import queries
 
 Q = queries("dispatching")
@@ -22,24 +24,31 @@ class DispatchPass:
     withdrawn: int = 0
 
 
-async def create_dispatches(conn: Conn, global_limit: int = 0) -> DispatchPass:
+async def create_dispatches(
+    conn: Conn, global_limit: int = 0, prefetch: float = 0.0
+) -> DispatchPass:
     """One set-based pass: dispatches for ready tasks while compatible workers have room.
 
     global_limit bounds pending + leased dispatches (0: unbounded). Per-worker
     max_concurrency is enforced again at claim; this only avoids over-offering.
+
+    prefetch keeps up to that fraction of the compatible active workers' slots offered
+    beyond their free slots (0: exactly the free slots), so a worker whose slots free
+    finds its next leases waiting instead of waiting for the next pass. Every limit
+    above still holds: the extra offers count against the run's concurrency and the
+    global limit, and a claim never exceeds a worker's free slots.
     """
     result = DispatchPass()
     events = EventBatch()
     async with conn.transaction():
         await conn.execute(Q["serialise"])
-        free = {row["kind"]: int(row["free"]) for row in await conn.fetch(Q["capacity"])}
-        live = Counter[str]()
+        budget: dict[str, int] = {}
         in_flight = 0
-        for row in await conn.fetch(Q["live_dispatches"]):
-            in_flight += row["n"]
-            if row["state"] == "pending":
-                live[row["executor_kind"]] += row["n"]
-        budget = {kind: slots - live[kind] for kind, slots in free.items() if slots > live[kind]}
+        for row in await conn.fetch(Q["capacity"]):
+            in_flight += row["live"]
+            room = row["free"] + math.ceil(prefetch * row["slots"]) - row["pending"]
+            if room > 0:
+                budget[row["kind"]] = room
         total = sum(budget.values())
         if global_limit > 0:
             total = min(total, global_limit - in_flight)
@@ -68,9 +77,10 @@ async def create_dispatches(conn: Conn, global_limit: int = 0) -> DispatchPass:
             )
             result.by_kind[row["executor_kind"]] += 1
             result.created += 1
+        # Servers parking long-poll claims hear which kinds have new work.
+        for kind in sorted(result.by_kind):
+            events.notify(DISPATCH_CHANNEL, kind)
         await events.flush(conn)
-        if result.by_kind:
-            await conn.execute(Q["notify_dispatch"], sorted(result.by_kind))
     return result
 
 

@@ -39,6 +39,7 @@ class Event:
 class EventBatch:
     def __init__(self) -> None:
         self._events: dict[UUID, list[Event]] = defaultdict(list)
+        self._notices: list[tuple[str, str]] = []
 
     def add(self, event: Event) -> None:
         self._events[event.run_id].append(event)
@@ -74,6 +75,11 @@ class EventBatch:
     ) -> None:
         self.add(Event(run_id, "run.state", None, None, from_state, to_state, payload))
 
+    def notify(self, channel: str, payload: str) -> None:
+        """A notification to send with the events (in the same statement; delivered at
+        commit like every NOTIFY), so a transaction pays one round trip for both."""
+        self._notices.append((channel, payload))
+
     def __bool__(self) -> bool:
         return bool(self._events)
 
@@ -82,8 +88,17 @@ class EventBatch:
         return sorted(self._events)
 
     async def flush(self, conn: Conn) -> None:
-        """Writes everything collected (once per transaction, before commit)."""
+        """Writes everything collected (once per transaction, before commit).
+
+        One statement bumps the revisions, appends the events and sends the
+        notifications (watchers of each run, plus any queued with `notify`).
+        """
+        channels = [channel for channel, _ in self._notices]
+        payloads = [payload for _, payload in self._notices]
+        self._notices.clear()
         if not self._events:
+            if channels:
+                await conn.execute(Q["notify"], channels, payloads)
             return
         run_ids = sorted(self._events)
         counts = [len(self._events[r]) for r in run_ids]
@@ -102,9 +117,10 @@ class EventBatch:
                 )
                 for column, value in zip(columns, values, strict=True):
                     column.append(value)
-        await conn.execute(Q["append"], run_ids, counts, *columns)
-        # The payload tells watchers which run moved; they re-read from their last seq.
-        await conn.execute(Q["notify_runs"], RUN_EVENTS_CHANNEL, run_ids)
+        # The run-events payload tells watchers which run moved; they re-read from their seq.
+        await conn.execute(
+            Q["append"], run_ids, counts, *columns, RUN_EVENTS_CHANNEL, channels, payloads
+        )
         self._events.clear()
 
 

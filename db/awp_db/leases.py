@@ -243,8 +243,8 @@ async def complete(
                 )
         if endings:
             await settle.end_attempts(conn, endings, events)
+            events.notify(settle.COORDINATOR_CHANNEL, "completed")
             await events.flush(conn)
-            await settle.notify_coordinator(conn, "completed")
     return verdicts
 
 
@@ -333,8 +333,8 @@ async def drain(
         target = "stopped" if remaining == 0 else "draining"
         if state not in ("stopped", target):
             state = await workers.set_state(conn, session.worker_id, target)
+        events.notify(settle.COORDINATOR_CHANNEL, "drain")
         await events.flush(conn)
-        await settle.notify_coordinator(conn, "drain")
     return DrainOutcome(state, remaining, handed_back)
 
 

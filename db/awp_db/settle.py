@@ -98,28 +98,18 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         return settled
     decisions = [decide(e.policy, e.attempt, e.end, e.retryable) for e in endings]
 
-    await conn.execute(
-        Q["end_dispatches"],
-        [e.dispatch_id for e in endings],
-        [_DISPATCH_STATE[e.end] for e in endings],
-        [e.result_hash for e in endings],
-    )
+    outputs = [_json(e.output) for e in endings]
+    # Dispatch, attempt and task of every ending in one statement (one round trip).
     await conn.execute(
         Q["end_attempts"],
         [e.dispatch_id for e in endings],
+        [_DISPATCH_STATE[e.end] for e in endings],
+        [e.result_hash for e in endings],
         [e.end for e in endings],
-        [_json(e.output) for e in endings],
+        outputs,
         [_json(e.error) for e in endings],
-    )
-    await conn.execute(
-        Q["end_tasks"],
         [e.task_id for e in endings],
         [d.task_state for d in decisions],
-        [
-            _json(e.output) if d.task_state == "succeeded" else None
-            for e, d in zip(endings, decisions, strict=True)
-        ],
-        [_json(e.error) for e in endings],
         [d.retry_in_ms for d in decisions],
     )
 

@@ -28,6 +28,10 @@ class CoordinatorConfig:
     offline_after_s: float | None = None
     # Bounds pending + leased dispatches across the cluster; 0 is unlimited.
     global_dispatch_limit: int = 10_000
+    # Dispatches offered beyond the free slots, as a fraction of the compatible active
+    # workers' slots: a worker whose leases finish claims its next ones at once
+    # instead of waiting for the pass its Complete triggers. 0: exactly the free slots.
+    dispatch_prefetch: float = 1.0
     metrics_listen: str | None = "127.0.0.1:9465"
     log_format: str = "json"
     log_level: str = "info"
@@ -50,6 +54,13 @@ def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be 0 to 100, got {text}")
     return value
 
 
@@ -101,6 +112,14 @@ def parse(argv: Sequence[str] | None = None) -> CoordinatorConfig:
         type=_non_negative_int,
         help="most pending + leased dispatches at once; 0 = unlimited",
     )
+    parser.add(
+        "--dispatch-prefetch",
+        env="AWP_DISPATCH_PREFETCH",
+        default=1.0,
+        type=_non_negative_float,
+        help="dispatches offered beyond the free slots, as a fraction of the active "
+        "workers' slots (0 = only free slots); within every other limit",
+    )
     # Not AWP_METRICS_LISTEN: that is the server's, and a shared environment would make
     # both processes bind one port.
     parser.add(
@@ -145,6 +164,7 @@ def parse(argv: Sequence[str] | None = None) -> CoordinatorConfig:
         heartbeat_interval_s=args.heartbeat_interval,
         offline_after_s=args.offline_after,
         global_dispatch_limit=args.global_dispatch_limit,
+        dispatch_prefetch=args.dispatch_prefetch,
         metrics_listen=metrics,
         log_format=args.log_format,
         log_level=args.log_level,

@@ -108,7 +108,9 @@ class Coordinator:
                 self._last_sweep = time.monotonic()
                 report.runs_finished += len(await coordination.sweep_finished(conn, batch))
 
-            dispatched = await coordination.create_dispatches(conn, config.global_dispatch_limit)
+            dispatched = await coordination.create_dispatches(
+                conn, config.global_dispatch_limit, config.dispatch_prefetch
+            )
             report.dispatched = dispatched.created
 
             report.next_due_in = await coordination.next_due_in(conn, config.offline_after_ms)

@@ -63,6 +63,7 @@ async def serve(config: CoordinatorConfig) -> None:
             "scan_interval_s": config.scan_interval_s,
             "offline_after_ms": config.offline_after_ms,
             "global_dispatch_limit": config.global_dispatch_limit,
+            "dispatch_prefetch": config.dispatch_prefetch,
         },
     )
     try:

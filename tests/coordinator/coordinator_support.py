@@ -140,6 +140,9 @@ def coordinator(pool: Pool, dsn: str = "", **overrides: Any) -> Coordinator:
         "database_url": dsn,
         "metrics_listen": None,
         "instance": "test",
+        # These tests count dispatches against free slots exactly; prefetch (the
+        # production default) has tests of its own.
+        "dispatch_prefetch": 0.0,
     }
     settings.update(overrides)
     return Coordinator(pool, CoordinatorConfig(**settings))

@@ -39,6 +39,42 @@ async def test_no_dispatch_without_a_compatible_active_worker(pool: Pool) -> Non
     await check_invariants(pool)
 
 
+async def test_prefetch_offers_a_refill_beyond_the_free_slots(pool: Pool) -> None:
+    """With prefetch 1.0 a full worker's next leases are already offered, so its freed
+    slots are refilled without waiting for a pass; a claim never exceeds them."""
+    await start_run(pool, make_spec("ahead", 9))
+    worker = await register(pool, max_concurrency=2)
+    coord = coordinator(pool, dispatch_prefetch=1.0)
+
+    assert (await coord.run_pass()).dispatched == 4  # 2 free slots + 2 offered ahead
+    first = await worker.claim(5)
+    assert len(first) == 2
+    assert (await coord.run_pass()).dispatched == 0  # full, and 2 are already ahead
+    assert await worker.claim(5) == []
+    for lease in first:
+        assert await worker.complete(lease) == "ACCEPTED"
+    assert len(await worker.claim(5)) == 2  # no pass in between
+    await check_invariants(pool)
+
+
+async def test_prefetch_stays_within_the_run_concurrency(pool: Pool) -> None:
+    run_id = await start_run(pool, make_spec("narrow", 9, concurrency=3))
+    worker = await register(pool, max_concurrency=2)
+    coord = coordinator(pool, dispatch_prefetch=1.0)
+
+    assert (await coord.run_pass()).dispatched == 3  # room for 4, the run allows 3
+    first = await worker.claim(5)
+    assert len(first) == 2
+    assert (await coord.run_pass()).dispatched == 0
+    for lease in first:
+        assert await worker.complete(lease) == "ACCEPTED"
+    assert len(await worker.claim(5)) == 1
+    assert (await coord.run_pass()).dispatched == 2
+    states = list((await task_states(pool, run_id)).values())
+    assert states.count("queued") + states.count("running") == 3
+    await check_invariants(pool)
+
+
 async def test_a_draining_worker_is_not_capacity(pool: Pool) -> None:
     await start_run(pool, make_spec("drained", 2))
     worker = await register(pool)

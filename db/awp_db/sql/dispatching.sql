@@ -7,19 +7,31 @@
 SELECT pg_advisory_xact_lock(4281170)
 
 -- name: capacity
--- Free slots per executor kind across active workers (a worker counts for each kind).
-SELECT k.kind, sum(greatest(w.max_concurrency - coalesce(l.leased, 0), 0))::bigint AS free
-  FROM workers w
-  CROSS JOIN LATERAL unnest(w.executor_kinds) AS k (kind)
-  LEFT JOIN (SELECT worker_id, count(*) AS leased
-               FROM dispatches WHERE state = 'leased' GROUP BY worker_id) l ON l.worker_id = w.id
- WHERE w.state = 'active'
- GROUP BY k.kind
-
--- name: live_dispatches
-SELECT executor_kind, state, count(*) AS n
-  FROM dispatches WHERE state IN ('pending', 'leased')
- GROUP BY executor_kind, state
+-- Per executor kind: free slots and all slots of the active workers (a worker counts
+-- for each of its kinds), and the live dispatches (pending; pending + leased).
+WITH slots AS (
+    SELECT k.kind,
+           sum(greatest(w.max_concurrency - coalesce(l.leased, 0), 0))::bigint AS free,
+           sum(w.max_concurrency)::bigint AS slots
+      FROM workers w
+      CROSS JOIN LATERAL unnest(w.executor_kinds) AS k (kind)
+      LEFT JOIN (SELECT worker_id, count(*) AS leased
+                   FROM dispatches WHERE state = 'leased' GROUP BY worker_id) l ON l.worker_id = w.id
+     WHERE w.state = 'active'
+     GROUP BY k.kind
+), live AS (
+    SELECT executor_kind AS kind,
+           count(*) FILTER (WHERE state = 'pending') AS pending,
+           count(*) AS live
+      FROM dispatches WHERE state IN ('pending', 'leased')
+     GROUP BY executor_kind
+)
+SELECT coalesce(s.kind, l.kind) AS kind,
+       coalesce(s.free, 0)::bigint AS free,
+       coalesce(s.slots, 0)::bigint AS slots,
+       coalesce(l.pending, 0)::bigint AS pending,
+       coalesce(l.live, 0)::bigint AS live
+  FROM slots s FULL JOIN live l ON l.kind = s.kind
 
 -- name: candidates
 -- Ready tasks of runs not being canceled, round-robin across runs: every run's first
@@ -83,6 +95,3 @@ WITH lapsed AS (
 UPDATE tasks t SET state = 'ready'
   FROM lapsed WHERE t.id = lapsed.task_id AND t.state = 'queued'
 RETURNING t.run_id, t.key
-
--- name: notify_dispatch
-SELECT pg_notify('awp_dispatch', k) FROM unnest($1::text[]) AS k

@@ -1,7 +1,10 @@
 -- name: append
--- Bumps each run's revision once and appends its events with contiguous seqs, in one
--- statement. $1..$2: one entry per run (ascending id, each run already locked by the
--- caller); $3..$10: one entry per event, `ord` 1..n within its run.
+-- Bumps each run's revision once, appends its events with contiguous seqs and sends
+-- the notifications, in one statement (one round trip per transaction). $1..$2: one
+-- entry per run (ascending id, each run already locked by the caller); $3..$10: one
+-- entry per event, `ord` 1..n within its run; $11: the run-events channel (payload:
+-- the run id); $12..$13: further notifications (channel, payload). A data-modifying
+-- WITH always runs to completion; NOTIFY is delivered at commit.
 WITH counts AS (
     SELECT * FROM unnest($1::uuid[], $2::bigint[]) AS c (run_id, n)
 ), bumped AS (
@@ -10,13 +13,18 @@ WITH counts AS (
       FROM counts c
      WHERE r.id = c.run_id
  RETURNING r.id, r.revision, r.last_seq - c.n AS base_seq
+), appended AS (
+    INSERT INTO state_events (run_id, seq, revision, type, task_key, attempt, from_state, to_state, payload)
+    SELECT e.run_id, b.base_seq + e.ord, b.revision, e.type, e.task_key, e.attempt,
+           e.from_state, e.to_state, coalesce(e.payload::jsonb, '{}'::jsonb)
+      FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::int[], $8::text[], $9::text[], $10::text[])
+               AS e (run_id, ord, type, task_key, attempt, from_state, to_state, payload)
+      JOIN bumped b ON b.id = e.run_id
 )
-INSERT INTO state_events (run_id, seq, revision, type, task_key, attempt, from_state, to_state, payload)
-SELECT e.run_id, b.base_seq + e.ord, b.revision, e.type, e.task_key, e.attempt,
-       e.from_state, e.to_state, coalesce(e.payload::jsonb, '{}'::jsonb)
-  FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::int[], $8::text[], $9::text[], $10::text[])
-           AS e (run_id, ord, type, task_key, attempt, from_state, to_state, payload)
-  JOIN bumped b ON b.id = e.run_id
+SELECT pg_notify(n.channel, n.payload)
+  FROM (SELECT $11::text, r::text FROM unnest($1::uuid[]) AS r
+        UNION ALL
+        SELECT * FROM unnest($12::text[], $13::text[])) AS n (channel, payload)
 
 -- name: after_seq
 SELECT run_id, seq, revision, type, task_key, attempt, from_state, to_state, payload, created_at
@@ -25,6 +33,6 @@ SELECT run_id, seq, revision, type, task_key, attempt, from_state, to_state, pay
  ORDER BY seq
  LIMIT $3
 
--- name: notify_runs
--- Delivered at commit; the payload names the run so watchers re-read from their seq.
-SELECT pg_notify($1, r::text) FROM unnest($2::uuid[]) AS r
+-- name: notify
+-- Notifications of a transaction that recorded no event.
+SELECT pg_notify(n.channel, n.payload) FROM unnest($1::text[], $2::text[]) AS n (channel, payload)

@@ -12,31 +12,39 @@ SELECT id, state, cancel_requested_at
 -- The live database clock, read after the locks are held (now() is the transaction's start).
 SELECT clock_timestamp()
 
--- name: end_dispatches
-UPDATE dispatches d
-   SET state = e.state, result_hash = e.result_hash, finished_at = clock_timestamp()
-  FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS e (id, state, result_hash)
- WHERE d.id = e.id AND d.state = 'leased'
-
 -- name: end_attempts
-UPDATE attempts a
-   SET state = e.state, finished_at = clock_timestamp(),
-       output = e.output::jsonb, error = e.error::jsonb
-  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS e (dispatch_id, state, output, error)
- WHERE a.dispatch_id = e.dispatch_id AND a.state = 'running'
-
--- name: end_tasks
+-- Ends each attempt with its dispatch and applies the retry decision to its task, in
+-- one statement. Per ending: $1 dispatch id, $2 dispatch state, $3 result hash,
+-- $4 attempt state, $5 output, $6 error, $7 task id, $8 task state, $9 retry delay (ms).
+-- A task keeps the output only of a success. Runs and dispatches are locked by the
+-- caller, so no other writer touches these attempts and tasks meanwhile.
+WITH e AS (
+    SELECT *
+      FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::text[],
+                  $7::bigint[], $8::text[], $9::bigint[])
+           AS e (dispatch_id, dispatch_state, result_hash, attempt_state, output, error,
+                 task_id, task_state, retry_in_ms)
+), ended_dispatches AS (
+    UPDATE dispatches d
+       SET state = e.dispatch_state, result_hash = e.result_hash, finished_at = clock_timestamp()
+      FROM e
+     WHERE d.id = e.dispatch_id AND d.state = 'leased'
+), ended_attempts AS (
+    UPDATE attempts a
+       SET state = e.attempt_state, finished_at = clock_timestamp(),
+           output = e.output::jsonb, error = e.error::jsonb
+      FROM e
+     WHERE a.dispatch_id = e.dispatch_id AND a.state = 'running'
+)
 UPDATE tasks t
-   SET state = e.state,
-       output = coalesce(e.output::jsonb, t.output),
+   SET state = e.task_state,
+       output = coalesce(CASE WHEN e.task_state = 'succeeded' THEN e.output::jsonb END, t.output),
        error = coalesce(e.error::jsonb, t.error),
-       retry_at = CASE WHEN e.state = 'waiting_retry'
+       retry_at = CASE WHEN e.task_state = 'waiting_retry'
                        THEN clock_timestamp() + e.retry_in_ms * interval '1 millisecond' END,
-       finished_at = CASE WHEN e.state IN ('succeeded', 'failed') THEN clock_timestamp() END
-  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[])
-           AS e (id, state, output, error, retry_in_ms)
- WHERE t.id = e.id AND t.state = 'running'
-RETURNING t.id
+       finished_at = CASE WHEN e.task_state IN ('succeeded', 'failed') THEN clock_timestamp() END
+  FROM e
+ WHERE t.id = e.task_id AND t.state = 'running'
 
 -- name: unlock_dependents
 -- $1/$2: (run, dependent key) once per succeeded dependency; a task becomes ready when
