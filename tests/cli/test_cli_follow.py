@@ -1,0 +1,107 @@
+"""`awp run start --wait` / `awp run watch` keep following a run across a server restart:
+the event stream resumes after the last seq seen, missing and repeating nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from uuid import UUID
+
+import grpc
+from control.helpers import complete, dispatch_and_claim, drive_to_end, register_worker
+from support import ADMIN_TOKEN, ServerHandle, poll_until, spec, start_run
+
+from awp.v1 import control_pb2, types_pb2
+from awp_cli.client import Client, Target, failure
+from awp_cli.errors import CliError, Exit
+from awp_cli.follow import ProgressView, follow
+from awp_db.connect import Pool
+
+# conftest's `start_server` fixture.
+ServerFactory = Callable[..., Awaitable[ServerHandle]]
+
+
+async def test_following_survives_a_server_restart(start_server: ServerFactory, pool: Pool) -> None:
+    first = await start_server()
+    run_id = await start_run(pool, spec("chain", tasks=3, chain=True))
+    worker = await register_worker(pool)
+    events: list[types_pb2.StateEvent] = []
+    notes: list[str] = []
+    snapshots: list[control_pb2.GetRunResponse] = []
+    async with Client(Target(address=first.address, token=ADMIN_TOKEN)) as client:
+        following = asyncio.create_task(
+            follow(
+                client,
+                str(run_id),
+                on_event=events.append,
+                on_snapshot=snapshots.append,
+                on_reconnect=notes.append,
+            )
+        )
+
+        async def seen(n: int) -> bool:
+            return len(events) >= n
+
+        await poll_until(lambda: seen(4))  # run.created and three task states
+        await first.running.stop(0)
+        # Progress while no server answers: the watcher must pick it up afterwards.
+        await complete(pool, worker, await dispatch_and_claim(pool, worker))
+        await poll_until(lambda: _truthy(notes))
+        await start_server(listen=first.address)
+        assert await drive_to_end(pool, UUID(str(run_id)), worker) == "succeeded"
+        async with asyncio.timeout(30):
+            final = await following
+
+    assert final.run.state == types_pb2.RUN_STATE_SUCCEEDED
+    assert [e.seq for e in events] == list(range(1, final.run.last_seq + 1))
+    assert "resuming after seq" in notes[0]
+    # The display's counts came from GetRun, and its last one is the final state.
+    assert dict(snapshots[-1].run.task_counts) == {"succeeded": 3}
+    view = ProgressView(final.run)
+    view.on_snapshot(final)
+    assert view.total == 3
+
+
+async def _truthy(value: object) -> bool:
+    return bool(value)
+
+
+async def test_a_missing_run_is_not_retried(start_server: ServerFactory) -> None:
+    server = await start_server()
+    async with Client(Target(address=server.address, token=ADMIN_TOKEN)) as client:
+        try:
+            async with asyncio.timeout(10):
+                await follow(client, "00000000-0000-0000-0000-000000000000")
+        except CliError as error:
+            assert error.code == Exit.USAGE
+            assert error.message.startswith("RUN_NOT_FOUND: ")
+        else:
+            raise AssertionError("following a missing run succeeded")
+
+
+async def test_a_server_that_never_comes_back_is_given_up_on(
+    start_server: ServerFactory, pool: Pool
+) -> None:
+    server = await start_server()
+    run_id = await start_run(pool, spec("lonely"))
+    async with Client(Target(address=server.address, token=ADMIN_TOKEN)) as client:
+        await server.running.stop(0)
+        try:
+            async with asyncio.timeout(20):
+                await follow(client, str(run_id), give_up_after=1.0)
+        except CliError as error:
+            assert error.code == Exit.SERVER
+            assert error.message.startswith(f"cannot reach awp-server at {server.address}")
+        else:
+            raise AssertionError("following without a server succeeded")
+
+
+def test_status_codes_map_to_exit_codes() -> None:
+    class Failed(grpc.aio.AioRpcError):
+        def __init__(self, code: grpc.StatusCode, details: str) -> None:
+            super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+    assert failure(Failed(grpc.StatusCode.UNIMPLEMENTED, "nope"), "h:1").code == Exit.SERVER
+    assert failure(Failed(grpc.StatusCode.INVALID_ARGUMENT, "bad"), "h:1").code == Exit.USAGE
+    late = failure(Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "slow"), "h:1")
+    assert (late.code, late.message) == (Exit.SERVER, "awp-server at h:1 did not answer in time")

@@ -1,0 +1,194 @@
+"""Workflow files: the readable format, its aliases, and errors that point at file lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from awp_cli.errors import CliError, Exit
+from awp_cli.workflow_file import (
+    DURATION_HELP,
+    format_duration,
+    load,
+    parse_duration,
+    parse_field,
+)
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
+
+
+def write(tmp_path: Path, text: str, name: str = "wf.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def problems(path: Path) -> tuple[str, ...]:
+    with pytest.raises(CliError) as caught:
+        load(path)
+    assert caught.value.code == Exit.USAGE
+    return (caught.value.message, *caught.value.details)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("250ms", 0.25),
+        ("1.5s", 1.5),
+        ("2m", 120.0),
+        ("1h30m", 5400.0),
+        (".5s", 0.5),
+        (3, 3.0),
+        (0.1, 0.1),
+    ],
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["soon", "1", "1 s", "-1s", "1d", True, None, [], -2])
+def test_not_durations(text: object) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0.25, "250ms"), (1.5, "1.5s"), (60, "1m"), (5400, "1h30m"), (61, "1m1s")]
+)
+def test_durations_are_written_back_the_same_way(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+def test_the_demo_workflow_loads() -> None:
+    loaded = load(DEMO)
+    d = loaded.definition
+    assert (d.name, d.version, d.concurrency, len(d.tasks)) == ("research-digest", 1, 4, 6)
+    forum = next(t for t in d.tasks if t.key == "fetch_forum")
+    assert forum.retry.initial_backoff.ToMilliseconds() == 300
+    assert forum.input["fail_attempts"] == 1
+    assert list(d.tasks[4].depends_on) == [
+        "fetch_news",
+        "fetch_papers",
+        "fetch_forum",
+        "fetch_changelog",
+    ]
+    assert loaded.where(("tasks", 2, "retry")) == f"{DEMO}:31"
+
+
+def test_defaults_and_aliases(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "name: w\ntasks:\n"
+        "  - {key: a, executorKind: mock, action: x, dependsOn: b,"
+        " retry: {maxAttempts: 2, backoffMultiplier: 1.5}}\n"
+        "  - {key: b, executor_kind: mock, action: x, input: null}\n",
+    )
+    d = load(path).definition
+    assert d.version == 1  # unless told
+    assert [t.executor_kind for t in d.tasks] == ["mock", "mock"]
+    assert list(d.tasks[0].depends_on) == ["b"]
+    assert (d.tasks[0].retry.max_attempts, d.tasks[0].retry.backoff_multiplier) == (2, 1.5)
+    assert not d.tasks[1].HasField("retry") and not d.tasks[1].HasField("timeout")
+
+
+def test_a_get_json_answer_is_accepted_back(tmp_path: Path) -> None:
+    exported = {
+        "definition": json_format.MessageToDict(load(DEMO).definition),
+        "createdAt": "2026-01-01T00:00:00Z",
+    }
+    path = write(tmp_path, json.dumps(exported), "exported.json")
+    assert load(path).definition == load(DEMO).definition
+
+
+def test_every_shape_problem_is_reported_with_its_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+name: w
+version: 1.5
+tasks:
+  - key: a
+    kind: mock
+    action: x
+    timeout: soon
+    retry: {max_attempts: "3", initial_backoff: 1x}
+    depends-on: [b]
+  - key: b
+    action: x
+    input: {when: 2024-01-01}
+  - just a string
+""",
+    )
+    message, *found = problems(path)
+    assert message == f"{path}: 8 problems in the workflow file"
+    assert found == [
+        f"{path}:2: version: expected a whole number, got 1.5",
+        f"{path}:9: tasks[0].depends-on: unknown field 'depends-on' (did you mean 'depends_on'?)",
+        f"{path}:8: tasks[0].retry.max_attempts: expected a whole number, got '3'",
+        f"{path}:8: tasks[0].retry.initial_backoff: expected {DURATION_HELP}, got '1x'",
+        f"{path}:7: tasks[0].timeout: expected {DURATION_HELP}, got 'soon'",
+        f"{path}:10: tasks[1]: missing kind (or executor_kind)",
+        f"{path}:12: tasks[1].input.when: date is not a JSON value (quote it)",
+        f"{path}:13: tasks[2]: expected a mapping, got a string",
+    ]
+
+
+def test_syntax_errors_name_line_and_column(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: w\ntasks:\n  - key: [a\n")
+    (message,) = problems(path)
+    assert message.startswith(f"{path}:4:1: invalid YAML: ")
+    bad_json = write(tmp_path, '{"name": "w",\n "tasks": [}', "w.json")
+    (message,) = problems(bad_json)
+    assert message.startswith(f"{bad_json}:2:12: invalid JSON: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", "the file is empty"),
+        ("- a\n- b\n", "expected a mapping, got a list"),
+        ("name: w\n", "tasks: expected a non-empty list of tasks"),
+        ("name: w\ntasks: []\n", "tasks: expected a non-empty list of tasks"),
+        ("tasks: [{key: a, kind: mock, action: x}]\n", "name: a workflow needs a name"),
+    ],
+)
+def test_empty_or_misshapen_files(tmp_path: Path, text: str, problem: str) -> None:
+    path = write(tmp_path, text)
+    assert any(problem in line for line in problems(path))
+
+
+def test_an_unreadable_file(tmp_path: Path) -> None:
+    (message,) = problems(tmp_path / "missing.yaml")
+    assert (
+        message
+        == f"cannot read workflow file {tmp_path / 'missing.yaml'}: No such file or directory"
+    )
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    (message,) = problems(binary)
+    assert message.startswith(f"{binary}: not UTF-8 text")
+
+
+def test_server_violations_point_at_lines(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "name: w\ntasks:\n  - key: a\n    kind: mock\n    action: x\n"
+        "    retry: {max_attempts: 0, multiplier: 0.5}\n",
+    )
+    loaded = load(path)
+    assert loaded.explain(
+        (
+            ("definition.tasks[0].retry.backoff_multiplier", "must be >= 1"),
+            ("definition.tasks[0].executor_kind", "unknown kind"),
+            ("definition.tasks[7].key", "no such task"),
+        )
+    ) == (
+        f"{path}:6: tasks[0].retry.multiplier: must be >= 1",
+        f"{path}:4: tasks[0].kind: unknown kind",
+        f"{path}:3: tasks[7].key: no such task",  # the nearest line: the list's
+    )
+    assert parse_field("definition.tasks[12].depends_on[3]") == ("tasks", 12, "depends_on", 3)
