@@ -76,8 +76,15 @@ async def cluster(
 
 @pytest.fixture
 def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, for scenarios that stop it (others are untouched)."""
-    server = EmbeddedPostgres(tmp_path / "pg", unsafe_fast=True).start()
+    """A PostgreSQL of this test's own, for scenarios that stop it (others are untouched).
+
+    Not unsafe_fast: with synchronous_commit=off an immediate stop loses the last
+    commits (a worker's registration, say), which no real outage of a durable database
+    does. fsync and full-page writes stay off: they only matter if the OS crashes.
+    """
+    server = EmbeddedPostgres(
+        tmp_path / "pg", extra_settings=("fsync=off", "full_page_writes=off")
+    ).start()
     try:
         yield server
     finally:

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from uuid import UUID
 
 import grpc
 import pytest
 import workload
-from cluster import Cluster, wait_for
+from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, wait_for
 from conftest import report_figure
 from google.protobuf import struct_pb2
 from invariants import Expect, check_invariants
 from probes import revision, seconds_between, wait_attempt, wait_run
+from rawworker import RawWorker
 from support import rich_error
 
-from awp.v1 import worker_pb2
+from awp.v1 import control_pb2, worker_pb2
 
 pytestmark = pytest.mark.fault
 
@@ -192,3 +195,118 @@ async def test_server_restart_keeps_worker_sessions(cluster: Cluster, how: str) 
     assert accepted_after > 0
     assert w1.process.alive and w2.process.alive
     await check_invariants(await cluster.pool(), {run_id: Expect()})
+
+
+# --- 5. PostgreSQL unavailable mid-task ------------------------------------------------
+
+
+async def test_database_outage_cancels_by_safety_deadline_then_recovers(
+    pg_cluster: Cluster,
+) -> None:
+    cluster = pg_cluster
+    postgres = cluster.postgres
+    assert postgres is not None
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    worker = await cluster.start_worker("w1", concurrency=1)
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition("outage", [workload.Task("long", input={"sleep_ms": 3000})]),
+    )
+    await wait_attempt(cluster, run_id, "long", 1, "running")
+
+    down = time.monotonic()
+    await asyncio.to_thread(postgres.stop, "immediate")
+    # No renewal can succeed now: the worker must stop on its own clock.
+    safety = "safety deadline passed"
+    await wait_for(
+        lambda: _true(any(safety in line.get("msg", "") for line in worker.process.json_lines())),
+        "the worker to cancel the executor at its safety deadline",
+        within=10,
+    )
+    cancelled = time.monotonic()
+    await asyncio.to_thread(postgres.start)
+    up = time.monotonic()
+    up_at = await wait_for(cluster.db_now, "PostgreSQL to answer again")
+    second = await wait_attempt(cluster, run_id, "long", 2, within=30)
+    await wait_run(cluster, run_id, within=30)
+    report_figure(
+        f"RECOVERY database outage: down->executor cancelled={cancelled - down:.2f}s"
+        f" (outage {up - down:.2f}s) up->attempt2="
+        f"{max(0.0, seconds_between(up_at, second['started_at'])):.2f}s"
+    )
+
+    first = await wait_attempt(cluster, run_id, "long", 1)
+    assert first["state"] == "interrupted"
+    # The first attempt never reported: its executor was stopped, not left running.
+    assert await cluster.fetchval(
+        "SELECT output IS NULL FROM attempts WHERE dispatch_id = $1", first["dispatch_id"]
+    )
+    assert worker.process.alive
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+# --- 6. cancel a running run -----------------------------------------------------------
+
+
+async def test_cancel_revokes_leases_and_fences_late_results(cluster: Cluster) -> None:
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition("cancel", workload.independent(6, sleep_ms=30_000)),
+    )
+    # A raw session takes one lease first (it can send a late result later), then
+    # awp-worker takes four; one task is left waiting.
+    raw = RawWorker(cluster.channel(), WORKER_TOKEN, "raw")
+    await raw.register(concurrency=1)
+    raw.start_heartbeat()
+    try:
+        (late,) = await wait_for(raw.claim, "the raw session to claim a lease")
+        worker = await cluster.start_worker("w1", concurrency=4)
+        await wait_for(
+            lambda: cluster.fetchval(
+                "SELECT count(*) = 5 FROM attempts WHERE run_id = $1 AND state = 'running'", run_id
+            ),
+            "five running attempts",
+        )
+        await cluster.control().CancelRun(
+            control_pb2.CancelRunRequest(run_id=str(run_id), reason="fault test"),
+            metadata=ADMIN_AUTH,
+            timeout=10,
+        )
+        await wait_run(cluster, run_id, "canceled")
+
+        # Leases revoked: the heartbeat says so, and a late result is fenced.
+        await wait_for(
+            lambda: _true(worker_pb2.LEASE_STATUS_REVOKED in raw.answers.get(late.dispatch_id, [])),
+            "the raw session's heartbeat to answer REVOKED",
+        )
+        before = await revision(cluster, run_id)
+        outcome = await raw.complete(late, {"late": True})
+        assert outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+        assert await revision(cluster, run_id) == before
+    finally:
+        await raw.stop_heartbeat()
+
+    # awp-worker stopped its four executors on REVOKED instead of running them out.
+    def revoked_lines() -> int:
+        return sum("lease revoked" in line.get("msg", "") for line in worker.process.json_lines())
+
+    await wait_for(lambda: _true(revoked_lines() == 4), "awp-worker to stop its four leases")
+    assert (
+        await cluster.fetchval(
+            "SELECT count(*) FROM dispatches WHERE run_id = $1 AND state IN ('pending', 'leased')",
+            run_id,
+        )
+        == 0
+    )
+    states = await cluster.fetch(
+        "SELECT state, count(*) AS n FROM attempts WHERE run_id = $1 GROUP BY state", run_id
+    )
+    assert {row["state"]: row["n"] for row in states} == {"canceled": 5}
+    await check_invariants(await cluster.pool(), {run_id: Expect("canceled", "canceled")})

@@ -1,0 +1,110 @@
+"""A worker made of the raw generated stubs, for scenarios that need a worker's secrets
+(session and lease tokens) or need to send what a well-behaved worker never would: a
+late or replayed Complete. awp-worker keeps those tokens to itself, as it should."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2, struct_pb2
+
+from awp.v1 import worker_pb2, worker_pb2_grpc
+
+
+class RawWorker:
+    def __init__(self, channel: grpc.aio.Channel, token: str, name: str) -> None:
+        self.stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        self.auth = (("authorization", f"Bearer {token}"),)
+        self.name = name
+        self.session = worker_pb2.Session()
+        self.interval = 0.25
+        self.leases: dict[int, worker_pb2.Lease] = {}
+        # Every lease status the heartbeat stream answered: {dispatch_id: [status, ...]}.
+        self.answers: dict[int, list[int]] = {}
+        self._beating: asyncio.Task[None] | None = None
+
+    async def register(self, concurrency: int = 1) -> worker_pb2.Session:
+        response = await self.stub.Register(
+            worker_pb2.RegisterRequest(
+                name=self.name,
+                protocol_version=1,
+                executor_kinds=["mock"],
+                max_concurrency=concurrency,
+            ),
+            metadata=self.auth,
+            timeout=10,
+        )
+        self.session = response.session
+        self.interval = response.heartbeat_interval.ToMilliseconds() / 1000
+        return self.session
+
+    def start_heartbeat(self) -> None:
+        """Heartbeats every lease held until stop_heartbeat(), like a healthy worker."""
+
+        async def requests() -> AsyncIterator[worker_pb2.HeartbeatRequest]:
+            while True:
+                refs = [
+                    worker_pb2.LeaseRef(dispatch_id=d, lease_token=lease.lease_token)
+                    for d, lease in self.leases.items()
+                ]
+                yield worker_pb2.HeartbeatRequest(session=self.session, leases=refs)
+                await asyncio.sleep(self.interval)
+
+        async def beat() -> None:
+            call = self.stub.Heartbeat(requests())
+            try:
+                async for response in call:
+                    for state in response.leases:
+                        self.answers.setdefault(state.dispatch_id, []).append(state.status)
+            finally:
+                call.cancel()
+
+        self._beating = asyncio.create_task(beat(), name=f"{self.name}-heartbeat")
+
+    async def stop_heartbeat(self) -> None:
+        task, self._beating = self._beating, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await task
+
+    async def claim(self, n: int = 1, wait_s: float = 5.0) -> list[worker_pb2.Lease]:
+        wait = duration_pb2.Duration()
+        wait.FromMilliseconds(int(wait_s * 1000))
+        response = await self.stub.Claim(
+            worker_pb2.ClaimRequest(session=self.session, max_leases=n, wait=wait),
+            timeout=wait_s + 10,
+        )
+        for lease in response.leases:
+            self.leases[lease.dispatch_id] = lease
+        return list(response.leases)
+
+    async def complete(
+        self,
+        lease: worker_pb2.Lease,
+        output: dict[str, Any],
+        session: worker_pb2.Session | None = None,
+    ) -> int:
+        """Reports success for lease; returns the CompleteOutcome (raises on RPC errors)."""
+        struct = struct_pb2.Struct()
+        struct.update(output)
+        response = await self.stub.Complete(
+            worker_pb2.CompleteRequest(
+                session=session or self.session,
+                results=[
+                    worker_pb2.TaskResult(
+                        dispatch_id=lease.dispatch_id,
+                        lease_token=lease.lease_token,
+                        outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
+                        output=struct,
+                    )
+                ],
+            ),
+            timeout=10,
+        )
+        outcome: int = response.answers[0].outcome
+        return outcome
