@@ -5,7 +5,6 @@ directory, and stopped at the end with SIGINT, which must end it cleanly."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -17,48 +16,15 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from awp_db.embedded import free_port
+from cli.runner import ENV, REPOSITORY, Result, awp
 
-REPOSITORY = Path(__file__).resolve().parents[2]
-# What `pip install -e .` would put on the path; the children of `awp dev` inherit it.
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")} | {
-    "PYTHONPATH": os.pathsep.join(
-        str(REPOSITORY / p) for p in ("generated", "server", "worker", "db")
-    ),
-}
 STARTUP_S = 60
 STOP_S = 60
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-    def json_lines(self) -> list[Any]:
-        return [json.loads(line) for line in self.out.splitlines() if line.strip()]
-
-
-def awp(*args: str, timeout: float = 60) -> Result:
-    done = subprocess.run(
-        [sys.executable, "-m", "awp_cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-        cwd=REPOSITORY,
-        check=False,
-    )
-    return Result(done.returncode, done.stdout, done.stderr)
 
 
 @dataclass

@@ -1,0 +1,45 @@
+"""Running the awp CLI as a subprocess, as a user would, from the repository root."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# What `pip install -e .` would put on the path; the children of `awp dev` inherit it.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")} | {
+    "PYTHONPATH": os.pathsep.join(
+        str(REPOSITORY / p) for p in ("generated", "server", "worker", "db")
+    ),
+}
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def json_lines(self) -> list[Any]:
+        return [json.loads(line) for line in self.out.splitlines() if line.strip()]
+
+
+def awp(*args: str, timeout: float = 60) -> Result:
+    done = subprocess.run(
+        [sys.executable, "-m", "awp_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=REPOSITORY,
+        check=False,
+    )
+    return Result(done.returncode, done.stdout, done.stderr)
