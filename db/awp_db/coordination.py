@@ -41,6 +41,19 @@ class Offline:
     leases: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Due:
+    """Which kinds of work have candidates now, and seconds until the next timer."""
+
+    cancels: bool
+    silent_workers: bool
+    expired_leases: bool
+    retries: bool
+    unservable: bool
+    ready: bool
+    next_due_in: float | None
+
+
 # --- leadership (a session lock: only on a dedicated, never pooled, connection) ----------
 
 
@@ -66,6 +79,21 @@ async def leader(conn: Conn, key: int = LEADER_LOCK_KEY) -> tuple[int, str] | No
 
 
 # --- passes ----------------------------------------------------------------------------
+
+
+async def due(conn: Conn, silent_for_ms: int) -> Due:
+    """One unlocked read of what a pass has to do (each step re-checks under its locks)."""
+    row = await conn.fetchrow(Q["due"], silent_for_ms)
+    assert row is not None
+    return Due(
+        cancels=row["cancels"],
+        silent_workers=row["silent_workers"],
+        expired_leases=row["expired_leases"],
+        retries=row["retries"],
+        unservable=row["unservable"],
+        ready=row["ready"],
+        next_due_in=row["next_due_in"],
+    )
 
 
 async def converge_cancels(conn: Conn, limit: int = 100) -> dict[UUID, str]:

@@ -88,7 +88,7 @@ def parse(argv: Sequence[str] | None = None) -> CoordinatorConfig:
         env="AWP_SCAN_INTERVAL",
         default=1.0,
         type=positive_float,
-        help="seconds between periodic passes; standbys try for the lock as often",
+        help="seconds between periodic passes; standbys try for the lock twice as often",
     )
     parser.add(
         "--heartbeat-interval",
@@ -152,6 +152,8 @@ def parse(argv: Sequence[str] | None = None) -> CoordinatorConfig:
     args = parser.parse_args(argv)
     if not args.database_url:
         parser.error("--database-url (or AWP_DATABASE_URL) is required")
+    if args.offline_after is not None and args.offline_after <= args.heartbeat_interval:
+        parser.error("--offline-after must be longer than --heartbeat-interval")
     metrics = None if args.metrics_listen in ("", "off") else args.metrics_listen
     if metrics is not None:
         try:

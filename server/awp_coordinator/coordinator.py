@@ -80,27 +80,43 @@ class Coordinator:
     # --- one pass --------------------------------------------------------------------
 
     async def run_pass(self) -> PassReport:
-        """Every kind of work once, each in its own short transaction, in an order where
-        each step feeds the next: cancellations first (nothing is dispatched for a run
-        being canceled), then what frees capacity or makes tasks ready, then dispatch."""
+        """Every kind of work that is due, each in its own short transaction, in an order
+        where each step feeds the next: cancellations first (nothing is dispatched for a
+        run being canceled), then what frees capacity or makes tasks ready, then dispatch.
+
+        One read first says which kinds of work have candidates, so a pass woken by a
+        notification (a result, a new run) costs one round trip plus the dispatch
+        transaction instead of a round trip or a transaction per kind. Each step still
+        selects and re-checks its own candidates under its locks; anything that becomes
+        due after that read is found by the next pass, which starts at once after a pass
+        that did work, on the next notification, or at the next known deadline.
+        """
         config = self.config
         batch = config.batch_size
         report = PassReport()
         started = time.perf_counter()
         async with self._pool.acquire() as conn:
-            report.canceled_runs = len(await coordination.converge_cancels(conn, batch))
+            due = await coordination.due(conn, config.offline_after_ms)
+            report.next_due_in = due.next_due_in
+            if due.cancels:
+                report.canceled_runs = len(await coordination.converge_cancels(conn, batch))
 
-            offline = await coordination.mark_silent_offline(conn, config.offline_after_ms)
-            report.offline_workers = len(offline.workers)
-            report.offline_leases = offline.leases
+            if due.silent_workers:
+                offline = await coordination.mark_silent_offline(conn, config.offline_after_ms)
+                report.offline_workers = len(offline.workers)
+                report.offline_leases = offline.leases
 
-            reaped = await coordination.reap_expired(conn, batch)
-            report.interrupted = reaped.interrupted
-            report.timed_out = reaped.timed_out
-            report.runs_finished += len(reaped.settled.runs_finished)
+            if due.expired_leases:
+                reaped = await coordination.reap_expired(conn, batch)
+                report.interrupted = reaped.interrupted
+                report.timed_out = reaped.timed_out
+                report.runs_finished += len(reaped.settled.runs_finished)
 
-            report.retries_released = await coordination.release_retries(conn, batch)
-            report.withdrawn = await coordination.withdraw_unservable(conn, batch)
+            # Settling attempts just now may have started retry timers of 0 ms.
+            if due.retries or report.offline_leases or report.interrupted or report.timed_out:
+                report.retries_released = await coordination.release_retries(conn, batch)
+            if due.unservable or report.offline_workers:
+                report.withdrawn = await coordination.withdraw_unservable(conn, batch)
 
             # Settlement finishes runs itself; the sweep is a safety net, so once per
             # scan interval is enough, not once per notification.
@@ -108,12 +124,11 @@ class Coordinator:
                 self._last_sweep = time.monotonic()
                 report.runs_finished += len(await coordination.sweep_finished(conn, batch))
 
-            dispatched = await coordination.create_dispatches(
-                conn, config.global_dispatch_limit, config.dispatch_prefetch
-            )
-            report.dispatched = dispatched.created
-
-            report.next_due_in = await coordination.next_due_in(conn, config.offline_after_ms)
+            if due.ready or report.retries_released:
+                dispatched = await coordination.create_dispatches(
+                    conn, config.global_dispatch_limit, config.dispatch_prefetch
+                )
+                report.dispatched = dispatched.created
         self._record(report, time.perf_counter() - started)
         return report
 
@@ -162,7 +177,9 @@ class Coordinator:
                         if not standing_by:
                             standing_by = True
                             log.info("standing by", extra={"instance": config.instance})
-                        await _wait(stop, config.scan_interval_s)
+                        # Twice per interval: a dead leader's lock is taken over well
+                        # within two intervals even when this process is slow to wake.
+                        await _wait(stop, config.scan_interval_s / 2)
                         continue
                     standing_by = False
                     self._set_leading(True)

@@ -119,6 +119,32 @@ async def test_the_leader_wakes_at_the_next_lease_expiry_not_the_next_scan(
         await asyncio.wait_for(loop, 20)
 
 
+async def test_a_registering_worker_wakes_the_leader(pool: Pool, database_dsn: str) -> None:
+    # A scan so long that only the notification can explain a prompt dispatch.
+    coord = coordinator(pool, database_dsn, scan_interval_s=60.0)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(coord.run(stop))
+    try:
+        await poll_until(lambda: _leader_backend(pool))
+        await start_run(pool, make_spec("waiting", 1))
+
+        async def passed_once() -> bool:
+            return bool(coord.metrics.registry.get_sample_value("awp_coordinator_passes_total"))
+
+        await poll_until(passed_once)
+        assert await pool.fetchval("SELECT count(*) FROM dispatches") == 0
+        await register(pool)
+
+        async def dispatched() -> bool:
+            count: int = await pool.fetchval("SELECT count(*) FROM dispatches")
+            return count == 1
+
+        await poll_until(dispatched, within=20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 20)
+
+
 # --- the real binary -------------------------------------------------------------------
 
 

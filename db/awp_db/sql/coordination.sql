@@ -106,3 +106,34 @@ SELECT extract(epoch FROM least(
            (SELECT min(last_heartbeat_at) FROM workers WHERE state IN ('active', 'draining'))
                + $1::bigint * interval '1 millisecond'
        ) - clock_timestamp())::float8
+
+-- name: due
+-- A pass's first read: which kinds of work have candidates now (each the exact
+-- condition of that step's candidate query; the steps re-check under their locks),
+-- whether any task is ready, and next_due_in (as above). Unlocked, index-only work.
+SELECT EXISTS (SELECT 1 FROM runs
+                WHERE state = 'running' AND cancel_requested_at IS NOT NULL) AS cancels,
+       EXISTS (SELECT 1 FROM workers
+                WHERE state IN ('active', 'draining')
+                  AND last_heartbeat_at < clock_timestamp() - $1::bigint * interval '1 millisecond')
+           AS silent_workers,
+       (EXISTS (SELECT 1 FROM dispatches
+                 WHERE state = 'leased' AND lease_expires_at <= clock_timestamp())
+        OR EXISTS (SELECT 1 FROM dispatches
+                    WHERE state = 'leased' AND attempt_deadline <= clock_timestamp()))
+           AS expired_leases,
+       EXISTS (SELECT 1 FROM tasks
+                WHERE state = 'waiting_retry' AND retry_at <= clock_timestamp()) AS retries,
+       EXISTS (SELECT 1 FROM dispatches d
+                WHERE d.state = 'pending'
+                  AND NOT EXISTS (SELECT 1 FROM workers w
+                                   WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)))
+           AS unservable,
+       EXISTS (SELECT 1 FROM tasks WHERE state = 'ready') AS ready,
+       extract(epoch FROM least(
+           (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),
+           (SELECT min(attempt_deadline) FROM dispatches WHERE state = 'leased'),
+           (SELECT min(retry_at) FROM tasks WHERE state = 'waiting_retry'),
+           (SELECT min(last_heartbeat_at) FROM workers WHERE state IN ('active', 'draining'))
+               + $1::bigint * interval '1 millisecond'
+       ) - clock_timestamp())::float8 AS next_due_in

@@ -1,7 +1,12 @@
 -- name: register
-INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash)
-VALUES ($1, $2, $3, $4, $5, $6)
-RETURNING id, registered_at
+-- New capacity: the coordinator is told at commit, so waiting work is dispatched now
+-- rather than at its next scan (DESIGN.md §7).
+WITH registered AS (
+    INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    RETURNING id, registered_at
+)
+SELECT id, registered_at, pg_notify('awp_coordinator', 'register') FROM registered
 
 -- name: session
 SELECT id, state, session_token_hash, executor_kinds, max_concurrency
