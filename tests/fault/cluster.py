@@ -361,6 +361,11 @@ class Cluster:
         rows: list[asyncpg.Record] = await pool.fetch(query, *args)
         return rows
 
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        pool = await self.pool()
+        row: asyncpg.Record | None = await pool.fetchrow(query, *args)
+        return row
+
     async def fetchval(self, query: str, *args: Any) -> Any:
         pool = await self.pool()
         return await pool.fetchval(query, *args)

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import random
 import time
+from collections.abc import Awaitable
 from uuid import UUID
 
 import grpc
 import pytest
 import workload
-from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, wait_for
+from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, stays, wait_for
 from conftest import report_figure
 from google.protobuf import struct_pb2
 from invariants import Expect, check_invariants
 from probes import revision, seconds_between, wait_attempt, wait_run
+from proxy import TcpProxy
 from rawworker import RawWorker
 from support import rich_error
 
@@ -310,3 +314,218 @@ async def test_cancel_revokes_leases_and_fences_late_results(cluster: Cluster) -
     )
     assert {row["state"]: row["n"] for row in states} == {"canceled": 5}
     await check_invariants(await cluster.pool(), {run_id: Expect("canceled", "canceled")})
+
+
+# --- 7. SIGTERM a busy worker -----------------------------------------------------------
+
+
+async def test_sigterm_drains_a_busy_worker(cluster: Cluster) -> None:
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    w1 = await cluster.start_worker("w1", concurrency=2)
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition(
+            "drain",
+            [
+                workload.Task("busy", input={"sleep_ms": 1500}),
+                workload.Task("after", ("busy",)),
+            ],
+        ),
+    )
+    await wait_attempt(cluster, run_id, "busy", 1, "running")
+    signalled = time.monotonic()
+    w1.process.terminate()
+    assert await w1.process.wait_exit(20) == 0
+    report_figure(f"DRAIN worker SIGTERM->exit 0={time.monotonic() - signalled:.2f}s (task 1.5s)")
+
+    busy = await wait_attempt(cluster, run_id, "busy", 1)
+    assert (busy["state"], busy["worker_id"]) == ("succeeded", w1.worker_id)
+    session = await cluster.fetchrow(
+        "SELECT state, stopped_at FROM workers WHERE id = $1::uuid", w1.worker_id
+    )
+    assert session["state"] == "stopped" and session["stopped_at"] is not None
+    # Draining, it took nothing new: the dependent waits for another worker.
+    assert await cluster.fetchval(
+        "SELECT state FROM tasks WHERE run_id = $1 AND key = 'after'", run_id
+    ) in ("ready", "queued")
+    w2 = await cluster.start_worker("w2", concurrency=2)
+    await wait_run(cluster, run_id)
+    after = await wait_attempt(cluster, run_id, "after", 1)
+    assert after["worker_id"] == w2.worker_id
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
+
+
+# --- 8. no worker yet -------------------------------------------------------------------
+
+
+async def test_tasks_wait_for_a_worker_that_registers_later(cluster: Cluster) -> None:
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    run_id = await workload.start(
+        cluster.control(), workload.definition("later", workload.fan_out_in(3))
+    )
+    # Nothing can take the root task: it must stay ready, undispatched, for a while
+    # (an observation window of many coordinator passes, not a wait for an event).
+    await stays(
+        lambda: cluster.fetchval(
+            """
+            SELECT bool_and(state = CASE WHEN key = 'start' THEN 'ready' ELSE 'pending' END)
+                   AND NOT EXISTS (SELECT 1 FROM dispatches WHERE run_id = $1)
+              FROM tasks WHERE run_id = $1
+            """,
+            run_id,
+        ),
+        "the run to wait, untouched, for a worker",
+        observe_for=8 * cluster.timings.scan_s,
+    )
+    started = time.monotonic()
+    await cluster.start_worker("late", concurrency=2)
+    await wait_run(cluster, run_id)
+    report_figure(f"LATE worker process start->run succeeded={time.monotonic() - started:.2f}s")
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
+
+
+# --- 9. the active coordinator dies, the standby takes over -----------------------------
+
+
+async def test_standby_coordinator_takes_over(cluster: Cluster) -> None:
+    await cluster.start_server()
+    active = await cluster.start_coordinator("coordinator-a")
+    standby = await cluster.start_coordinator("coordinator-b", expect_leader=False)
+    await cluster.start_worker("w1", concurrency=2)
+    await cluster.start_worker("w2", concurrency=2)
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition("failover", workload.layers(4, 4, sleep_ms=250)),
+    )
+    await wait_for(
+        lambda: cluster.fetchval(
+            "SELECT count(*) >= 4 FROM tasks WHERE run_id = $1 AND state = 'succeeded'", run_id
+        ),
+        "the first layer to succeed",
+    )
+    killed = time.monotonic()
+    active.kill()
+    await wait_for(
+        lambda: _is(cluster.leader_pid(), standby.pid), "the standby to take the leader lock"
+    )
+    took_over = time.monotonic()
+    await wait_run(cluster, run_id)
+    report_figure(
+        f"FAILOVER coordinator kill -9: kill->standby leads={took_over - killed:.2f}s"
+        f" kill->run succeeded={time.monotonic() - killed:.2f}s"
+    )
+    # The new leader did the work after the old one died: its passes dispatched.
+    assert any(line.get("dispatched") for line in standby.json_lines())
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
+
+
+# --- 10. the network between a worker and the server drops ---------------------------
+
+
+async def test_worker_reconnects_after_connections_drop(cluster: Cluster) -> None:
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    proxy = await TcpProxy("127.0.0.1", cluster.server_port).start()
+    try:
+        worker = await cluster.start_worker("w1", concurrency=4, server=proxy.address)
+        run_id = await workload.start(
+            cluster.control(),
+            workload.definition("netdrop", workload.independent(24, sleep_ms=300)),
+        )
+        done = 0
+        for wave in (4, 12):  # two cuts: early, and mid-run with results in flight
+            await wait_for(
+                lambda wave=wave: cluster.fetchval(  # type: ignore[misc]
+                    "SELECT count(*) >= $2 FROM tasks WHERE run_id = $1 AND state = 'succeeded'",
+                    run_id,
+                    wave,
+                ),
+                f"{wave} results",
+            )
+            cut_at = await cluster.db_now()
+            cut = proxy.drop_all()
+            assert cut >= 1
+            done = await cluster.fetchval(
+                "SELECT count(*) FROM tasks WHERE run_id = $1 AND state = 'succeeded'", run_id
+            )
+            next_result = await wait_for(
+                lambda cut_at=cut_at: cluster.fetchval(  # type: ignore[misc]
+                    "SELECT min(finished_at) FROM attempts WHERE run_id = $1"
+                    " AND state = 'succeeded' AND finished_at > $2",
+                    run_id,
+                    cut_at,
+                ),
+                "a result after the cut",
+            )
+            report_figure(
+                f"NETDROP cut {cut} connection(s) after {done} results:"
+                f" cut->next accepted result={seconds_between(cut_at, next_result):.2f}s"
+            )
+        await wait_run(cluster, run_id)
+        # The worker kept its one session across the cuts, over new connections.
+        assert proxy.accepted > 1
+        sessions = await cluster.fetch("SELECT id::text AS id, state FROM workers")
+        assert [(row["id"], row["state"]) for row in sessions] == [(worker.worker_id, "active")]
+    finally:
+        await proxy.close()
+    await check_invariants(await cluster.pool(), {run_id: Expect()})
+
+
+async def _is(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
+
+
+# --- 11. chaos: workers killed at random under a 300-task DAG ----------------------------
+
+CHAOS_SEED = 20261202
+CHAOS_MAX_KILLS = 10
+CHAOS_DEADLINE_S = 120.0
+
+
+async def test_chaos_random_worker_kills(cluster: Cluster) -> None:
+    rng = random.Random(CHAOS_SEED)
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    live = [await cluster.start_worker(f"chaos-{i:02d}", concurrency=6) for i in range(3)]
+    # 10 layers of 30, each task waiting on two of the layer above: ~20 s of work for
+    # 18 slots. Attempts are generous: a task may be caught by several kills in a row,
+    # and this test is about the platform's guarantees, not about exhausting retries.
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition(
+            "chaos", workload.layers(10, 30, sleep_ms=600), max_attempts=20, timeout_ms=30_000
+        ),
+    )
+    started = time.monotonic()
+
+    async def run_over() -> bool:
+        state = await cluster.fetchval("SELECT state FROM runs WHERE id = $1", run_id)
+        return state != "running"
+
+    kills = 0
+    names = len(live)
+    while kills < CHAOS_MAX_KILLS and time.monotonic() - started < CHAOS_DEADLINE_S:
+        # Inject the next fault ~2 s from now, unless the run ends first.
+        with contextlib.suppress(AssertionError):
+            await wait_for(run_over, "the run to end", within=rng.uniform(1.5, 2.5))
+        if await run_over():
+            break
+        victim = live.pop(rng.randrange(len(live)))
+        victim.process.kill()
+        kills += 1
+        live.append(await cluster.start_worker(f"chaos-{names:02d}", concurrency=6))
+        names += 1
+
+    remaining = CHAOS_DEADLINE_S - (time.monotonic() - started)
+    await wait_run(cluster, run_id, within=max(remaining, 1.0))
+    elapsed = time.monotonic() - started
+    costs = await check_invariants(await cluster.pool(), {run_id: Expect()})
+    cost = costs[run_id]
+    report_figure(
+        f"CHAOS {kills} kill -9 of {names} workers: 300 tasks succeeded in {elapsed:.1f}s,"
+        f" executions={cost.executions} extra={cost.extra_executions}"
+        f" interrupted={cost.attempts_by_state['interrupted']}"
+    )
+    assert kills >= 3, "the run ended before the chaos did anything: make it longer"
