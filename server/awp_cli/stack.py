@@ -57,6 +57,8 @@ SESSION_LABEL: Final = "awp-dev-session"
 STARTUP_TIMEOUT_S: Final = 60.0
 # A child that keeps dying is given up on rather than restarted forever.
 MAX_RESTARTS_PER_MINUTE: Final = 3
+# After a second Ctrl-C, how long a process has to stop before it is killed.
+HURRY_GRACE_S: Final = 3.0
 
 
 def command(script: str) -> list[str]:
@@ -413,19 +415,28 @@ class LogEcho(threading.Thread):
             complete = data[: data.rfind(b"\n") + 1]
             self._positions[child.log_path] = start + len(complete)
             for line in complete.decode("utf-8", "replace").splitlines():
-                render.stdout.print(Text(f"{child.name:>11} | ", style="cyan") + Text(line))
+                render.stdout.print(
+                    Text(f"{child.name:>11} | ", style="cyan") + Text(line), soft_wrap=True
+                )
 
 
 def _stop_group(group: list[Child], grace: float, hurry: threading.Event) -> list[str]:
-    """SIGTERM to all of a group at once, then SIGKILL whatever outlives grace (or a
-    second Ctrl-C)."""
+    """SIGTERM to all of a group at once; SIGKILL whatever outlives grace.
+
+    A second Ctrl-C (hurry) sends SIGTERM again, which a draining worker takes as "stop
+    now, hand the leases back", and leaves them a few seconds for that.
+    """
     running = [c for c in group if c.exit_code() is None]
     for child in running:
         child.signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while any(c.exit_code() is None for c in running):
-        if hurry.is_set() or time.monotonic() > deadline:
-            break
+    hurried = False
+    while any(c.exit_code() is None for c in running) and time.monotonic() < deadline:
+        if hurry.is_set() and not hurried:
+            hurried = True
+            for child in running:
+                child.signal(signal.SIGTERM)
+            deadline = min(deadline, time.monotonic() + HURRY_GRACE_S)
         time.sleep(0.05)
     problems = []
     for child in running:
@@ -494,7 +505,11 @@ def operate(stack: Stack, body: Callable[[Stack], Exit], *, interrupted: Exit) -
         started = stack.postgres is not None
         try:
             if started:
-                stack.say("stopping: workers (they drain), coordinator, server, PostgreSQL")
+                stack.say(
+                    "stopping: workers drain first (up to "
+                    f"{stack.config.worker_shutdown_timeout:g}s; Ctrl-C again to hand their "
+                    "tasks back now), then coordinator, server, PostgreSQL"
+                )
             problems = stack.stop(hurry)
         finally:
             for sig, handler in previous.items():
