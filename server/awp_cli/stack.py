@@ -367,6 +367,9 @@ class Stack:
     def stop(self, hurry: threading.Event) -> list[str]:
         """Stops everything in order; returns what did not stop cleanly."""
         problems: list[str] = []
+        if self.server is not None and self.server.exit_code() is not None:
+            # No server to drain to: waiting out the workers' shutdown timeout is pointless.
+            hurry.set()
         drain_s = self.config.worker_shutdown_timeout + 10
         for group, grace in (
             (self.workers, drain_s),
