@@ -224,6 +224,15 @@ async def test_an_unsupported_protocol_exits_with_code_3(fake: FakeServer) -> No
     assert await start(fake).exit_code() == EXIT_SESSION_LOST
 
 
+async def test_shutdown_during_a_register_call_exits_promptly(fake: FakeServer) -> None:
+    # The retry loop must not take the cancellation for a transient error.
+    fake.service.fail("Register", Fault(grpc.StatusCode.OK, hang=True))
+    worker = start(fake)
+    await eventually(lambda: fake.service.register_metadata)
+    assert await worker.stop() == EXIT_OK
+    assert len(fake.service.register_metadata) == 1
+
+
 async def test_shutdown_while_registering_exits_cleanly() -> None:
     service = FakeWorkerService()
     probe = await start_fake(service)
@@ -269,7 +278,7 @@ async def test_a_broken_stream_is_reopened_at_once_and_leases_resent(fake: FakeS
     # Long interval: only a reconnect (not the timer) can send the leases again soon.
     service.heartbeat_interval = 30.0
     worker = start(fake)
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     sent = len(service.heartbeats)
     service.break_streams()
     await eventually(lambda: service.streams_opened >= 2, within=1.0)
@@ -283,7 +292,7 @@ async def test_revoked_leases_are_cancelled_and_not_reported(fake: FakeServer) -
     service = fake.service
     task = await service.add("slow", {"sleep_ms": 30_000})
     worker = start(fake)
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     service.revoke(task)
     await eventually(lambda: worker.runtime.held_leases == 0)
     assert worker.runtime.metrics.revocations.labels("revoked")._value.get() == 1
@@ -297,7 +306,7 @@ async def test_the_safety_deadline_cancels_work_without_ownership(fake: FakeServ
     # Heartbeats answer without extending the lease: it runs out after 0.6 s.
     task = await service.add("slow", {"sleep_ms": 30_000}, lease_s=0.6, renew="silent")
     worker = start(fake)
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     await eventually(lambda: worker.runtime.held_leases == 0, within=5.0)
     metrics = worker.runtime.metrics
     assert metrics.safety_cancellations._value.get() == 1
@@ -313,7 +322,7 @@ async def test_renewals_never_extend_past_the_attempt_deadline(fake: FakeServer)
     # Renewed generously, but the attempt itself ends after 0.8 s.
     task = await service.add("slow", {"sleep_ms": 30_000}, lease_s=10.0, attempt_s=0.8)
     worker = start(fake)
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     await eventually(lambda: worker.runtime.held_leases == 0, within=5.0)
     assert worker.runtime.metrics.safety_cancellations._value.get() == 1
     assert task.dispatch_id not in service.results()
@@ -324,7 +333,7 @@ async def test_session_invalid_on_the_stream_is_permanent(fake: FakeServer) -> N
     service = fake.service
     await service.add("slow", {"sleep_ms": 30_000})
     worker = start(fake)
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     service.fail("Heartbeat", Fault(grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID"))
     assert await worker.exit_code() == EXIT_SESSION_LOST
     assert worker.runtime.metrics.executions.labels("mock", "cancelled")._value.get() == 1
@@ -397,7 +406,7 @@ async def test_lease_lost_answers_are_dropped(fake: FakeServer) -> None:
     service = fake.service
     task = await service.add("x", {"sleep_ms": 200})
     worker = start(fake)
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     task.token = "rotated"  # the server no longer recognises the worker's lease
     await eventually(lambda: worker.runtime.held_leases == 0)
     metrics = worker.runtime.metrics
@@ -424,7 +433,7 @@ async def test_shutdown_drains_finishes_running_leases_and_stops(fake: FakeServe
     task = await service.add("slow", {"sleep_ms": 500})
     worker = start(fake)
     worker_id = await worker.registered()
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     worker.runtime.request_shutdown()
     await eventually(lambda: service.drains)
     later = await service.add("later")  # not claimed once draining
@@ -440,7 +449,7 @@ async def test_the_shutdown_timeout_hands_unfinished_leases_back(fake: FakeServe
     slow = await service.add("slow", {"sleep_ms": 30_000})
     worker = start(fake, shutdown_timeout=0.3)
     worker_id = await worker.registered()
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     assert await worker.stop() == EXIT_OK
     assert [r.dispatch_id for r in service.drains[-1].hand_back] == [slow.dispatch_id]
     assert slow.state == "handed_back"
@@ -452,7 +461,7 @@ async def test_a_second_shutdown_request_hands_back_at_once(fake: FakeServer) ->
     service = fake.service
     slow = await service.add("slow", {"sleep_ms": 30_000})
     worker = start(fake, shutdown_timeout=60.0)
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     worker.runtime.request_shutdown()
     await eventually(lambda: service.drains)
     worker.runtime.request_shutdown()
@@ -488,7 +497,7 @@ async def test_an_unexpected_failure_stops_everything_and_hands_back(fake: FakeS
     worker = Running(
         WorkerRuntime(make_config(fake, concurrency=1), executors={"mock": CrashingExecutor()})
     )
-    await eventually(service.leased)
+    await eventually(lambda: worker.runtime.held_leases == 1)
     await service.add("crash", {"crash": True})
     # Concurrency 1: the crash task is claimed only after the sleeper is gone, so
     # revoke the sleeper to make room.

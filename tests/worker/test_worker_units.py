@@ -3,6 +3,7 @@ configuration, structured logging. No server, no network."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -16,7 +17,7 @@ from google.rpc import error_details_pb2, status_pb2
 from awp_common.logs import JsonFormatter
 from awp_worker._backoff import Backoff
 from awp_worker._config import WorkerConfig, parse_config
-from awp_worker._errors import Kind, classify, describe, error_reason
+from awp_worker._errors import Kind, classify, describe, error_reason, is_transient
 from awp_worker._lease import LeaseClock
 from awp_worker._logging import ContextFilter, LeaseLog, bind, unbind
 
@@ -146,6 +147,13 @@ def test_error_reason_and_description_come_from_error_info() -> None:
     assert describe(error) == "UNAUTHENTICATED [SESSION_INVALID]: gone"
     assert error_reason(FakeRpcError(grpc.StatusCode.UNAVAILABLE)) is None
     assert classify(TimeoutError()) is Kind.TRANSIENT
+
+
+def test_cancellation_is_never_transient() -> None:
+    # tenacity hands BaseExceptions to the retry predicate too.
+    assert not is_transient(asyncio.CancelledError())
+    assert is_transient(FakeRpcError(grpc.StatusCode.UNAVAILABLE))
+    assert not is_transient(FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT))
 
 
 # --- configuration --------------------------------------------------------------------

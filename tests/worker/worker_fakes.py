@@ -45,9 +45,12 @@ class Fault:
     reason: str = ""
     message: str = "injected"
     after: bool = False
+    hang: bool = False  # never answer (until the client gives up)
 
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], fault: Fault) -> None:
+    if fault.hang:
+        await asyncio.Event().wait()
     metadata: tuple[tuple[str, str | bytes], ...] = ()
     if fault.reason:
         detail = any_pb2.Any()

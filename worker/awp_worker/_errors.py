@@ -86,7 +86,7 @@ def error_reason(exc: BaseException) -> str | None:
     return info.reason if info is not None and info.reason else None
 
 
-def classify(exc: BaseException) -> Kind:
+def classify(exc: Exception) -> Kind:
     """TRANSIENT, PERMANENT (session over) or REJECTED (give up on this request)."""
     if not isinstance(exc, grpc.RpcError):
         return Kind.TRANSIENT  # e.g. a local timeout around the call
@@ -99,6 +99,12 @@ def classify(exc: BaseException) -> Kind:
     if code is None or code in TRANSIENT_CODES:
         return Kind.TRANSIENT
     return Kind.REJECTED
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The retry predicate for tenacity. Only an ``Exception`` can be transient: a
+    ``CancelledError`` (a BaseException) must end the retrying, never be retried."""
+    return isinstance(exc, Exception) and classify(exc) is Kind.TRANSIENT
 
 
 def describe(exc: BaseException) -> str:

@@ -97,8 +97,8 @@ class HeartbeatStream:
             call.cancel()
             for task in tasks:
                 task.cancel()
-            await asyncio.wait(tasks)
-        errors = {t: t.exception() for t in (reader, writer) if not t.cancelled()}
+            await asyncio.wait(tasks, timeout=5.0)
+        errors = {t: t.exception() for t in (reader, writer) if t.done() and not t.cancelled()}
         # The reader's error carries the server's status: prefer it.
         for task in (reader, writer):
             error = errors.get(task)

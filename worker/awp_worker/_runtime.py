@@ -41,6 +41,7 @@ from awp_worker._errors import (
     classify,
     describe,
     error_reason,
+    is_transient,
     session_lost,
 )
 from awp_worker._executors import (
@@ -279,7 +280,7 @@ class WorkerRuntime:
             return response
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda exc: classify(exc) is Kind.TRANSIENT),
+            retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.25, max=5.0) + wait_random(0, 0.25),
             before_sleep=_log_retry("Register"),
             reraise=True,
@@ -295,7 +296,9 @@ class WorkerRuntime:
         finally:
             if not task.done():
                 task.cancel()
-                await asyncio.wait({task})
+                await asyncio.wait({task}, timeout=5.0)
+        if not task.done():
+            return None  # stuck in gRPC; closing the channel ends it
         if task.cancelled():
             return None
         error = task.exception()
@@ -734,7 +737,7 @@ class WorkerRuntime:
             return response
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda exc: classify(exc) is Kind.TRANSIENT),
+            retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             stop=stop_after_delay(give_up_after),
             before_sleep=_log_retry("Drain"),
