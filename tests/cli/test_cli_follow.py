@@ -7,12 +7,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from uuid import UUID
 
-import grpc
 from control.helpers import complete, dispatch_and_claim, drive_to_end, register_worker
 from support import ADMIN_TOKEN, ServerHandle, poll_until, spec, start_run
 
 from awp.v1 import control_pb2, types_pb2
-from awp_cli.client import Client, Target, failure
+from awp_cli.client import Client, Target
 from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow
 from awp_db.connect import Pool
@@ -94,14 +93,3 @@ async def test_a_server_that_never_comes_back_is_given_up_on(
             assert error.message.startswith(f"cannot reach awp-server at {server.address}")
         else:
             raise AssertionError("following without a server succeeded")
-
-
-def test_status_codes_map_to_exit_codes() -> None:
-    class Failed(grpc.aio.AioRpcError):
-        def __init__(self, code: grpc.StatusCode, details: str) -> None:
-            super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
-
-    assert failure(Failed(grpc.StatusCode.UNIMPLEMENTED, "nope"), "h:1").code == Exit.SERVER
-    assert failure(Failed(grpc.StatusCode.INVALID_ARGUMENT, "bad"), "h:1").code == Exit.USAGE
-    late = failure(Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "slow"), "h:1")
-    assert (late.code, late.message) == (Exit.SERVER, "awp-server at h:1 did not answer in time")
