@@ -62,4 +62,6 @@ def configure(log_format: str = "json", level: str = "INFO") -> None:
     logs.setup(log_format, level)
     for handler in logging.getLogger().handlers:
         handler.addFilter(ContextFilter())
-    logging.getLogger("asyncio").setLevel(logging.WARNING)
+    # Their debug chatter (e.g. gRPC's "Loaded running loop") says nothing about AWP.
+    for noisy in ("asyncio", "grpc"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -131,8 +131,9 @@ class WorkerRuntime:
         self._registered = asyncio.Event()
         self._leases = LeaseTable(self._on_release)
         # Leases given up locally (safety deadline, rejected result) that the server
-        # may still count as held: handed back in the last Drain.
-        self._abandoned: dict[int, worker_pb2.LeaseRef] = {}
+        # may still count as held: dispatch id -> (ref, local lease expiry). Handed
+        # back in the last Drain; forgotten once the server has surely settled them.
+        self._abandoned: dict[int, tuple[worker_pb2.LeaseRef, float]] = {}
         self._draining = False
         self._session_stopped = False
         self._stub: worker_pb2_grpc.WorkerServiceAsyncStub | None = None
@@ -155,7 +156,7 @@ class WorkerRuntime:
             )
             self._shutdown.set()
         elif not self._force.is_set():
-            log.warning("second shutdown request: cancelling running leases and handing them back")
+            log.info("second shutdown request received")
             self._force.set()
 
     @property
@@ -563,8 +564,15 @@ class WorkerRuntime:
 
     def _give_up_locally(self, held: HeldLease) -> None:
         """Stop holding a lease the worker can no longer vouch for (no report)."""
-        if self._leases.release(held):
-            self._abandoned[held.dispatch_id] = held.ref()
+        if not self._leases.release(held):
+            return
+        now = asyncio.get_running_loop().time()
+        # The reaper settles expired leases within seconds; a minute later a hand-back
+        # of them would be a no-op, so the list stays small on a long-lived worker.
+        stale = [d for d, (_, expiry) in self._abandoned.items() if expiry < now - 60.0]
+        for dispatch_id in stale:
+            del self._abandoned[dispatch_id]
+        self._abandoned[held.dispatch_id] = (held.ref(), held.clock.lease_expiry)
 
     async def _send_complete(
         self, results: Sequence[worker_pb2.TaskResult]
@@ -698,7 +706,7 @@ class WorkerRuntime:
     def _abandoned_refs(self) -> list[worker_pb2.LeaseRef]:
         # The server settles only leases still held by this session; stale refs are
         # ignored, so every abandoned one can go.
-        return list(self._abandoned.values())
+        return [ref for ref, _ in self._abandoned.values()]
 
     async def _final_drain(self, hand_back: Sequence[worker_pb2.LeaseRef]) -> int:
         try:
