@@ -105,10 +105,15 @@ def spec(
     )
 
 
-async def start_run(pool: Pool, workflow: WorkflowSpec, request_id: str | None = None) -> UUID:
+async def start_run(
+    pool: Pool,
+    workflow: WorkflowSpec,
+    request_id: str | None = None,
+    run_input: dict[str, Any] | None = None,
+) -> UUID:
     stored, _ = await workflows.create(pool, workflow)
     async with pool.acquire() as conn:
-        started = await runs.start(conn, stored, {}, request_id)
+        started = await runs.start(conn, stored, run_input or {}, request_id)
     return started.run_id
 
 

@@ -47,6 +47,8 @@ class IssuedLease:
     lease_remaining_ms: float
     attempt_deadline: datetime
     attempt_remaining_ms: float
+    run_input: dict[str, Any]
+    upstream_outputs: dict[str, dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,8 @@ async def claim(
                     lease_remaining_ms=float(row["lease_remaining_ms"]),
                     attempt_deadline=row["attempt_deadline"],
                     attempt_remaining_ms=float(row["attempt_remaining_ms"]),
+                    run_input=row["run_input"],
+                    upstream_outputs=row["upstream_outputs"] or {},
                 )
             )
             events.task(row["run_id"], row["task_key"], "queued", "running", row["attempt"])

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import timestamp_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_db import leases, workers
@@ -184,6 +184,11 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     lease_remaining=duration_from_ms(lease.lease_remaining_ms),
                     attempt_deadline=timestamp(lease.attempt_deadline),
                     attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
+                    run_input=dict_to_struct(lease.run_input),
+                    upstream_outputs={
+                        key: dict_to_struct(output) or struct_pb2.Struct()
+                        for key, output in lease.upstream_outputs.items()
+                    },
                 )
                 for lease in issued
             ]

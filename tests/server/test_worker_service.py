@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf import duration_pb2, json_format, struct_pb2
 from support import WORKER_TOKEN, ServerHandle, expect_error, poll_until, spec, start_run
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
@@ -294,20 +294,24 @@ async def test_a_lease_past_its_expiry_is_lost_without_any_reaper(
         assert state == "leased", "nothing settles it but the reaper"
 
 
-async def test_success_unlocks_dependents_in_the_same_transaction(
+async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2, chain=True))
+    run_id = await start_run(pool, spec(tasks=2, chain=True), run_input={"topic": "x"})
     worker = await register(stub)
     await dispatch_all(pool)
     (first,) = await worker.claim(5)
     assert first.task_key == "t0"
-    assert await worker.complete(first) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert dict(first.upstream_outputs) == {}
+    assert await worker.complete(first, {"found": 3}) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     state = await pool.fetchval("SELECT state FROM tasks WHERE run_id = $1 AND key = 't1'", run_id)
     assert state == "ready"
     await dispatch_all(pool)
     (second,) = await worker.claim(5)
     assert second.fencing_token > first.fencing_token
+    # Each lease carries the run input and its dependencies' outputs.
+    assert json_format.MessageToDict(second.run_input) == {"topic": "x"}
+    assert json_format.MessageToDict(second.upstream_outputs["t0"]) == {"found": 3}
     assert await worker.complete(second) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id) == "succeeded"
 

@@ -47,7 +47,8 @@ WITH picked AS (
        SET state = 'running', attempts = t.attempts + 1
       FROM leased l
      WHERE t.id = l.task_id AND t.state = 'queued'
- RETURNING t.id, t.key, t.attempts, t.max_attempts, t.action, t.input, t.executor_kind
+ RETURNING t.id, t.key, t.attempts, t.max_attempts, t.action, t.input, t.executor_kind,
+           t.depends_on
 ), recorded AS (
     INSERT INTO attempts (task_id, run_id, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
     SELECT l.task_id, l.run_id, s.attempts, l.id, $1, l.fencing_token, statement_timestamp(), l.attempt_deadline
@@ -57,8 +58,14 @@ SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, s.key AS task_key, s.e
        s.action, s.input, s.attempts AS attempt, s.max_attempts, l.fencing_token,
        l.lease_expires_at, l.attempt_deadline,
        extract(epoch FROM l.lease_expires_at - statement_timestamp()) * 1000 AS lease_remaining_ms,
-       extract(epoch FROM l.attempt_deadline - statement_timestamp()) * 1000 AS attempt_remaining_ms
-  FROM leased l JOIN started s ON s.id = l.task_id
+       extract(epoch FROM l.attempt_deadline - statement_timestamp()) * 1000 AS attempt_remaining_ms,
+       r.input AS run_input,
+       (SELECT jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb))
+          FROM tasks u
+         WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)) AS upstream_outputs
+  FROM leased l
+  JOIN started s ON s.id = l.task_id
+  JOIN runs r ON r.id = l.run_id
  ORDER BY l.id
 
 -- name: lease_digests

@@ -186,7 +186,9 @@ class StartRunRequest(_message.Message):
     """Client-chosen idempotency key (at most 128 characters); empty: always a new run."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
-        """JSON object available to every task of the run (at most 64 KiB)."""
+        """JSON object handed to every task of the run with its lease (Lease.run_input;
+        at most 64 KiB).
+        """
 
     def __init__(
         self,

@@ -266,6 +266,27 @@ class Lease(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class UpstreamOutputsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _struct_pb2.Struct: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _struct_pb2.Struct | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
     LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     FENCING_TOKEN_FIELD_NUMBER: _builtins.int
@@ -281,6 +302,8 @@ class Lease(_message.Message):
     LEASE_REMAINING_FIELD_NUMBER: _builtins.int
     ATTEMPT_DEADLINE_FIELD_NUMBER: _builtins.int
     ATTEMPT_REMAINING_FIELD_NUMBER: _builtins.int
+    RUN_INPUT_FIELD_NUMBER: _builtins.int
+    UPSTREAM_OUTPUTS_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
     lease_token: _builtins.str
     """Secret proof of ownership: send it back with heartbeats and the result."""
@@ -307,6 +330,14 @@ class Lease(_message.Message):
     def attempt_deadline(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def attempt_remaining(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def run_input(self) -> _struct_pb2.Struct:
+        """The run's input (StartRunRequest.input), shared by every task of the run."""
+
+    @_builtins.property
+    def upstream_outputs(self) -> _containers.MessageMap[_builtins.str, _struct_pb2.Struct]:
+        """The outputs of the tasks this one depends on, by task key."""
+
     def __init__(
         self,
         *,
@@ -325,10 +356,12 @@ class Lease(_message.Message):
         lease_remaining: _duration_pb2.Duration | None = ...,
         attempt_deadline: _timestamp_pb2.Timestamp | None = ...,
         attempt_remaining: _duration_pb2.Duration | None = ...,
+        run_input: _struct_pb2.Struct | None = ...,
+        upstream_outputs: _abc.Mapping[_builtins.str, _struct_pb2.Struct] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "run_input", b"run_input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "dispatch_id", b"dispatch_id", "executor_kind", b"executor_kind", "fencing_token", b"fencing_token", "idempotency_key", b"idempotency_key", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "run_id", b"run_id", "task_key", b"task_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "dispatch_id", b"dispatch_id", "executor_kind", b"executor_kind", "fencing_token", b"fencing_token", "idempotency_key", b"idempotency_key", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "run_id", b"run_id", "run_input", b"run_input", "task_key", b"task_key", "upstream_outputs", b"upstream_outputs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
