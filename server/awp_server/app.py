@@ -21,6 +21,7 @@ from awp_server import metrics
 from awp_server.auth import TokenInterceptor
 from awp_server.config import ServerConfig
 from awp_server.control_service import ControlService
+from awp_server.observe import MetricsInterceptor
 from awp_server.worker_service import WorkerService
 
 log = logging.getLogger("awp.server")
@@ -101,9 +102,10 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
     listener = Listener(config.database_url, [leases.DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
     await listener.start()
     shutting_down = asyncio.Event()
-    interceptors = (
-        [] if config.insecure else [TokenInterceptor(config.worker_token, config.admin_token)]
-    )
+    # Metrics first, so that calls refused for a bad token are counted too.
+    interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
+    if not config.insecure:
+        interceptors.append(TokenInterceptor(config.worker_token, config.admin_token))
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[

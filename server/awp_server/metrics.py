@@ -15,6 +15,7 @@ STREAMS_LOST = Counter(
     "awp_heartbeat_streams_lost_total", "Streams that broke without a drain (leases shortened)"
 )
 REGISTRATIONS = Counter("awp_worker_registrations_total", "Worker sessions registered")
+RPCS = Counter("awp_rpcs_total", "Finished RPCs by method and status code", ["method", "code"])
 RPC_LATENCY = Histogram(
     "awp_rpc_seconds",
     "Handler latency",
