@@ -32,6 +32,7 @@ MIN_SLEEP_S: Final = 0.05
 # A deadline is acted on a little after it, never just before (the database's checks
 # are strict inequalities against its live clock).
 DUE_MARGIN_S: Final = 0.005
+KEEPALIVE_MAX_S: Final = 5.0
 
 
 @dataclass(slots=True)
@@ -160,13 +161,16 @@ class Coordinator:
     async def run(self, stop: asyncio.Event) -> None:
         """Contends for leadership until stop is set; leads while it holds the lock."""
         config = self.config
+        # Keepalives are capped: a silently dead connection must not go unnoticed for a
+        # whole (possibly long) scan interval.
+        keepalive_s = min(config.scan_interval_s, KEEPALIVE_MAX_S)
         leadership = Leadership(
             config.database_url,
-            keepalive_s=config.scan_interval_s,
+            keepalive_s=keepalive_s,
             application_name=f"awp-coordinator-lock {config.instance}"[:63],
         )
         listener = Listener(
-            config.database_url, [COORDINATOR_CHANNEL], keepalive_s=max(config.scan_interval_s, 1)
+            config.database_url, [COORDINATOR_CHANNEL], keepalive_s=max(keepalive_s, 1.0)
         )
         await listener.start()
         standing_by = False

@@ -40,6 +40,7 @@ class Leadership:
         self._keepalive: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
         self._held = False
+        self._unreachable = False
         self.lost_reason = ""
 
     @property
@@ -61,9 +62,15 @@ class Leadership:
                     self._conn.add_termination_listener(self._on_terminated)
                 acquired = await coordination.try_lead(self._conn, self._key)
         except CONNECTION_ERRORS as exc:
-            log.warning("cannot contend for leadership", extra={"error": repr(exc)})
+            # Once per outage, not once per attempt.
+            if not self._unreachable:
+                log.warning("cannot contend for leadership", extra={"error": repr(exc)})
+            self._unreachable = True
             self._drop_connection()
             return False
+        if self._unreachable:
+            self._unreachable = False
+            log.info("database reachable again")
         if acquired:
             self._held = True
             self.lost_reason = ""

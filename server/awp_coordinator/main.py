@@ -52,7 +52,9 @@ async def serve(config: CoordinatorConfig) -> None:
         )
     pool = await create_pool(
         config.database_url,
-        min_size=1,
+        # No floor: during an outage the pool would log a traceback per retry to keep
+        # one; passes open what they need once the database is back.
+        min_size=0,
         max_size=config.pool_size,
         application_name=f"awp-coordinator {config.instance}"[:63],
     )
