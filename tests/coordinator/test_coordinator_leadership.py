@@ -156,13 +156,19 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _binary() -> list[str]:
+    """The installed awp-coordinator script; the module when the venv lacks it."""
+    script = Path(sys.executable).parent / "awp-coordinator"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "awp_coordinator"]
+
+
 class Process:
     def __init__(self, name: str, args: list[str], log_dir: Path, **env: str) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
         self._file = self.log.open("wb")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "awp_coordinator", *args],
+            [*_binary(), *args],
             env=_env(**env),
             stdout=self._file,
             stderr=subprocess.STDOUT,
@@ -276,7 +282,7 @@ def _get(url: str) -> str:
 
 def test_a_missing_database_url_is_a_clear_error() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "awp_coordinator", "--metrics-listen", "off"],
+        [*_binary(), "--metrics-listen", "off"],
         env=_env(),
         capture_output=True,
         text=True,
