@@ -24,12 +24,24 @@ async def init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset: nothing beyond what asyncpg always does (roll back an open transaction).
+
+    asyncpg's default reset runs `pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
+    RESET ALL` on every release: one more round trip and one more transaction per
+    borrowed connection, i.e. per RPC. AWP never keeps session state on a pooled
+    connection (session advisory locks and LISTEN live on dedicated connections,
+    settings are per transaction), so there is nothing to reset. Keep it that way.
+    """
+
+
 async def create_pool(dsn: str, min_size: int = 2, max_size: int = 10, **kwargs: Any) -> Pool:
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
         init=init_connection,
+        reset=_keep_session,
         server_settings={"application_name": kwargs.pop("application_name", "awp")},
         **kwargs,
     )

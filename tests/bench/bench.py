@@ -54,6 +54,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -855,9 +856,12 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     env = machine()
     console.print(f"machine: {env}; loadavg {os.getloadavg()}")
-    pg = EmbeddedPostgres(pg_dir / "data", unsafe_fast=False).start()
+    pg = EmbeddedPostgres(
+        pg_dir / "data", unsafe_fast=False, extra_settings=tuple(args.pg_setting or ())
+    )
     results: list[dict[str, Any]] = []
     try:
+        pg.start()
         for case in cases(selected, sizes):
             reps = []
             for repetition in range(1, repetitions + 1):
@@ -881,6 +885,10 @@ async def main_async(args: argparse.Namespace) -> int:
             write_results(output, results, replace=not args.scenario and not args.quick)
     finally:
         pg.stop(mode="fast")
+        if args.pg_setting:
+            console.print(f"PostgreSQL log kept: {pg.log_file}")
+        else:
+            shutil.rmtree(pg_dir, ignore_errors=True)
     print_table(results)
     console.print(f"results written to {output}")
     return 0
@@ -897,6 +905,13 @@ def main() -> int:
         "--workers", type=int, action="append", help="single_run: only these worker counts"
     )
     parser.add_argument("--output", type=Path, default=None, help="results file")
+    parser.add_argument(
+        "--pg-setting",
+        action="append",
+        metavar="NAME=VALUE",
+        help="extra PostgreSQL setting for diagnosis, e.g. log_min_duration_statement=0 "
+        "(no spaces or shell characters: pg_ctl passes it through a shell)",
+    )
     parser.add_argument(
         "--py-spy", type=Path, default=None, metavar="DIR",
         help="record py-spy profiles (raw collapsed stacks) of every process into DIR",
