@@ -392,7 +392,7 @@ class Worker {
         const reason = errorReason(error);
         if (this.stopped || reason === 'WORKER_DRAINING') return; // no more claims
         if (isPermanent(error)) return this.sessionLost(error);
-        log('warning', 'Claim failed; backing off', { code: error.code, reason });
+        log('warning', 'Claim failed; backing off', { code: error.code, reason, error: error.details });
         await sleep(backoff / 2 + Math.random() * (backoff / 2));
         backoff = Math.min(backoff * 2, 5000);
         continue;

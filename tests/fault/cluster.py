@@ -22,15 +22,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
+from uuid import UUID
 
 import asyncpg
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from invariants import Expect, RunCost, check_invariants
 
 from awp.v1 import control_pb2_grpc, worker_pb2_grpc
 from awp_db.coordination import LEADER_LOCK_KEY
@@ -214,6 +216,14 @@ class Process:
                     found.append(json.loads(line))
         return found
 
+    def count_logged(self, text: str) -> int:
+        """How many structured lines of this incarnation have text in their message."""
+        return sum(text in str(line.get("msg", "")) for line in self.json_lines())
+
+    async def logged(self, text: str) -> bool:
+        """A wait_for probe: has this incarnation logged a message containing text?"""
+        return self.count_logged(text) > 0
+
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.output(current_only=False).splitlines()[-lines:])
 
@@ -233,7 +243,7 @@ class Process:
 
 
 async def wait_for(
-    probe: Callable[[], Awaitable[T]],
+    probe: Callable[[], Awaitable[T | None]],
     what: str,
     *,
     within: float = 20.0,
@@ -250,7 +260,7 @@ async def wait_for(
         try:
             value = await probe()
         except tolerate as exc:
-            value, last = None, exc  # type: ignore[assignment]
+            last = exc
         else:
             if value:
                 return value
@@ -322,6 +332,9 @@ class Cluster:
         self.processes: dict[str, Process] = {}
         self.workers: dict[str, WorkerProcess] = {}
         self._pool: asyncpg.Pool | None = None
+        # Every scenario must end with the invariant check (DESIGN.md §10); the fixture
+        # fails a test that passed without it.
+        self.invariants_checked = False
         self._channels: list[grpc.aio.Channel] = []
         self._env = dict(os.environ)
         self._env["PYTHONUNBUFFERED"] = "1"
@@ -370,6 +383,11 @@ class Cluster:
         pool = await self.pool()
         return await pool.fetchval(query, *args)
 
+    async def check_invariants(self, expected: Mapping[UUID, Expect]) -> dict[UUID, RunCost]:
+        costs = await check_invariants(await self.pool(), expected)
+        self.invariants_checked = True
+        return costs
+
     async def db_now(self) -> datetime:
         """PostgreSQL's clock: every recovery figure is measured on it, like the leases."""
         now: datetime = await self.fetchval("SELECT clock_timestamp()")
@@ -389,10 +407,10 @@ class Cluster:
         self._channels.append(channel)
         return channel
 
-    def control(self) -> control_pb2_grpc.ControlServiceStub:
+    def control(self) -> control_pb2_grpc.ControlServiceAsyncStub:
         return control_pb2_grpc.ControlServiceStub(self.channel())
 
-    def worker_stub(self) -> worker_pb2_grpc.WorkerServiceStub:
+    def worker_stub(self) -> worker_pb2_grpc.WorkerServiceAsyncStub:
         return worker_pb2_grpc.WorkerServiceStub(self.channel())
 
     # --- awp-server -------------------------------------------------------------------
@@ -446,7 +464,7 @@ class Cluster:
                     response = await health.Check(health_pb2.HealthCheckRequest(), timeout=2)
                 except grpc.aio.AioRpcError:
                     return False
-                return response.status == health_pb2.HealthCheckResponse.SERVING
+                return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
 
             await wait_for(serving, f"{process.name} health SERVING", within=within)
 
@@ -493,7 +511,7 @@ class Cluster:
     async def _says(self, process: Process, message: str) -> bool:
         if not process.alive:
             raise AssertionError(f"{process.name} exited early:\n{process.tail()}")
-        return any(line.get("msg") == message for line in process.json_lines())
+        return await process.logged(message)
 
     async def leader_pid(self) -> int | None:
         """The OS pid of the coordinator holding the leader lock, if any."""

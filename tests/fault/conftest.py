@@ -58,6 +58,8 @@ async def _close(request: pytest.FixtureRequest, cluster: Cluster) -> None:
     if failed is not None:
         failed.sections.append(("awp database snapshot", await cluster.snapshot()))
     await cluster.close()
+    if failed is None and not cluster.invariants_checked:
+        pytest.fail("the scenario passed without running the invariant check (DESIGN.md §10)")
 
 
 @pytest.fixture

@@ -17,13 +17,15 @@ import sys
 import grpc
 from rawworker import RawWorker
 
+from awp.v1 import worker_pb2
+
 
 async def hold(address: str, token: str, name: str) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         worker = RawWorker(channel, token, name)
         session = await worker.register()
         worker.start_heartbeat()
-        leases = []
+        leases: list[worker_pb2.Lease] = []
         while not leases:
             leases = await worker.claim(1)
         lease = leases[0]

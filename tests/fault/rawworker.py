@@ -17,7 +17,9 @@ from awp.v1 import worker_pb2, worker_pb2_grpc
 
 class RawWorker:
     def __init__(self, channel: grpc.aio.Channel, token: str, name: str) -> None:
-        self.stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        self.stub: worker_pb2_grpc.WorkerServiceAsyncStub = worker_pb2_grpc.WorkerServiceStub(
+            channel
+        )
         self.auth = (("authorization", f"Bearer {token}"),)
         self.name = name
         self.session = worker_pb2.Session()

@@ -7,7 +7,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Awaitable
+from functools import partial
 from uuid import UUID
 
 import grpc
@@ -16,7 +16,7 @@ import workload
 from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, stays, wait_for
 from conftest import report_figure
 from google.protobuf import struct_pb2
-from invariants import Expect, check_invariants
+from invariants import Expect
 from probes import revision, seconds_between, wait_attempt, wait_run
 from proxy import TcpProxy
 from rawworker import RawWorker
@@ -32,18 +32,27 @@ async def test_fan_out_fan_in_on_two_workers(cluster: Cluster) -> None:
     await cluster.start_coordinator()
     await cluster.start_worker("w1", concurrency=4)
     await cluster.start_worker("w2", concurrency=4)
-    run_id = await workload.start(
-        cluster.control(), workload.definition("fan", workload.fan_out_in(12, sleep_ms=200))
-    )
+    # Eight branches for eight slots, each long enough that no worker frees a slot before
+    # the other has claimed: the server caps each worker at 4 leases, so both must work.
+    # (Short branches would let one worker do everything whenever the other is slow.)
+    tasks = workload.fan_out_in(8, sleep_ms=1500)
+    tasks[0] = workload.Task("start")
+    tasks[-1] = workload.Task("join", tasks[-1].depends_on)
+    run_id = await workload.start(cluster.control(), workload.definition("fan", tasks))
     await wait_run(cluster, run_id)
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
+    await cluster.check_invariants({run_id: Expect()})
     by_worker = await cluster.fetch(
-        "SELECT worker_id::text AS w, count(*) AS n FROM attempts WHERE run_id = $1 GROUP BY 1",
+        """
+        SELECT a.worker_id::text AS w, count(*) AS n
+          FROM attempts a JOIN tasks t ON t.id = a.task_id
+         WHERE a.run_id = $1 AND t.key LIKE 'branch%'
+         GROUP BY 1
+        """,
         run_id,
     )
-    names = {cluster.worker_of(row["w"]).process.name: row["n"] for row in by_worker}
-    print("WORK", names)
-    assert set(names) == {"w1", "w2"}, names
+    branches = {cluster.worker_of(row["w"]).process.name: row["n"] for row in by_worker}
+    print(f"FANOUT branches per worker: {branches}")
+    assert set(branches) == {"w1", "w2"}, branches
 
 
 # --- 2. kill -9 a worker holding a lease ----------------------------------------------
@@ -76,7 +85,7 @@ async def test_killed_workers_task_runs_again_on_the_other(cluster: Cluster) -> 
     assert second["worker_id"] == survivor.worker_id
     first = await wait_attempt(cluster, run_id, "slow", 1)
     assert first["state"] == "interrupted"
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
+    await cluster.check_invariants({run_id: Expect()})
 
 
 # --- 3. a dead worker's lease, replayed, is fenced --------------------------------------
@@ -115,7 +124,7 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
             response = await stub.Complete(replay, timeout=10)
         except grpc.aio.AioRpcError as error:
             return rich_error(error).reason
-        return worker_pb2.CompleteOutcome.Name(response.answers[0].outcome)
+        return str(worker_pb2.CompleteOutcome.Name(response.answers[0].outcome))
 
     # While the dead session is still live (not yet offline) the lease itself fences...
     before = await revision(cluster, run_id)
@@ -139,7 +148,7 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
         "SELECT output FROM tasks WHERE run_id = $1 AND key = 'only'", run_id
     )
     assert "forged" not in json.loads(output)
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
+    await cluster.check_invariants({run_id: Expect()})
 
 
 # --- 4. awp-server stopped and restarted mid-run ----------------------------------------
@@ -198,7 +207,7 @@ async def test_server_restart_keeps_worker_sessions(cluster: Cluster, how: str) 
     )
     assert accepted_after > 0
     assert w1.process.alive and w2.process.alive
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
+    await cluster.check_invariants({run_id: Expect()})
 
 
 # --- 5. PostgreSQL unavailable mid-task ------------------------------------------------
@@ -222,9 +231,8 @@ async def test_database_outage_cancels_by_safety_deadline_then_recovers(
     down = time.monotonic()
     await asyncio.to_thread(postgres.stop, "immediate")
     # No renewal can succeed now: the worker must stop on its own clock.
-    safety = "safety deadline passed"
     await wait_for(
-        lambda: _true(any(safety in line.get("msg", "") for line in worker.process.json_lines())),
+        lambda: worker.process.logged("safety deadline passed"),
         "the worker to cancel the executor at its safety deadline",
         within=10,
     )
@@ -247,11 +255,7 @@ async def test_database_outage_cancels_by_safety_deadline_then_recovers(
         "SELECT output IS NULL FROM attempts WHERE dispatch_id = $1", first["dispatch_id"]
     )
     assert worker.process.alive
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
-
-
-async def _true(value: bool) -> bool:
-    return value
+    await cluster.check_invariants({run_id: Expect()})
 
 
 # --- 6. cancel a running run -----------------------------------------------------------
@@ -286,10 +290,10 @@ async def test_cancel_revokes_leases_and_fences_late_results(cluster: Cluster) -
         await wait_run(cluster, run_id, "canceled")
 
         # Leases revoked: the heartbeat says so, and a late result is fenced.
-        await wait_for(
-            lambda: _true(worker_pb2.LEASE_STATUS_REVOKED in raw.answers.get(late.dispatch_id, [])),
-            "the raw session's heartbeat to answer REVOKED",
-        )
+        async def revoked() -> bool:
+            return worker_pb2.LEASE_STATUS_REVOKED in raw.answers.get(late.dispatch_id, [])
+
+        await wait_for(revoked, "the raw session's heartbeat to answer REVOKED")
         before = await revision(cluster, run_id)
         outcome = await raw.complete(late, {"late": True})
         assert outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
@@ -298,10 +302,10 @@ async def test_cancel_revokes_leases_and_fences_late_results(cluster: Cluster) -
         await raw.stop_heartbeat()
 
     # awp-worker stopped its four executors on REVOKED instead of running them out.
-    def revoked_lines() -> int:
-        return sum("lease revoked" in line.get("msg", "") for line in worker.process.json_lines())
+    async def stopped_four() -> bool:
+        return worker.process.count_logged("lease revoked") == 4
 
-    await wait_for(lambda: _true(revoked_lines() == 4), "awp-worker to stop its four leases")
+    await wait_for(stopped_four, "awp-worker to stop its four leases")
     assert (
         await cluster.fetchval(
             "SELECT count(*) FROM dispatches WHERE run_id = $1 AND state IN ('pending', 'leased')",
@@ -313,7 +317,7 @@ async def test_cancel_revokes_leases_and_fences_late_results(cluster: Cluster) -
         "SELECT state, count(*) AS n FROM attempts WHERE run_id = $1 GROUP BY state", run_id
     )
     assert {row["state"]: row["n"] for row in states} == {"canceled": 5}
-    await check_invariants(await cluster.pool(), {run_id: Expect("canceled", "canceled")})
+    await cluster.check_invariants({run_id: Expect("canceled", "canceled")})
 
 
 # --- 7. SIGTERM a busy worker -----------------------------------------------------------
@@ -344,6 +348,7 @@ async def test_sigterm_drains_a_busy_worker(cluster: Cluster) -> None:
     session = await cluster.fetchrow(
         "SELECT state, stopped_at FROM workers WHERE id = $1::uuid", w1.worker_id
     )
+    assert session is not None
     assert session["state"] == "stopped" and session["stopped_at"] is not None
     # Draining, it took nothing new: the dependent waits for another worker.
     assert await cluster.fetchval(
@@ -353,7 +358,7 @@ async def test_sigterm_drains_a_busy_worker(cluster: Cluster) -> None:
     await wait_run(cluster, run_id)
     after = await wait_attempt(cluster, run_id, "after", 1)
     assert after["worker_id"] == w2.worker_id
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
+    await cluster.check_invariants({run_id: Expect()})
 
 
 # --- 8. no worker yet -------------------------------------------------------------------
@@ -383,7 +388,7 @@ async def test_tasks_wait_for_a_worker_that_registers_later(cluster: Cluster) ->
     await cluster.start_worker("late", concurrency=2)
     await wait_run(cluster, run_id)
     report_figure(f"LATE worker process start->run succeeded={time.monotonic() - started:.2f}s")
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
+    await cluster.check_invariants({run_id: Expect()})
 
 
 # --- 9. the active coordinator dies, the standby takes over -----------------------------
@@ -407,9 +412,11 @@ async def test_standby_coordinator_takes_over(cluster: Cluster) -> None:
     )
     killed = time.monotonic()
     active.kill()
-    await wait_for(
-        lambda: _is(cluster.leader_pid(), standby.pid), "the standby to take the leader lock"
-    )
+
+    async def standby_leads() -> bool:
+        return await cluster.leader_pid() == standby.pid
+
+    await wait_for(standby_leads, "the standby to take the leader lock")
     took_over = time.monotonic()
     await wait_run(cluster, run_id)
     report_figure(
@@ -418,7 +425,7 @@ async def test_standby_coordinator_takes_over(cluster: Cluster) -> None:
     )
     # The new leader did the work after the old one died: its passes dispatched.
     assert any(line.get("dispatched") for line in standby.json_lines())
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
+    await cluster.check_invariants({run_id: Expect()})
 
 
 # --- 10. the network between a worker and the server drops ---------------------------
@@ -437,7 +444,8 @@ async def test_worker_reconnects_after_connections_drop(cluster: Cluster) -> Non
         done = 0
         for wave in (4, 12):  # two cuts: early, and mid-run with results in flight
             await wait_for(
-                lambda wave=wave: cluster.fetchval(  # type: ignore[misc]
+                partial(
+                    cluster.fetchval,
                     "SELECT count(*) >= $2 FROM tasks WHERE run_id = $1 AND state = 'succeeded'",
                     run_id,
                     wave,
@@ -451,7 +459,8 @@ async def test_worker_reconnects_after_connections_drop(cluster: Cluster) -> Non
                 "SELECT count(*) FROM tasks WHERE run_id = $1 AND state = 'succeeded'", run_id
             )
             next_result = await wait_for(
-                lambda cut_at=cut_at: cluster.fetchval(  # type: ignore[misc]
+                partial(
+                    cluster.fetchval,
                     "SELECT min(finished_at) FROM attempts WHERE run_id = $1"
                     " AND state = 'succeeded' AND finished_at > $2",
                     run_id,
@@ -470,11 +479,7 @@ async def test_worker_reconnects_after_connections_drop(cluster: Cluster) -> Non
         assert [(row["id"], row["state"]) for row in sessions] == [(worker.worker_id, "active")]
     finally:
         await proxy.close()
-    await check_invariants(await cluster.pool(), {run_id: Expect()})
-
-
-async def _is(value: Awaitable[object], expected: object) -> bool:
-    return await value == expected
+    await cluster.check_invariants({run_id: Expect()})
 
 
 # --- 11. chaos: workers killed at random under a 300-task DAG ----------------------------
@@ -502,7 +507,7 @@ async def test_chaos_random_worker_kills(cluster: Cluster) -> None:
 
     async def run_over() -> bool:
         state = await cluster.fetchval("SELECT state FROM runs WHERE id = $1", run_id)
-        return state != "running"
+        return bool(state != "running")
 
     kills = 0
     names = len(live)
@@ -521,7 +526,7 @@ async def test_chaos_random_worker_kills(cluster: Cluster) -> None:
     remaining = CHAOS_DEADLINE_S - (time.monotonic() - started)
     await wait_run(cluster, run_id, within=max(remaining, 1.0))
     elapsed = time.monotonic() - started
-    costs = await check_invariants(await cluster.pool(), {run_id: Expect()})
+    costs = await cluster.check_invariants({run_id: Expect()})
     cost = costs[run_id]
     report_figure(
         f"CHAOS {kills} kill -9 of {names} workers: 300 tasks succeeded in {elapsed:.1f}s,"

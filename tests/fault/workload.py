@@ -90,7 +90,7 @@ def layers(count: int, width: int, fan_in: int = 2, **task_input: Any) -> list[T
 
 
 async def start(
-    control: control_pb2_grpc.ControlServiceStub,
+    control: control_pb2_grpc.ControlServiceAsyncStub,
     workflow: types_pb2.WorkflowDefinition,
     run_input: Mapping[str, Any] | None = None,
 ) -> UUID:
