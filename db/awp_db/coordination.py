@@ -197,9 +197,3 @@ async def sweep_finished(conn: Conn, limit: int = 1000) -> dict[UUID, str]:
         finished = await settle.finish_runs(conn, candidates, events)
         await events.flush(conn)
     return finished
-
-
-async def next_due_in(conn: Conn, silent_for_ms: int) -> float | None:
-    """Seconds until the next lease expiry, deadline, retry or offline threshold."""
-    seconds: float | None = await conn.fetchval(Q["next_due_in"], silent_for_ms)
-    return seconds

@@ -95,22 +95,13 @@ SELECT r.id FROM runs r
  ORDER BY r.id
  LIMIT $1
 
--- name: next_due_in
--- Seconds until the earliest lease expiry, attempt deadline, retry timer or worker
--- silence threshold ($1 ms); NULL when nothing is pending. The difference is taken on
--- the database clock, so the coordinator's own clock never matters.
-SELECT extract(epoch FROM least(
-           (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),
-           (SELECT min(attempt_deadline) FROM dispatches WHERE state = 'leased'),
-           (SELECT min(retry_at) FROM tasks WHERE state = 'waiting_retry'),
-           (SELECT min(last_heartbeat_at) FROM workers WHERE state IN ('active', 'draining'))
-               + $1::bigint * interval '1 millisecond'
-       ) - clock_timestamp())::float8
-
 -- name: due
 -- A pass's first read: which kinds of work have candidates now (each the exact
 -- condition of that step's candidate query; the steps re-check under their locks),
--- whether any task is ready, and next_due_in (as above). Unlocked, index-only work.
+-- whether any task is ready, and the seconds until the earliest lease expiry, attempt
+-- deadline, retry timer or worker silence threshold ($1 ms), NULL when none is pending.
+-- The difference is taken on the database clock, so the coordinator's clock never
+-- matters. Unlocked, index-only work.
 SELECT EXISTS (SELECT 1 FROM runs
                 WHERE state = 'running' AND cancel_requested_at IS NOT NULL) AS cancels,
        EXISTS (SELECT 1 FROM workers
