@@ -335,6 +335,8 @@ class Cluster:
         # Every scenario must end with the invariant check (DESIGN.md §10); the fixture
         # fails a test that passed without it.
         self.invariants_checked = False
+        # How to start each named process again, readiness wait included (restart()).
+        self._starters: dict[str, Callable[[], Awaitable[object]]] = {}
         self._channels: list[grpc.aio.Channel] = []
         self._env = dict(os.environ)
         self._env["PYTHONUNBUFFERED"] = "1"
@@ -417,6 +419,7 @@ class Cluster:
 
     async def start_server(self, name: str = "server", *, within: float = 20.0) -> Process:
         """Starts (or restarts, on the same port) the server; returns once it serves."""
+        self._starters[name] = lambda: self.start_server(name, within=within)
         t = self.timings
         process = self._add(
             name,
@@ -474,6 +477,9 @@ class Cluster:
         self, name: str = "coordinator", *, expect_leader: bool = True, within: float = 20.0
     ) -> Process:
         """Starts a coordinator; with expect_leader, returns once it holds the leader lock."""
+        self._starters[name] = lambda: self.start_coordinator(
+            name, expect_leader=expect_leader, within=within
+        )
         t = self.timings
         process = self._add(
             name,
@@ -557,6 +563,14 @@ class Cluster:
         wait_registered: bool = True,
     ) -> WorkerProcess:
         """Starts (or restarts) a worker; returns once its new session is active."""
+        self._starters[name] = lambda: self.start_worker(
+            name,
+            concurrency=concurrency,
+            server=server,
+            shutdown_timeout=shutdown_timeout,
+            within=within,
+            wait_registered=wait_registered,
+        )
         t = self.timings
         process = self._add(
             name,
@@ -590,6 +604,7 @@ class Cluster:
         self, name: str, argv: Sequence[str], *, within: float = 20.0
     ) -> WorkerProcess:
         """Any worker program (another language); it must register under `name`."""
+        self._starters[name] = lambda: self.start_foreign_worker(name, argv, within=within)
         return await self._spawn_worker(self._add(name, argv), True, within)
 
     async def _spawn_worker(
@@ -642,6 +657,16 @@ class Cluster:
             if worker_id in handle.worker_ids:
                 return handle
         raise KeyError(f"no worker process registered session {worker_id}")
+
+    async def restart(self, name: str, *, graceful: bool = True, within: float = 30.0) -> None:
+        """Stops a process (SIGTERM and wait, or kill -9) and starts it again, same flags,
+        returning once it is ready again (a restarted worker registers a new session)."""
+        process = self.processes[name]
+        if graceful:
+            await process.stop(within)
+        else:
+            process.kill()
+        await self._starters[name]()
 
     # --- the whole ----------------------------------------------------------------------
 

@@ -175,10 +175,11 @@ async def test_server_restart_keeps_worker_sessions(cluster: Cluster, how: str) 
     if how == "SIGTERM":
         server.terminate()
         assert await server.wait_exit(30) == 0
+        stopped_at = await cluster.db_now()
+        await cluster.start_server()
     else:
-        server.kill()
-    stopped_at = await cluster.db_now()
-    await cluster.start_server()
+        await cluster.restart("server", graceful=False)
+        stopped_at = stopping_at  # kill -9 is immediate
     serving_at = await cluster.db_now()
     await wait_run(cluster, run_id)
     report_figure(
