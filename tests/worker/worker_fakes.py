@@ -199,8 +199,11 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
                         await self._work.wait()
                 except TimeoutError:
                     break
-        if self._check_session(request.session) == "draining":
-            # Like the real server: a parked claim re-checks the session when it wakes.
+        # Like the real server: a parked claim re-checks the session when it wakes.
+        state = self._check_session(request.session)
+        if state is None:
+            await abort(context, Fault(grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID"))
+        if state == "draining":
             await abort(context, Fault(grpc.StatusCode.FAILED_PRECONDITION, "WORKER_DRAINING"))
         issued = []
         for task in pending[: request.max_leases]:
@@ -354,7 +357,8 @@ class FakeServer:
 
 async def start_fake(service: FakeWorkerService | None = None, port: int = 0) -> FakeServer:
     service = service or FakeWorkerService()
-    server = grpc.aio.server()
+    # No SO_REUSEPORT: a port must never be shared with another test's server.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

@@ -38,6 +38,7 @@ class HeartbeatStream:
         request: Callable[[], worker_pb2.HeartbeatRequest],
         on_response: Callable[[worker_pb2.HeartbeatResponse, float], None],
         should_stop: Callable[[], bool],
+        loss_expected: Callable[[], bool],
         interval: float,
         backoff: Backoff,
         metrics: Metrics,
@@ -47,6 +48,7 @@ class HeartbeatStream:
         self._request = request
         self._on_response = on_response
         self._should_stop = should_stop
+        self._loss_expected = loss_expected
         self.interval = interval
         # Answers are immediate; two intervals of silence mean the stream is gone.
         self.stall_timeout = 2 * interval + 1.0
@@ -60,7 +62,8 @@ class HeartbeatStream:
         self._poke.set()
 
     async def run(self) -> None:
-        """Heartbeat until ``should_stop()``; raises SessionLost when the session is over."""
+        """Heartbeat until ``should_stop()``; raises SessionLost when the session is
+        over (unless ``loss_expected()``: then it just returns)."""
         while True:
             if self.streams_opened:
                 self._metrics.heartbeat_reconnects.inc()
@@ -69,6 +72,8 @@ class HeartbeatStream:
                 await self._one_stream()
             except (grpc.RpcError, StreamStalled, asyncio.InvalidStateError) as exc:
                 if classify(exc) is Kind.PERMANENT:
+                    if self._loss_expected():
+                        return
                     raise session_lost(exc) from None
                 # Loud for the first break after a healthy stream, then now and then.
                 failures = self._backoff.failures

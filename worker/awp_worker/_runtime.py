@@ -174,19 +174,24 @@ class WorkerRuntime:
         return self.worker_id
 
     async def run(self) -> int:
-        metrics_server = None
-        if self.config.metrics_port:
-            metrics_server = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
-            log.info(
-                "metrics on http://%s:%d/metrics",
-                self.config.metrics_host,
-                self.config.metrics_port,
-            )
-        channel = self._open_channel()
-        # An aio channel makes the generated stub asynchronous (its .pyi says so).
-        self._stub = worker_pb2_grpc.WorkerServiceStub(channel)
         try:
-            code = await self._run()
+            channel = self._open_channel()
+        except OSError as exc:
+            log.error("cannot read the TLS CA file: %s", exc)
+            return self._exit(EXIT_USAGE)
+        metrics_server = None
+        try:
+            if self.config.metrics_port:
+                host, port = self.config.metrics_host, self.config.metrics_port
+                try:
+                    metrics_server = self.metrics.serve(host, port)
+                except OSError as exc:
+                    log.error("cannot serve metrics on %s:%d: %s", host, port, exc)
+                    return self._exit(EXIT_USAGE)
+                log.info("metrics on http://%s:%d/metrics", host, port)
+            # An aio channel makes the generated stub asynchronous (its .pyi says so).
+            self._stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            return self._exit(await self._run())
         finally:
             # Every call was cancelled with its task (supervisor closed) before this.
             await channel.close()
@@ -197,6 +202,8 @@ class WorkerRuntime:
             if metrics_server is not None:
                 await asyncio.to_thread(metrics_server.shutdown)
                 metrics_server.server_close()
+
+    def _exit(self, code: int) -> int:
         self.exit_code = code
         return code
 
@@ -318,6 +325,9 @@ class WorkerRuntime:
             request=self._heartbeat_request,
             on_response=self._on_heartbeat,
             should_stop=lambda: self._session_stopped,
+            # Once drained with nothing held, a session the server already stopped is
+            # the expected end, not a loss.
+            loss_expected=lambda: self._draining and not self._leases,
             interval=self.heartbeat_interval,
             backoff=Backoff(self.config.reconnect_initial, self.config.reconnect_max),
             metrics=self.metrics,
@@ -414,6 +424,11 @@ class WorkerRuntime:
                     return
                 kind = classify(exc)
                 if kind is Kind.PERMANENT:
+                    if self._draining:
+                        # Our own Drain may have stopped the session before this
+                        # Claim arrived: nothing is lost, claiming is over anyway.
+                        log.debug("Claim after the drain: %s", describe(exc))
+                        return
                     raise session_lost(exc) from None
                 self.metrics.claims.labels("error").inc()
                 level = logging.WARNING if backoff.failures % 10 == 0 else logging.DEBUG
@@ -636,14 +651,28 @@ class WorkerRuntime:
             self.config.shutdown_timeout,
             len(self._leases),
         )
+        # The first Drain (retried while the server is unreachable) gives way to a
+        # second shutdown request or a failure; the final Drain follows either way.
+        call = asyncio.create_task(
+            self._drain_call([], give_up_after=max(1.0, deadline - loop.time())), name="drain"
+        )
         try:
-            first = await self._drain_call([], give_up_after=max(1.0, deadline - loop.time()))
-        except SessionLost:
-            return await self._abort_session_lost()
-        if first is not None and first.session_state == types_pb2.WORKER_STATE_STOPPED:
-            self._session_stopped = True
+            await self._wait_first(tasks=(call,), events=(self._force, self._sup.failed))
+        finally:
+            if not call.done():
+                call.cancel()
+                await asyncio.wait({call}, timeout=5.0)
+        if call.done() and not call.cancelled():
+            error = call.exception()
+            if isinstance(error, SessionLost):
+                return await self._abort_session_lost(error)
+            if error is not None:
+                raise error
+            first = call.result()
+            if first is not None and first.session_state == types_pb2.WORKER_STATE_STOPPED:
+                self._session_stopped = True
         if self._session_stopped:
-            await self._sup.cancel([self._side_tasks["claim"]])
+            await self._sup.cancel([self._side_tasks["claim"]], within=5.0)
         finished = await self._wait_idle(deadline)
         if self._sup.failure is not None:
             return await self._abort()
@@ -653,7 +682,7 @@ class WorkerRuntime:
                 "%s: cancelling %d held leases and handing them back", why, len(self._leases)
             )
             return await self._give_up()
-        await self._sup.cancel(self._side_tasks.values())
+        await self._sup.cancel(self._side_tasks.values(), within=5.0)
         hand_back = self._abandoned_refs()
         if self._session_stopped and not hand_back:
             log.info("drained: session stopped")
