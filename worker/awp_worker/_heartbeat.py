@@ -54,12 +54,7 @@ class HeartbeatStream:
         self.stall_timeout = 2 * interval + 1.0
         self._backoff = backoff
         self._metrics = metrics
-        self._poke = asyncio.Event()
         self.streams_opened = 0
-
-    def send_now(self) -> None:
-        """Send the current leases without waiting for the next interval."""
-        self._poke.set()
 
     async def run(self) -> None:
         """Heartbeat until ``should_stop()``; raises SessionLost when the session is
@@ -128,11 +123,6 @@ class HeartbeatStream:
 
     async def _write(self, call: HeartbeatCall) -> None:
         while True:
-            self._poke.clear()
             await call.write(self._request())
             self._metrics.heartbeats.inc()
-            try:
-                async with asyncio.timeout(self.interval):
-                    await self._poke.wait()
-            except TimeoutError:
-                pass
+            await asyncio.sleep(self.interval)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import enum
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import duration_pb2
@@ -87,7 +87,6 @@ class HeldLease:
     result: worker_pb2.TaskResult | None = None
     # Why the runtime cancelled the executor ("revoked", "shutdown", ...); None: it did not.
     cancel_reason: str | None = None
-    released: bool = field(default=False)
 
     @property
     def dispatch_id(self) -> int:
@@ -139,7 +138,6 @@ class LeaseTable:
         if not self.holds(held):
             return False
         del self._leases[held.dispatch_id]
-        held.released = True
         self._on_release()
         return True
 

@@ -216,7 +216,7 @@ class WorkerRuntime:
             # server must be found again well within the stream grace.
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000),
+            ("grpc.max_reconnect_backoff_ms", 1000),
             ("grpc.primary_user_agent", "awp-worker"),
         ]
         if self.config.tls:
@@ -329,7 +329,15 @@ class WorkerRuntime:
             # the expected end, not a loss.
             loss_expected=lambda: self._draining and not self._leases,
             interval=self.heartbeat_interval,
-            backoff=Backoff(self.config.reconnect_initial, self.config.reconnect_max),
+            # Capped at the heartbeat interval too: a worker that stays away longer than
+            # an interval or two risks its leases, so it keeps knocking at that pace.
+            backoff=Backoff(
+                self.config.reconnect_initial,
+                max(
+                    self.config.reconnect_initial,
+                    min(self.config.reconnect_max, self.heartbeat_interval),
+                ),
+            ),
             metrics=self.metrics,
         )
         self._flusher = ResultFlusher(
