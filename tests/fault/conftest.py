@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cluster import Cluster
+from figures import FIGURES
 
 from awp_db.connect import connect
 from awp_db.embedded import EmbeddedPostgres
@@ -16,14 +17,6 @@ from awp_db.migrate import migrate
 CLUSTERS = pytest.StashKey[list[Cluster]]()
 FAILED_REPORT = pytest.StashKey[pytest.TestReport]()
 CALL_REPORT = pytest.StashKey[pytest.TestReport]()
-# Lines printed under "awp fault figures" at the end of the run: what recovery cost.
-FIGURES: list[str] = []
-
-
-def report_figure(line: str) -> None:
-    """Prints a measured figure now (visible with -s) and again in the summary."""
-    print(line, flush=True)
-    FIGURES.append(line)
 
 
 @pytest.hookimpl(wrapper=True)

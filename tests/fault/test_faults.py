@@ -14,7 +14,7 @@ import grpc
 import pytest
 import workload
 from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, stays, wait_for
-from conftest import report_figure
+from figures import report_figure
 from google.protobuf import struct_pb2
 from invariants import Expect
 from probes import revision, seconds_between, wait_attempt, wait_run
@@ -359,6 +359,37 @@ async def test_sigterm_drains_a_busy_worker(cluster: Cluster) -> None:
     await wait_run(cluster, run_id)
     after = await wait_attempt(cluster, run_id, "after", 1)
     assert after["worker_id"] == w2.worker_id
+    await cluster.check_invariants({run_id: Expect()})
+
+
+async def test_sigterm_past_the_shutdown_timeout_hands_the_lease_back(cluster: Cluster) -> None:
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    # The task outlasts the worker's shutdown timeout: it must be handed back in the last
+    # Drain and re-dispatched at once, not left "running" until its lease expires.
+    w1 = await cluster.start_worker("w1", concurrency=1, shutdown_timeout=0.5)
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition("handback", [workload.Task("long", input={"sleep_ms": 4000})]),
+    )
+    await wait_attempt(cluster, run_id, "long", 1, "running")
+    w2 = await cluster.start_worker("w2", concurrency=1)
+    signalled_at = await cluster.db_now()
+    w1.process.terminate()
+    assert await w1.process.wait_exit(20) == 0
+    second = await wait_attempt(cluster, run_id, "long", 2)
+    report_figure(
+        "HANDBACK SIGTERM (shutdown timeout 0.5s)->attempt2="
+        f"{seconds_between(signalled_at, second['started_at']):.2f}s"
+    )
+    first = await wait_attempt(cluster, run_id, "long", 1)
+    assert first["state"] == "interrupted"
+    assert second["worker_id"] == w2.worker_id
+    error = await cluster.fetchval(
+        "SELECT error->>'message' FROM attempts WHERE dispatch_id = $1", first["dispatch_id"]
+    )
+    assert "handed back" in error, error
+    await wait_run(cluster, run_id)
     await cluster.check_invariants({run_id: Expect()})
 
 
