@@ -544,16 +544,12 @@ class WorkerRuntime:
                 held.timeout = timeout
                 output = await executor.execute(held.ctx, struct_to_dict(lease.input))
             if timeout.expired():  # the action swallowed the cancellation and returned
+                self._safety_deadline_passed(held, lease_log)
                 return None
             return success(lease, output_struct(output))
         except TimeoutError as exc:
             if held.timeout is not None and held.timeout.expired():
-                held.ctx._cancel()
-                self.metrics.safety_cancellations.inc()
-                lease_log.warning(
-                    "safety deadline passed (lease could no longer be confirmed): "
-                    "execution cancelled, nothing reported"
-                )
+                self._safety_deadline_passed(held, lease_log)
                 return None
             return failure_from_exception(lease, exc)  # the action's own timeout
         except asyncio.CancelledError:
@@ -564,6 +560,14 @@ class WorkerRuntime:
             return failure(lease, "the action raised CancelledError", retryable=True)
         except Exception as exc:
             return failure_from_exception(lease, exc)
+
+    def _safety_deadline_passed(self, held: HeldLease, lease_log: LeaseLog) -> None:
+        held.ctx._cancel()
+        self.metrics.safety_cancellations.inc()
+        lease_log.warning(
+            "safety deadline passed (the lease could no longer be confirmed): "
+            "execution cancelled, nothing reported"
+        )
 
     # --- reporting ----------------------------------------------------------------------
 
