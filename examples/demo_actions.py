@@ -3,9 +3,10 @@
 Run them with `awp-worker --kinds python --module examples.demo_actions` from the
 repository root (`awp demo` does this for you).
 
-A task receives only its own `input`; what upstream tasks produced reaches it through
-your storage, keyed by the run (`ctx.run_id`). Here the fetched documents are a small
-built-in corpus, so the example runs anywhere without a network.
+Each action gets its own `input`, the run's input (`ctx.run_input`) and the outputs of
+the tasks it depends on (`ctx.upstream`, by task key). The mock fetches only echo which
+source they fetched, so the documents themselves are a small built-in corpus: the
+example runs anywhere without a network.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from awp_worker import ActionContext, PermanentError, action
 
-# What the four fetch tasks would have stored for this run.
+# What the four fetch tasks would have returned from the network.
 CORPUS = {
     "news": "Durable workflow engines keep state in PostgreSQL so a crashed worker "
     "loses no task; leases and heartbeats let another worker retry it.",
@@ -41,7 +42,9 @@ STOPWORDS = frozenset({
 @action("digest.summarize")
 def summarize(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     """A sync action (run in the worker's thread pool): keywords of the fetched sources."""
-    sources = input.get("sources") or sorted(CORPUS)
+    # The sources that upstream fetches actually delivered (mock output echoes its input).
+    fetched = [out.get("echo", {}).get("source") for out in ctx.upstream.values()]
+    sources = sorted(s for s in fetched if s) or input.get("sources") or sorted(CORPUS)
     unknown = [s for s in sources if s not in CORPUS]
     if unknown:
         # Retrying cannot make an unknown source appear: fail the task at once.
@@ -69,8 +72,10 @@ async def publish(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     drops a repeat, and `ctx.fencing_token` so it refuses a stale attempt's write.
     """
     await asyncio.sleep(0.2)  # the call to the chat or CMS API
+    digest = ctx.upstream.get("summarize", {}).get("digest", "")
     return {
         "channel": input.get("channel", "#general"),
+        "text": digest,
         "message_id": f"msg-{ctx.idempotency_key.replace('/', '-')}",
         "idempotency_key": ctx.idempotency_key,
         "fencing_token": ctx.fencing_token,

@@ -139,13 +139,17 @@ async def test_python_actions_with_the_sdk(
 ) -> None:
     registry = ActionRegistry()
     seen: list[tuple[str, int, int]] = []
+    contexts: dict[str, ActionContext] = {}
 
     @registry.action("noop")
     def noop(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
         seen.append((ctx.idempotency_key, ctx.attempt, ctx.fencing_token))
+        contexts[ctx.task_key] = ctx
         return {"key": ctx.task_key}
 
-    run_id = await start_run(pool, spec("py", tasks=3, kind="python"))
+    run_id = await start_run(
+        pool, spec("py", tasks=3, kind="python", chain=True), run_input={"topic": "x"}
+    )
     worker = Running(
         WorkerRuntime(
             worker_config(server, kinds=("python",)),
@@ -156,6 +160,10 @@ async def test_python_actions_with_the_sdk(
     assert await worker.stop() == EXIT_OK
     assert sorted(key for key, _, _ in seen) == [f"{run_id}/t{i}" for i in range(3)]
     assert len({fence for _, _, fence in seen}) == 3
+    # Each action sees the run input and its dependency's output.
+    assert all(ctx.run_input == {"topic": "x"} for ctx in contexts.values())
+    assert contexts["t0"].upstream == {}
+    assert contexts["t2"].upstream == {"t1": {"key": "t1"}}
 
 
 async def test_cancelling_a_run_revokes_its_running_lease(

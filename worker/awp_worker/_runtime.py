@@ -498,6 +498,8 @@ class WorkerRuntime:
             fencing_token=lease.fencing_token,
             deadline=clock.attempt_safety_deadline,
             worker_id=self.worker_id or "",
+            run_input=struct_to_dict(lease.run_input),
+            upstream={key: struct_to_dict(out) for key, out in lease.upstream_outputs.items()},
         )
         return HeldLease(lease=lease, clock=clock, ctx=ctx, log_fields=fields)
 

@@ -58,6 +58,9 @@ class ActionContext:
     fencing_token: int
     deadline: float
     worker_id: str = ""
+    # The run's input, and the outputs of the tasks this one depends on (by task key).
+    run_input: dict[str, Any] = field(default_factory=dict)
+    upstream: dict[str, dict[str, Any]] = field(default_factory=dict)
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
