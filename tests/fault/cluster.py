@@ -67,12 +67,12 @@ class Timings:
     stream_grace_s: float = 0.75
     scan_s: float = 0.25
     safety_margin_s: float = 0.5
-    # Not 3 heartbeat intervals (0.75 s): awp-worker's reconnect backoffs (its own and
-    # its channel's) are capped at 2 s whatever the heartbeat interval, so after a
-    # server restart a healthy worker can be silent for ~3.5 s before it heartbeats the
-    # new server. Production proportions (5 s heartbeat, 15 s offline) have that slack;
-    # compressed timings need it spelled out. Leases still expire after 2 s.
-    offline_after_s: float = 5.0
+    # Not 3 heartbeat intervals (0.75 s): a server restart silences every worker for the
+    # restart itself (0.3-0.9 s here) plus its channel's reconnect backoff (capped at 1 s,
+    # +20% jitter) -- up to ~2.5 s -- and a healthy session must survive that. Production
+    # proportions (5 s heartbeat, 15 s offline) have the slack; compressed timings need it
+    # spelled out. Leases still expire after 2 s, a killed worker's after the 0.75 s grace.
+    offline_after_s: float = 4.0
     # A worker's claim long poll; short so a restarted server is not kept waiting on it.
     claim_wait_s: float = 2.0
     shutdown_timeout_s: float = 15.0
@@ -323,8 +323,10 @@ class Cluster:
         *,
         timings: Timings | None = None,
         postgres: EmbeddedPostgres | None = None,
+        label: str = "",
     ) -> None:
         self.dir = tmp_path
+        self.label = label  # the test's name, for the figures it reports
         self.dsn = dsn
         self.timings = timings or Timings()
         # Set only when this test owns its PostgreSQL (outage scenarios).
@@ -390,7 +392,7 @@ class Cluster:
         costs = await check_invariants(await self.pool(), expected)
         self.invariants_checked = True
         for cost in costs.values():
-            FIGURES.append(cost.line())  # already printed by the checker
+            FIGURES.append(f"{cost.line()} [{self.label}]")  # printed by the checker too
         return costs
 
     async def db_now(self) -> datetime:

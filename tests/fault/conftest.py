@@ -64,7 +64,7 @@ async def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, database_dsn: str
 ) -> AsyncIterator[Cluster]:
     """Processes against this test's fresh database on the session's PostgreSQL."""
-    running = Cluster(tmp_path / "cluster", database_dsn)
+    running = Cluster(tmp_path / "cluster", database_dsn, label=request.node.name)
     running.dir.mkdir()
     _register(request, running)
     try:
@@ -100,7 +100,9 @@ async def pg_cluster(
         await migrate(conn)
     finally:
         await conn.close()
-    running = Cluster(tmp_path / "cluster", own_postgres.dsn, postgres=own_postgres)
+    running = Cluster(
+        tmp_path / "cluster", own_postgres.dsn, postgres=own_postgres, label=request.node.name
+    )
     running.dir.mkdir()
     _register(request, running)
     try:
