@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import random
+import signal
 import time
 from functools import partial
 from uuid import UUID
@@ -511,6 +512,45 @@ async def test_worker_reconnects_after_connections_drop(cluster: Cluster) -> Non
         assert [(row["id"], row["state"]) for row in sessions] == [(worker.worker_id, "active")]
     finally:
         await proxy.close()
+    await cluster.check_invariants({run_id: Expect()})
+
+
+# --- 12. (beyond) a frozen worker wakes up after its task was given to another --------
+
+
+async def test_frozen_worker_resuming_late_is_fenced(cluster: Cluster) -> None:
+    """SIGSTOP is a GC pause or a stalled VM: the connection stays up, nothing is sent.
+    The lease runs out, the task runs again elsewhere; on SIGCONT the zombie's result
+    (ready at once: its sleep ended while frozen) must be refused, and it must not
+    take the task back."""
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    w1 = await cluster.start_worker("w1", concurrency=1)
+    w2 = await cluster.start_worker("w2", concurrency=1)
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition("zombie", [workload.Task("nap", input={"sleep_ms": 1000})]),
+    )
+    first = await wait_attempt(cluster, run_id, "nap", 1, "running")
+    zombie = cluster.worker_of(first["worker_id"])
+    other = w2 if zombie is w1 else w1
+    zombie.process.signal(signal.SIGSTOP)
+    try:
+        second = await wait_attempt(cluster, run_id, "nap", 2, within=20)
+    finally:
+        zombie.process.signal(signal.SIGCONT)
+    assert second["worker_id"] == other.worker_id
+    await wait_run(cluster, run_id)
+
+    # The zombie either noticed its safety deadline had passed or tried and was fenced.
+    async def zombie_stood_down() -> bool:
+        return await zombie.process.logged("safety deadline passed") or await zombie.process.logged(
+            "lease lost before the result arrived"
+        )
+
+    await wait_for(zombie_stood_down, "the resumed worker to give up its stale lease")
+    first = await wait_attempt(cluster, run_id, "nap", 1)
+    assert first["state"] == "interrupted"
     await cluster.check_invariants({run_id: Expect()})
 
 
