@@ -211,7 +211,7 @@ class Worker {
     this.client = new awp.WorkerService(cfg.server, grpc.credentials.createInsecure(), {
       // Find a restarted server quickly (the defaults back off to minutes).
       'grpc.initial_reconnect_backoff_ms': 100,
-      'grpc.max_reconnect_backoff_ms': 2000,
+      'grpc.max_reconnect_backoff_ms': 1000,
     });
     this.metadata = new grpc.Metadata();
     if (cfg.token) this.metadata.set('authorization', `Bearer ${cfg.token}`);
@@ -295,13 +295,19 @@ class Worker {
         backoff = 50; // a healthy answer resets the reconnect backoff
         this.onHeartbeat(response, Date.now());
       });
+      let closed = false;
       const reconnect = (why) => {
+        // 'error' and 'end' can both fire for one broken stream: reconnect once.
+        if (closed) return;
+        closed = true;
         clearInterval(timer);
         if (this.stopped) return;
         if (why && isPermanent(why)) return this.sessionLost(why);
         // Reconnect at once-ish: within the server's stream grace the leases survive.
+        // Capped at the heartbeat interval: the server marks a session offline after a
+        // few silent intervals, so keep knocking at least that often.
         const delay = backoff / 2 + Math.random() * (backoff / 2);
-        backoff = Math.min(backoff * 2, 2000);
+        backoff = Math.min(backoff * 2, this.heartbeatMs, 2000);
         log('info', 'heartbeat stream closed; reconnecting', { error: why && why.details });
         setTimeout(open, delay);
       };

@@ -1,4 +1,16 @@
-"""Fault scenarios over real processes (DESIGN.md §10). Each ends with the invariant check."""
+"""Fault scenarios over real processes (DESIGN.md §10). Each ends with the invariant check.
+
+ 1 fan-out/fan-in on two workers          7 SIGTERM drains a busy worker (+ hand-back)
+ 2 kill -9 a lease holder: attempt 2      8 no worker yet: tasks wait, a late one finishes
+ 3 a dead worker's replayed lease fenced   9 kill -9 the leading coordinator: standby leads
+ 4 awp-server SIGTERM / SIGKILL + restart 10 TCP proxy drops a worker's connections
+ 5 PostgreSQL down mid-task, then back    11 chaos: random kill -9 under a 300-task DAG
+ 6 cancel a running run                   12 a frozen (SIGSTOP) worker resumes too late
+
+Run with `pytest -m fault` (add -s to see figures as they are measured; they are also
+repeated under "awp fault figures" at the end). Waits poll database state with
+deadlines; the only timed windows are fault cadence (chaos) and "nothing happens" proofs.
+"""
 
 from __future__ import annotations
 
