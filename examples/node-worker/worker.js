@@ -498,6 +498,12 @@ class Worker {
   }
 
   sessionLost(error) {
+    if (this.draining && this.leases.size === 0) {
+      // Our own Drain stopped the session once no lease was left; the server now refuses
+      // it. That is the end we asked for, not a lost session.
+      log('info', 'session stopped by drain');
+      return this.exit(EXIT_OK);
+    }
     log('error', 'session lost for good; exiting so a supervisor can start a new one', {
       reason: errorReason(error),
       error: String(error.details || error.message || error),
