@@ -96,7 +96,8 @@ class Listener:
             if waiter.key is None or waiter.key == payload:
                 waiter.wake()
 
-    def _wake_all(self) -> None:
+    def wake_all(self) -> None:
+        """Wakes every waiter: after a reconnect, or when the process shuts down."""
         for waiters in self._waiters.values():
             for waiter in waiters:
                 waiter.wake()
@@ -119,7 +120,7 @@ class Listener:
                     await conn.add_listener(channel, self._dispatch)
                 delay = 0.1
                 self._set_connected(True)
-                self._wake_all()
+                self.wake_all()
                 while True:
                     await asyncio.sleep(self._keepalive_s)
                     async with asyncio.timeout(self._keepalive_s):

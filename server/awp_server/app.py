@@ -45,6 +45,9 @@ class RunningServer:
     async def stop(self, grace: float) -> None:
         """Stops taking calls, lets running ones finish within grace, then releases all."""
         self.shutting_down.set()
+        # Parked claims return at once and heartbeat streams end (see WorkerService),
+        # so workers move on to the next server instead of waiting out the grace.
+        self.listener.wake_all()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         for task in self.tasks:

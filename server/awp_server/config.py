@@ -77,6 +77,13 @@ def parse(argv: Sequence[str] | None = None) -> ServerConfig:
         help="cap on a Claim long poll, s",
     )
     parser.add("--pool-size", env="AWP_POOL_SIZE", default=20, type=int, help="DB connections")
+    parser.add(
+        "--shutdown-grace",
+        env="AWP_SHUTDOWN_GRACE",
+        default=5.0,
+        type=positive_float,
+        help="seconds in-flight calls may take to finish on SIGTERM",
+    )
     parser.add("--log-format", env="AWP_LOG_FORMAT", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
     if not args.database_url:
@@ -105,6 +112,7 @@ def parse(argv: Sequence[str] | None = None) -> ServerConfig:
         stream_grace_s=args.stream_grace,
         claim_max_wait_s=args.claim_max_wait,
         pool_size=args.pool_size,
+        shutdown_grace_s=args.shutdown_grace,
         log_format=args.log_format,
     )
 
