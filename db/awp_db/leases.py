@@ -198,58 +198,100 @@ async def renew(
     return answers
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One Complete call: the results one session reports."""
+
+    worker_id: str
+    session_token: str
+    results: Sequence[ResultIn]
+
+
 async def complete(
     conn: Conn, worker_id: str, session_token: str, results: Sequence[ResultIn]
 ) -> list[ResultVerdict]:
     """Writes the results whose lease is still valid; one verdict per result, in order."""
+    (outcome,) = await complete_many(conn, [Completion(worker_id, session_token, results)])
+    if isinstance(outcome, errors.AwpError):
+        raise outcome
+    return outcome
+
+
+async def complete_many(
+    conn: Conn, calls: Sequence[Completion]
+) -> list[list[ResultVerdict] | errors.AwpError]:
+    """Several Complete calls (possibly of different sessions) in one transaction.
+
+    Every result is judged exactly as on its own, against its own session; the
+    transaction takes each run's lock once and bumps its revision once, however many
+    calls touch it. A call whose session is invalid gets its error back (returned, not
+    raised) and changes nothing. No dispatch may appear in two calls.
+    """
     events = EventBatch()
+    outcomes: list[list[ResultVerdict] | errors.AwpError] = []
     async with conn.transaction():
-        session = await workers.authenticate(conn, worker_id, session_token)
-        ids = [r.dispatch_id for r in results]
-        digests = await conn.fetch(Q["lease_digests"], ids)
-        await settle.lock_runs(conn, {row["run_id"] for row in digests})
-        locked = {row["id"]: row for row in await conn.fetch(Q["lock_for_settlement"], ids)}
+        sessions = await workers.authenticate_many(
+            conn, [(call.worker_id, call.session_token) for call in calls]
+        )
+        ids: list[int] = []
+        seen: set[int] = set()
+        for call, session in zip(calls, sessions, strict=True):
+            if isinstance(session, workers.Session):
+                mine = {result.dispatch_id for result in call.results}
+                if mine & seen:
+                    raise ValueError("a dispatch appears in two calls of one batch")
+                seen |= mine
+                ids.extend(result.dispatch_id for result in call.results)
+        locked: dict[int, asyncpg.Record] = {}
+        if ids:
+            await conn.fetch(Q["lock_runs_of"], ids)
+            locked = {row["id"]: row for row in await conn.fetch(Q["lock_for_settlement"], ids)}
         now = await settle.clock(conn)
-        verdicts: list[ResultVerdict] = []
         endings: list[settle.Ending] = []
-        for result in results:
-            row = locked.get(result.dispatch_id)
-            digest = result.digest()
-            if row is None:
-                verdicts.append(ResultVerdict.LEASE_LOST)
+        for call, session in zip(calls, sessions, strict=True):
+            if not isinstance(session, workers.Session):
+                outcomes.append(session)
                 continue
-            verdict = judge_result(
-                holder_and_token_match=row["worker_id"] == session.worker_id
-                and tokens.matches(result.lease_token, row["lease_token_hash"]),
-                state=row["state"],
-                stored_result_hash=row["result_hash"],
-                result_hash=digest,
-                now=now,
-                lease_expires_at=row["lease_expires_at"],
-                attempt_deadline=row["attempt_deadline"],
-            )
-            verdicts.append(verdict)
-            if verdict is ResultVerdict.ACCEPTED:
-                error = (
-                    {"message": result.error_message or "", "retryable": result.retryable}
-                    if result.outcome == "failed"
-                    else None
+            verdicts: list[ResultVerdict] = []
+            for result in call.results:
+                row = locked.get(result.dispatch_id)
+                digest = result.digest()
+                if row is None:
+                    verdicts.append(ResultVerdict.LEASE_LOST)
+                    continue
+                verdict = judge_result(
+                    holder_and_token_match=row["worker_id"] == session.worker_id
+                    and tokens.matches(result.lease_token, row["lease_token_hash"]),
+                    state=row["state"],
+                    stored_result_hash=row["result_hash"],
+                    result_hash=digest,
+                    now=now,
+                    lease_expires_at=row["lease_expires_at"],
+                    attempt_deadline=row["attempt_deadline"],
                 )
-                endings.append(
-                    _ending(
-                        row,
-                        result.outcome,
-                        output=result.output,
-                        error=error,
-                        retryable=result.retryable,
-                        digest=digest,
+                verdicts.append(verdict)
+                if verdict is ResultVerdict.ACCEPTED:
+                    error = (
+                        {"message": result.error_message or "", "retryable": result.retryable}
+                        if result.outcome == "failed"
+                        else None
                     )
-                )
+                    endings.append(
+                        _ending(
+                            row,
+                            result.outcome,
+                            output=result.output,
+                            error=error,
+                            retryable=result.retryable,
+                            digest=digest,
+                        )
+                    )
+            outcomes.append(verdicts)
         if endings:
             await settle.end_attempts(conn, endings, events)
             events.notify(settle.COORDINATOR_CHANNEL, "completed")
             await events.flush(conn)
-    return verdicts
+    return outcomes
 
 
 def _ending(
@@ -292,8 +334,7 @@ async def interrupt(
     """
     if not dispatch_ids:
         return 0
-    digests = await conn.fetch(Q["lease_digests"], list(dispatch_ids))
-    await settle.lock_runs(conn, {row["run_id"] for row in digests})
+    await conn.fetch(Q["lock_runs_of"], list(dispatch_ids))
     endings = [
         _ending(row, "interrupted", error={"message": reason, "retryable": True})
         for row in await conn.fetch(Q["lock_for_settlement"], list(dispatch_ids))

@@ -100,7 +100,9 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
 
     outputs = [_json(e.output) for e in endings]
     # Dispatch, attempt and task of every ending in one statement (one round trip).
-    await conn.execute(
+    # The runs that may have finished: no live task left besides those ended here.
+    may_have_finished: set[UUID] = set()
+    for row in await conn.fetch(
         Q["end_attempts"],
         [e.dispatch_id for e in endings],
         [_DISPATCH_STATE[e.end] for e in endings],
@@ -111,7 +113,8 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         [e.task_id for e in endings],
         [d.task_state for d in decisions],
         [d.retry_in_ms for d in decisions],
-    )
+    ):
+        may_have_finished.add(row["run_id"])
 
     unlock_runs: list[UUID] = []
     unlock_keys: list[str] = []
@@ -152,7 +155,8 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
                 events.task(row["run_id"], row["key"], "pending", "ready")
     if failed_runs:
         await stop_runs(conn, sorted(failed_runs), "skipped", events)
-    settled.runs_finished = await finish_runs(conn, {e.run_id for e in endings}, events)
+    # A run none of whose tasks is left live finishes now; the others cannot have.
+    settled.runs_finished = await finish_runs(conn, may_have_finished | failed_runs, events)
     return settled
 
 
@@ -175,7 +179,10 @@ async def stop_runs(
 async def finish_runs(conn: Conn, run_ids: Iterable[UUID], events: EventBatch) -> dict[UUID, str]:
     """Marks runs whose tasks are all terminal with the outcome those tasks imply."""
     finished: dict[UUID, str] = {}
-    for row in await conn.fetch(Q["finished_runs"], sorted(set(run_ids))):
+    candidates = sorted(set(run_ids))
+    if not candidates:
+        return finished
+    for row in await conn.fetch(Q["finished_runs"], candidates):
         outcome = run_outcome(list(row["task_states"]))
         if await conn.fetchval(Q["finish_run"], row["id"], outcome) is not None:
             events.run(row["id"], "running", outcome)

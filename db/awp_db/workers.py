@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
+
+import asyncpg
 
 from awp_db.connect import Conn, Pool
 from awp_db.queries import queries
@@ -73,6 +77,39 @@ async def authenticate(
     """The live session these credentials prove, or SESSION_INVALID."""
     wid = parse_worker_id(worker_id)
     row = await conn.fetchrow(Q["session_for_update" if for_update else "session"], wid)
+    return _session(row, wid, worker_id, session_token, allowed_states)
+
+
+async def authenticate_many(
+    conn: Conn, credentials: Sequence[tuple[str, str]]
+) -> list[Session | errors.AwpError]:
+    """Several (worker_id, session_token) pairs in one unlocked read: each the live
+    session it proves, or its SESSION_INVALID error (returned, not raised)."""
+    found: list[Session | errors.AwpError] = []
+    ids: dict[str, UUID] = {}
+    for worker_id, _ in credentials:
+        with contextlib.suppress(errors.AwpError):
+            ids[worker_id] = parse_worker_id(worker_id)
+    rows = {row["id"]: row for row in await conn.fetch(Q["sessions"], list(set(ids.values())))}
+    for worker_id, session_token in credentials:
+        wid = ids.get(worker_id)
+        if wid is None:
+            found.append(errors.session_invalid())
+            continue
+        try:
+            found.append(_session(rows.get(wid), wid, worker_id, session_token, LIVE_STATES))
+        except errors.AwpError as exc:
+            found.append(exc)
+    return found
+
+
+def _session(
+    row: asyncpg.Record | None,
+    wid: UUID,
+    worker_id: str,
+    session_token: str,
+    allowed_states: tuple[str, ...],
+) -> Session:
     if row is None or not tokens.matches(session_token, row["session_token_hash"]):
         log.info("session rejected", extra={"worker_id": worker_id, "why": "unknown or bad token"})
         raise errors.session_invalid()

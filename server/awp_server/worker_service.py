@@ -26,6 +26,7 @@ from awp_kernel.definition import EXECUTOR_KIND_PATTERN, json_size
 from awp_kernel.fencing import ResultVerdict
 from awp_kernel.results import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
 from awp_server import metrics
+from awp_server.batching import CompleteBatcher
 from awp_server.config import SUPPORTED_PROTOCOL_VERSIONS, ServerConfig
 from awp_server.convert import (
     WORKER_STATES,
@@ -86,6 +87,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._shutting_down = shutting_down
         # Cleanups of broken streams run outside the cancelled handler; keep them alive.
         self._cleanups: set[asyncio.Task[None]] = set()
+        # Concurrent Completes share transactions (one run lock and commit for many).
+        self.completes = CompleteBatcher(pool, max_results=MAX_RESULTS_PER_COMPLETE)
 
     @unary
     async def Register(
@@ -287,8 +290,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         results = [_result_in(index, r) for index, r in enumerate(request.results)]
         if len({r.dispatch_id for r in results}) != len(results):
             raise errors.invalid("results", "at most one result per dispatch")
-        async with self._pool.acquire() as conn:
-            verdicts = await leases.complete(conn, worker_id, token, results)
+        verdicts = await self.completes.complete(worker_id, token, results)
         for verdict in verdicts:
             metrics.COMPLETES.labels(verdict.value).inc()
         return worker_pb2.CompleteResponse(

@@ -334,6 +334,32 @@ async def test_a_partial_batch_flushes_after_the_interval() -> None:
     assert [len(call) for call in recorder.calls] == [3]
 
 
+async def test_a_batch_flushes_at_once_when_no_held_lease_still_executes() -> None:
+    recorder = Recorder()
+    held = 3
+    flusher = recorder.flusher(flush_size=16, flush_interval=30.0, held=lambda: held)
+    for i in range(3):
+        flusher.submit(make_held(i))
+    # Every held lease has reported: nothing can join the batch, so it goes now.
+    await _run_until(flusher, lambda: len(recorder.answers) == 3, within=2.0)
+    assert [len(call) for call in recorder.calls] == [3]
+
+
+async def test_a_batch_waits_while_held_leases_still_execute() -> None:
+    recorder = Recorder()
+    flusher = recorder.flusher(flush_size=16, flush_interval=0.2, held=lambda: 4)
+    for i in range(3):
+        flusher.submit(make_held(i))
+    task = asyncio.create_task(flusher.run())
+    try:
+        await asyncio.sleep(0.05)
+        assert recorder.calls == []  # the fourth lease may still finish in time
+        await eventually(lambda: len(recorder.answers) == 3, within=2.0, interval=0.001)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_a_lost_answer_is_retried_with_the_same_results() -> None:
     recorder = Recorder(FakeRpcError(grpc.StatusCode.UNAVAILABLE), TimeoutError())
     flusher = recorder.flusher(backoff=lambda: Backoff(0.001, 0.01))

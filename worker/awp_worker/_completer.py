@@ -1,8 +1,9 @@
 """Result coalescing: finished results wait a moment and go out together in one Complete.
 
 A flush happens when ``flush_size`` results are ready or ``flush_interval`` after the
-first one, whichever comes first (DESIGN.md §11: batching is the lever). One Complete
-is in flight at a time, so results that finish meanwhile form the next batch.
+first one, whichever comes first (DESIGN.md §11: batching is the lever), or at once
+when no held lease is still executing. One Complete is in flight at a time, so
+results that finish meanwhile form the next batch.
 
 A Complete whose answer is lost is sent again with the same lease tokens and the same
 results (the server answers DUPLICATE for what it already recorded). Before every
@@ -41,6 +42,7 @@ class ResultFlusher:
         flush_size: int = 16,
         flush_interval: float = 0.002,
         backoff: Callable[[], Backoff] = lambda: Backoff(0.05, 2.0),
+        held: Callable[[], int] | None = None,
     ) -> None:
         self._send = send
         self._is_current = is_current
@@ -50,6 +52,10 @@ class ResultFlusher:
         self.flush_size = flush_size
         self.flush_interval = flush_interval
         self._new_backoff = backoff
+        # Leases the worker holds (executing or reporting): when every one of them is
+        # already reported, no further result can join the batch, so waiting for
+        # flush_interval would only delay it.
+        self._held = held
         self._ready: list[HeldLease] = []
         self._something = asyncio.Event()
         self._full = asyncio.Event()
@@ -60,8 +66,11 @@ class ResultFlusher:
             raise ValueError("a lease without a result cannot be reported")
         self._ready.append(held)
         self._something.set()
-        if len(self._ready) >= self.flush_size:
+        if len(self._ready) >= self.flush_size or self._all_in():
             self._full.set()
+
+    def _all_in(self) -> bool:
+        return self._held is not None and self._held() <= self.backlog
 
     @property
     def backlog(self) -> int:
@@ -71,7 +80,11 @@ class ResultFlusher:
     async def run(self) -> None:
         while True:
             await self._something.wait()
-            if len(self._ready) < self.flush_size and self.flush_interval > 0:
+            if (
+                len(self._ready) < self.flush_size
+                and self.flush_interval > 0
+                and not self._all_in()
+            ):
                 try:
                     async with asyncio.timeout(self.flush_interval):
                         await self._full.wait()

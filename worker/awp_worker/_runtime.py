@@ -348,6 +348,7 @@ class WorkerRuntime:
             on_rejected=self._on_result_rejected,
             flush_size=self.config.flush_size,
             flush_interval=self.config.flush_interval,
+            held=lambda: len(self._leases),
         )
         spawn = self._sup.spawn
         self._side_tasks = {
@@ -391,6 +392,10 @@ class WorkerRuntime:
                 worker_pb2.LEASE_STATUS_REVOKED,
                 worker_pb2.LEASE_STATUS_UNKNOWN,
             ):
+                if held.phase is Phase.REPORTING:
+                    # Execution is over and the result is with the flusher (maybe in a
+                    # Complete already): its answer, LEASE_LOST, settles the lease once.
+                    continue
                 status = (
                     "revoked" if answer.status == worker_pb2.LEASE_STATUS_REVOKED else "unknown"
                 )

@@ -91,6 +91,15 @@ UPDATE dispatches
  WHERE worker_id = $1 AND state = 'leased'
 RETURNING id
 
+-- name: lock_runs_of
+-- The runs of the dispatches named, locked in ascending id (ORDER BY is applied before
+-- FOR UPDATE): the first step of every settlement (lock order: runs, then dispatches).
+-- A dispatch's run never changes, so the unlocked subquery is safe.
+SELECT id FROM runs
+ WHERE id IN (SELECT run_id FROM dispatches WHERE id = ANY($1::bigint[]))
+ ORDER BY id
+   FOR UPDATE
+
 -- name: lock_for_settlement
 -- The dispatches named, with their attempt and task, locked (runs already are).
 SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.result_hash,

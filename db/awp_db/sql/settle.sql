@@ -18,6 +18,9 @@ SELECT clock_timestamp()
 -- $4 attempt state, $5 output, $6 error, $7 task id, $8 task state, $9 retry delay (ms).
 -- A task keeps the output only of a success. Runs and dispatches are locked by the
 -- caller, so no other writer touches these attempts and tasks meanwhile.
+-- Returns the runs that may have finished: those with no live task left besides the
+-- ones this statement ended for good (`l` is read as of the statement's start, when
+-- those were still running; a task now waiting for a retry stays live).
 WITH e AS (
     SELECT *
       FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::text[],
@@ -35,16 +38,25 @@ WITH e AS (
            output = e.output::jsonb, error = e.error::jsonb
       FROM e
      WHERE a.dispatch_id = e.dispatch_id AND a.state = 'running'
+), ended_tasks AS (
+    UPDATE tasks t
+       SET state = e.task_state,
+           output = coalesce(CASE WHEN e.task_state = 'succeeded' THEN e.output::jsonb END, t.output),
+           error = coalesce(e.error::jsonb, t.error),
+           retry_at = CASE WHEN e.task_state = 'waiting_retry'
+                           THEN clock_timestamp() + e.retry_in_ms * interval '1 millisecond' END,
+           finished_at = CASE WHEN e.task_state IN ('succeeded', 'failed') THEN clock_timestamp() END
+      FROM e
+     WHERE t.id = e.task_id AND t.state = 'running'
+ RETURNING t.id, t.run_id, t.state
 )
-UPDATE tasks t
-   SET state = e.task_state,
-       output = coalesce(CASE WHEN e.task_state = 'succeeded' THEN e.output::jsonb END, t.output),
-       error = coalesce(e.error::jsonb, t.error),
-       retry_at = CASE WHEN e.task_state = 'waiting_retry'
-                       THEN clock_timestamp() + e.retry_in_ms * interval '1 millisecond' END,
-       finished_at = CASE WHEN e.task_state IN ('succeeded', 'failed') THEN clock_timestamp() END
-  FROM e
- WHERE t.id = e.task_id AND t.state = 'running'
+SELECT r.run_id
+  FROM (SELECT DISTINCT run_id FROM ended_tasks) r
+ WHERE NOT EXISTS (
+       SELECT 1 FROM tasks l
+        WHERE l.run_id = r.run_id
+          AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+          AND l.id NOT IN (SELECT id FROM ended_tasks WHERE state IN ('succeeded', 'failed')))
 
 -- name: unlock_dependents
 -- $1/$2: (run, dependent key) once per succeeded dependency; a task becomes ready when

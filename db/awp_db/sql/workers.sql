@@ -12,6 +12,10 @@ SELECT id, registered_at, pg_notify('awp_coordinator', 'register') FROM register
 SELECT id, state, session_token_hash, executor_kinds, max_concurrency
   FROM workers WHERE id = $1
 
+-- name: sessions
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency
+  FROM workers WHERE id = ANY($1::uuid[])
+
 -- name: session_for_update
 -- Serialises one session's claims so their slot count cannot be exceeded.
 SELECT id, state, session_token_hash, executor_kinds, max_concurrency
