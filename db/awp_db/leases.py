@@ -7,7 +7,7 @@ Every time comes from the database clock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -89,6 +89,15 @@ class DrainOutcome:
     handed_back: int
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimCall:
+    """One Claim call: a session asking for up to max_leases leases."""
+
+    worker_id: str
+    session_token: str
+    max_leases: int
+
+
 async def claim(
     conn: Conn,
     worker_id: str,
@@ -97,65 +106,138 @@ async def claim(
     lease_ttl_ms: int,
 ) -> list[IssuedLease]:
     """Leases up to max_leases dispatches, never more than the session's free slots."""
+    (outcome,) = await claim_many(
+        conn, [ClaimCall(worker_id, session_token, max_leases)], lease_ttl_ms
+    )
+    if isinstance(outcome, errors.AwpError):
+        raise outcome
+    return outcome
+
+
+class ClaimAbandoned(Exception):
+    """A caller went away before its leases were committed: everything was rolled back."""
+
+
+async def claim_many(
+    conn: Conn,
+    calls: Sequence[ClaimCall],
+    lease_ttl_ms: int,
+    *,
+    still_wanted: Callable[[int], bool] | None = None,
+) -> list[list[IssuedLease] | errors.AwpError]:
+    """Several Claim calls (possibly of different sessions) in one transaction.
+
+    Lock order as for one: the sessions' worker rows (ascending id), then the runs
+    (ascending), then the dispatches. Each call gets at most its session's free slots,
+    counted after its row is locked (two calls of one session share them); earlier
+    calls are served first. A call whose session is invalid or draining gets its error
+    back (returned, not raised) and nothing else changes for it.
+
+    still_wanted(i), asked just before commit, tells whether call i's caller still
+    waits; if one that was issued leases does not, the transaction is rolled back
+    and ClaimAbandoned raised, so no lease is ever committed for nobody.
+    """
     events = EventBatch()
+    outcomes: list[list[IssuedLease] | errors.AwpError] = []
     async with conn.transaction():
-        session = await workers.authenticate(conn, worker_id, session_token, for_update=True)
-        if session.state != "active":
-            raise errors.worker_draining()
-        held = await workers.active_lease_count(conn, session.worker_id)
-        wanted = min(max_leases, session.max_concurrency - held)
-        if wanted <= 0:
-            return []
-        run_rows = await conn.fetch(Q["claimable_runs"], session.executor_kinds, wanted)
-        if not run_rows:
-            return []
-        secrets_ = [tokens.new_token() for _ in range(wanted)]
-        rows = await conn.fetch(
-            Q["take"],
-            session.worker_id,
-            session.executor_kinds,
-            [row["id"] for row in run_rows],
-            wanted,
-            [tokens.digest(token) for token in secrets_],
-            lease_ttl_ms,
+        sessions = await workers.authenticate_many(
+            conn, [(call.worker_id, call.session_token) for call in calls], for_update=True
         )
-        leases = []
-        for row in rows:
-            leases.append(
-                IssuedLease(
-                    dispatch_id=row["dispatch_id"],
-                    lease_token=secrets_[row["token_index"] - 1],
-                    fencing_token=row["fencing_token"],
-                    run_id=row["run_id"],
-                    task_key=row["task_key"],
-                    executor_kind=row["executor_kind"],
-                    action=row["action"],
-                    input=row["input"],
-                    attempt=row["attempt"],
-                    max_attempts=row["max_attempts"],
-                    lease_expires_at=row["lease_expires_at"],
-                    lease_remaining_ms=float(row["lease_remaining_ms"]),
-                    attempt_deadline=row["attempt_deadline"],
-                    attempt_remaining_ms=float(row["attempt_remaining_ms"]),
-                    run_input=row["run_input"],
-                    upstream_outputs=row["upstream_outputs"] or {},
+        live = {
+            s.worker_id: s
+            for s in sessions
+            if isinstance(s, workers.Session) and s.state == "active"
+        }
+        free: dict[UUID, int] = {}
+        if live:
+            held = await workers.active_lease_counts(conn, list(live))
+            free = {worker: live[worker].max_concurrency - held[worker] for worker in live}
+        # Slots offered per call, grouped by kinds (one take serves one set of kinds).
+        wants: list[int] = []
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for index, (call, session) in enumerate(zip(calls, sessions, strict=True)):
+            want = 0
+            if isinstance(session, workers.Session) and session.worker_id in live:
+                want = max(0, min(call.max_leases, free[session.worker_id]))
+                free[session.worker_id] -= want
+                if want:
+                    groups.setdefault(tuple(sorted(session.executor_kinds)), []).append(index)
+            wants.append(want)
+        issued: dict[int, list[IssuedLease]] = {}
+        if groups:
+            # One statement locks every run involved, in ascending id, before any take.
+            kinds = sorted({kind for group in groups for kind in group})
+            run_rows = await conn.fetch(Q["claimable_runs"], kinds, sum(wants))
+            run_ids = [row["id"] for row in run_rows]
+            for group_kinds, members in groups.items() if run_ids else ():
+                owners = [index for index in members for _ in range(wants[index])]
+                secrets_ = [tokens.new_token() for _ in owners]
+                rows = await conn.fetch(
+                    Q["take"],
+                    [_live_worker(sessions[index]) for index in owners],
+                    list(group_kinds),
+                    run_ids,
+                    len(owners),
+                    [tokens.digest(token) for token in secrets_],
+                    lease_ttl_ms,
                 )
-            )
-            events.task(row["run_id"], row["task_key"], "queued", "running", row["attempt"])
-            events.attempt(
-                row["run_id"],
-                row["task_key"],
-                row["attempt"],
-                None,
-                "running",
-                {
-                    "worker_id": str(session.worker_id),
-                    "dispatch_id": row["dispatch_id"],
-                    "fencing_token": row["fencing_token"],
-                },
-            )
+                for row in rows:
+                    slot = row["token_index"] - 1
+                    issued.setdefault(owners[slot], []).append(_issued(row, secrets_[slot]))
+                    _record_start(events, row)
+        for index, session in enumerate(sessions):
+            if not isinstance(session, workers.Session):
+                outcomes.append(session)
+            elif session.state != "active":
+                outcomes.append(errors.worker_draining())
+            else:
+                outcomes.append(issued.get(index, []))
+        if still_wanted is not None and any(not still_wanted(index) for index in issued):
+            raise ClaimAbandoned()
         await events.flush(conn)
-    return leases
+    return outcomes
+
+
+def _live_worker(session: workers.Session | errors.AwpError) -> UUID:
+    assert isinstance(session, workers.Session)
+    return session.worker_id
+
+
+def _issued(row: asyncpg.Record, lease_token: str) -> IssuedLease:
+    return IssuedLease(
+        dispatch_id=row["dispatch_id"],
+        lease_token=lease_token,
+        fencing_token=row["fencing_token"],
+        run_id=row["run_id"],
+        task_key=row["task_key"],
+        executor_kind=row["executor_kind"],
+        action=row["action"],
+        input=row["input"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        lease_expires_at=row["lease_expires_at"],
+        lease_remaining_ms=float(row["lease_remaining_ms"]),
+        attempt_deadline=row["attempt_deadline"],
+        attempt_remaining_ms=float(row["attempt_remaining_ms"]),
+        run_input=row["run_input"],
+        upstream_outputs=row["upstream_outputs"] or {},
+    )
+
+
+def _record_start(events: EventBatch, row: asyncpg.Record) -> None:
+    events.task(row["run_id"], row["task_key"], "queued", "running", row["attempt"])
+    events.attempt(
+        row["run_id"],
+        row["task_key"],
+        row["attempt"],
+        None,
+        "running",
+        {
+            "worker_id": str(row["worker_id"]),
+            "dispatch_id": row["dispatch_id"],
+            "fencing_token": row["fencing_token"],
+        },
+    )
 
 
 async def renew(

@@ -81,16 +81,18 @@ async def authenticate(
 
 
 async def authenticate_many(
-    conn: Conn, credentials: Sequence[tuple[str, str]]
+    conn: Conn, credentials: Sequence[tuple[str, str]], *, for_update: bool = False
 ) -> list[Session | errors.AwpError]:
-    """Several (worker_id, session_token) pairs in one unlocked read: each the live
-    session it proves, or its SESSION_INVALID error (returned, not raised)."""
+    """Several (worker_id, session_token) pairs in one read: each the live session it
+    proves, or its SESSION_INVALID error (returned, not raised). for_update locks the
+    rows in ascending id (lock order: worker rows, then runs, then dispatches)."""
     found: list[Session | errors.AwpError] = []
     ids: dict[str, UUID] = {}
     for worker_id, _ in credentials:
         with contextlib.suppress(errors.AwpError):
             ids[worker_id] = parse_worker_id(worker_id)
-    rows = {row["id"]: row for row in await conn.fetch(Q["sessions"], list(set(ids.values())))}
+    query = Q["sessions_for_update" if for_update else "sessions"]
+    rows = {row["id"]: row for row in await conn.fetch(query, sorted(set(ids.values())))}
     for worker_id, session_token in credentials:
         wid = ids.get(worker_id)
         if wid is None:
@@ -117,6 +119,14 @@ def _session(
         log.info("session rejected", extra={"worker_id": worker_id, "why": row["state"]})
         raise errors.session_invalid(f"worker session is {row['state']}: register anew")
     return Session(wid, row["state"], list(row["executor_kinds"]), row["max_concurrency"])
+
+
+async def active_lease_counts(conn: Conn, worker_ids: Sequence[UUID]) -> dict[UUID, int]:
+    """Leases each worker holds (0 for none)."""
+    counts = dict.fromkeys(worker_ids, 0)
+    for row in await conn.fetch(Q["active_leases_of"], list(set(worker_ids))):
+        counts[row["worker_id"]] = row["n"]
+    return counts
 
 
 async def active_lease_count(conn: Conn, worker_id: UUID) -> int:

@@ -1,16 +1,18 @@
-"""Coalescing concurrent Complete calls into shared transactions (DESIGN.md §11).
+"""Coalescing concurrent Claim and Complete calls into shared transactions (DESIGN.md §11).
 
-Every Complete of a run takes that run's row lock and bumps its revision, so the
-completes of one busy run are serialised by PostgreSQL anyway. Here calls that arrive
-while the server's transactions are busy wait for the next one, which writes all of
-them together: one run lock, one revision bump, one set of statements and one commit
-for many workers' results. An idle server starts a call's transaction at once, so
-coalescing adds no latency; it only grows batches when calls would have queued on the
-run lock.
+Every Claim and every Complete of a run takes that run's row lock and bumps its
+revision, so the calls of one busy run are serialised by PostgreSQL anyway. Here calls
+that arrive while the server's transactions of their kind are busy wait for the next
+one, which serves all of them together: one run lock, one revision bump, one set of
+statements and one commit for many workers. An idle server starts a call's transaction
+in the same event-loop turn, so coalescing adds no latency; batches only grow when
+calls would have queued on the run lock anyway. (Calls woken together, e.g. parked
+Claims by one notification, form one batch instead of a queue on the run lock.)
 
-Each result is judged exactly as on its own, against its own session
-(`leases.complete_many`). If a shared transaction fails, each call is retried in a
-transaction of its own, so one call's bad data or invalid session never fails another.
+Each call is served exactly as on its own, against its own session
+(`leases.claim_many`, `leases.complete_many`). If a shared transaction fails, each
+call is retried in a transaction of its own, so one call's bad data or session never
+fails another.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from awp_db import leases
 from awp_db.connect import Pool
@@ -27,71 +30,80 @@ from awp_kernel.fencing import ResultVerdict
 
 log = logging.getLogger("awp.server.batching")
 
-# Transactions writing results at once. Two: the next batch forms and starts while the
+# Transactions of one kind at once. Two: the next batch forms and starts while the
 # previous one commits; more would only queue on the same run locks.
 LANES = 2
 
+C = TypeVar("C")  # one call
+R = TypeVar("R")  # its answer
+
 
 @dataclass(slots=True)
-class _Call:
-    completion: leases.Completion
-    answer: asyncio.Future[list[ResultVerdict]]
-    ids: frozenset[int] = field(default_factory=frozenset)
+class _Pending(Generic[C, R]):
+    call: C
+    answer: asyncio.Future[R]
+    size: int
+    ids: frozenset[int]
 
 
-class CompleteBatcher:
-    def __init__(self, pool: Pool, *, max_results: int, lanes: int = LANES) -> None:
+class _Batcher(Generic[C, R]):
+    kind = "call"
+    # Serve a call whose caller went away (Complete: its results are still written).
+    serve_abandoned = True
+
+    def __init__(self, pool: Pool, *, max_size: int, lanes: int = LANES) -> None:
         self._pool = pool
-        self._max_results = max_results
+        self._max_size = max_size
         self._lanes = lanes
-        self._queue: list[_Call] = []
+        self._queue: list[_Pending[C, R]] = []
         self._busy = 0
+        self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0  # transactions run (for tests and metrics)
+        self.batches = 0  # transactions run (for tests)
 
-    async def complete(
-        self, worker_id: str, session_token: str, results: Sequence[leases.ResultIn]
-    ) -> list[ResultVerdict]:
-        """The verdicts of one call's results, written in some shared transaction."""
-        call = _Call(
-            leases.Completion(worker_id, session_token, results),
-            asyncio.get_running_loop().create_future(),
-            frozenset(r.dispatch_id for r in results),
-        )
+    async def _submit(self, call: C, size: int, ids: frozenset[int] = frozenset()) -> R:
+        loop = asyncio.get_running_loop()
+        pending = _Pending[C, R](call, loop.create_future(), size, ids)
         # Retrieved even when nobody awaits it any more (the caller went away).
-        call.answer.add_done_callback(_retrieve)
-        self._queue.append(call)
-        self._start()
-        # If the caller goes away, its results are still written (or not) with the
-        # batch; the worker's retry of the same results is then answered DUPLICATE.
-        return await asyncio.shield(call.answer)
+        pending.answer.add_done_callback(_retrieve)
+        self._queue.append(pending)
+        if not self._scheduled:
+            # Start at the end of this loop turn: calls woken together batch together.
+            self._scheduled = True
+            loop.call_soon(self._start)
+        if self.serve_abandoned:
+            return await asyncio.shield(pending.answer)
+        # Cancelling the caller cancels the answer: the batch then leaves the call out.
+        return await pending.answer
 
     def _start(self) -> None:
+        self._scheduled = False
         while self._busy < self._lanes and self._queue:
             batch = self._take()
             self._busy += 1
-            task = asyncio.create_task(self._write(batch), name="awp-complete-batch")
+            task = asyncio.create_task(self._serve(batch), name=f"awp-{self.kind}-batch")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _take(self) -> list[_Call]:
-        """Queued calls in arrival order, up to max_results, no dispatch twice."""
-        batch: list[_Call] = []
-        left: list[_Call] = []
+    def _take(self) -> list[_Pending[C, R]]:
+        """Queued calls in arrival order, up to max_size, no item (dispatch) twice."""
+        batch: list[_Pending[C, R]] = []
+        left: list[_Pending[C, R]] = []
         seen: set[int] = set()
         size = 0
-        for call in self._queue:
-            count = len(call.completion.results)
-            if batch and (size + count > self._max_results or call.ids & seen):
-                left.append(call)
+        for pending in self._queue:
+            if pending.answer.done():  # the caller went away before its turn
                 continue
-            batch.append(call)
-            seen |= call.ids
-            size += count
+            if batch and (size + pending.size > self._max_size or pending.ids & seen):
+                left.append(pending)
+                continue
+            batch.append(pending)
+            seen |= pending.ids
+            size += pending.size
         self._queue = left
         return batch
 
-    async def _write(self, batch: list[_Call]) -> None:
+    async def _serve(self, batch: list[_Pending[C, R]]) -> None:
         try:
             self.batches += 1
             try:
@@ -101,31 +113,31 @@ class CompleteBatcher:
                     _settle(batch[0], exc)
                     return
                 log.warning(
-                    "a shared Complete transaction failed; writing its calls one by one",
+                    "a shared %s transaction failed; serving its calls one by one",
+                    self.kind,
                     extra={"calls": len(batch), "error": repr(exc)},
                 )
-                for call in batch:
+                for pending in batch:
                     try:
-                        (outcome,) = await self._transaction([call])
+                        (outcome,) = await self._transaction([pending])
                     except Exception as single:
-                        _settle(call, single)
+                        _settle(pending, single)
                     else:
-                        _settle(call, outcome)
+                        _settle(pending, outcome)
                 return
-            for call, outcome in zip(batch, outcomes, strict=True):
-                _settle(call, outcome)
+            for pending, outcome in zip(batch, outcomes, strict=True):
+                _settle(pending, outcome)
         except BaseException as exc:
-            for call in batch:
-                if not call.answer.done():
-                    call.answer.set_exception(exc)
+            for pending in batch:
+                if not pending.answer.done():
+                    pending.answer.set_exception(exc)
             raise
         finally:
             self._busy -= 1
             self._start()
 
-    async def _transaction(self, batch: list[_Call]) -> list[list[ResultVerdict] | AwpError]:
-        async with self._pool.acquire() as conn:
-            return await leases.complete_many(conn, [call.completion for call in batch])
+    async def _transaction(self, batch: list[_Pending[C, R]]) -> Sequence[R | AwpError]:
+        raise NotImplementedError
 
     async def close(self) -> None:
         """Waits for the transactions in progress (calls still queued are started)."""
@@ -133,15 +145,80 @@ class CompleteBatcher:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _settle(call: _Call, outcome: list[ResultVerdict] | BaseException) -> None:
-    if call.answer.done():
+class CompleteBatcher(_Batcher[leases.Completion, list[ResultVerdict]]):
+    kind = "Complete"
+
+    async def complete(
+        self, worker_id: str, session_token: str, results: Sequence[leases.ResultIn]
+    ) -> list[ResultVerdict]:
+        """The verdicts of one call's results, written in some shared transaction.
+
+        A caller that went away still has its results written (or not) with the batch;
+        the worker's retry of the same results is then answered DUPLICATE.
+        """
+        return await self._submit(
+            leases.Completion(worker_id, session_token, results),
+            len(results),
+            frozenset(r.dispatch_id for r in results),
+        )
+
+    async def _transaction(
+        self, batch: list[_Pending[leases.Completion, list[ResultVerdict]]]
+    ) -> Sequence[list[ResultVerdict] | AwpError]:
+        async with self._pool.acquire() as conn:
+            return await leases.complete_many(conn, [p.call for p in batch])
+
+
+class ClaimBatcher(_Batcher[leases.ClaimCall, list[leases.IssuedLease]]):
+    kind = "Claim"
+    serve_abandoned = False
+
+    def __init__(self, pool: Pool, *, max_size: int, lease_ttl_ms: int, lanes: int = LANES):
+        super().__init__(pool, max_size=max_size, lanes=lanes)
+        self._lease_ttl_ms = lease_ttl_ms
+
+    async def claim(
+        self, worker_id: str, session_token: str, max_leases: int
+    ) -> list[leases.IssuedLease]:
+        """Up to max_leases leases for one call, issued in some shared transaction.
+
+        Leases are never issued to a caller that went away (cancelled) before the
+        transaction commits: the batch is rolled back and served again without it.
+        """
+        return await self._submit(
+            leases.ClaimCall(worker_id, session_token, max_leases), max_leases
+        )
+
+    async def _transaction(
+        self, batch: list[_Pending[leases.ClaimCall, list[leases.IssuedLease]]]
+    ) -> Sequence[list[leases.IssuedLease] | AwpError]:
+        while True:
+            try:
+                async with self._pool.acquire() as conn:
+                    return await leases.claim_many(
+                        conn,
+                        [p.call for p in batch],
+                        self._lease_ttl_ms,
+                        still_wanted=lambda index: not batch[index].answer.done(),
+                    )
+            except leases.ClaimAbandoned:
+                # Rolled back: serve the others again (the departed get nothing).
+                gone = [p for p in batch if p.answer.done()]
+                batch[:] = [p for p in batch if not p.answer.done()]
+                log.debug("Claim batch rolled back for %d departed callers", len(gone))
+                if not batch:
+                    return []
+
+
+def _settle(pending: _Pending[C, R], outcome: R | AwpError | BaseException) -> None:
+    if pending.answer.done():
         return
     if isinstance(outcome, BaseException):
-        call.answer.set_exception(outcome)
+        pending.answer.set_exception(outcome)
     else:
-        call.answer.set_result(outcome)
+        pending.answer.set_result(outcome)
 
 
-def _retrieve(answer: asyncio.Future[list[ResultVerdict]]) -> None:
+def _retrieve(answer: asyncio.Future[R]) -> None:
     if not answer.cancelled():
         answer.exception()

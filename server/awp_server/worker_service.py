@@ -26,7 +26,7 @@ from awp_kernel.definition import EXECUTOR_KIND_PATTERN, json_size
 from awp_kernel.fencing import ResultVerdict
 from awp_kernel.results import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
 from awp_server import metrics
-from awp_server.batching import CompleteBatcher
+from awp_server.batching import ClaimBatcher, CompleteBatcher
 from awp_server.config import SUPPORTED_PROTOCOL_VERSIONS, ServerConfig
 from awp_server.convert import (
     WORKER_STATES,
@@ -87,8 +87,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._shutting_down = shutting_down
         # Cleanups of broken streams run outside the cancelled handler; keep them alive.
         self._cleanups: set[asyncio.Task[None]] = set()
-        # Concurrent Completes share transactions (one run lock and commit for many).
-        self.completes = CompleteBatcher(pool, max_results=MAX_RESULTS_PER_COMPLETE)
+        # Concurrent Claims and Completes share transactions (one run lock and commit
+        # for many workers' calls).
+        self.claims = ClaimBatcher(
+            pool, max_size=MAX_LEASES_PER_CLAIM, lease_ttl_ms=config.lease_ttl_ms
+        )
+        self.completes = CompleteBatcher(pool, max_size=MAX_RESULTS_PER_COMPLETE)
 
     @unary
     async def Register(
@@ -159,10 +163,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         deadline = time.monotonic() + max(0.0, wait_s)
         async with self._listener.subscribe(leases.DISPATCH_CHANNEL) as waiter:
             while True:
-                async with self._pool.acquire() as conn:
-                    issued = await leases.claim(
-                        conn, worker_id, token, request.max_leases, self._config.lease_ttl_ms
-                    )
+                issued = await self.claims.claim(worker_id, token, request.max_leases)
                 left = deadline - time.monotonic()
                 if issued or left <= 0:
                     break

@@ -668,7 +668,7 @@ async def profile_start(
         out = directory / f"{label.replace('/', '-')}-{proc.name}.txt"
         spies.append(
             subprocess.Popen(  # noqa: ASYNC220 - returns at once
-                [str(BIN / "py-spy"), "record", "--pid", str(proc.pid), "--rate", "250",
+                [str(BIN / "py-spy"), "record", "--pid", str(proc.pid), "--rate", "100",
                  "--format", "raw", "--output", str(out), "--nonblocking"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

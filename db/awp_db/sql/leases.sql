@@ -19,6 +19,9 @@ SELECT r.id
 -- One statement leases up to $4 dispatches of the locked runs $3, creates their
 -- attempts and moves their tasks queued -> running. Dispatch rows another
 -- transaction holds (e.g. being canceled) are skipped, never waited for.
+-- $1/$5: one entry per slot offered, its worker and its lease token's digest; the
+-- n-th dispatch picked goes to the n-th slot (slots of several sessions whose rows
+-- this transaction locked may be listed one session after the other).
 WITH picked AS (
     SELECT d.id, d.run_id, d.task_id
       FROM dispatches d
@@ -31,17 +34,18 @@ WITH picked AS (
 ), leased AS (
     UPDATE dispatches d
        SET state = 'leased',
-           worker_id = $1,
+           worker_id = tk.worker_id,
            lease_token_hash = tk.hash,
            fencing_token = nextval('fencing_tokens'),
            leased_at = statement_timestamp(),
            attempt_deadline = statement_timestamp() + t.timeout_ms * interval '1 millisecond',
            lease_expires_at = statement_timestamp() + least($6::bigint, t.timeout_ms) * interval '1 millisecond'
       FROM numbered nb
-      JOIN unnest($5::bytea[]) WITH ORDINALITY AS tk (hash, n) ON tk.n = nb.n
+      JOIN unnest($5::bytea[], $1::uuid[]) WITH ORDINALITY AS tk (hash, worker_id, n) ON tk.n = nb.n
       JOIN tasks t ON t.id = nb.task_id
      WHERE d.id = nb.id
- RETURNING d.id, d.run_id, d.task_id, d.fencing_token, d.lease_expires_at, d.attempt_deadline, tk.n
+ RETURNING d.id, d.run_id, d.task_id, d.worker_id, d.fencing_token, d.lease_expires_at,
+           d.attempt_deadline, tk.n
 ), started AS (
     UPDATE tasks t
        SET state = 'running', attempts = t.attempts + 1
@@ -51,10 +55,10 @@ WITH picked AS (
            t.depends_on
 ), recorded AS (
     INSERT INTO attempts (task_id, run_id, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
-    SELECT l.task_id, l.run_id, s.attempts, l.id, $1, l.fencing_token, statement_timestamp(), l.attempt_deadline
+    SELECT l.task_id, l.run_id, s.attempts, l.id, l.worker_id, l.fencing_token, statement_timestamp(), l.attempt_deadline
       FROM leased l JOIN started s ON s.id = l.task_id
 )
-SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, s.key AS task_key, s.executor_kind,
+SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, l.worker_id, s.key AS task_key, s.executor_kind,
        s.action, s.input, s.attempts AS attempt, s.max_attempts, l.fencing_token,
        l.lease_expires_at, l.attempt_deadline,
        extract(epoch FROM l.lease_expires_at - statement_timestamp()) * 1000 AS lease_remaining_ms,

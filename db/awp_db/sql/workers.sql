@@ -16,6 +16,13 @@ SELECT id, state, session_token_hash, executor_kinds, max_concurrency
 SELECT id, state, session_token_hash, executor_kinds, max_concurrency
   FROM workers WHERE id = ANY($1::uuid[])
 
+-- name: sessions_for_update
+-- Several sessions' claims in one transaction: their rows locked in ascending id.
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency
+  FROM workers WHERE id = ANY($1::uuid[])
+ ORDER BY id
+   FOR UPDATE
+
 -- name: session_for_update
 -- Serialises one session's claims so their slot count cannot be exceeded.
 SELECT id, state, session_token_hash, executor_kinds, max_concurrency
@@ -23,6 +30,11 @@ SELECT id, state, session_token_hash, executor_kinds, max_concurrency
 
 -- name: active_leases
 SELECT count(*) FROM dispatches WHERE worker_id = $1 AND state = 'leased'
+
+-- name: active_leases_of
+SELECT worker_id, count(*) AS n
+  FROM dispatches WHERE worker_id = ANY($1::uuid[]) AND state = 'leased'
+ GROUP BY worker_id
 
 -- name: touch
 UPDATE workers SET last_heartbeat_at = now()
