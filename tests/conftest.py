@@ -11,7 +11,7 @@ import asyncio
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from support import ADMIN_TOKEN, WORKER_TOKEN, ServerHandle
+from support import ADMIN_TOKEN, WORKER_TOKEN, ServerFactory, ServerHandle
 
 from awp_db.connect import Pool, connect, create_pool
 from awp_db.embedded import EmbeddedPostgres
@@ -112,8 +112,6 @@ async def conn(database_dsn: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 # --- An in-process awp-server on a loopback port, over this test's database ---------
-
-ServerFactory = Callable[..., Awaitable[ServerHandle]]
 
 
 @pytest.fixture

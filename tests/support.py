@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,14 +58,16 @@ async def expect_error(call: Awaitable[Any]) -> RichError:
 
 
 async def poll_until(
-    probe: Callable[[], Awaitable[T]], *, within: float = 10.0, interval: float = 0.02
+    probe: Callable[[], T | Awaitable[T]], *, within: float = 10.0, interval: float = 0.02
 ) -> T:
-    """Re-evaluates probe until it returns something truthy; fails after `within` s."""
+    """Re-evaluates probe (sync or async) until it is truthy; fails after `within` s."""
     deadline = time.monotonic() + within
     while True:
-        value = await probe()
+        value = probe()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
-            return value
+            return value  # type: ignore[return-value]
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {within} s (last value {value!r})")
         await asyncio.sleep(interval)
@@ -132,3 +135,6 @@ class ServerHandle:
 
     def channel(self) -> grpc.aio.Channel:
         return grpc.aio.insecure_channel(self.address)
+
+
+ServerFactory = Callable[..., Awaitable[ServerHandle]]

@@ -96,6 +96,10 @@ class Listener:
             if waiter.key is None or waiter.key == payload:
                 waiter.wake()
 
+    def waiting(self, channel: str) -> int:
+        """How many waiters a channel has (operators' gauges, tests' synchronisation)."""
+        return len(self._waiters.get(channel, ()))
+
     def wake_all(self) -> None:
         """Wakes every waiter: after a reconnect, or when the process shuts down."""
         for waiters in self._waiters.values():

@@ -44,6 +44,8 @@ class RunningServer:
 
     async def stop(self, grace: float) -> None:
         """Stops taking calls, lets running ones finish within grace, then releases all."""
+        if self.shutting_down.is_set():
+            return
         self.shutting_down.set()
         # Parked claims return at once and heartbeat streams end (see WorkerService),
         # so workers move on to the next server instead of waiting out the grace.

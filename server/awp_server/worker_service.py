@@ -165,7 +165,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             while True:
                 issued = await self.claims.claim(worker_id, token, request.max_leases)
                 left = deadline - time.monotonic()
-                if issued or left <= 0:
+                if issued or left <= 0 or self._shutting_down.is_set():
                     break
                 await waiter.wait(min(left, CLAIM_RECHECK_S))
         metrics.CLAIMS.labels("leased" if issued else "empty").inc()
@@ -209,7 +209,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         stopped = False
         metrics.HEARTBEAT_STREAMS.inc()
         try:
-            async for request in request_iterator:
+            async for request in self._until_shutdown(request_iterator):
                 worker_id, presented = _session(request.session)
                 refs = _lease_refs(request.leases, "leases")
                 async with self._pool.acquire() as conn:
@@ -252,6 +252,33 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             metrics.HEARTBEAT_STREAMS.dec()
             if session is not None and epoch is not None and not stopped:
                 self._stream_ended(session.worker_id, epoch)
+
+    async def _until_shutdown(
+        self, requests: AsyncIterator[worker_pb2.HeartbeatRequest]
+    ) -> AsyncIterator[worker_pb2.HeartbeatRequest]:
+        """The stream's requests until it ends or this server begins to shut down.
+
+        Ending the streams at once sends workers to the next server straight away
+        instead of leaving them attached to one that refuses every other call.
+        """
+        iterator = aiter(requests)
+        shutdown = asyncio.ensure_future(self._shutting_down.wait())
+        receive: asyncio.Future[worker_pb2.HeartbeatRequest] | None = None
+        try:
+            while True:
+                receive = asyncio.ensure_future(anext(iterator))
+                await asyncio.wait({receive, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+                if not receive.done():
+                    return
+                try:
+                    request = receive.result()
+                except StopAsyncIteration:
+                    return
+                yield request
+        finally:
+            shutdown.cancel()
+            if receive is not None and not receive.done():
+                receive.cancel()
 
     def _stream_ended(self, worker_id: Any, epoch: int) -> None:
         """Without a drain, a vanished stream shortens the worker's leases to the grace.

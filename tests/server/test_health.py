@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -51,16 +51,18 @@ async def test_health_tracks_the_database(own_postgres: EmbeddedPostgres) -> Non
                 response = await health.Check(health_pb2.HealthCheckRequest(service=service))
                 return response.status
 
-            await poll_until(lambda: _is(status, SERVING))
+            def is_(expected: int) -> Callable[[], Awaitable[bool]]:
+                async def probe() -> bool:
+                    return await status() == expected
+
+                return probe
+
+            await poll_until(is_(SERVING))
             assert await status("awp.v1.WorkerService") == SERVING
             own_postgres.stop(mode="immediate")
-            await poll_until(lambda: _is(status, NOT_SERVING))
+            await poll_until(is_(NOT_SERVING))
             assert await status("awp.v1.ControlService") == NOT_SERVING
             own_postgres.start()
-            await poll_until(lambda: _is(status, SERVING), within=20)
+            await poll_until(is_(SERVING), within=20)
     finally:
         await running.stop(0)
-
-
-async def _is(probe: object, expected: int) -> bool:
-    return bool(await probe() == expected)  # type: ignore[operator]

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
 import pytest
 from google.protobuf import duration_pb2, json_format, struct_pb2
-from support import WORKER_TOKEN, ServerHandle, expect_error, poll_until, spec, start_run
+from support import (
+    WORKER_TOKEN,
+    ServerFactory,
+    ServerHandle,
+    expect_error,
+    poll_until,
+    spec,
+    start_run,
+)
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
-from awp_db import dispatching, settle
+from awp_db import dispatching, leases, settle
 from awp_db.connect import Pool
 from awp_db.events import EventBatch
 
@@ -451,12 +459,18 @@ async def test_a_dropped_stream_shortens_leases_and_a_quick_reconnect_keeps_them
         )
         return value
 
+    def seconds_left_below(limit: float) -> Callable[[], Awaitable[bool]]:
+        async def probe() -> bool:
+            return await seconds_left() < limit
+
+        return probe
+
     stream = Stream(stub)
     await stream.beat(worker, [lease])
     assert await seconds_left() > 10
     stream.cancel()
     # The server sees the stream go and shortens the lease to the 1 s grace.
-    await poll_until(lambda: _below(seconds_left, 1.5))
+    await poll_until(seconds_left_below(1.5))
     reconnected = Stream(stub)
     try:
         answer = await reconnected.beat(worker, [lease])
@@ -464,11 +478,6 @@ async def test_a_dropped_stream_shortens_leases_and_a_quick_reconnect_keeps_them
         assert await seconds_left() > 10
     finally:
         reconnected.cancel()
-
-
-async def _below(probe: object, limit: float) -> bool:
-    value = await probe()  # type: ignore[operator]
-    return bool(value < limit)
 
 
 async def test_a_stale_stream_ending_does_not_shorten_a_newer_streams_leases(
@@ -546,3 +555,30 @@ async def test_hand_back_settles_leases_at_once_as_interrupted(
         for row in await pool.fetch("SELECT state FROM tasks WHERE run_id = $1", run_id)
     }
     assert tasks == {"waiting_retry"}
+
+
+async def test_server_shutdown_ends_streams_at_once_and_keeps_leases(
+    start_server: ServerFactory, pool: Pool
+) -> None:
+    server = await start_server()
+    async with server.channel() as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        await start_run(pool, spec(tasks=1))
+        worker = await register(stub)
+        await dispatch_all(pool)
+        (lease,) = await worker.claim()
+        stream = Stream(stub)
+        await stream.beat(worker, [lease])
+        parked = asyncio.create_task(worker.claim(1, wait_s=25))
+        listener = server.running.listener
+        await poll_until(lambda: listener.waiting(leases.DISPATCH_CHANNEL) > 0)
+        # With a 30 s grace, only ending the stream and the parked claim lets stop finish.
+        await asyncio.wait_for(server.running.stop(30), 10)
+        assert await stream.call.read() is grpc.aio.EOF
+        assert await asyncio.wait_for(parked, 5) == []
+    left = await pool.fetchval(
+        "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) FROM dispatches"
+        " WHERE id = $1",
+        lease.dispatch_id,
+    )
+    assert left > 10, "a shutting-down server must not shorten its workers' leases"
