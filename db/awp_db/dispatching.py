@@ -6,6 +6,7 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from uuid import UUID
 
 from awp_db import settle
 from awp_db.connect import Conn
@@ -22,6 +23,8 @@ class DispatchPass:
     created: int = 0
     by_kind: Counter[str] = field(default_factory=Counter)
     withdrawn: int = 0
+    # Runs whose tasks were chosen but which were busy (locked): left to the next pass.
+    skipped_runs: int = 0
 
 
 async def create_dispatches(
@@ -54,20 +57,28 @@ async def create_dispatches(
             total = min(total, global_limit - in_flight)
         if total <= 0 or not budget:
             return result
-        chosen: list[int] = []
-        run_ids = set()
+        chosen: list[tuple[int, UUID]] = []
         for row in await conn.fetch(Q["candidates"], sorted(budget), total):
             if len(chosen) >= total:
                 break
             kind = row["executor_kind"]
             if budget.get(kind, 0) > 0:
                 budget[kind] -= 1
-                chosen.append(row["id"])
-                run_ids.add(row["run_id"])
+                chosen.append((row["id"], row["run_id"]))
         if not chosen:
             return result
-        await settle.lock_runs(conn, run_ids)
-        for row in await conn.fetch(Q["create"], chosen):
+        # Runs busy with claims and results are left to the next pass (which follows at
+        # once, and serves the least recently dispatched runs first): waiting for them
+        # while holding the others would stall those too. Only when every run is busy
+        # does the pass wait (ascending id, the usual order).
+        run_ids = sorted({run_id for _, run_id in chosen})
+        locked = {row["id"] for row in await conn.fetch(Q["try_lock_runs"], run_ids)}
+        if not locked:
+            locked = {row["id"] for row in await settle.lock_runs(conn, run_ids)}
+        result.skipped_runs = len(set(run_ids) - locked)
+        for row in await conn.fetch(
+            Q["create"], [task for task, run_id in chosen if run_id in locked]
+        ):
             events.task(
                 row["run_id"],
                 row["key"],

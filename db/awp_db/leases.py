@@ -164,13 +164,26 @@ async def claim_many(
                     groups.setdefault(tuple(sorted(session.executor_kinds)), []).append(index)
             wants.append(want)
         issued: dict[int, list[IssuedLease]] = {}
-        if groups:
-            # One statement locks every run involved, in ascending id, before any take.
-            kinds = sorted({kind for group in groups for kind in group})
-            run_rows = await conn.fetch(Q["claimable_runs"], kinds, sum(wants))
-            run_ids = [row["id"] for row in run_rows]
-            for group_kinds, members in groups.items() if run_ids else ():
-                owners = [index for index in members for _ in range(wants[index])]
+        # First the runs of the oldest pending dispatches, waited for in ascending id.
+        # Concurrent claims may have taken some of those meanwhile: a short batch then
+        # adds whatever other runs are free right now (SKIP LOCKED never waits, so the
+        # lock order cannot be violated) rather than answering with slots left empty.
+        for query in ("claimable_runs", "claimable_runs_free"):
+            missing = [want - len(issued.get(index, ())) for index, want in enumerate(wants)]
+            if sum(missing) <= 0:
+                break
+            groups = {
+                group: [index for index in members if missing[index] > 0]
+                for group, members in groups.items()
+            }
+            kinds = sorted({kind for group, members in groups.items() if members for kind in group})
+            run_ids = [row["id"] for row in await conn.fetch(Q[query], kinds, sum(missing))]
+            if not run_ids:
+                break
+            for group_kinds, members in groups.items():
+                owners = [index for index in members for _ in range(missing[index])]
+                if not owners:
+                    continue
                 secrets_ = [tokens.new_token() for _ in owners]
                 rows = await conn.fetch(
                     Q["take"],

@@ -130,6 +130,10 @@ class Coordinator:
                     conn, config.global_dispatch_limit, config.dispatch_prefetch
                 )
                 report.dispatched = dispatched.created
+                if dispatched.skipped_runs and not dispatched.created:
+                    # Only busy runs had work: come back shortly (MIN_SLEEP_S), not at
+                    # the next scan. (A pass that dispatched anything is followed at once.)
+                    report.next_due_in = 0.0
         self._record(report, time.perf_counter() - started)
         return report
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from coordinator_support import (
@@ -183,3 +184,36 @@ async def test_an_old_large_run_cannot_starve_a_new_small_one(pool: Pool) -> Non
     assert await run_state(pool, later) == "succeeded"
     assert await run_state(pool, big) == "running"
     await check_invariants(pool, global_limit=1)
+
+
+async def test_a_busy_run_is_left_to_the_next_pass_not_waited_for(pool: Pool) -> None:
+    busy = await start_run(pool, make_spec("busy", 2))
+    idle = await start_run(pool, make_spec("idle", 2))
+    await register(pool, max_concurrency=10)
+    coord = coordinator(pool)
+    async with pool.acquire() as holder, holder.transaction():
+        # Another transaction (a claim, a result) holds the busy run's row.
+        await holder.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", busy)
+        report = await asyncio.wait_for(coord.run_pass(), 10)
+        assert report.dispatched == 2
+        assert set((await task_states(pool, idle)).values()) == {"queued"}
+        assert set((await task_states(pool, busy)).values()) == {"ready"}
+    # Once the run is free again, the next pass serves it.
+    assert (await coord.run_pass()).dispatched == 2
+    assert set((await task_states(pool, busy)).values()) == {"queued"}
+    await check_invariants(pool)
+
+
+async def test_when_every_run_is_busy_the_pass_waits_for_them(pool: Pool) -> None:
+    only = await start_run(pool, make_spec("only", 2))
+    await register(pool, max_concurrency=10)
+    coord = coordinator(pool)
+    async with pool.acquire() as holder:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", only)
+        passing = asyncio.create_task(coord.run_pass())
+        await asyncio.sleep(0.3)
+        assert not passing.done()  # a single busy run: waiting is the only way forward
+        await transaction.rollback()
+        assert (await asyncio.wait_for(passing, 10)).dispatched == 2

@@ -57,6 +57,14 @@ SELECT c.id, c.run_id, c.executor_kind, c.rn
  ORDER BY c.rn, l.last_dispatched_at NULLS FIRST, l.created_at, l.id
  LIMIT $2
 
+-- name: try_lock_runs
+-- The runs named that no other transaction holds, locked in ascending id; busy ones
+-- are skipped (never waited for, so this cannot deadlock).
+SELECT id FROM runs
+ WHERE id = ANY($1::uuid[])
+ ORDER BY id
+   FOR UPDATE SKIP LOCKED
+
 -- name: create
 -- Runs are locked by the caller. Only tasks still ready move; each gets one dispatch
 -- (the unique index refuses a second live one).

@@ -15,6 +15,21 @@ SELECT r.id
  ORDER BY r.id
    FOR UPDATE
 
+-- name: claimable_runs_free
+-- As claimable_runs, skipping runs another transaction holds (never waits): a second
+-- round for a claim the first round left short. Runs this transaction already locked
+-- are returned again.
+SELECT r.id
+  FROM runs r
+ WHERE r.id IN (SELECT d.run_id
+                  FROM dispatches d
+                 WHERE d.state = 'pending' AND d.executor_kind = ANY($1::text[])
+                 ORDER BY d.id
+                 LIMIT $2)
+   AND r.state = 'running' AND r.cancel_requested_at IS NULL
+ ORDER BY r.id
+   FOR UPDATE SKIP LOCKED
+
 -- name: take
 -- One statement leases up to $4 dispatches of the locked runs $3, creates their
 -- attempts and moves their tasks queued -> running. Dispatch rows another
