@@ -324,6 +324,8 @@ async def complete_many(
     """
     events = EventBatch()
     outcomes: list[list[ResultVerdict] | errors.AwpError] = []
+    # Hashed before any lock is taken: the locks are held only for the judgement.
+    digests = {result.dispatch_id: result.digest() for call in calls for result in call.results}
     async with conn.transaction():
         sessions = await workers.authenticate_many(
             conn, [(call.worker_id, call.session_token) for call in calls]
@@ -340,8 +342,7 @@ async def complete_many(
         locked: dict[int, asyncpg.Record] = {}
         if ids:
             await conn.fetch(Q["lock_runs_of"], ids)
-            locked = {row["id"]: row for row in await conn.fetch(Q["lock_for_settlement"], ids)}
-        now = await settle.clock(conn)
+            locked = {row["id"]: row for row in await conn.fetch(Q["lock_for_judgement"], ids)}
         endings: list[settle.Ending] = []
         for call, session in zip(calls, sessions, strict=True):
             if not isinstance(session, workers.Session):
@@ -350,7 +351,7 @@ async def complete_many(
             verdicts: list[ResultVerdict] = []
             for result in call.results:
                 row = locked.get(result.dispatch_id)
-                digest = result.digest()
+                digest = digests[result.dispatch_id]
                 if row is None:
                     verdicts.append(ResultVerdict.LEASE_LOST)
                     continue
@@ -360,7 +361,7 @@ async def complete_many(
                     state=row["state"],
                     stored_result_hash=row["result_hash"],
                     result_hash=digest,
-                    now=now,
+                    now=row["now"],
                     lease_expires_at=row["lease_expires_at"],
                     attempt_deadline=row["attempt_deadline"],
                 )
