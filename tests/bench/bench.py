@@ -36,8 +36,9 @@ Per scenario it also records empty claims per task (awp-server's
 queries subtracted), CPU seconds per task of each process kind (server, coordinator,
 workers, and the PostgreSQL server's processes) and peak RSS per process (VmHWM).
 Background work in the measured window (heartbeats, periodic scans, health probes)
-is included. ``os.getloadavg()`` is recorded with every repetition: other work on the
-machine makes the figures pessimistic.
+is included. ``os.getloadavg()`` and the CPU steal (time the hypervisor gave to other
+guests) are recorded with every repetition: other work on the machine makes the
+figures pessimistic.
 
 Writes ``tests/bench/results.json`` (``--quick``: ``tests/bench/out/results-quick.json``):
 a list of scenarios with ``name``, ``workers`` and figures as {"median", "min", "max"}.
@@ -139,6 +140,12 @@ class Proc:
         rss = _peak_rss_bytes(self.pid)
         if rss is not None:
             self.peak_rss = max(self.peak_rss, rss)
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(steal, total) jiffies of the whole machine, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
 
 
 def _clean_env() -> dict[str, str]:
@@ -395,6 +402,7 @@ class Window:
         self.cpu0 = {p.pid: p.cpu for p in self.cluster.procs}
         self.pg_cpu0 = dict(self.pg.cpu)
         self.load0 = os.getloadavg()
+        self.ticks0 = _cpu_ticks()
         self._sampler = asyncio.create_task(self._sample_forever())
 
     async def stop(self, tasks: int) -> dict[str, Any]:
@@ -404,6 +412,8 @@ class Window:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
         load1 = os.getloadavg()
+        steal1, total1 = _cpu_ticks()
+        steal0, total0 = self.ticks0
         claims1 = await asyncio.to_thread(scrape, self.cluster.server_metrics)
         coord1 = await asyncio.to_thread(scrape, self.cluster.coordinator_metrics)
         xacts1 = await self._settled_xacts()
@@ -433,6 +443,8 @@ class Window:
             "peak_rss_mb": rss,
             "loadavg_before": list(self.load0),
             "loadavg_after": list(load1),
+            # Share of the machine's CPU time the hypervisor gave to others meanwhile.
+            "cpu_steal": (steal1 - steal0) / max(1, total1 - total0),
         }
 
 
@@ -765,7 +777,12 @@ def aggregate(case: Case, reps: list[dict[str, Any]], sizes: Sizes) -> dict[str,
             kind: summary([rep[group][kind] for rep in reps]) for kind in reps[0][group]
         }
     entry["loadavg"] = [
-        {"before": rep["loadavg_before"], "after": rep["loadavg_after"]} for rep in reps
+        {
+            "before": rep["loadavg_before"],
+            "after": rep["loadavg_after"],
+            "cpu_steal": round(rep["cpu_steal"], 3),
+        }
+        for rep in reps
     ]
     extras = ("elapsed_s", "run_finish_s", "hop_ms_max")
     entry["per_repetition"] = [{k: rep[k] for k in extras if k in rep} for rep in reps]
@@ -876,7 +893,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 console.print(
                     f"{case.label} #{repetition}: {shown} "
                     f"[{time.monotonic() - started:.0f} s, "
-                    f"loadavg {figures['loadavg_before'][0]:.2f}]"
+                    f"loadavg {figures['loadavg_before'][0]:.2f}, "
+                    f"steal {figures['cpu_steal']:.0%}]"
                 )
             entry = aggregate(case, reps, sizes)
             entry["machine"] = env
