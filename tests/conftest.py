@@ -19,13 +19,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from support import ADMIN_TOKEN, WORKER_TOKEN, ServerFactory, ServerHandle
 
 from awp_db.connect import Pool, connect, create_pool
 from awp_db.embedded import EmbeddedPostgres
 from awp_db.migrate import migrate
 from awp_server import app
 from awp_server.config import ServerConfig
+from support import ADMIN_TOKEN, WORKER_TOKEN, ServerFactory, ServerHandle
 
 TEMPLATE = "awp_test_template"
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from support import ADMIN_TOKEN, ServerHandle
-
 from cli.runner import ENV, REPOSITORY, Result
+from support import ADMIN_TOKEN, ServerHandle
 
 
 async def awp_async(*args: str, env: dict[str, str] | None = None) -> Result:

@@ -7,14 +7,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from uuid import UUID
 
-from control.helpers import complete, dispatch_and_claim, drive_to_end, register_worker
-from support import ADMIN_TOKEN, ServerHandle, poll_until, spec, start_run
-
 from awp.v1 import control_pb2, types_pb2
 from awp_cli.client import Client, Target
 from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow
 from awp_db.connect import Pool
+from control.helpers import complete, dispatch_and_claim, drive_to_end, register_worker
+from support import ADMIN_TOKEN, ServerHandle, poll_until, spec, start_run
 
 # conftest's `start_server` fixture.
 ServerFactory = Callable[..., Awaitable[ServerHandle]]

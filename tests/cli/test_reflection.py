@@ -24,10 +24,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from grpc_status import rpc_status
-from support import ADMIN_TOKEN, WORKER_TOKEN, ServerHandle
 
 from awp_db import dispatching
 from awp_db.connect import Pool
+from support import ADMIN_TOKEN, WORKER_TOKEN, ServerHandle
 
 CONTROL = "awp.v1.ControlService"
 WORKER = "awp.v1.WorkerService"

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from control.helpers import control_server
 
 from awp.v1 import control_pb2_grpc
 from awp_db.connect import Pool
 from awp_db.events import RUN_EVENTS_CHANNEL
 from awp_db.listen import Listener
+from control.helpers import control_server
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from typing import Any
 from uuid import UUID
 
 import grpc
-import support
 from google.protobuf import duration_pb2, struct_pb2
 
+import support
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import dispatching, leases, settle, workers
 from awp_db.connect import Pool

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from uuid import UUID
 
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_db import dispatching, leases
+from awp_db.connect import Pool
 from control.helpers import (
     converge_cancel,
     create_workflow,
@@ -13,10 +16,6 @@ from control.helpers import (
     start_run,
     task,
 )
-
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db import dispatching, leases
-from awp_db.connect import Pool
 
 Stub = control_pb2_grpc.ControlServiceStub
 

@@ -10,6 +10,11 @@ from uuid import UUID
 
 import grpc
 import pytest
+
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_db.connect import Pool
+from awp_kernel.definition import MAX_INPUT_BYTES
+from awp_server import convert
 from control.helpers import (
     complete,
     converge_cancel,
@@ -22,11 +27,6 @@ from control.helpers import (
     struct,
     task,
 )
-
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db.connect import Pool
-from awp_kernel.definition import MAX_INPUT_BYTES
-from awp_server import convert
 
 Stub = control_pb2_grpc.ControlServiceStub
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

@@ -13,6 +13,12 @@ from uuid import UUID
 
 import grpc
 import pytest
+
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_db import runs, settle
+from awp_db.connect import Pool, connect
+from awp_db.events import Event, EventBatch
+from awp_db.listen import Listener
 from control.helpers import (
     complete,
     control_server,
@@ -25,12 +31,6 @@ from control.helpers import (
     start_run,
     task,
 )
-
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db import runs, settle
-from awp_db.connect import Pool, connect
-from awp_db.events import Event, EventBatch
-from awp_db.listen import Listener
 
 Stub = control_pb2_grpc.ControlServiceStub
 # Generous: only ever reached when something is broken.

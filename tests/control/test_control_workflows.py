@@ -6,6 +6,11 @@ import base64
 
 import grpc
 import pytest
+
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_db.connect import Pool
+from awp_kernel.definition import DEFAULT_TIMEOUT_MS, MAX_INPUT_BYTES, canonical_json
+from awp_server import convert
 from control.helpers import (
     create_workflow,
     definition,
@@ -14,11 +19,6 @@ from control.helpers import (
     struct,
     task,
 )
-
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db.connect import Pool
-from awp_kernel.definition import DEFAULT_TIMEOUT_MS, MAX_INPUT_BYTES, canonical_json
-from awp_server import convert
 
 Stub = control_pb2_grpc.ControlServiceStub
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from control.helpers import definition, seconds, struct, task
 
 from awp.v1 import types_pb2
 from awp_kernel import states
 from awp_kernel.definition import DefinitionInvalid, canonical_json
 from awp_server import convert
+from control.helpers import definition, seconds, struct, task
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,9 @@ from invariants import Expect
 from probes import revision, seconds_between, wait_attempt, wait_run
 from proxy import TcpProxy
 from rawworker import RawWorker
-from support import rich_error
 
 from awp.v1 import control_pb2, worker_pb2
+from support import rich_error
 
 pytestmark = pytest.mark.fault
 

@@ -10,10 +10,10 @@ from uuid import UUID
 
 import pytest
 from invariants import Expect, InvariantViolation, check_invariants
-from support import spec, start_run
 
 from awp_db import coordination, dispatching, leases, workers
 from awp_db.connect import Pool
+from support import spec, start_run
 
 TTL_MS = 60_000
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from support import spec, start_run
 
 from awp_db import dispatching, leases, workers
 from awp_db.connect import Pool
 from awp_kernel.errors import AwpError
 from awp_kernel.fencing import ResultVerdict
 from awp_server.batching import ClaimBatcher, CompleteBatcher
+from support import spec, start_run
 
 
 async def _worker(pool: Pool, name: str) -> workers.Registration:

@@ -8,13 +8,13 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import poll_until
 
 from awp_db.connect import connect
 from awp_db.embedded import EmbeddedPostgres
 from awp_db.migrate import migrate
 from awp_server import app
 from awp_server.config import ServerConfig
+from support import poll_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -10,6 +10,11 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from google.protobuf import duration_pb2, json_format, struct_pb2
+
+from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp_db import dispatching, leases, settle
+from awp_db.connect import Pool
+from awp_db.events import EventBatch
 from support import (
     WORKER_TOKEN,
     ServerFactory,
@@ -19,11 +24,6 @@ from support import (
     spec,
     start_run,
 )
-
-from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
-from awp_db import dispatching, leases, settle
-from awp_db.connect import Pool
-from awp_db.events import EventBatch
 
 AUTH = (("authorization", f"Bearer {WORKER_TOKEN}"),)
 

@@ -10,7 +10,6 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from support import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
 
 from awp_coordinator import Coordinator, CoordinatorConfig
 from awp_db import runs
@@ -20,6 +19,7 @@ from awp_worker._config import WorkerConfig
 from awp_worker._executors import PythonExecutor
 from awp_worker._runtime import EXIT_OK, EXIT_SESSION_LOST, WorkerRuntime
 from awp_worker._sdk import ActionRegistry
+from support import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
 
 ServerFactory = Callable[..., Awaitable[ServerHandle]]
 
