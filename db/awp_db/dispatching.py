@@ -46,9 +46,10 @@ async def create_dispatches(
     async with conn.transaction():
         await conn.execute(Q["serialise"])
         budget: dict[str, int] = {}
-        in_flight = 0
-        for row in await conn.fetch(Q["capacity"]):
-            in_flight += row["live"]
+        rows = await conn.fetch(Q["capacity"])
+        # Pending + leased, all kinds (no row: no active worker and nothing pending).
+        in_flight = (rows[0]["leased"] if rows else 0) + sum(row["pending"] for row in rows)
+        for row in rows:
             room = row["free"] + math.ceil(prefetch * row["slots"]) - row["pending"]
             if room > 0:
                 budget[row["kind"]] = room

@@ -9,7 +9,7 @@ SELECT r.id
  WHERE r.id IN (SELECT d.run_id
                   FROM dispatches d
                  WHERE d.state = 'pending' AND d.executor_kind = ANY($1::text[])
-                 ORDER BY d.id
+                 ORDER BY d.id + 0  -- see take
                  LIMIT $2)
    AND r.state = 'running' AND r.cancel_requested_at IS NULL
  ORDER BY r.id
@@ -24,7 +24,7 @@ SELECT r.id
  WHERE r.id IN (SELECT d.run_id
                   FROM dispatches d
                  WHERE d.state = 'pending' AND d.executor_kind = ANY($1::text[])
-                 ORDER BY d.id
+                 ORDER BY d.id + 0  -- see take
                  LIMIT $2)
    AND r.state = 'running' AND r.cancel_requested_at IS NULL
  ORDER BY r.id
@@ -41,7 +41,10 @@ WITH picked AS (
     SELECT d.id, d.run_id, d.task_id
       FROM dispatches d
      WHERE d.state = 'pending' AND d.executor_kind = ANY($2::text[]) AND d.run_id = ANY($3::uuid[])
-     ORDER BY d.id
+     -- Oldest first; "+ 0" keeps PostgreSQL from walking the primary key (every dispatch
+     -- ever made) in id order, filtering: the few pending ones come from their partial
+     -- index and are sorted.
+     ORDER BY d.id + 0
      LIMIT $4
        FOR UPDATE SKIP LOCKED
 ), numbered AS (
