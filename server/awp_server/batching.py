@@ -2,7 +2,7 @@
 
 Every Claim and every Complete of a run takes that run's row lock and bumps its
 revision, so the calls of one busy run are serialised by PostgreSQL anyway. Here calls
-that arrive while the server's transactions of their kind are busy wait for the next
+that arrive while the server's transaction of their kind is busy wait for the next
 one, which serves all of them together: one run lock, one revision bump, one set of
 statements and one commit for many workers. An idle server starts a call's transaction
 in the same event-loop turn, so coalescing adds no latency; batches only grow when
@@ -30,9 +30,11 @@ from awp_kernel.fencing import ResultVerdict
 
 log = logging.getLogger("awp.server.batching")
 
-# Transactions of one kind at once. Two: the next batch forms and starts while the
-# previous one commits; more would only queue on the same run locks.
-LANES = 2
+# Transactions of one kind (Claim, Complete) at once per server. One: a second
+# transaction would mostly wait for the same run locks, and every call that arrives
+# meanwhile joins the next batch instead (measured: single_run with 4 workers and
+# many_runs both ~20-35% faster than with two).
+LANES = 1
 
 C = TypeVar("C")  # one call
 R = TypeVar("R")  # its answer
