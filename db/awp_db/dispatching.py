@@ -37,9 +37,12 @@ async def create_dispatches(
 
     prefetch keeps up to that fraction of the compatible active workers' slots offered
     beyond their free slots (0: exactly the free slots), so a worker whose slots free
-    finds its next leases waiting instead of waiting for the next pass. Every limit
-    above still holds: the extra offers count against the run's concurrency and the
-    global limit, and a claim never exceeds a worker's free slots.
+    finds its next leases waiting instead of waiting for the next pass. The offers are
+    topped up only when they no longer cover the free slots, so each dispatch
+    transaction (which takes the run locks that claims and results need too) creates a
+    larger batch, less often. Every limit above still holds: the extra offers count
+    against the run's concurrency and the global limit, and a claim never exceeds a
+    worker's free slots.
     """
     result = DispatchPass()
     events = EventBatch()
@@ -50,6 +53,10 @@ async def create_dispatches(
         # Pending + leased, all kinds (no row: no active worker and nothing pending).
         in_flight = (rows[0]["leased"] if rows else 0) + sum(row["pending"] for row in rows)
         for row in rows:
+            if row["pending"] >= row["free"]:
+                # Every free slot already has an offer waiting: the prefetch is refilled
+                # once it runs short, in one larger pass, not after every result.
+                continue
             room = row["free"] + math.ceil(prefetch * row["slots"]) - row["pending"]
             if room > 0:
                 budget[row["kind"]] = room
