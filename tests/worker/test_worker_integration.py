@@ -236,3 +236,40 @@ async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
 async def test_a_wrong_worker_token_exits_with_code_3(server: ServerHandle) -> None:
     worker = Running(WorkerRuntime(worker_config(server, token="wrong")))
     assert await worker.exit_code() == EXIT_SESSION_LOST
+
+
+async def test_an_idle_worker_stays_active_across_ten_lease_ttls(
+    start_server: ServerFactory, pool: Pool, database_dsn: str
+) -> None:
+    # Offline after 3 silent heartbeats (0.45 s): only steady idle heartbeats keep it active.
+    server = await start_server(heartbeat_interval_s=0.15, lease_ttl_s=0.6)
+    coordinator = Coordinator(
+        pool,
+        CoordinatorConfig(
+            database_url=database_dsn,
+            scan_interval_s=0.05,
+            heartbeat_interval_s=0.15,
+            metrics_listen=None,
+        ),
+    )
+    stop = asyncio.Event()
+    coordinating = asyncio.create_task(coordinator.run(stop))
+    worker = Running(WorkerRuntime(worker_config(server)))
+    try:
+        worker_id = await worker.runtime.wait_registered()
+        loop = asyncio.get_running_loop()
+        watch_until = loop.time() + 10 * server.config.lease_ttl_s
+        states = []
+        # A hold for a duration, not a synchronisation: sample the state throughout.
+        while loop.time() < watch_until:
+            states.append(
+                await pool.fetchval("SELECT state FROM workers WHERE id = $1", UUID(worker_id))
+            )
+            await asyncio.sleep(0.05)
+        assert set(states) == {"active"}, states
+        assert worker.runtime.metrics.heartbeat_reconnects._value.get() == 0
+    finally:
+        assert await worker.stop() == EXIT_OK
+        stop.set()
+        async with asyncio.timeout(10):
+            await coordinating
