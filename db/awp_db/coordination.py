@@ -51,6 +51,8 @@ class Due:
     retries: bool
     unservable: bool
     ready: bool
+    # Some kind's free slots are not all covered by pending dispatches.
+    short: bool
     next_due_in: float | None
 
 
@@ -92,6 +94,7 @@ async def due(conn: Conn, silent_for_ms: int) -> Due:
         retries=row["retries"],
         unservable=row["unservable"],
         ready=row["ready"],
+        short=row["short"],
         next_due_in=row["next_due_in"],
     )
 

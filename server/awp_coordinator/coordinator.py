@@ -125,7 +125,17 @@ class Coordinator:
                 self._last_sweep = time.monotonic()
                 report.runs_finished += len(await coordination.sweep_finished(conn, batch))
 
-            if due.ready or report.retries_released:
+            # Dispatching needs ready tasks and a free slot not yet covered by an offer
+            # (most passes woken by results find the prefetch still covering them); what
+            # this pass settled or canceled may have freed slots or offers since `due`.
+            freed = (
+                report.interrupted
+                or report.timed_out
+                or report.offline_leases
+                or report.canceled_runs
+                or report.withdrawn
+            )
+            if report.retries_released or (due.ready and (due.short or freed)):
                 dispatched = await coordination.create_dispatches(
                     conn, config.global_dispatch_limit, config.dispatch_prefetch
                 )

@@ -121,6 +121,19 @@ SELECT EXISTS (SELECT 1 FROM runs
                                    WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)))
            AS unservable,
        EXISTS (SELECT 1 FROM tasks WHERE state = 'ready') AS ready,
+       -- Some kind's free slots are not all covered by pending dispatches: the only
+       -- case in which dispatching.create_dispatches creates any (see there).
+       EXISTS (SELECT 1
+                 FROM workers w
+                 CROSS JOIN LATERAL unnest(w.executor_kinds) AS k (kind)
+                WHERE w.state = 'active'
+                GROUP BY k.kind
+               HAVING sum(greatest(w.max_concurrency
+                                   - (SELECT count(*) FROM dispatches l
+                                       WHERE l.worker_id = w.id AND l.state = 'leased'), 0))
+                      > (SELECT count(*) FROM dispatches p
+                          WHERE p.state = 'pending' AND p.executor_kind = k.kind))
+           AS short,
        extract(epoch FROM least(
            (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),
            (SELECT min(attempt_deadline) FROM dispatches WHERE state = 'leased'),
