@@ -6,7 +6,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -282,9 +282,11 @@ class Recorder:
         self.dropped: list[int] = []
         self.rejected: list[int] = []
         self.current: set[int] | None = None
+        self.while_sending: Callable[[], None] = lambda: None
 
     async def send(self, results: Sequence[worker_pb2.TaskResult]) -> worker_pb2.CompleteResponse:
         self.calls.append(list(results))
+        self.while_sending()
         if self.errors:
             raise self.errors.pop(0)
         return worker_pb2.CompleteResponse(
@@ -398,6 +400,23 @@ async def test_a_permanent_error_ends_the_flusher() -> None:
     with pytest.raises(SessionLost, match="SESSION_INVALID"):
         async with asyncio.timeout(5):
             await flusher.run()
+
+
+async def test_a_session_error_for_results_no_longer_held_loses_nothing() -> None:
+    """The session ended (a Drain stopped it) while a Complete of leases the worker has
+    since given up was on its way: nothing is lost, so the flusher does not fail."""
+    recorder = Recorder(FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID"))
+    flusher = recorder.flusher()
+    flusher.submit(make_held(1))
+    recorder.while_sending = lambda: setattr(recorder, "current", set())  # given up
+    task = asyncio.create_task(flusher.run())
+    try:
+        await eventually(lambda: recorder.dropped == [1], within=5.0, interval=0.001)
+        assert not task.done()  # still serving, no SessionLost
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert len(recorder.calls) == 1
 
 
 async def test_batches_stay_under_the_message_size_limit() -> None:

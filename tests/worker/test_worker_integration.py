@@ -191,6 +191,38 @@ async def test_cancelling_a_run_revokes_its_running_lease(
     assert await worker.stop() == EXIT_OK
 
 
+async def test_a_drain_right_after_a_cancel_stops_cleanly(
+    start_server: ServerFactory, coordinator: Coordinator, pool: Pool
+) -> None:
+    """The run is canceled, and the worker drains before its next heartbeat tells it:
+    the Drain stops the session at once (the server holds no lease of it any more), so
+    the lease the worker still runs is no longer its own. It is cancelled, not waited
+    for, and the session's end is not mistaken for a lost one (exit 0, not 3)."""
+    server = await start_server(heartbeat_interval_s=30.0, lease_ttl_s=60.0)
+    run_id = await start_run(pool, spec("raced", tasks=1, task_input={"sleep_ms": 60_000}))
+    worker = Running(WorkerRuntime(worker_config(server, shutdown_timeout=60.0)))
+
+    async def running() -> bool:
+        return worker.runtime.held_leases == 1
+
+    await poll_until(running, within=20)
+    async with pool.acquire() as conn:
+        await runs.request_cancel(conn, run_id, "test")
+    assert await run_state(pool, run_id, "canceled") == "canceled"
+    assert worker.runtime.held_leases == 1  # no heartbeat has told it yet
+
+    assert await worker.stop() == EXIT_OK
+    metrics = worker.runtime.metrics
+    assert metrics.executions.labels("mock", "cancelled")._value.get() == 1
+    assert metrics.complete_calls.labels("ok")._value.get() == 0  # nothing reported
+    assert (
+        await pool.fetchval(
+            "SELECT state FROM workers WHERE id = $1::uuid", worker.runtime.worker_id
+        )
+        == "stopped"
+    )
+
+
 async def test_renewals_keep_a_task_longer_than_the_lease_ttl(
     server: ServerHandle, coordinator: Coordinator, pool: Pool
 ) -> None:

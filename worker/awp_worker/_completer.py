@@ -125,6 +125,10 @@ class ResultFlusher:
             except Exception as exc:
                 kind = classify(exc)
                 if kind is Kind.PERMANENT:
+                    if not self._current(todo):
+                        # A session that ended after its Drain, for results it no
+                        # longer holds: nothing is lost.
+                        return
                     raise session_lost(exc) from None
                 if kind is Kind.REJECTED:
                     await self._rejected(todo, exc)

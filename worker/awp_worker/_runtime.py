@@ -399,14 +399,17 @@ class WorkerRuntime:
                 status = (
                     "revoked" if answer.status == worker_pb2.LEASE_STATUS_REVOKED else "unknown"
                 )
-                self.metrics.revocations.labels(status).inc()
-                LeaseLog(log, held.log_fields).warning(
-                    "lease %s by the server (%s): stopping it, reporting nothing",
-                    status,
-                    held.phase.value,
-                )
-                self._leases.release(held)
-                held.cancel("revoked")
+                self._revoke(held, status)
+
+    def _revoke(self, held: HeldLease, status: str) -> None:
+        self.metrics.revocations.labels(status).inc()
+        LeaseLog(log, held.log_fields).warning(
+            "lease %s by the server (%s): stopping it, reporting nothing",
+            status,
+            held.phase.value,
+        )
+        self._leases.release(held)
+        held.cancel("revoked")
 
     # --- claiming -----------------------------------------------------------------------
 
@@ -690,6 +693,11 @@ class WorkerRuntime:
             first = call.result()
             if first is not None and first.session_state == types_pb2.WORKER_STATE_STOPPED:
                 self._session_stopped = True
+                # The server stops a session only once it holds none of its leases: any
+                # still running here were revoked (say, their run canceled) before a
+                # heartbeat could tell, and no result of theirs can be accepted now.
+                for held in list(self._leases):
+                    self._revoke(held, "revoked")
         if self._session_stopped:
             await self._sup.cancel([self._side_tasks["claim"]], within=5.0)
         finished = await self._wait_idle(deadline)
