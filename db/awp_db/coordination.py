@@ -51,7 +51,7 @@ class Due:
     retries: bool
     unservable: bool
     ready: bool
-    # Some kind's free slots are not all covered by pending dispatches.
+    # Some kind's offers need topping up (dispatching.refill_due).
     short: bool
     next_due_in: float | None
 
@@ -83,9 +83,9 @@ async def leader(conn: Conn, key: int = LEADER_LOCK_KEY) -> tuple[int, str] | No
 # --- passes ----------------------------------------------------------------------------
 
 
-async def due(conn: Conn, silent_for_ms: int) -> Due:
+async def due(conn: Conn, silent_for_ms: int, prefetch: float) -> Due:
     """One unlocked read of what a pass has to do (each step re-checks under its locks)."""
-    row = await conn.fetchrow(Q["due"], silent_for_ms)
+    row = await conn.fetchrow(Q["due"], silent_for_ms, prefetch)
     assert row is not None
     return Due(
         cancels=row["cancels"],

@@ -97,7 +97,7 @@ class Coordinator:
         report = PassReport()
         started = time.perf_counter()
         async with self._pool.acquire() as conn:
-            due = await coordination.due(conn, config.offline_after_ms)
+            due = await coordination.due(conn, config.offline_after_ms, config.dispatch_prefetch)
             report.next_due_in = due.next_due_in
             if due.cancels:
                 report.canceled_runs = len(await coordination.converge_cancels(conn, batch))
@@ -125,8 +125,8 @@ class Coordinator:
                 self._last_sweep = time.monotonic()
                 report.runs_finished += len(await coordination.sweep_finished(conn, batch))
 
-            # Dispatching needs ready tasks and a free slot not yet covered by an offer
-            # (most passes woken by results find the prefetch still covering them); what
+            # Dispatching needs ready tasks and offers running short (most passes woken
+            # by results find the prefetch still covering the free slots); what
             # this pass settled or canceled may have freed slots or offers since `due`.
             freed = (
                 report.interrupted

@@ -58,6 +58,35 @@ async def test_prefetch_offers_a_refill_beyond_the_free_slots(pool: Pool) -> Non
     await check_invariants(pool)
 
 
+async def test_prefetch_is_topped_up_once_half_of_it_is_taken(pool: Pool) -> None:
+    """Offers are refilled before they run out, so claims made while a refill is under
+    way still get every slot they ask for; not after every result either."""
+    run_id = await start_run(pool, make_spec("topped", 30))
+    worker = await register(pool, max_concurrency=4)
+    coord = coordinator(pool, dispatch_prefetch=1.0)
+    assert (await coord.run_pass()).dispatched == 8  # 4 free slots + 4 offered ahead
+    held = await worker.claim(4)
+    assert len(held) == 4
+
+    async def cycle(n: int) -> None:
+        """n results accepted, then n leases claimed from the offers, no pass between."""
+        for lease in held[:n]:
+            assert await worker.complete(lease) == "ACCEPTED"
+        del held[:n]
+        claimed = await worker.claim(n)
+        assert len(claimed) == n
+        held.extend(claimed)
+
+    await cycle(1)  # 3 offers left, the mark is 0 free + 2
+    assert (await coord.run_pass()).dispatched == 0
+    await cycle(2)  # 1 offer left: below the mark, though no free slot lacks an offer
+    report = await coord.run_pass()
+    assert report.dispatched == 3  # back to 0 free + 4 ahead
+    states = list((await task_states(pool, run_id)).values())
+    assert (states.count("running"), states.count("queued")) == (4, 4)
+    await check_invariants(pool)
+
+
 async def test_prefetch_stays_within_the_run_concurrency(pool: Pool) -> None:
     run_id = await start_run(pool, make_spec("narrow", 9, concurrency=3))
     worker = await register(pool, max_concurrency=2)

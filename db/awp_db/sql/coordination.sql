@@ -121,8 +121,9 @@ SELECT EXISTS (SELECT 1 FROM runs
                                    WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)))
            AS unservable,
        EXISTS (SELECT 1 FROM tasks WHERE state = 'ready') AS ready,
-       -- Some kind's free slots are not all covered by pending dispatches: the only
-       -- case in which dispatching.create_dispatches creates any (see there).
+       -- Some kind has fewer pending dispatches than free slots plus half the prefetch
+       -- ($2): the only case in which dispatching.create_dispatches creates any
+       -- (dispatching.refill_due, the same arithmetic).
        EXISTS (SELECT 1
                  FROM workers w
                  CROSS JOIN LATERAL unnest(w.executor_kinds) AS k (kind)
@@ -131,6 +132,7 @@ SELECT EXISTS (SELECT 1 FROM runs
                HAVING sum(greatest(w.max_concurrency
                                    - (SELECT count(*) FROM dispatches l
                                        WHERE l.worker_id = w.id AND l.state = 'leased'), 0))
+                      + ceil($2::float8 * sum(w.max_concurrency)::float8 / 2)
                       > (SELECT count(*) FROM dispatches p
                           WHERE p.state = 'pending' AND p.executor_kind = k.kind))
            AS short,
