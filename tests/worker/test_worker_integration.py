@@ -88,6 +88,18 @@ async def run_state(pool: Pool, run_id: UUID, *states: str, within: float = 30.0
     return await poll_until(probe, within=within)
 
 
+async def cancel_once_held(worker: Running, pool: Pool, run_id: UUID) -> None:
+    """Cancels the run once the worker holds its one lease; returns once it is canceled."""
+
+    async def running() -> bool:
+        return worker.runtime.held_leases == 1
+
+    await poll_until(running, within=20)
+    async with pool.acquire() as conn:
+        await runs.request_cancel(conn, run_id, "test")
+    assert await run_state(pool, run_id, "canceled") == "canceled"
+
+
 async def test_a_workflow_runs_to_completion_and_the_worker_stops(
     server: ServerHandle, coordinator: Coordinator, pool: Pool
 ) -> None:
@@ -171,14 +183,7 @@ async def test_cancelling_a_run_revokes_its_running_lease(
 ) -> None:
     run_id = await start_run(pool, spec("long", tasks=1, task_input={"sleep_ms": 60_000}))
     worker = Running(WorkerRuntime(worker_config(server)))
-
-    async def running() -> bool:
-        return worker.runtime.held_leases == 1
-
-    await poll_until(running, within=20)
-    async with pool.acquire() as conn:
-        await runs.request_cancel(conn, run_id, "test")
-    assert await run_state(pool, run_id, "canceled") == "canceled"
+    await cancel_once_held(worker, pool, run_id)
 
     async def released() -> bool:
         return worker.runtime.held_leases == 0
@@ -201,14 +206,7 @@ async def test_a_drain_right_after_a_cancel_stops_cleanly(
     server = await start_server(heartbeat_interval_s=30.0, lease_ttl_s=60.0)
     run_id = await start_run(pool, spec("raced", tasks=1, task_input={"sleep_ms": 60_000}))
     worker = Running(WorkerRuntime(worker_config(server, shutdown_timeout=60.0)))
-
-    async def running() -> bool:
-        return worker.runtime.held_leases == 1
-
-    await poll_until(running, within=20)
-    async with pool.acquire() as conn:
-        await runs.request_cancel(conn, run_id, "test")
-    assert await run_state(pool, run_id, "canceled") == "canceled"
+    await cancel_once_held(worker, pool, run_id)
     assert worker.runtime.held_leases == 1  # no heartbeat has told it yet
 
     assert await worker.stop() == EXIT_OK
