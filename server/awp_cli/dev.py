@@ -34,8 +34,13 @@ DEMO_INPUT: Final = {"requested_by": "make demo"}
 
 
 def default_data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "awp" / "dev"
+    if xdg := os.environ.get("XDG_DATA_HOME"):
+        return Path(xdg) / "awp" / "dev"
+    if os.geteuid() == 0:
+        # As root, PostgreSQL runs as a system user of its own, which must traverse every
+        # parent of the data dir: under /root (0700) that would mean opening /root to all.
+        return Path("/var/lib/awp/dev")
+    return Path.home() / ".local" / "share" / "awp" / "dev"
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 from awp.v1 import control_pb2
-from awp_cli import commands
+from awp_cli import commands, dev
 from awp_cli.client import failure
 from awp_cli.errors import Exit
 
@@ -77,3 +78,23 @@ def test_argument_types() -> None:
     for bad, problem in (("[1]", "must be a JSON object"), ("{", "not valid JSON")):
         with pytest.raises(argparse.ArgumentTypeError, match=problem):
             commands.json_object(bad)
+
+
+@pytest.mark.parametrize(
+    ("xdg", "euid", "expected"),
+    [
+        ("/data", 0, "/data/awp/dev"),
+        (None, 1000, "~/.local/share/awp/dev"),
+        # PostgreSQL's own user must traverse every parent: never under /root.
+        (None, 0, "/var/lib/awp/dev"),
+    ],
+)
+def test_default_data_dir(
+    monkeypatch: pytest.MonkeyPatch, xdg: str | None, euid: int, expected: str
+) -> None:
+    if xdg is None:
+        monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_DATA_HOME", xdg)
+    monkeypatch.setattr(dev.os, "geteuid", lambda: euid)
+    assert dev.default_data_dir() == Path(expected).expanduser()
