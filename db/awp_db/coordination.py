@@ -145,7 +145,7 @@ async def reap_expired(conn: Conn, limit: int = 500) -> Reaped:
                 message = "lease expired"
             # The same row-to-Ending mapping every other settlement path uses.
             endings.append(
-                leases._ending(row, row["ending"], error={"message": message, "retryable": True})
+                settle.ending_of(row, row["ending"], error={"message": message, "retryable": True})
             )
         reaped.settled = await settle.end_attempts(conn, endings, events)
         await events.flush(conn)

@@ -22,7 +22,6 @@ from awp_db.queries import queries
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict, judge_result
 from awp_kernel.results import result_hash
-from awp_kernel.retry import AttemptEnd
 
 Q = queries("leases")
 log = logging.getLogger("awp.db.leases")
@@ -342,7 +341,7 @@ async def complete_many(
         locked: dict[int, asyncpg.Record] = {}
         if ids:
             await conn.fetch(Q["lock_runs_of"], ids)
-            locked = {row["id"]: row for row in await conn.fetch(Q["lock_for_judgement"], ids)}
+            locked = {row["id"]: row for row in await conn.fetch(Q["lock_for_settlement"], ids)}
         endings: list[settle.Ending] = []
         for call, session in zip(calls, sessions, strict=True):
             if not isinstance(session, workers.Session):
@@ -373,7 +372,7 @@ async def complete_many(
                         else None
                     )
                     endings.append(
-                        _ending(
+                        settle.ending_of(
                             row,
                             result.outcome,
                             output=result.output,
@@ -388,31 +387,6 @@ async def complete_many(
             events.notify(settle.COORDINATOR_CHANNEL, "completed")
             await events.flush(conn)
     return outcomes
-
-
-def _ending(
-    row: asyncpg.Record,
-    end: AttemptEnd,
-    *,
-    output: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    retryable: bool = True,
-    digest: bytes | None = None,
-) -> settle.Ending:
-    return settle.Ending(
-        dispatch_id=row["id"],
-        run_id=row["run_id"],
-        task_id=row["task_id"],
-        task_key=row["task_key"],
-        attempt=row["attempt"],
-        end=end,
-        policy=settle.policy_of(row),
-        dependents=list(row["dependents"]),
-        output=output,
-        error=error,
-        retryable=retryable,
-        result_hash=digest,
-    )
 
 
 async def interrupt(
@@ -432,7 +406,7 @@ async def interrupt(
         return 0
     await conn.fetch(Q["lock_runs_of"], list(dispatch_ids))
     endings = [
-        _ending(row, "interrupted", error={"message": reason, "retryable": True})
+        settle.ending_of(row, "interrupted", error={"message": reason, "retryable": True})
         for row in await conn.fetch(Q["lock_for_settlement"], list(dispatch_ids))
         if row["state"] == "leased" and (worker_id is None or row["worker_id"] == worker_id)
     ]

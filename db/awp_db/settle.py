@@ -73,6 +73,32 @@ def policy_of(row: asyncpg.Record | dict[str, Any]) -> RetryPolicy:
     )
 
 
+def ending_of(
+    row: asyncpg.Record,
+    end: AttemptEnd,
+    *,
+    output: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    retryable: bool = True,
+    digest: bytes | None = None,
+) -> Ending:
+    """The Ending of a dispatch row locked for settlement (its attempt, task and policy)."""
+    return Ending(
+        dispatch_id=row["id"],
+        run_id=row["run_id"],
+        task_id=row["task_id"],
+        task_key=row["task_key"],
+        attempt=row["attempt"],
+        end=end,
+        policy=policy_of(row),
+        dependents=list(row["dependents"]),
+        output=output,
+        error=error,
+        retryable=retryable,
+        result_hash=digest,
+    )
+
+
 def _json(value: dict[str, Any] | None) -> str | None:
     return None if value is None else json.dumps(value)
 

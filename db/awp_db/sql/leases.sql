@@ -123,23 +123,11 @@ SELECT id FROM runs
    FOR UPDATE
 
 -- name: lock_for_settlement
--- The dispatches named, with their attempt and task, locked (runs already are).
-SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.result_hash,
-       d.lease_expires_at, d.attempt_deadline,
-       a.attempt, t.key AS task_key, t.dependents, t.max_attempts, t.backoff_initial_ms,
-       t.backoff_max_ms, t.backoff_multiplier
-  FROM dispatches d
-  JOIN tasks t ON t.id = d.task_id
-  LEFT JOIN attempts a ON a.dispatch_id = d.id
- WHERE d.id = ANY($1::bigint[])
- ORDER BY d.id
-   FOR UPDATE OF d
-
--- name: lock_for_judgement
--- lock_for_settlement, with the live clock read after each row is locked (the subquery
--- carries FOR UPDATE, so PostgreSQL never flattens it and the outer projection runs
--- above the row lock). Each result is judged against that clock while its lease can no
--- longer change: renewing, shortening and reaping it all need this row's lock.
+-- The dispatches named, with their attempt and task, locked (runs already are), and the
+-- live clock read after each row is locked (the subquery carries FOR UPDATE, so
+-- PostgreSQL never flattens it and the outer projection runs above the row lock). A
+-- result is judged against that clock while its lease can no longer change: renewing,
+-- shortening and reaping it all need this row's lock.
 SELECT locked.*, clock_timestamp() AS now
   FROM (SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash,
                d.result_hash, d.lease_expires_at, d.attempt_deadline,
