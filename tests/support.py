@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
@@ -84,8 +84,15 @@ def spec(
     timeout_ms: int = 60_000,
     concurrency: int = 0,
     task_input: dict[str, Any] | None = None,
+    depends: dict[int, Sequence[int]] | None = None,
+    kinds: dict[int, str] | None = None,
 ) -> WorkflowSpec:
-    """n tasks t0..t(n-1), independent or (chain=True) each depending on the previous."""
+    """n tasks t0..t(n-1), independent or (chain=True) each depending on the previous;
+    `depends` maps a task index to the indexes it waits for, `kinds` to its own kind."""
+    if chain:
+        depends = {i: [i - 1] for i in range(1, tasks)}
+    depends = depends or {}
+    kinds = kinds or {}
     retry = RetryPolicy(max_attempts, backoff_ms, max(backoff_ms, 1000), 2.0)
     return validate(
         WorkflowSpec(
@@ -95,10 +102,10 @@ def spec(
             tasks=tuple(
                 TaskSpec(
                     key=f"t{i}",
-                    executor_kind=kind,
+                    executor_kind=kinds.get(i, kind),
                     action="noop",
                     input=task_input or {},
-                    depends_on=(f"t{i - 1}",) if chain and i else (),
+                    depends_on=tuple(f"t{d}" for d in depends.get(i, ())),
                     retry=retry,
                     timeout_ms=timeout_ms,
                 )

@@ -1,20 +1,17 @@
-"""Helpers for coordinator tests: workflows, runs, workers and leases made through the
+"""Helpers for coordinator tests: workers and leases made through the
 storage layer, and the invariants checked on database state after every step."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
+import support
 from awp_coordinator import Coordinator, CoordinatorConfig, PassReport
-from awp_db import leases, runs, workers, workflows
+from awp_db import leases, runs, workers
 from awp_db.connect import Pool
-from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
-from awp_kernel.retry import RetryPolicy
 
 T = TypeVar("T")
 
@@ -22,15 +19,8 @@ T = TypeVar("T")
 async def poll_until(
     probe: Callable[[], Awaitable[T]], *, within: float = 20.0, interval: float = 0.02
 ) -> T:
-    """Re-evaluates probe until it returns something truthy; fails after `within` s."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within} s (last value {value!r})")
-        await asyncio.sleep(interval)
+    """support.poll_until, with room for a coordinator scan or a leadership change."""
+    return await support.poll_until(probe, within=within, interval=interval)
 
 
 async def pass_until(
@@ -45,49 +35,6 @@ async def pass_until(
     found = await poll_until(probe, within=within)
     assert found is not None
     return found
-
-
-def make_spec(
-    name: str,
-    tasks: int = 1,
-    *,
-    kind: str = "mock",
-    max_attempts: int = 3,
-    backoff_ms: int = 0,
-    timeout_ms: int = 60_000,
-    concurrency: int = 0,
-    depends: dict[int, Sequence[int]] | None = None,
-    kinds: dict[int, str] | None = None,
-) -> WorkflowSpec:
-    """Tasks t0..t(n-1); `depends` maps a task index to the indexes it waits for."""
-    depends = depends or {}
-    kinds = kinds or {}
-    retry = RetryPolicy(max_attempts, backoff_ms, max(backoff_ms, 1000), 2.0)
-    return validate(
-        WorkflowSpec(
-            name=name,
-            version=1,
-            concurrency=concurrency,
-            tasks=tuple(
-                TaskSpec(
-                    key=f"t{i}",
-                    executor_kind=kinds.get(i, kind),
-                    action="noop",
-                    depends_on=tuple(f"t{d}" for d in depends.get(i, ())),
-                    retry=retry,
-                    timeout_ms=timeout_ms,
-                )
-                for i in range(tasks)
-            ),
-        )
-    )
-
-
-async def start_run(pool: Pool, spec: WorkflowSpec) -> UUID:
-    stored, _ = await workflows.create(pool, spec)
-    async with pool.acquire() as conn:
-        started = await runs.start(conn, stored, {}, None)
-    return started.run_id
 
 
 @dataclass

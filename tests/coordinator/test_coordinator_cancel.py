@@ -7,26 +7,25 @@ import asyncio
 from coordinator_support import (
     check_invariants,
     coordinator,
-    make_spec,
     poll_until,
     register,
     run_state,
-    start_run,
     task_states,
 )
 
 from awp_db import leases, runs
 from awp_db.connect import Pool
+from support import spec, start_run
 
 
 async def test_a_cancel_committed_while_no_coordinator_runs_converges_when_one_starts(
     pool: Pool, database_dsn: str
 ) -> None:
-    run_id = await start_run(pool, make_spec("canceled", 4, depends={3: [0]}))
+    run_id = await start_run(pool, spec("canceled", 4, depends={3: [0]}))
     worker = await register(pool, max_concurrency=2)
     await coordinator(pool).run_pass()
     (running,) = await worker.claim(1)
-    other = await start_run(pool, make_spec("bystander", 1))
+    other = await start_run(pool, spec("bystander", 1))
     # Now: one task of the run running, one queued (a pending dispatch), one ready, one
     # pending. No coordinator is running when the cancel is committed.
     async with pool.acquire() as conn:
@@ -66,7 +65,7 @@ async def test_a_cancel_committed_while_no_coordinator_runs_converges_when_one_s
 
 
 async def test_a_run_being_canceled_gets_no_new_dispatch(pool: Pool) -> None:
-    run_id = await start_run(pool, make_spec("stopping", 3))
+    run_id = await start_run(pool, spec("stopping", 3))
     await register(pool)
     async with pool.acquire() as conn:
         await runs.request_cancel(conn, run_id, "")
@@ -87,7 +86,7 @@ async def test_a_run_being_canceled_gets_no_new_dispatch(pool: Pool) -> None:
 
 
 async def test_concurrent_convergence_cancels_once(pool: Pool) -> None:
-    run_ids = [await start_run(pool, make_spec(f"many{i}", 3)) for i in range(6)]
+    run_ids = [await start_run(pool, spec(f"many{i}", 3)) for i in range(6)]
     worker = await register(pool, max_concurrency=20)
     await coordinator(pool).run_pass()
     await worker.claim(6)

@@ -10,15 +10,14 @@ from coordinator_support import (
     Worker,
     check_invariants,
     coordinator,
-    make_spec,
     poll_until,
     register,
     run_state,
-    start_run,
 )
 
 from awp_db import coordination, runs
 from awp_db.connect import Pool, connect
+from support import spec, start_run
 
 
 async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> None:
@@ -27,7 +26,7 @@ async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> Non
     run_ids = [
         await start_run(
             pool,
-            make_spec(
+            spec(
                 f"r{i}",
                 12,
                 concurrency=(0, 2, 3)[i % 3],
@@ -86,7 +85,7 @@ async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> Non
 
 
 async def test_two_reapers_settle_each_expired_lease_once(pool: Pool, database_dsn: str) -> None:
-    run_ids = [await start_run(pool, make_spec(f"e{i}", 5, backoff_ms=60_000)) for i in range(4)]
+    run_ids = [await start_run(pool, spec(f"e{i}", 5, backoff_ms=60_000)) for i in range(4)]
     worker = await register(pool, max_concurrency=20)
     await coordinator(pool).run_pass()
     held = await worker.claim(20, ttl_ms=50)

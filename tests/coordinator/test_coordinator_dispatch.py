@@ -9,18 +9,17 @@ from coordinator_support import (
     Worker,
     check_invariants,
     coordinator,
-    make_spec,
     register,
     run_state,
-    start_run,
     task_states,
 )
 
 from awp_db.connect import Pool
+from support import spec, start_run
 
 
 async def test_no_dispatch_without_a_compatible_active_worker(pool: Pool) -> None:
-    run_id = await start_run(pool, make_spec("lonely", 3))
+    run_id = await start_run(pool, spec("lonely", 3))
     coord = coordinator(pool)
     await register(pool, kinds=["python"])  # active, but cannot run 'mock' tasks
 
@@ -43,7 +42,7 @@ async def test_no_dispatch_without_a_compatible_active_worker(pool: Pool) -> Non
 async def test_prefetch_offers_a_refill_beyond_the_free_slots(pool: Pool) -> None:
     """With prefetch 1.0 a full worker's next leases are already offered, so its freed
     slots are refilled without waiting for a pass; a claim never exceeds them."""
-    await start_run(pool, make_spec("ahead", 9))
+    await start_run(pool, spec("ahead", 9))
     worker = await register(pool, max_concurrency=2)
     coord = coordinator(pool, dispatch_prefetch=1.0)
 
@@ -61,7 +60,7 @@ async def test_prefetch_offers_a_refill_beyond_the_free_slots(pool: Pool) -> Non
 async def test_prefetch_is_topped_up_once_half_of_it_is_taken(pool: Pool) -> None:
     """Offers are refilled before they run out, so claims made while a refill is under
     way still get every slot they ask for; not after every result either."""
-    run_id = await start_run(pool, make_spec("topped", 30))
+    run_id = await start_run(pool, spec("topped", 30))
     worker = await register(pool, max_concurrency=4)
     coord = coordinator(pool, dispatch_prefetch=1.0)
     assert (await coord.run_pass()).dispatched == 8  # 4 free slots + 4 offered ahead
@@ -88,7 +87,7 @@ async def test_prefetch_is_topped_up_once_half_of_it_is_taken(pool: Pool) -> Non
 
 
 async def test_prefetch_stays_within_the_run_concurrency(pool: Pool) -> None:
-    run_id = await start_run(pool, make_spec("narrow", 9, concurrency=3))
+    run_id = await start_run(pool, spec("narrow", 9, concurrency=3))
     worker = await register(pool, max_concurrency=2)
     coord = coordinator(pool, dispatch_prefetch=1.0)
 
@@ -106,7 +105,7 @@ async def test_prefetch_stays_within_the_run_concurrency(pool: Pool) -> None:
 
 
 async def test_a_draining_worker_is_not_capacity(pool: Pool) -> None:
-    await start_run(pool, make_spec("drained", 2))
+    await start_run(pool, spec("drained", 2))
     worker = await register(pool)
     outcome = await worker.drain()
     assert outcome.state == "stopped"
@@ -119,7 +118,7 @@ async def test_a_draining_worker_is_not_capacity(pool: Pool) -> None:
 async def test_queued_task_whose_kind_loses_its_last_worker_goes_back_to_ready(
     pool: Pool,
 ) -> None:
-    run_id = await start_run(pool, make_spec("orphaned", 2))
+    run_id = await start_run(pool, spec("orphaned", 2))
     worker = await register(pool, max_concurrency=5)
     coord = coordinator(pool)
     assert (await coord.run_pass()).dispatched == 2
@@ -151,9 +150,9 @@ async def test_limits_hold_throughout_a_run(pool: Pool) -> None:
     global_limit = 7
     rng = random.Random(7)
     run_ids = [
-        await start_run(pool, make_spec("narrow", 12, concurrency=2)),
-        await start_run(pool, make_spec("wider", 15, concurrency=5, depends={5: [0, 1]})),
-        await start_run(pool, make_spec("open", 10, max_attempts=2)),
+        await start_run(pool, spec("narrow", 12, concurrency=2)),
+        await start_run(pool, spec("wider", 15, concurrency=5, depends={5: [0, 1]})),
+        await start_run(pool, spec("open", 10, max_attempts=2)),
     ]
     fleet: list[Worker] = [
         await register(pool, max_concurrency=1, name="a"),
@@ -185,7 +184,7 @@ async def test_limits_hold_throughout_a_run(pool: Pool) -> None:
 async def test_an_old_large_run_cannot_starve_a_new_small_one(pool: Pool) -> None:
     """Global limit 1: the 200-task run is in progress, a new 2-task run still gets
     every other dispatch, also after a coordinator restart."""
-    big = await start_run(pool, make_spec("big", 200))
+    big = await start_run(pool, spec("big", 200))
     worker = await register(pool, max_concurrency=5)
     coord = coordinator(pool, global_dispatch_limit=1)
 
@@ -199,14 +198,14 @@ async def test_an_old_large_run_cannot_starve_a_new_small_one(pool: Pool) -> Non
 
     for _ in range(10):
         assert await cycle() == "big"
-    small = await start_run(pool, make_spec("small", 2))
+    small = await start_run(pool, spec("small", 2))
     served = [await cycle() for _ in range(4)]
     assert served.count("small") == 2, served
     assert served[0] == "small"  # never dispatched yet: first in line
     assert await run_state(pool, small) == "succeeded"
 
     # A restart keeps fairness: it lives in the database, not in the coordinator.
-    later = await start_run(pool, make_spec("later", 2))
+    later = await start_run(pool, spec("later", 2))
     coord = coordinator(pool, global_dispatch_limit=1)
     served = [await cycle() for _ in range(4)]
     assert served.count("small") == 2  # 'later' is the one that is not 'big'
@@ -216,8 +215,8 @@ async def test_an_old_large_run_cannot_starve_a_new_small_one(pool: Pool) -> Non
 
 
 async def test_a_busy_run_is_left_to_the_next_pass_not_waited_for(pool: Pool) -> None:
-    busy = await start_run(pool, make_spec("busy", 2))
-    idle = await start_run(pool, make_spec("idle", 2))
+    busy = await start_run(pool, spec("busy", 2))
+    idle = await start_run(pool, spec("idle", 2))
     await register(pool, max_concurrency=10)
     coord = coordinator(pool)
     async with pool.acquire() as holder, holder.transaction():
@@ -234,7 +233,7 @@ async def test_a_busy_run_is_left_to_the_next_pass_not_waited_for(pool: Pool) ->
 
 
 async def test_when_every_run_is_busy_the_pass_waits_for_them(pool: Pool) -> None:
-    only = await start_run(pool, make_spec("only", 2))
+    only = await start_run(pool, spec("only", 2))
     await register(pool, max_concurrency=10)
     coord = coordinator(pool)
     async with pool.acquire() as holder:

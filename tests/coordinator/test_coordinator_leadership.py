@@ -19,14 +19,13 @@ import pytest
 from coordinator_support import (
     Coordinator,
     coordinator,
-    make_spec,
     poll_until,
     register,
-    start_run,
 )
 
 from awp_db import coordination, leases, workers
 from awp_db.connect import Pool
+from support import spec, start_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,7 +92,7 @@ async def test_the_leader_wakes_at_the_next_lease_expiry_not_the_next_scan(
     loop = asyncio.create_task(coord.run(stop))
     try:
         await poll_until(lambda: _leader_backend(pool))
-        await start_run(pool, make_spec("woken", 1, backoff_ms=60_000))  # NOTIFY: dispatched
+        await start_run(pool, spec("woken", 1, backoff_ms=60_000))  # NOTIFY: dispatched
 
         async def claimed() -> list[leases.IssuedLease]:
             return await worker.claim(ttl_ms=60_000)
@@ -126,7 +125,7 @@ async def test_a_registering_worker_wakes_the_leader(pool: Pool, database_dsn: s
     loop = asyncio.create_task(coord.run(stop))
     try:
         await poll_until(lambda: _leader_backend(pool))
-        await start_run(pool, make_spec("waiting", 1))
+        await start_run(pool, spec("waiting", 1))
 
         async def passed_once() -> bool:
             return bool(coord.metrics.registry.get_sample_value("awp_coordinator_passes_total"))
@@ -250,7 +249,7 @@ async def test_kill_9_of_the_leader_hands_over_to_the_standby_within_two_interva
 
     # The new leader acts: a worker and a run appear, the run's task is dispatched.
     await register(pool)
-    await start_run(pool, make_spec("after-failover", 1))
+    await start_run(pool, spec("after-failover", 1))
 
     async def dispatched() -> bool:
         count: int = await pool.fetchval("SELECT count(*) FROM dispatches")

@@ -9,17 +9,16 @@ from coordinator_support import (
     check_invariants,
     coordinator,
     events_of,
-    make_spec,
     pass_until,
     poll_until,
     register,
     run_state,
-    start_run,
     task_states,
 )
 
 from awp_db import coordination, leases
 from awp_db.connect import Pool, connect
+from support import spec, start_run
 
 
 async def _past(pool: Pool, moment: object) -> bool:
@@ -29,7 +28,7 @@ async def _past(pool: Pool, moment: object) -> bool:
 
 
 async def test_a_lease_being_renewed_is_never_reaped(pool: Pool, database_dsn: str) -> None:
-    run_id = await start_run(pool, make_spec("renewed", 1))
+    run_id = await start_run(pool, spec("renewed", 1))
     worker = await register(pool)
     coord = coordinator(pool)
     await coord.run_pass()
@@ -69,7 +68,7 @@ async def test_a_lease_being_renewed_is_never_reaped(pool: Pool, database_dsn: s
 
 
 async def test_a_renewal_waiting_behind_the_reaper_loses(pool: Pool, database_dsn: str) -> None:
-    run_id = await start_run(pool, make_spec("reaped", 1, backoff_ms=60_000))
+    run_id = await start_run(pool, spec("reaped", 1, backoff_ms=60_000))
     worker = await register(pool)
     await coordinator(pool).run_pass()
     (lease,) = await worker.claim(ttl_ms=200)
@@ -120,10 +119,10 @@ async def test_a_renewal_waiting_behind_the_reaper_loses(pool: Pool, database_ds
 
 async def test_expired_and_timed_out_attempts_retry_then_fail_the_run(pool: Pool) -> None:
     # t0 may run twice; t1 waits for it; t2 is a kind nobody runs, so it stays ready.
-    spec = make_spec(
+    workflow = spec(
         "doomed", 3, max_attempts=2, timeout_ms=2_000, depends={1: [0]}, kinds={2: "python"}
     )
-    run_id = await start_run(pool, spec)
+    run_id = await start_run(pool, workflow)
     worker = await register(pool)
     coord = coordinator(pool)
     assert (await coord.run_pass()).dispatched == 1
@@ -163,7 +162,7 @@ async def test_expired_and_timed_out_attempts_retry_then_fail_the_run(pool: Pool
 async def test_silent_workers_go_offline_and_their_leases_are_settled_at_once(
     pool: Pool,
 ) -> None:
-    run_id = await start_run(pool, make_spec("abandoned", 2, backoff_ms=60_000))
+    run_id = await start_run(pool, spec("abandoned", 2, backoff_ms=60_000))
     silent = await register(pool, max_concurrency=1, name="silent")
     lively = await register(pool, max_concurrency=1, name="lively")
     coord = coordinator(pool, heartbeat_interval_s=5.0)  # offline after 15 s
@@ -194,7 +193,7 @@ async def test_silent_workers_go_offline_and_their_leases_are_settled_at_once(
 
 
 async def test_retry_timers_release_tasks_when_their_backoff_passes(pool: Pool) -> None:
-    run_id = await start_run(pool, make_spec("patient", 1, backoff_ms=1_000))
+    run_id = await start_run(pool, spec("patient", 1, backoff_ms=1_000))
     worker = await register(pool)
     coord = coordinator(pool)
     await coord.run_pass()
@@ -216,7 +215,7 @@ async def test_retry_timers_release_tasks_when_their_backoff_passes(pool: Pool) 
 
 
 async def test_a_non_retryable_failure_is_final(pool: Pool) -> None:
-    run_id = await start_run(pool, make_spec("final", 2, depends={1: [0]}))
+    run_id = await start_run(pool, spec("final", 2, depends={1: [0]}))
     worker = await register(pool)
     coord = coordinator(pool)
     await coord.run_pass()
@@ -228,7 +227,7 @@ async def test_a_non_retryable_failure_is_final(pool: Pool) -> None:
 
 
 async def test_the_sweep_finishes_runs_whose_tasks_are_all_terminal(pool: Pool) -> None:
-    run_id = await start_run(pool, make_spec("stranded", 2))
+    run_id = await start_run(pool, spec("stranded", 2))
     # A run left behind by some path that forgot to finish it.
     await pool.execute(
         "UPDATE tasks SET state = 'succeeded', finished_at = now() WHERE run_id = $1", run_id

@@ -26,7 +26,7 @@ from uuid import UUID
 import grpc
 import pytest
 import workload
-from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, stays, wait_for
+from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, WorkerProcess, stays, wait_for
 from figures import report_figure
 from google.protobuf import struct_pb2
 from invariants import Expect
@@ -68,21 +68,29 @@ async def test_fan_out_fan_in_on_two_workers(cluster: Cluster) -> None:
     assert set(branches) == {"w1", "w2"}, branches
 
 
-# --- 2. kill -9 a worker holding a lease ----------------------------------------------
-
-
-async def test_killed_workers_task_runs_again_on_the_other(cluster: Cluster) -> None:
+async def one_task_running_on_one_of_two(
+    cluster: Cluster, workflow: str, key: str, sleep_ms: int
+) -> tuple[UUID, WorkerProcess, WorkerProcess]:
+    """Server, coordinator, two one-slot workers and a run of one task that sleeps
+    sleep_ms: returns once the task runs, with the worker running it and the other."""
     await cluster.start_server()
     await cluster.start_coordinator()
     w1 = await cluster.start_worker("w1", concurrency=1)
     w2 = await cluster.start_worker("w2", concurrency=1)
     run_id = await workload.start(
         cluster.control(),
-        workload.definition("kill9", [workload.Task("slow", input={"sleep_ms": 1500})]),
+        workload.definition(workflow, [workload.Task(key, input={"sleep_ms": sleep_ms})]),
     )
-    first = await wait_attempt(cluster, run_id, "slow", 1, "running")
-    victim = cluster.worker_of(first["worker_id"])
-    survivor = w2 if victim is w1 else w1
+    first = await wait_attempt(cluster, run_id, key, 1, "running")
+    holder = cluster.worker_of(first["worker_id"])
+    return run_id, holder, w2 if holder is w1 else w1
+
+
+# --- 2. kill -9 a worker holding a lease ----------------------------------------------
+
+
+async def test_killed_workers_task_runs_again_on_the_other(cluster: Cluster) -> None:
+    run_id, victim, survivor = await one_task_running_on_one_of_two(cluster, "kill9", "slow", 1500)
 
     killed_at = await cluster.db_now()
     victim.process.kill()
@@ -535,17 +543,7 @@ async def test_frozen_worker_resuming_late_is_fenced(cluster: Cluster) -> None:
     The lease runs out, the task runs again elsewhere; on SIGCONT the zombie's result
     (ready at once: its sleep ended while frozen) must be refused, and it must not
     take the task back."""
-    await cluster.start_server()
-    await cluster.start_coordinator()
-    w1 = await cluster.start_worker("w1", concurrency=1)
-    w2 = await cluster.start_worker("w2", concurrency=1)
-    run_id = await workload.start(
-        cluster.control(),
-        workload.definition("zombie", [workload.Task("nap", input={"sleep_ms": 1000})]),
-    )
-    first = await wait_attempt(cluster, run_id, "nap", 1, "running")
-    zombie = cluster.worker_of(first["worker_id"])
-    other = w2 if zombie is w1 else w1
+    run_id, zombie, other = await one_task_running_on_one_of_two(cluster, "zombie", "nap", 1000)
     zombie.process.signal(signal.SIGSTOP)
     try:
         second = await wait_attempt(cluster, run_id, "nap", 2, within=20)

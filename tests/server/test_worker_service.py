@@ -443,6 +443,16 @@ async def test_heartbeat_renews_revokes_and_rejects_unknown_leases(
         stream.cancel()
 
 
+async def lease_seconds_left(pool: Pool, dispatch_id: int) -> float:
+    """Until the lease expires, by the database clock."""
+    left: float = await pool.fetchval(
+        "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) FROM dispatches"
+        " WHERE id = $1",
+        dispatch_id,
+    )
+    return left
+
+
 async def test_a_dropped_stream_shortens_leases_and_a_quick_reconnect_keeps_them(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
@@ -451,23 +461,15 @@ async def test_a_dropped_stream_shortens_leases_and_a_quick_reconnect_keeps_them
     await dispatch_all(pool)
     (lease,) = await worker.claim()
 
-    async def seconds_left() -> float:
-        value: float = await pool.fetchval(
-            "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) FROM dispatches"
-            " WHERE id = $1",
-            lease.dispatch_id,
-        )
-        return value
-
     def seconds_left_below(limit: float) -> Callable[[], Awaitable[bool]]:
         async def probe() -> bool:
-            return await seconds_left() < limit
+            return await lease_seconds_left(pool, lease.dispatch_id) < limit
 
         return probe
 
     stream = Stream(stub)
     await stream.beat(worker, [lease])
-    assert await seconds_left() > 10
+    assert await lease_seconds_left(pool, lease.dispatch_id) > 10
     stream.cancel()
     # The server sees the stream go and shortens the lease to the 1 s grace.
     await poll_until(seconds_left_below(1.5))
@@ -475,7 +477,7 @@ async def test_a_dropped_stream_shortens_leases_and_a_quick_reconnect_keeps_them
     try:
         answer = await reconnected.beat(worker, [lease])
         assert answer.leases[0].status == worker_pb2.LEASE_STATUS_RENEWED
-        assert await seconds_left() > 10
+        assert await lease_seconds_left(pool, lease.dispatch_id) > 10
     finally:
         reconnected.cancel()
 
@@ -496,12 +498,7 @@ async def test_a_stale_stream_ending_does_not_shorten_a_newer_streams_leases(
         await asyncio.sleep(0)  # let the server notice; nothing must change
         answer = await new.beat(worker, [lease])
         assert answer.leases[0].status == worker_pb2.LEASE_STATUS_RENEWED
-        left = await pool.fetchval(
-            "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) FROM dispatches"
-            " WHERE id = $1",
-            lease.dispatch_id,
-        )
-        assert left > 10
+        assert await lease_seconds_left(pool, lease.dispatch_id) > 10
     finally:
         new.cancel()
 
@@ -576,9 +573,5 @@ async def test_server_shutdown_ends_streams_at_once_and_keeps_leases(
         await asyncio.wait_for(server.running.stop(30), 10)
         assert await stream.call.read() is grpc.aio.EOF
         assert await asyncio.wait_for(parked, 5) == []
-    left = await pool.fetchval(
-        "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) FROM dispatches"
-        " WHERE id = $1",
-        lease.dispatch_id,
-    )
+    left = await lease_seconds_left(pool, lease.dispatch_id)
     assert left > 10, "a shutting-down server must not shorten its workers' leases"
