@@ -27,17 +27,12 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 TERMINAL_RUN_STATES: Final = frozenset({"succeeded", "failed", "canceled"})
 TERMINAL_TASK_STATES: Final = frozenset({"succeeded", "failed", "canceled", "skipped"})
-# The order a task moves through its states: tables list states this way.
-TASK_STATE_ORDER: Final = (
-    "pending",
-    "ready",
-    "queued",
-    "running",
-    "waiting_retry",
-    "succeeded",
-    "failed",
-    "canceled",
-    "skipped",
+# The order a task moves through its states (the protocol's enum order): tables list
+# states this way. The CLI is a client: it learns states from the protocol, not the kernel.
+TASK_STATE_ORDER: Final = tuple(
+    name.removeprefix("TASK_STATE_").lower()
+    for name, _ in types_pb2.TaskState.items()
+    if name != "TASK_STATE_UNSPECIFIED"
 )
 _STYLES: Final = {
     "succeeded": "green",
