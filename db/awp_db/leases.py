@@ -167,7 +167,7 @@ async def claim_many(
         # Concurrent claims may have taken some of those meanwhile: a short batch then
         # adds whatever other runs are free right now (SKIP LOCKED never waits, so the
         # lock order cannot be violated) rather than answering with slots left empty.
-        for query in ("claimable_runs", "claimable_runs_free"):
+        for query in (Q["claimable_runs"], Q["claimable_runs"] + " SKIP LOCKED"):
             missing = [want - len(issued.get(index, ())) for index, want in enumerate(wants)]
             if sum(missing) <= 0:
                 break
@@ -176,7 +176,7 @@ async def claim_many(
                 for group, members in groups.items()
             }
             kinds = sorted({kind for group, members in groups.items() if members for kind in group})
-            run_ids = [row["id"] for row in await conn.fetch(Q[query], kinds, sum(missing))]
+            run_ids = [row["id"] for row in await conn.fetch(query, kinds, sum(missing))]
             if not run_ids:
                 break
             for group_kinds, members in groups.items():

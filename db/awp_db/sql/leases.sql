@@ -4,6 +4,9 @@
 -- Runs that own the oldest pending dispatches this worker can run, locked in ascending
 -- id (ORDER BY is applied before FOR UPDATE). Waiting here, rather than skipping a
 -- locked run, keeps concurrent claimers of one busy run from coming back empty.
+-- A claim the first round left short runs it again with SKIP LOCKED appended
+-- (leases.claim_many): whatever other runs are free now, never waiting; runs this
+-- transaction already locked are returned again.
 SELECT r.id
   FROM runs r
  WHERE r.id IN (SELECT d.run_id
@@ -14,21 +17,6 @@ SELECT r.id
    AND r.state = 'running' AND r.cancel_requested_at IS NULL
  ORDER BY r.id
    FOR UPDATE
-
--- name: claimable_runs_free
--- As claimable_runs, skipping runs another transaction holds (never waits): a second
--- round for a claim the first round left short. Runs this transaction already locked
--- are returned again.
-SELECT r.id
-  FROM runs r
- WHERE r.id IN (SELECT d.run_id
-                  FROM dispatches d
-                 WHERE d.state = 'pending' AND d.executor_kind = ANY($1::text[])
-                 ORDER BY d.id + 0  -- see take
-                 LIMIT $2)
-   AND r.state = 'running' AND r.cancel_requested_at IS NULL
- ORDER BY r.id
-   FOR UPDATE SKIP LOCKED
 
 -- name: take
 -- One statement leases up to $4 dispatches of the locked runs $3, creates their
