@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PROTOS := $(wildcard protos/awp/v1/*.proto)
+# The source roots, as pyproject.toml declares them (its one list).
+ROOTS := $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["packages"]["find"]["where"]))')
+empty :=
+space := $(empty) $(empty)
 
 .PHONY: install proto proto-check lint test test-fast demo bench clean
 
@@ -31,7 +35,7 @@ proto-check: proto
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy server worker db
+	MYPYPATH=$(subst $(space),:,$(ROOTS)) $(BIN)/mypy $(filter-out generated,$(ROOTS))
 	$(BIN)/lint-imports
 
 test: lint proto-check
@@ -44,7 +48,7 @@ demo: $(VENV)/.installed
 	$(BIN)/awp demo
 
 bench: $(VENV)/.installed
-	$(PY) tests/bench/bench.py
+	$(PY) bench/bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -11,12 +11,8 @@ from pathlib import Path
 from typing import Any
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-# What `pip install -e .` would put on the path; the children of `awp dev` inherit it.
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")} | {
-    "PYTHONPATH": os.pathsep.join(
-        str(REPOSITORY / p) for p in ("generated", "server", "worker", "db")
-    ),
-}
+# The packages come from the editable install (`make install`), as for a user.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
 
 
 @dataclass

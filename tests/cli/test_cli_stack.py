@@ -73,7 +73,7 @@ def _run_stack(data_dir: Path) -> Iterator[DevStack]:
             "--listen", "127.0.0.1:0",
             "--metrics-port", "0",
             "--workers", "2",
-            "--module", "examples.demo_actions",
+            "--module", "awp_demo.actions",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -10,8 +10,9 @@ import grpc
 import pytest
 
 from awp.v1 import control_pb2
-from awp_cli import commands, dev
+from awp_cli import commands
 from awp_cli.client import failure
+from awp_cli.dev import command as dev
 from awp_cli.errors import Exit
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
+from awp_cli.dev.command import demo_workflow
 from awp_cli.errors import CliError, Exit
 from awp_cli.workflow_file import (
     DURATION_HELP,
@@ -17,7 +18,7 @@ from awp_cli.workflow_file import (
     parse_field,
 )
 
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
+DEMO = demo_workflow()
 
 
 def write(tmp_path: Path, text: str, name: str = "wf.yaml") -> Path:

@@ -149,8 +149,6 @@ async def test_a_registering_worker_wakes_the_leader(pool: Pool, database_dsn: s
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
-    roots = [str(ROOT / d) for d in ("generated", "server", "worker", "db")]
-    env["PYTHONPATH"] = os.pathsep.join([*roots, env.get("PYTHONPATH", "")])
     env.update(extra)
     return env
 

@@ -46,7 +46,6 @@ def free_port() -> int:
 
 async def spawn(tmp_path: Path, *argv: str) -> asyncio.subprocess.Process:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(str(ROOT / d) for d in ("generated", "worker", "server"))
     env.pop("AWP_WORKER_TOKEN", None)
     return await asyncio.create_subprocess_exec(
         sys.executable,

@@ -1,9 +1,9 @@
 """AWP benchmarks: real processes, durable PostgreSQL, production default settings.
 
     make bench                                  # every scenario, 3 repetitions
-    .venv/bin/python tests/bench/bench.py --quick                 # smoke: 1 repetition, small
-    .venv/bin/python tests/bench/bench.py --scenario chain        # one scenario (repeatable)
-    .venv/bin/python tests/bench/bench.py --scenario single_run --py-spy tests/bench/out/prof
+    .venv/bin/python bench/bench.py --quick                 # smoke: 1 repetition, small
+    .venv/bin/python bench/bench.py --scenario chain        # one scenario (repeatable)
+    .venv/bin/python bench/bench.py --scenario single_run --py-spy bench/out/prof
 
 What runs (DESIGN.md §10: a script that prints figures, not a test):
 
@@ -40,7 +40,7 @@ is included. ``os.getloadavg()`` and the CPU steal (time the hypervisor gave to 
 guests) are recorded with every repetition: other work on the machine makes the
 figures pessimistic.
 
-Writes ``tests/bench/results.json`` (``--quick``: ``tests/bench/out/results-quick.json``):
+Writes ``bench/results.json`` (``--quick``: ``bench/out/results-quick.json``):
 a list of scenarios with ``name``, ``workers`` and figures as {"median", "min", "max"}.
 With ``--scenario``, the named scenarios replace their entries in the file.
 """

@@ -15,8 +15,9 @@ from typing import NoReturn
 
 from rich.text import Text
 
-from awp_cli import commands, dev, render
+from awp_cli import commands, render
 from awp_cli.client import DEFAULT_ADDRESS, Client, Target
+from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit
 
 Handler = Callable[[Client, argparse.Namespace], Awaitable[Exit]]

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -24,12 +25,21 @@ from awp_cli.errors import Exit, usage
 from awp_cli.follow import run_exit
 
 if TYPE_CHECKING:
-    from awp_cli.stack import Stack
+    from awp_cli.dev.stack import Stack
 
-# A source checkout: server/awp_cli/dev.py -> the repository root.
-REPOSITORY: Final = Path(__file__).resolve().parents[2]
-DEMO_WORKFLOW: Final = REPOSITORY / "examples" / "demo.yaml"
-DEMO_MODULE: Final = "examples.demo_actions"
+# The demo ships inside the wheel (package awp_demo), so `awp demo` works wherever `awp`
+# is installed. It is named, not imported: its actions import the worker SDK, which the
+# CLI never does; the worker processes import them.
+DEMO_PACKAGE: Final = "awp_demo"
+DEMO_MODULE: Final = f"{DEMO_PACKAGE}.actions"
+DEMO_WORKFLOW_FILE: Final = "workflow.yaml"
+
+
+def demo_workflow() -> Path:
+    """Where the installed demo workflow file is (a plain file: the package is not zipped)."""
+    return Path(str(resources.files(DEMO_PACKAGE) / DEMO_WORKFLOW_FILE))
+
+
 DEMO_INPUT: Final = {"requested_by": "make demo"}
 
 
@@ -84,9 +94,10 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "demo",
         help="start a throwaway stack, run the example workflow, stop (what `make demo` runs)",
         description=(
-            f"Runs {DEMO_WORKFLOW.relative_to(REPOSITORY)} on a fresh stack in a temporary "
-            "directory: four fetches in parallel (one fails once and is retried), a Python "
-            "summary, a publish; prints the progress and the outcome, then stops everything."
+            f"Runs the example workflow ({DEMO_PACKAGE}/{DEMO_WORKFLOW_FILE}) on a fresh stack "
+            "in a temporary directory: four fetches in parallel (one fails once and is "
+            "retried), a Python summary, a publish; prints the progress and the outcome, "
+            "then stops everything."
         ),
     )
     demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
@@ -124,12 +135,12 @@ def _say(prefix: str) -> Callable[[str], None]:
 # ---------------------------------------------------------------- awp dev
 
 
-# awp_cli.stack is imported by the two commands that need it: it pulls in the embedded
+# awp_cli.dev.stack is imported by the two commands that need it: it pulls in the embedded
 # PostgreSQL and asyncpg, which every other command would pay for at startup.
 
 
 def run_dev(args: argparse.Namespace) -> Exit:
-    from awp_cli.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
+    from awp_cli.dev.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
 
     if not 0 <= args.metrics_port <= 65535 - 2 - args.workers:
         raise usage(f"--metrics-port {args.metrics_port} leaves no room for every process")
@@ -177,7 +188,7 @@ def _print_ready(stack: Stack) -> None:
         ),
         ("logs", f"{stack.logs}/{{{logs}}}.log, {postgres.log_file}"),
         ("database", f"{postgres.dsn}  (data in {postgres.data_dir}, kept across runs)"),
-        ("try", f"awp{address_hint} workflow apply examples/demo.yaml"),
+        ("try", f"awp{address_hint} workflow apply {demo_workflow()}"),
         ("", f"awp{address_hint} run start research-digest --wait"),
     ]
     if DEMO_MODULE not in stack.config.modules:
@@ -195,10 +206,10 @@ def _print_ready(stack: Stack) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> Exit:
-    from awp_cli.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
+    from awp_cli.dev.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
 
-    if not DEMO_WORKFLOW.is_file():
-        raise usage(f"awp demo runs from a source checkout: {DEMO_WORKFLOW} not found")
+    if not demo_workflow().is_file():
+        raise usage(f"awp demo: the example workflow {demo_workflow()} is missing from the install")
     began = time.monotonic()
     data_dir = Path(tempfile.mkdtemp(prefix="awp-demo-"))
     config = StackConfig(
@@ -208,7 +219,6 @@ def run_demo(args: argparse.Namespace) -> Exit:
         concurrency=8,
         modules=(DEMO_MODULE,),
         metrics_port=0,
-        import_paths=(REPOSITORY,),
         unsafe_fast=True,
         verbose=args.verbose,
     )
@@ -233,13 +243,13 @@ def run_demo(args: argparse.Namespace) -> Exit:
 
 async def _demo_run(stack: Stack) -> Exit:
     say = stack.say
-    loaded = workflow_file.load(DEMO_WORKFLOW)
+    loaded = workflow_file.load(demo_workflow())
     async with Client(Target(address=stack.address)) as client:
         created = await client.call(
             client.control.CreateWorkflow,
             control_pb2.CreateWorkflowRequest(definition=loaded.definition),
         )
-        say(f"applied {DEMO_WORKFLOW.relative_to(REPOSITORY)}:")
+        say(f"applied {DEMO_PACKAGE}/{DEMO_WORKFLOW_FILE}:")
         render.stdout.print(render.workflow_view(created.workflow))
         run_input = struct_pb2.Struct()
         run_input.update(DEMO_INPUT)

@@ -82,8 +82,6 @@ class StackConfig:
     modules: tuple[str, ...] = ()
     # Server, coordinator, then one per worker; 0 picks free ports.
     metrics_port: int = 9464
-    # Prepended to the workers' PYTHONPATH, so --module can name code outside site-packages.
-    import_paths: tuple[Path, ...] = ()
     worker_shutdown_timeout: float = 10.0
     # fsync off: only for throwaway data (`awp demo`).
     unsafe_fast: bool = False
@@ -202,12 +200,6 @@ class Stack:
             ],
             env,
         )  # fmt: skip
-        worker_env = dict(env)
-        if self.config.import_paths:
-            paths = [str(p) for p in self.config.import_paths]
-            if env.get("PYTHONPATH"):
-                paths.append(env["PYTHONPATH"])
-            worker_env["PYTHONPATH"] = os.pathsep.join(paths)
         for index in range(1, self.config.workers + 1):
             name = f"worker-{index}"
             argv = [
@@ -222,7 +214,7 @@ class Stack:
             ]  # fmt: skip
             for module in self.config.modules:
                 argv += ["--module", module]
-            self.workers.append(self._child("awp-worker", name, argv, worker_env))
+            self.workers.append(self._child("awp-worker", name, argv, env))
         self._wait_workers()
 
     def _take_lock(self) -> None:

@@ -1,6 +1,6 @@
-"""Python actions of the demo workflow (examples/demo.yaml), written with the worker SDK.
+"""Python actions of the demo workflow (awp_demo/workflow.yaml), written with the worker SDK.
 
-Run them with `awp-worker --kinds python --module examples.demo_actions` from the
+Run them with `awp-worker --kinds python --module awp_demo.actions` from the
 repository root (`awp demo` does this for you).
 
 Each action gets its own `input`, the run's input (`ctx.run_input`) and the outputs of
