@@ -18,22 +18,19 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rich.text import Text
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_cli import render
+from awp_cli.dev.children import Child, LogEcho, command, stop_group
 from awp_cli.errors import CliError, Exit, usage
 from awp_common.flags import host_port
 from awp_db.migrate import migrate_when_reachable
@@ -44,33 +41,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from awp_db.embedded import EmbeddedPostgres, free_port
 
-# The console scripts of pyproject.toml: run from beside this interpreter when installed,
-# else through the interpreter (a source checkout on PYTHONPATH).
-ENTRY_POINTS: Final = {
-    "awp-server": "awp_server.main",
-    "awp-coordinator": "awp_coordinator.main",
-    "awp-worker": "awp_worker.main",
-}
 LISTENING: Final = re.compile(r"awp-server listening on (\S+)")
 # The label that tells this stack's worker sessions from older ones in the same database.
 SESSION_LABEL: Final = "awp-dev-session"
 STARTUP_TIMEOUT_S: Final = 60.0
 # A child that keeps dying is given up on rather than restarted forever.
 MAX_RESTARTS_PER_MINUTE: Final = 3
-# After a second Ctrl-C, how long a process has to stop before it is killed.
-HURRY_GRACE_S: Final = 3.0
-
-
-def command(script: str) -> list[str]:
-    beside = Path(sys.executable).with_name(script)
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return [str(beside)]
-    module = ENTRY_POINTS[script]
-    return [
-        sys.executable,
-        "-c",
-        f"import sys; sys.argv[0] = {script!r}; from {module} import main; sys.exit(main())",
-    ]
 
 
 @dataclass(frozen=True)
@@ -87,59 +63,6 @@ class StackConfig:
     unsafe_fast: bool = False
     # Also copy every child's log lines to the console, prefixed by its name.
     verbose: bool = False
-
-
-@dataclass
-class Child:
-    """One child process and its log file (appended to, so earlier sessions stay)."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    env: dict[str, str]
-    process: subprocess.Popen[bytes] | None = None
-    # Where this session's lines start in the log.
-    log_offset: int = 0
-    restarts: list[float] = field(default_factory=list)
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.log_offset = log.tell()
-            stamp = datetime.now().isoformat(timespec="seconds")
-            log.write(f"--- awp dev {stamp}: {' '.join(self.argv)}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                # Own session: the terminal's Ctrl-C must not reach it before its turn.
-                start_new_session=True,
-            )
-
-    def exit_code(self) -> int | None:
-        return None if self.process is None else self.process.poll()
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
-
-    def log_text(self) -> str:
-        with self.log_path.open("rb") as log:
-            log.seek(self.log_offset)
-            return log.read().decode("utf-8", "replace")
-
-    def tail(self, lines: int = 8) -> tuple[str, ...]:
-        return tuple(self.log_text().splitlines()[-lines:])
-
-    def died(self, code: int) -> CliError:
-        return CliError(
-            Exit.SERVER,
-            f"{self.name} exited with code {code}; its log is {self.log_path}",
-            tuple(f"| {line}" for line in self.tail()),
-        )
 
 
 Say = Callable[[str], None]
@@ -170,7 +93,7 @@ class Stack:
         self._take_lock()
         self._plan_ports(host, port)
         if self.config.verbose:
-            self._echo = LogEcho(self)
+            self._echo = LogEcho(self.children)
             self._echo.start()
         self._start_postgres()
         assert self.postgres is not None
@@ -368,7 +291,7 @@ class Stack:
             ([self.coordinator] if self.coordinator else [], 15.0),
             ([self.server] if self.server else [], 15.0),
         ):
-            problems += _stop_group(group, grace, hurry)
+            problems += stop_group(group, grace, hurry)
         if self.postgres is not None:
             try:
                 self.postgres.stop()
@@ -381,68 +304,6 @@ class Stack:
             self._lock.close()
             self._lock = None
         return problems
-
-
-class LogEcho(threading.Thread):
-    """Copies new lines of every child's log to the console, prefixed by its name."""
-
-    def __init__(self, stack: Stack) -> None:
-        super().__init__(name="awp-log-echo", daemon=True)
-        self.stack = stack
-        self._done = threading.Event()
-        self._positions: dict[Path, int] = {}
-
-    def run(self) -> None:
-        while not self._done.wait(0.1):
-            self._copy()
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join(2)
-        self._copy()  # the last lines written while stopping
-
-    def _copy(self) -> None:
-        for child in self.stack.children():
-            start = self._positions.setdefault(child.log_path, child.log_offset)
-            with child.log_path.open("rb") as log:
-                log.seek(start)
-                data = log.read()
-            complete = data[: data.rfind(b"\n") + 1]
-            self._positions[child.log_path] = start + len(complete)
-            for line in complete.decode("utf-8", "replace").splitlines():
-                render.stdout.print(
-                    Text(f"{child.name:>11} | ", style="cyan") + Text(line), soft_wrap=True
-                )
-
-
-def _stop_group(group: list[Child], grace: float, hurry: threading.Event) -> list[str]:
-    """SIGTERM to all of a group at once; SIGKILL whatever outlives grace.
-
-    A second Ctrl-C (hurry) sends SIGTERM again, which a draining worker takes as "stop
-    now, hand the leases back", and leaves them a few seconds for that.
-    """
-    running = [c for c in group if c.exit_code() is None]
-    for child in running:
-        child.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    hurried = False
-    while any(c.exit_code() is None for c in running) and time.monotonic() < deadline:
-        if hurry.is_set() and not hurried:
-            hurried = True
-            for child in running:
-                child.signal(signal.SIGTERM)
-            deadline = min(deadline, time.monotonic() + HURRY_GRACE_S)
-        time.sleep(0.05)
-    problems = []
-    for child in running:
-        if child.exit_code() is None:
-            child.signal(signal.SIGKILL)
-            assert child.process is not None
-            child.process.wait(10)
-            problems.append(f"{child.name} did not stop in time and was killed")
-        elif child.exit_code() not in (0, -signal.SIGTERM):
-            problems.append(f"{child.name} exited with code {child.exit_code()} ({child.log_path})")
-    return problems
 
 
 def _loopback(listen: str) -> tuple[str, int]:
