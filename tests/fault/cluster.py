@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,15 +32,17 @@ import asyncpg
 import grpc
 from figures import FIGURES
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from invariants import Expect, RunCost, check_invariants
 
 from awp.v1 import control_pb2_grpc, worker_pb2_grpc
 from awp_db.coordination import LEADER_LOCK_KEY
 from awp_db.embedded import EmbeddedPostgres, free_port
+from kit import poll_until
+from kit.invariants import Expect, RunCost, check_invariants
 
 T = TypeVar("T")
 
-REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
 # The console scripts of this venv: exactly what an operator would run.
 BIN_DIR = Path(sys.executable).parent
 WORKER_TOKEN = "fault-worker-token"
@@ -178,13 +179,11 @@ class Process:
         popen = self.popen
         if popen is None:
             raise RuntimeError(f"{self.name} was never started")
-        deadline = time.monotonic() + within
-        while (code := popen.poll()) is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} did not exit within {within} s")
-            await asyncio.sleep(0.02)
+        await poll_until(
+            lambda: popen.poll() is not None, f"{self.name} to exit", within=within, interval=0.02
+        )
         self._reap()
-        return code
+        return popen.returncode
 
     async def stop(self, within: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL if it is still alive after `within` seconds."""
@@ -244,46 +243,11 @@ class Process:
 
 
 async def wait_for(
-    probe: Callable[[], Awaitable[T | None]],
-    what: str,
-    *,
-    within: float = 20.0,
-    interval: float = 0.02,
-    tolerate: tuple[type[BaseException], ...] = DB_DOWN_ERRORS,
+    probe: Callable[[], Awaitable[T | None]], what: str, *, within: float = 20.0
 ) -> T:
-    """Polls probe until it returns something truthy; fails after `within` seconds.
-
-    Errors of the `tolerate` kinds count as "not yet" (e.g. PostgreSQL restarting).
-    """
-    deadline = time.monotonic() + within
-    last: object = None
-    while True:
-        try:
-            value = await probe()
-        except tolerate as exc:
-            last = exc
-        else:
-            if value:
-                return value
-            last = value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what} (last: {last!r})")
-        await asyncio.sleep(interval)
-
-
-async def stays(
-    probe: Callable[[], Awaitable[bool]], what: str, *, observe_for: float, interval: float = 0.05
-) -> None:
-    """Asserts probe stays true for a whole observation window.
-
-    Only for proving that something does *not* happen (e.g. no worker, no progress);
-    never as a stand-in for waiting on something that should happen.
-    """
-    deadline = time.monotonic() + observe_for
-    while time.monotonic() < deadline:
-        if not await probe():
-            raise AssertionError(f"{what} stopped holding within {observe_for} s")
-        await asyncio.sleep(interval)
+    """kit.poll_until with room for a process restart, counting an unreachable
+    PostgreSQL as "not yet" (a probe may meet one during an outage scenario)."""
+    return await poll_until(probe, what, within=within, interval=0.02, tolerate=DB_DOWN_ERRORS)
 
 
 # --- the cluster ------------------------------------------------------------------------
@@ -354,14 +318,14 @@ class Cluster:
     def process(self, name: str) -> Process:
         return self.processes[name]
 
-    def _add(self, name: str, argv: Sequence[str]) -> Process:
+    def _add(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Process:
         existing = self.processes.get(name)
         if existing is not None:
             if existing.alive:
                 raise RuntimeError(f"{name} is already running")
             existing.argv = list(argv)
             return existing
-        process = Process(name, argv, self.dir / f"{name}.log", self._env)
+        process = Process(name, argv, self.dir / f"{name}.log", env or self._env)
         self.processes[name] = process
         return process
 
@@ -646,6 +610,8 @@ class Cluster:
             name,
             [sys.executable, str(Path(__file__).with_name("holder.py")), self.server_address,
              WORKER_TOKEN, name],
+            # holder.py is a test script, not a console script: it needs the kit.
+            {**self._env, "PYTHONPATH": str(TESTS)},
         )  # fmt: skip
         process.spawn()
 

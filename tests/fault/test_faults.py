@@ -26,16 +26,15 @@ from uuid import UUID
 import grpc
 import pytest
 import workload
-from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, WorkerProcess, stays, wait_for
+from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, WorkerProcess, wait_for
 from figures import report_figure
-from google.protobuf import struct_pb2
-from invariants import Expect
 from probes import revision, seconds_between, wait_attempt, wait_run
 from proxy import TcpProxy
-from rawworker import RawWorker
 
 from awp.v1 import control_pb2, worker_pb2
-from support import rich_error
+from kit import rich_error, stays
+from kit.invariants import Expect
+from kit.rawworker import RawWorker
 
 pytestmark = pytest.mark.fault
 
@@ -124,28 +123,17 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
     await cluster.start_worker("w1", concurrency=1)
     await wait_attempt(cluster, run_id, "only", 2, "running")
 
-    stub = cluster.worker_stub()
-    session = worker_pb2.Session(worker_id=lease.worker_id, session_token=lease.session_token)
-    forged = struct_pb2.Struct()
-    forged.update({"forged": True})
-    replay = worker_pb2.CompleteRequest(
-        session=session,
-        results=[
-            worker_pb2.TaskResult(
-                dispatch_id=lease.dispatch_id,
-                lease_token=lease.lease_token,
-                outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
-                output=forged,
-            )
-        ],
-    )
+    # The dead holder's session and lease, replayed by another process.
+    stolen = worker_pb2.Session(worker_id=lease.worker_id, session_token=lease.session_token)
+    replayer = RawWorker(cluster.worker_stub(), WORKER_TOKEN, "replayer", stolen)
+    held = worker_pb2.Lease(dispatch_id=lease.dispatch_id, lease_token=lease.lease_token)
 
     async def replay_complete() -> str:
         try:
-            response = await stub.Complete(replay, timeout=10)
+            outcome = await replayer.complete(held, {"forged": True})
         except grpc.aio.AioRpcError as error:
             return rich_error(error).reason
-        return str(worker_pb2.CompleteOutcome.Name(response.answers[0].outcome))
+        return str(worker_pb2.CompleteOutcome.Name(outcome))
 
     # While the dead session is still live (not yet offline) the lease itself fences...
     before = await revision(cluster, run_id)
@@ -292,11 +280,11 @@ async def test_cancel_revokes_leases_and_fences_late_results(cluster: Cluster) -
     )
     # A raw session takes one lease first (it can send a late result later), then
     # awp-worker takes four; one task is left waiting.
-    raw = RawWorker(cluster.channel(), WORKER_TOKEN, "raw")
+    raw = RawWorker(cluster.worker_stub(), WORKER_TOKEN, "raw")
     await raw.register(concurrency=1)
     raw.start_heartbeat()
     try:
-        (late,) = await wait_for(raw.claim, "the raw session to claim a lease")
+        (late,) = await wait_for(lambda: raw.claim(1, 5.0), "the raw session to claim a lease")
         worker = await cluster.start_worker("w1", concurrency=4)
         await wait_for(
             lambda: cluster.fetchval(

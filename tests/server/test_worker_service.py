@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import dispatching, leases, settle
 from awp_db.connect import Pool
 from awp_db.events import EventBatch
-from support import (
+from kit import (
     WORKER_TOKEN,
     ServerFactory,
     ServerHandle,
@@ -24,54 +22,10 @@ from support import (
     spec,
     start_run,
 )
+from kit.proto import to_dict
+from kit.rawworker import RawWorker
 
 AUTH = (("authorization", f"Bearer {WORKER_TOKEN}"),)
-
-
-@dataclass
-class Worker:
-    stub: worker_pb2_grpc.WorkerServiceStub
-    session: worker_pb2.Session
-
-    async def claim(self, n: int = 1, wait_s: float = 0.0) -> list[worker_pb2.Lease]:
-        wait = duration_pb2.Duration()
-        wait.FromMilliseconds(int(wait_s * 1000))
-        response = await self.stub.Claim(
-            worker_pb2.ClaimRequest(session=self.session, max_leases=n, wait=wait)
-        )
-        return list(response.leases)
-
-    async def complete(
-        self, lease: worker_pb2.Lease, output: dict[str, object] | None = None, *, token: str = ""
-    ) -> int:
-        result = worker_pb2.TaskResult(
-            dispatch_id=lease.dispatch_id,
-            lease_token=token or lease.lease_token,
-            outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
-            output=_struct(output or {"ok": True}),
-        )
-        response = await self.stub.Complete(
-            worker_pb2.CompleteRequest(session=self.session, results=[result])
-        )
-        return response.answers[0].outcome
-
-    async def fail(self, lease: worker_pb2.Lease, message: str, retryable: bool) -> int:
-        result = worker_pb2.TaskResult(
-            dispatch_id=lease.dispatch_id,
-            lease_token=lease.lease_token,
-            outcome=worker_pb2.RESULT_OUTCOME_FAILED,
-            error=types_pb2.TaskError(message=message, retryable=retryable),
-        )
-        response = await self.stub.Complete(
-            worker_pb2.CompleteRequest(session=self.session, results=[result])
-        )
-        return response.answers[0].outcome
-
-
-def _struct(data: dict[str, object]) -> struct_pb2.Struct:
-    value = struct_pb2.Struct()
-    value.update(data)
-    return value
 
 
 @pytest.fixture
@@ -84,17 +38,10 @@ async def register(
     stub: worker_pb2_grpc.WorkerServiceStub,
     concurrency: int = 4,
     kinds: tuple[str, ...] = ("mock",),
-) -> Worker:
-    response = await stub.Register(
-        worker_pb2.RegisterRequest(
-            name="test-worker",
-            protocol_version=1,
-            executor_kinds=list(kinds),
-            max_concurrency=concurrency,
-        ),
-        metadata=AUTH,
-    )
-    return Worker(stub, response.session)
+) -> RawWorker:
+    worker = RawWorker(stub, WORKER_TOKEN, "test-worker")
+    await worker.register(concurrency, kinds)
+    return worker
 
 
 async def dispatch_all(pool: Pool) -> int:
@@ -166,10 +113,16 @@ async def test_a_wrong_session_token_is_session_invalid(
     stub: worker_pb2_grpc.WorkerServiceStub,
 ) -> None:
     worker = await register(stub)
-    forged = Worker(stub, worker_pb2.Session(worker_id=worker.session.worker_id, session_token="x"))
+    forged = RawWorker(
+        stub,
+        WORKER_TOKEN,
+        "forged",
+        worker_pb2.Session(worker_id=worker.session.worker_id, session_token="x"),
+    )
     error = await expect_error(forged.claim())
     assert (error.code, error.reason) == (grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID")
-    unknown = Worker(stub, worker_pb2.Session(worker_id="not-a-uuid", session_token="x"))
+    made_up = worker_pb2.Session(worker_id="not-a-uuid", session_token="x")
+    unknown = RawWorker(stub, WORKER_TOKEN, "unknown", made_up)
     assert (await expect_error(unknown.claim())).reason == "SESSION_INVALID"
 
 
@@ -318,8 +271,8 @@ async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
     (second,) = await worker.claim(5)
     assert second.fencing_token > first.fencing_token
     # Each lease carries the run input and its dependencies' outputs.
-    assert json_format.MessageToDict(second.run_input) == {"topic": "x"}
-    assert json_format.MessageToDict(second.upstream_outputs["t0"]) == {"found": 3}
+    assert to_dict(second.run_input) == {"topic": "x"}
+    assert to_dict(second.upstream_outputs["t0"]) == {"found": 3}
     assert await worker.complete(second) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id) == "succeeded"
 
@@ -396,7 +349,7 @@ class Stream:
             yield await self.queue.get()
 
     async def beat(
-        self, worker: Worker, held: list[worker_pb2.Lease], token: str = ""
+        self, worker: RawWorker, held: list[worker_pb2.Lease], token: str = ""
     ) -> worker_pb2.HeartbeatResponse:
         await self.queue.put(
             worker_pb2.HeartbeatRequest(

@@ -1,6 +1,7 @@
-"""A worker made of the raw generated stubs, for scenarios that need a worker's secrets
-(session and lease tokens) or need to send what a well-behaved worker never would: a
-late or replayed Complete. awp-worker keeps those tokens to itself, as it should."""
+"""A worker made of the raw generated stubs, for tests of WorkerService itself and for
+scenarios that need a worker's secrets (session and lease tokens) or need to send what a
+well-behaved worker never would: a late or replayed Complete, a forged lease token.
+awp-worker keeps those tokens to itself, as it should."""
 
 from __future__ import annotations
 
@@ -10,31 +11,38 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2, struct_pb2
 
-from awp.v1 import worker_pb2, worker_pb2_grpc
+from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from kit.proto import seconds, struct
 
 
 class RawWorker:
-    def __init__(self, channel: grpc.aio.Channel, token: str, name: str) -> None:
-        self.stub: worker_pb2_grpc.WorkerServiceAsyncStub = worker_pb2_grpc.WorkerServiceStub(
-            channel
-        )
+    def __init__(
+        self,
+        stub: worker_pb2_grpc.WorkerServiceStub,
+        token: str,
+        name: str,
+        session: worker_pb2.Session | None = None,
+    ) -> None:
+        """A worker of this name; `session` skips Register (a stolen or made-up one)."""
+        self.stub: worker_pb2_grpc.WorkerServiceAsyncStub = stub  # type: ignore[assignment]
         self.auth = (("authorization", f"Bearer {token}"),)
         self.name = name
-        self.session = worker_pb2.Session()
+        self.session = session or worker_pb2.Session()
         self.interval = 0.25
         self.leases: dict[int, worker_pb2.Lease] = {}
         # Every lease status the heartbeat stream answered: {dispatch_id: [status, ...]}.
         self.answers: dict[int, list[int]] = {}
         self._beating: asyncio.Task[None] | None = None
 
-    async def register(self, concurrency: int = 1) -> worker_pb2.Session:
+    async def register(
+        self, concurrency: int = 1, kinds: tuple[str, ...] = ("mock",)
+    ) -> worker_pb2.Session:
         response = await self.stub.Register(
             worker_pb2.RegisterRequest(
                 name=self.name,
                 protocol_version=1,
-                executor_kinds=["mock"],
+                executor_kinds=list(kinds),
                 max_concurrency=concurrency,
             ),
             metadata=self.auth,
@@ -74,11 +82,9 @@ class RawWorker:
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await task
 
-    async def claim(self, n: int = 1, wait_s: float = 5.0) -> list[worker_pb2.Lease]:
-        wait = duration_pb2.Duration()
-        wait.FromMilliseconds(int(wait_s * 1000))
+    async def claim(self, n: int = 1, wait_s: float = 0.0) -> list[worker_pb2.Lease]:
         response = await self.stub.Claim(
-            worker_pb2.ClaimRequest(session=self.session, max_leases=n, wait=wait),
+            worker_pb2.ClaimRequest(session=self.session, max_leases=n, wait=seconds(wait_s)),
             timeout=wait_s + 10,
         )
         for lease in response.leases:
@@ -88,24 +94,34 @@ class RawWorker:
     async def complete(
         self,
         lease: worker_pb2.Lease,
-        output: dict[str, Any],
-        session: worker_pb2.Session | None = None,
+        output: dict[str, Any] | None = None,
+        *,
+        token: str = "",
     ) -> int:
-        """Reports success for lease; returns the CompleteOutcome (raises on RPC errors)."""
-        struct = struct_pb2.Struct()
-        struct.update(output)
-        response = await self.stub.Complete(
-            worker_pb2.CompleteRequest(
-                session=session or self.session,
-                results=[
-                    worker_pb2.TaskResult(
-                        dispatch_id=lease.dispatch_id,
-                        lease_token=lease.lease_token,
-                        outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
-                        output=struct,
-                    )
-                ],
+        """Reports success for lease (under its own token unless `token` forges one);
+        returns the CompleteOutcome (raises on RPC errors)."""
+        return await self._report(
+            worker_pb2.TaskResult(
+                dispatch_id=lease.dispatch_id,
+                lease_token=token or lease.lease_token,
+                outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
+                output=struct(output or {"ok": True}),
             ),
+        )
+
+    async def fail(self, lease: worker_pb2.Lease, message: str, retryable: bool) -> int:
+        return await self._report(
+            worker_pb2.TaskResult(
+                dispatch_id=lease.dispatch_id,
+                lease_token=lease.lease_token,
+                outcome=worker_pb2.RESULT_OUTCOME_FAILED,
+                error=types_pb2.TaskError(message=message, retryable=retryable),
+            ),
+        )
+
+    async def _report(self, result: worker_pb2.TaskResult) -> int:
+        response = await self.stub.Complete(
+            worker_pb2.CompleteRequest(session=self.session, results=[result]),
             timeout=10,
         )
         outcome: int = response.answers[0].outcome
