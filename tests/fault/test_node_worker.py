@@ -9,8 +9,9 @@ import shutil
 import pytest
 import workload
 from cluster import REPO, WORKER_TOKEN, Cluster
-from invariants import Expect
 from probes import wait_run
+
+from kit.invariants import Expect
 
 NODE = shutil.which("node")
 EXAMPLE = REPO / "examples" / "node-worker"
