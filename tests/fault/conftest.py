@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cluster import Cluster
 from figures import FIGURES
+from report import log_tails, snapshot
 
 from awp_db.connect import connect
 from awp_db.embedded import EmbeddedPostgres
@@ -30,7 +31,7 @@ def pytest_runtest_makereport(
         item.stash[FAILED_REPORT] = report
         # The processes' own words are the first thing a failure needs.
         for cluster in item.stash.get(CLUSTERS, []):
-            for name, tail in cluster.log_tails():
+            for name, tail in log_tails(cluster):
                 report.sections.append((f"awp log tail: {name} ({report.when})", tail))
     return report
 
@@ -52,7 +53,7 @@ async def _close(request: pytest.FixtureRequest, cluster: Cluster) -> None:
     """After a failure, adds the database's view to the report before tearing down."""
     failed = request.node.stash.get(FAILED_REPORT, None)
     if failed is not None:
-        failed.sections.append(("awp database snapshot", await cluster.snapshot()))
+        failed.sections.append(("awp database snapshot", await snapshot(cluster)))
     await cluster.close()
     call = request.node.stash.get(CALL_REPORT, None)
     if call is not None and call.passed and not cluster.invariants_checked:

@@ -8,8 +8,9 @@ import shutil
 
 import pytest
 import workload
-from cluster import REPO, WORKER_TOKEN, Cluster
+from cluster import WORKER_TOKEN, Cluster
 from probes import wait_run
+from process import REPO
 
 from kit.invariants import Expect
 
