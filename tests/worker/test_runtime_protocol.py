@@ -25,7 +25,7 @@ from awp_worker._executors import MockExecutor, PythonExecutor
 from awp_worker._runtime import EXIT_FAILURE, EXIT_OK, EXIT_SESSION_LOST, WorkerRuntime
 from awp_worker._sdk import ActionRegistry
 from kit import poll_until as eventually
-from kit.proto import to_dict as output
+from kit.proto import output
 
 UNAVAILABLE = Fault(grpc.StatusCode.UNAVAILABLE)
 

@@ -17,7 +17,7 @@ from worker_fakes import TOKEN, FakeServer, FakeWorkerService, start_fake
 
 from awp.v1 import worker_pb2
 from kit import poll_until
-from kit.proto import to_dict
+from kit.proto import output
 
 ROOT = Path(__file__).resolve().parents[2]
 ACTIONS = """
@@ -84,7 +84,7 @@ async def test_the_process_runs_actions_logs_json_serves_metrics_and_drains(
         greet = await service.add("demo.greet", {"who": "ada"}, kind="python")
         mock = await service.add("m", {"n": 1})
         await poll_until(lambda: len(service.results()) == 2, within=20)
-        assert to_dict(service.results()[greet.dispatch_id]) == {
+        assert output(service.results()[greet.dispatch_id]) == {
             "greeting": "hello ada",
             "attempt": 1,
         }
