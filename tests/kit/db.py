@@ -41,8 +41,7 @@ class DbWorker:
 
     async def dispatch_and_claim(self, n: int = 10) -> list[leases.IssuedLease]:
         """What the coordinator then a worker do: dispatch ready tasks, lease them."""
-        async with self.pool.acquire() as conn:
-            await dispatching.create_dispatches(conn)
+        await dispatch_all(self.pool)
         return await self.claim(n)
 
     async def complete_all(
@@ -95,6 +94,12 @@ async def register(
     return DbWorker(registration, pool)
 
 
+async def dispatch_all(pool: Pool) -> int:
+    """The coordinator's dispatch step: every ready task gets a pending dispatch."""
+    async with pool.acquire() as conn:
+        return (await dispatching.create_dispatches(conn)).created
+
+
 async def drive_to_end(pool: Pool, run_id: UUID, worker: DbWorker) -> str:
     """Claims and succeeds every dispatchable task (of any run) until this run finishes."""
     for _ in range(100):
@@ -124,6 +129,11 @@ async def task_states(pool: Pool, run_id: UUID) -> dict[str, str]:
 async def run_state(pool: Pool, run_id: UUID) -> str:
     state: str = await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id)
     return state
+
+
+async def revision(pool: Pool, run_id: UUID) -> int:
+    value: int = await pool.fetchval("SELECT revision FROM runs WHERE id = $1", run_id)
+    return value
 
 
 async def events_of(pool: Pool, run_id: UUID) -> list[tuple[Any, ...]]:

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from kit import WORKER_TOKEN
 from kit.proto import seconds, struct
 
 
@@ -126,3 +127,14 @@ class RawWorker:
         )
         outcome: int = response.answers[0].outcome
         return outcome
+
+
+async def register(
+    stub: worker_pb2_grpc.WorkerServiceStub,
+    concurrency: int = 4,
+    kinds: tuple[str, ...] = ("mock",),
+) -> RawWorker:
+    """A RawWorker registered with the test server's worker token."""
+    worker = RawWorker(stub, WORKER_TOKEN, "test-worker")
+    await worker.register(concurrency, kinds)
+    return worker

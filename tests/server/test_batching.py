@@ -12,7 +12,7 @@ from awp_kernel.errors import AwpError
 from awp_kernel.fencing import ResultVerdict
 from awp_server.batching import ClaimBatcher, CompleteBatcher
 from kit import spec, start_run
-from kit.db import register
+from kit.db import dispatch_all, register
 
 
 def _ok(lease: leases.IssuedLease, value: object = 1) -> leases.ResultIn:
@@ -22,8 +22,7 @@ def _ok(lease: leases.IssuedLease, value: object = 1) -> leases.ResultIn:
 async def test_calls_of_several_workers_share_one_transaction(pool: Pool) -> None:
     run_id = await start_run(pool, spec("shared", 12))
     fleet = [await register(pool, name=f"w{i}") for i in range(3)]
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
+    await dispatch_all(pool)
     held = [await w.claim(4) for w in fleet]
     async with pool.acquire() as conn:
         revision = await conn.fetchval("SELECT revision FROM runs WHERE id = $1", run_id)
@@ -43,8 +42,7 @@ async def test_calls_of_several_workers_share_one_transaction(pool: Pool) -> Non
 async def test_each_result_is_judged_against_its_own_session(pool: Pool) -> None:
     await start_run(pool, spec("judged", 4))
     alice, bob = await register(pool, name="alice"), await register(pool, name="bob")
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
+    await dispatch_all(pool)
     (a1, a2) = await alice.claim(2)
     (b1,) = await bob.claim(1)
     async with pool.acquire() as conn:
@@ -69,8 +67,7 @@ async def test_each_result_is_judged_against_its_own_session(pool: Pool) -> None
 async def test_the_batcher_coalesces_calls_that_would_queue(pool: Pool) -> None:
     await start_run(pool, spec("queued", 40))
     fleet = [await register(pool, name=f"w{i}") for i in range(8)]
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
+    await dispatch_all(pool)
     held = [await w.claim(5) for w in fleet]
     batcher = CompleteBatcher(pool, max_size=500, lanes=1)
     answers = await asyncio.gather(
@@ -92,8 +89,7 @@ async def test_the_batcher_coalesces_calls_that_would_queue(pool: Pool) -> None:
 async def test_a_call_that_breaks_the_shared_transaction_fails_alone(pool: Pool) -> None:
     await start_run(pool, spec("isolated", 2))
     good, bad = await register(pool, name="good"), await register(pool, name="bad")
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
+    await dispatch_all(pool)
     (g,) = await good.claim(1)
     (b,) = await bad.claim(1)
     batcher = CompleteBatcher(pool, max_size=500, lanes=1)
@@ -190,8 +186,7 @@ async def test_no_lease_is_committed_for_a_caller_that_went_away(pool: Pool) -> 
 async def test_claims_woken_together_form_one_batch(pool: Pool) -> None:
     await start_run(pool, spec("herd", 20))
     fleet = [await register(pool, name=f"w{i}") for i in range(4)]
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
+    await dispatch_all(pool)
     batcher = ClaimBatcher(pool, max_size=1000, lease_ttl_ms=60_000)
     issued = await asyncio.gather(
         *(batcher.claim(str(w.worker_id), w.session_token, 3) for w in fleet)
@@ -203,8 +198,7 @@ async def test_claims_woken_together_form_one_batch(pool: Pool) -> None:
 async def test_a_claim_cancelled_while_queued_is_left_out(pool: Pool) -> None:
     await start_run(pool, spec("left", 4))
     first, second = await register(pool, name="first"), await register(pool, name="second")
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
+    await dispatch_all(pool)
     batcher = ClaimBatcher(pool, max_size=1000, lease_ttl_ms=60_000)
     gone = asyncio.create_task(batcher.claim(str(first.worker_id), first.session_token, 2))
     kept = asyncio.create_task(batcher.claim(str(second.worker_id), second.session_token, 2))
