@@ -102,10 +102,9 @@ class Cluster:
         *,
         timings: Timings | None = None,
         postgres: EmbeddedPostgres | None = None,
-        label: str = "",
     ) -> None:
         self.dir = tmp_path
-        self.label = label  # the test's name, for the figures it reports
+        self.label = ""  # the test's name (set by its fixture), for the figures it reports
         self.dsn = dsn
         self.timings = timings or Timings()
         # Set only when this test owns its PostgreSQL (outage scenarios).

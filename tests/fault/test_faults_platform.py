@@ -3,10 +3,7 @@ network fail under running work. Each ends with the invariant check (kit.invaria
 
  4 awp-server SIGTERM / SIGKILL + restart   9 kill -9 the leading coordinator: standby leads
  5 PostgreSQL down mid-task, then back     10 TCP proxy drops a worker's connections
-
-Run with `pytest -m fault` (add -s to see figures as they are measured; they are also
-repeated under "awp fault figures" at the end). Waits poll database state with
-deadlines; the only timed windows are fault cadence (chaos) and "nothing happens" proofs.
+How they run and wait: see test_faults.py.
 """
 
 from __future__ import annotations

@@ -4,10 +4,7 @@ with nobody to run it yet. Each ends with the invariant check (kit.invariants).
  6 cancel a running run
  7 SIGTERM drains a busy worker (+ hand-back past the shutdown timeout)
  8 no worker yet: tasks wait, a late one finishes
-
-Run with `pytest -m fault` (add -s to see figures as they are measured; they are also
-repeated under "awp fault figures" at the end). Waits poll database state with
-deadlines; the only timed windows are fault cadence (chaos) and "nothing happens" proofs.
+How they run and wait: see test_faults.py.
 """
 
 from __future__ import annotations

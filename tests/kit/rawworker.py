@@ -9,11 +9,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
+from uuid import UUID
 
 import grpc
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
-from kit import WORKER_TOKEN
+from awp_db.connect import Pool
+from awp_kernel.definition import WorkflowSpec
+from kit import WORKER_TOKEN, start_run
+from kit.db import dispatch_all
 from kit.proto import seconds, struct
 
 
@@ -138,3 +142,17 @@ async def register(
     worker = RawWorker(stub, WORKER_TOKEN, "test-worker")
     await worker.register(concurrency, kinds)
     return worker
+
+
+async def leased(
+    stub: worker_pb2_grpc.WorkerServiceStub,
+    pool: Pool,
+    workflow: WorkflowSpec,
+    n: int = 1,
+    **run: Any,
+) -> tuple[UUID, RawWorker, list[worker_pb2.Lease]]:
+    """A run of workflow, a registered RawWorker, and the leases of its Claim for n."""
+    run_id = await start_run(pool, workflow, **run)
+    worker = await register(stub)
+    await dispatch_all(pool)
+    return run_id, worker, await worker.claim(n)

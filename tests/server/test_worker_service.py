@@ -20,7 +20,7 @@ from kit import (
 )
 from kit.db import dispatch_all, revision
 from kit.proto import to_dict
-from kit.rawworker import RawWorker, register
+from kit.rawworker import RawWorker, leased, register
 
 AUTH = (("authorization", f"Bearer {WORKER_TOKEN}"),)
 
@@ -176,10 +176,7 @@ async def test_50_concurrent_claimers_never_share_a_dispatch(
 async def test_a_token_valid_for_another_dispatch_is_rejected(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    first, second = await worker.claim(2)
+    run_id, worker, (first, second) = await leased(stub, pool, spec(tasks=2), 2)
     before = await revision(pool, run_id)
     outcome = await worker.complete(first, token=second.lease_token)
     assert outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
@@ -189,10 +186,7 @@ async def test_a_token_valid_for_another_dispatch_is_rejected(
 async def test_duplicate_complete_is_idempotent_and_a_changed_result_conflicts(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    lease, _ = await worker.claim(2)
+    run_id, worker, (lease, _) = await leased(stub, pool, spec(tasks=2), 2)
     assert await worker.complete(lease, {"n": 1}) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     after_accept = await revision(pool, run_id)
     assert await worker.complete(lease, {"n": 1}) == worker_pb2.COMPLETE_OUTCOME_DUPLICATE
@@ -229,10 +223,9 @@ async def test_a_lease_past_its_expiry_is_lost_without_any_reaper(
 async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2, chain=True), run_input={"topic": "x"})
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (first,) = await worker.claim(5)
+    run_id, worker, (first,) = await leased(
+        stub, pool, spec(tasks=2, chain=True), 5, run_input={"topic": "x"}
+    )
     assert first.task_key == "t0"
     assert dict(first.upstream_outputs) == {}
     assert await worker.complete(first, {"found": 3}) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
@@ -251,10 +244,9 @@ async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
 async def test_retryable_failure_waits_and_final_failure_fails_the_run(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=3, max_attempts=1, backoff_ms=5_000))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    first, second, _third = await worker.claim(3)
+    run_id, worker, (first, second, _third) = await leased(
+        stub, pool, spec(tasks=3, max_attempts=1, backoff_ms=5_000), 3
+    )
     assert await worker.fail(first, "boom", retryable=False) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id) == "failed"
     states = dict(await pool.fetch("SELECT key, state FROM tasks WHERE run_id = $1", run_id))
@@ -267,10 +259,9 @@ async def test_retryable_failure_waits_and_final_failure_fails_the_run(
 async def test_retryable_failure_goes_to_waiting_retry_while_attempts_remain(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=1, max_attempts=2, backoff_ms=5_000))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (lease,) = await worker.claim()
+    run_id, worker, (lease,) = await leased(
+        stub, pool, spec(tasks=1, max_attempts=2, backoff_ms=5_000)
+    )
     assert await worker.fail(lease, "flaky", retryable=True) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     row = await pool.fetchrow(
         "SELECT state, retry_at - now() AS wait FROM tasks WHERE run_id = $1", run_id

@@ -19,10 +19,8 @@ from kit import (
     expect_error,
     poll_until,
     spec,
-    start_run,
 )
-from kit.db import dispatch_all
-from kit.rawworker import RawWorker, register
+from kit.rawworker import RawWorker, leased
 
 AUTH = (("authorization", f"Bearer {WORKER_TOKEN}"),)
 
@@ -66,10 +64,7 @@ class Stream:
 async def test_heartbeat_renews_revokes_and_rejects_unknown_leases(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    first, second = await worker.claim(2)
+    run_id, worker, (first, second) = await leased(stub, pool, spec(tasks=2), 2)
     stream = Stream(stub)
     try:
         answer = await stream.beat(worker, [first, second])
@@ -102,10 +97,7 @@ async def lease_seconds_left(pool: Pool, dispatch_id: int) -> float:
 async def test_a_dropped_stream_shortens_leases_and_a_quick_reconnect_keeps_them(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    await start_run(pool, spec(tasks=1))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (lease,) = await worker.claim()
+    _, worker, (lease,) = await leased(stub, pool, spec(tasks=1))
 
     def seconds_left_below(limit: float) -> Callable[[], Awaitable[bool]]:
         async def probe() -> bool:
@@ -131,10 +123,7 @@ async def test_a_dropped_stream_shortens_leases_and_a_quick_reconnect_keeps_them
 async def test_a_stale_stream_ending_does_not_shorten_a_newer_streams_leases(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    await start_run(pool, spec(tasks=1))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (lease,) = await worker.claim()
+    _, worker, (lease,) = await leased(stub, pool, spec(tasks=1))
     old = Stream(stub)
     await old.beat(worker, [lease])
     new = Stream(stub)
@@ -155,10 +144,7 @@ async def test_a_stale_stream_ending_does_not_shorten_a_newer_streams_leases(
 async def test_drain_stops_claims_then_stops_the_session(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (first,) = await worker.claim(1)
+    run_id, worker, (first,) = await leased(stub, pool, spec(tasks=2))
     drained = await stub.Drain(worker_pb2.DrainRequest(session=worker.session))
     assert drained.session_state == types_pb2.WORKER_STATE_DRAINING
     assert drained.active_leases == 1
@@ -173,10 +159,7 @@ async def test_drain_stops_claims_then_stops_the_session(
 async def test_hand_back_settles_leases_at_once_as_interrupted(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2, backoff_ms=0))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    held = await worker.claim(2)
+    run_id, worker, held = await leased(stub, pool, spec(tasks=2, backoff_ms=0), 2)
     drained = await stub.Drain(
         worker_pb2.DrainRequest(
             session=worker.session,
@@ -206,10 +189,7 @@ async def test_server_shutdown_ends_streams_at_once_and_keeps_leases(
     server = await start_server()
     async with server.channel() as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
-        await start_run(pool, spec(tasks=1))
-        worker = await register(stub)
-        await dispatch_all(pool)
-        (lease,) = await worker.claim()
+        _, worker, (lease,) = await leased(stub, pool, spec(tasks=1))
         stream = Stream(stub)
         await stream.beat(worker, [lease])
         parked = asyncio.create_task(worker.claim(1, wait_s=25))
