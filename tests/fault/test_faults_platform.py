@@ -16,7 +16,7 @@ import pytest
 import workload
 from cluster import Cluster, wait_for
 from figures import report_figure
-from probes import seconds_between, wait_attempt, wait_run
+from probes import seconds_between, wait_attempt, wait_run, wait_succeeded
 from proxy import TcpProxy
 
 from kit.invariants import Expect
@@ -38,12 +38,7 @@ async def test_server_restart_keeps_worker_sessions(cluster: Cluster, how: str) 
         workload.definition("restart", workload.layers(3, 4, sleep_ms=400)),
     )
     # Mid-run: some results in, others running.
-    await wait_for(
-        lambda: cluster.fetchval(
-            "SELECT count(*) >= 2 FROM attempts WHERE run_id = $1 AND state = 'succeeded'", run_id
-        ),
-        "the first results",
-    )
+    await wait_succeeded(cluster, run_id, "the first results", attempts=2)
     stopping_at = await cluster.db_now()
     if how == "SIGTERM":
         server.terminate()
@@ -145,12 +140,7 @@ async def test_standby_coordinator_takes_over(cluster: Cluster) -> None:
         cluster.control(),
         workload.definition("failover", workload.layers(4, 4, sleep_ms=250)),
     )
-    await wait_for(
-        lambda: cluster.fetchval(
-            "SELECT count(*) >= 4 FROM tasks WHERE run_id = $1 AND state = 'succeeded'", run_id
-        ),
-        "the first layer to succeed",
-    )
+    await wait_succeeded(cluster, run_id, "the first layer to succeed", tasks=4)
     killed = time.monotonic()
     active.kill()
 
@@ -184,15 +174,7 @@ async def test_worker_reconnects_after_connections_drop(cluster: Cluster) -> Non
         )
         done = 0
         for wave in (4, 12):  # two cuts: early, and mid-run with results in flight
-            await wait_for(
-                partial(
-                    cluster.fetchval,
-                    "SELECT count(*) >= $2 FROM tasks WHERE run_id = $1 AND state = 'succeeded'",
-                    run_id,
-                    wave,
-                ),
-                f"{wave} results",
-            )
+            await wait_succeeded(cluster, run_id, f"{wave} results", tasks=wave)
             cut_at = await cluster.db_now()
             cut = proxy.drop_all()
             assert cut >= 1
