@@ -14,7 +14,7 @@ from awp_db import coordination, leases
 from awp_db.connect import Pool
 from kit import spec, start_run
 from kit.db import DbWorker, register
-from kit.invariants import Expect, InvariantViolation, check_invariants
+from kit.invariants import Expect, InvariantViolation, check_committed, check_invariants
 
 
 async def _complete(worker: DbWorker, issued: list[leases.IssuedLease]) -> None:
@@ -119,3 +119,19 @@ async def test_a_lease_left_with_an_offline_worker_is_found(pool: Pool) -> None:
     found = await _violations(pool, {run_id: Expect("running", "running")})
     assert "still leased to offline worker checker" in found
     assert "task t0 is not terminal: running" in found
+
+
+async def test_committed_state_checks_have_teeth(pool: Pool) -> None:
+    run_id = await start_run(pool, spec(tasks=2))
+    worker = await register(pool, name="checker", max_concurrency=2)
+    (lease,) = await worker.dispatch_and_claim(1)  # one task running, the other queued
+    assert await check_committed(pool) == {"live": 2, "leased": 1}
+    with pytest.raises(InvariantViolation, match="2 live dispatches over the limit 1"):
+        await check_committed(pool, global_limit=1)
+    with pytest.raises(InvariantViolation, match="1 runs still running"):
+        await check_committed(pool, finished=True)
+    await pool.execute(
+        "UPDATE tasks SET state = 'ready' WHERE run_id = $1 AND key = $2", run_id, lease.task_key
+    )
+    with pytest.raises(InvariantViolation, match=r"ready: \(0, 1, 1\) != \(0, 0, 0\)"):
+        await check_committed(pool)
