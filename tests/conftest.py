@@ -25,7 +25,7 @@ from awp_db.embedded import EmbeddedPostgres
 from awp_db.migrate import migrate
 from awp_server import app
 from awp_server.config import ServerConfig
-from support import ADMIN_TOKEN, WORKER_TOKEN, ServerFactory, ServerHandle
+from kit import ADMIN_TOKEN, WORKER_TOKEN, ServerFactory, ServerHandle
 
 TEMPLATE = "awp_test_template"
 

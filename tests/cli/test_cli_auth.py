@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 from cli.runner import ENV, REPOSITORY, Result
-from support import ADMIN_TOKEN, ServerHandle
+from kit import ADMIN_TOKEN, ServerHandle
 
 
 async def awp_async(*args: str, env: dict[str, str] | None = None) -> Result:

@@ -4,7 +4,6 @@ the event stream resumes after the last seq seen, missing and repeating nothing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from awp.v1 import control_pb2, types_pb2
@@ -12,17 +11,14 @@ from awp_cli.client import Client, Target
 from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow
 from awp_db.connect import Pool
-from control.helpers import complete, dispatch_and_claim, drive_to_end, register_worker
-from support import ADMIN_TOKEN, ServerHandle, poll_until, spec, start_run
-
-# conftest's `start_server` fixture.
-ServerFactory = Callable[..., Awaitable[ServerHandle]]
+from kit import ADMIN_TOKEN, ServerFactory, poll_until, spec, start_run
+from kit.db import drive_to_end, register
 
 
 async def test_following_survives_a_server_restart(start_server: ServerFactory, pool: Pool) -> None:
     first = await start_server()
     run_id = await start_run(pool, spec("chain", tasks=3, chain=True))
-    worker = await register_worker(pool)
+    worker = await register(pool)
     events: list[types_pb2.StateEvent] = []
     notes: list[str] = []
     snapshots: list[control_pb2.GetRunResponse] = []
@@ -43,7 +39,7 @@ async def test_following_survives_a_server_restart(start_server: ServerFactory, 
         await poll_until(lambda: seen(4))  # run.created and three task states
         await first.running.stop(0)
         # Progress while no server answers: the watcher must pick it up afterwards.
-        await complete(pool, worker, await dispatch_and_claim(pool, worker))
+        await worker.complete_all(await worker.dispatch_and_claim())
         await poll_until(lambda: _truthy(notes))
         await start_server(listen=first.address)
         assert await drive_to_end(pool, UUID(str(run_id)), worker) == "succeeded"

@@ -27,7 +27,7 @@ from grpc_status import rpc_status
 
 from awp_db import dispatching
 from awp_db.connect import Pool
-from support import ADMIN_TOKEN, WORKER_TOKEN, ServerHandle
+from kit import ADMIN_TOKEN, WORKER_TOKEN, ServerHandle
 
 CONTROL = "awp.v1.ControlService"
 WORKER = "awp.v1.WorkerService"

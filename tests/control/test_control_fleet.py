@@ -8,28 +8,22 @@ from uuid import UUID
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import dispatching, leases
 from awp_db.connect import Pool
-from control.helpers import (
-    converge_cancel,
-    create_workflow,
-    dispatch_and_claim,
-    register_worker,
-    start_run,
-    task,
-)
+from control.helpers import create_workflow, start_run, task
+from kit.db import converge_cancel, register
 
 Stub = control_pb2_grpc.ControlServiceStub
 
 
 async def test_list_workers(control: Stub, pool: Pool) -> None:
-    busy = await register_worker(
+    busy = await register(
         pool, ["mock", "python"], name="busy", max_concurrency=4, labels={"zone": "a"}
     )
-    gone = await register_worker(pool, name="gone")
+    gone = await register(pool, name="gone")
     async with pool.acquire() as conn:
         await leases.drain(conn, str(gone.worker_id), gone.session_token, [])
     await create_workflow(control)
     await start_run(control)
-    await dispatch_and_claim(pool, busy)
+    await busy.dispatch_and_claim()
 
     live = await control.ListWorkers(control_pb2.ListWorkersRequest())
     (info,) = live.workers
@@ -75,10 +69,10 @@ async def test_stats_count_queues_runs_workers_and_leases(control: Stub, pool: P
     await control.CancelRun(control_pb2.CancelRunRequest(run_id=canceled.id))
     await converge_cancel(pool, UUID(canceled.id))
     # One mock slot: the coordinator offers one dispatch per free slot, the worker takes it.
-    worker = await register_worker(pool, ["mock"], max_concurrency=1)
-    leased = await dispatch_and_claim(pool, worker)
+    worker = await register(pool, ["mock"], max_concurrency=1)
+    leased = await worker.dispatch_and_claim()
     assert len(leased) == 1
-    await register_worker(pool, ["mock"], name="idle", max_concurrency=1)
+    await register(pool, ["mock"], name="idle", max_concurrency=1)
     async with pool.acquire() as conn:
         await dispatching.create_dispatches(conn)
 

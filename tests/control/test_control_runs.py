@@ -15,18 +15,9 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
 from awp_kernel.definition import MAX_INPUT_BYTES
 from awp_server import convert
-from control.helpers import (
-    complete,
-    converge_cancel,
-    create_workflow,
-    dispatch_and_claim,
-    drive_to_end,
-    expect_error,
-    register_worker,
-    start_run,
-    struct,
-    task,
-)
+from control.helpers import create_workflow, expect_error, start_run, task
+from kit.db import converge_cancel, drive_to_end, register
+from kit.proto import struct
 
 Stub = control_pb2_grpc.ControlServiceStub
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -139,8 +130,8 @@ async def test_start_run_of_unknown_workflow(control: Stub) -> None:
 async def test_get_run_has_tasks_and_attempts(control: Stub, pool: Pool) -> None:
     await create_workflow(control)
     run = await start_run(control)
-    worker = await register_worker(pool)
-    issued = await dispatch_and_claim(pool, worker)
+    worker = await register(pool)
+    issued = await worker.dispatch_and_claim()
     assert [lease.task_key for lease in issued] == ["a"]
 
     during = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
@@ -156,7 +147,7 @@ async def test_get_run_has_tasks_and_attempts(control: Stub, pool: Pool) -> None
     assert attempt.fencing_token == issued[0].fencing_token
     assert attempt.HasField("deadline") and not attempt.HasField("finished_at")
 
-    await complete(pool, worker, issued)
+    await worker.complete_all(issued)
     after = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
     a, b = after.tasks
     assert a.state == types_pb2.TASK_STATE_SUCCEEDED
@@ -173,8 +164,8 @@ async def test_get_run_has_tasks_and_attempts(control: Stub, pool: Pool) -> None
 async def test_get_run_shows_failures(control: Stub, pool: Pool) -> None:
     await create_workflow(control)
     run = await start_run(control)
-    worker = await register_worker(pool)
-    await complete(pool, worker, await dispatch_and_claim(pool, worker), outcome="failed")
+    worker = await register(pool)
+    await worker.complete_all(await worker.dispatch_and_claim(), "failed", retryable=False)
     got = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
     assert got.run.state == types_pb2.RUN_STATE_FAILED
     assert got.run.HasField("finished_at")
@@ -243,7 +234,7 @@ async def test_list_runs_filters_by_state_and_counts_tasks(control: Stub, pool: 
     await create_workflow(control)
     done = await start_run(control)
     # Driving claims whatever is dispatchable: finish this run before the next starts.
-    await drive_to_end(pool, UUID(done.id), await register_worker(pool))
+    await drive_to_end(pool, UUID(done.id), await register(pool))
     running = await start_run(control)
 
     succeeded = await control.ListRuns(
@@ -333,7 +324,7 @@ async def test_cancel_run_records_the_intent_once(control: Stub, pool: Pool) -> 
 async def test_cancel_finished_run_is_a_no_op(control: Stub, pool: Pool) -> None:
     await create_workflow(control)
     run = await start_run(control)
-    await drive_to_end(pool, UUID(run.id), await register_worker(pool))
+    await drive_to_end(pool, UUID(run.id), await register(pool))
     before = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
     response = await control.CancelRun(control_pb2.CancelRunRequest(run_id=run.id))
     assert response.run == before.run

@@ -19,18 +19,8 @@ from awp_db import runs, settle
 from awp_db.connect import Pool, connect
 from awp_db.events import Event, EventBatch
 from awp_db.listen import Listener
-from control.helpers import (
-    complete,
-    control_server,
-    converge_cancel,
-    create_workflow,
-    dispatch_and_claim,
-    drive_to_end,
-    expect_error,
-    register_worker,
-    start_run,
-    task,
-)
+from control.helpers import control_server, create_workflow, expect_error, start_run, task
+from kit.db import converge_cancel, drive_to_end, register
 
 Stub = control_pb2_grpc.ControlServiceStub
 # Generous: only ever reached when something is broken.
@@ -84,7 +74,7 @@ def as_tuples(events: list[types_pb2.StateEvent]) -> list[tuple[int, int, str, s
 
 @pytest.fixture
 async def worker(pool: Pool) -> Any:
-    return await register_worker(pool)
+    return await register(pool)
 
 
 async def test_history_then_live_until_the_run_ends(control: Stub, pool: Pool, worker: Any) -> None:
@@ -117,7 +107,7 @@ async def test_reconnect_from_a_seq_misses_and_repeats_nothing(
 ) -> None:
     await create_workflow(control, tasks=CHAIN)
     run = await start_run(control)
-    issued = await dispatch_and_claim(pool, worker)
+    issued = await worker.dispatch_and_claim()
 
     first = Watch(control, run.id)
     await first.read_until(3)
@@ -128,7 +118,7 @@ async def test_reconnect_from_a_seq_misses_and_repeats_nothing(
     await second.read_until(seen[-1].seq + 1)
 
     async def finish() -> None:
-        await complete(pool, worker, issued)
+        await worker.complete_all(issued)
         await drive_to_end(pool, UUID(run.id), worker)
 
     driver = asyncio.create_task(finish())

@@ -11,14 +11,8 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
 from awp_kernel.definition import DEFAULT_TIMEOUT_MS, MAX_INPUT_BYTES, canonical_json
 from awp_server import convert
-from control.helpers import (
-    create_workflow,
-    definition,
-    expect_error,
-    seconds,
-    struct,
-    task,
-)
+from control.helpers import create_workflow, definition, expect_error, task
+from kit.proto import seconds, struct
 
 Stub = control_pb2_grpc.ControlServiceStub
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

@@ -10,7 +10,8 @@ from awp.v1 import types_pb2
 from awp_kernel import states
 from awp_kernel.definition import DefinitionInvalid, canonical_json
 from awp_server import convert
-from control.helpers import definition, seconds, struct, task
+from control.helpers import definition, task
+from kit.proto import seconds, struct
 
 
 @pytest.mark.parametrize(

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator_support import (
-    check_invariants,
-    coordinator,
-    poll_until,
-    register,
-    run_state,
-    task_states,
-)
+from coordinator_support import coordinator
 
 from awp_db import leases, runs
 from awp_db.connect import Pool
-from support import spec, start_run
+from kit import poll_until, spec, start_run
+from kit.db import register, run_state, task_states
+from kit.invariants import check_committed
 
 
 async def test_a_cancel_committed_while_no_coordinator_runs_converges_when_one_starts(
@@ -61,7 +56,7 @@ async def test_a_cancel_committed_while_no_coordinator_runs_converges_when_one_s
     assert await worker.complete(running) == "LEASE_LOST"
     # Another run is untouched.
     assert await run_state(pool, other) == "running"
-    await check_invariants(pool)
+    await check_committed(pool)
 
 
 async def test_a_run_being_canceled_gets_no_new_dispatch(pool: Pool) -> None:
@@ -82,7 +77,7 @@ async def test_a_run_being_canceled_gets_no_new_dispatch(pool: Pool) -> None:
     )
     assert (events[-1]["type"], events[-1]["to_state"]) == ("run.state", "canceled")
     assert not (await coord.run_pass()).did_work
-    await check_invariants(pool, finished=True)
+    await check_committed(pool, finished=True)
 
 
 async def test_concurrent_convergence_cancels_once(pool: Pool) -> None:
@@ -106,4 +101,4 @@ async def test_concurrent_convergence_cancels_once(pool: Pool) -> None:
             run_id,
         )
         assert finals == 1
-    await check_invariants(pool, finished=True)
+    await check_committed(pool, finished=True)

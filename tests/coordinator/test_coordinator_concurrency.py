@@ -6,18 +6,13 @@ from __future__ import annotations
 import asyncio
 import random
 
-from coordinator_support import (
-    Worker,
-    check_invariants,
-    coordinator,
-    poll_until,
-    register,
-    run_state,
-)
+from coordinator_support import coordinator
 
 from awp_db import coordination, runs
 from awp_db.connect import Pool, connect
-from support import spec, start_run
+from kit import poll_until, spec, start_run
+from kit.db import DbWorker, register, run_state
+from kit.invariants import check_committed
 
 
 async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> None:
@@ -36,7 +31,7 @@ async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> Non
         )
         for i in range(6)
     ]
-    fleet: list[Worker] = [
+    fleet: list[DbWorker] = [
         await register(pool, max_concurrency=2, name="steady"),
         await register(pool, max_concurrency=3, name="busy"),
         await register(pool, max_concurrency=2, name="flaky"),  # lets its leases expire
@@ -49,7 +44,7 @@ async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> Non
     for round_ in range(300):
         reports = await asyncio.gather(first.run_pass(), second.run_pass())
         dispatched += sum(r.dispatched for r in reports)
-        await check_invariants(pool, global_limit=global_limit)
+        await check_committed(pool, global_limit=global_limit)
         if round_ == 5:
             async with pool.acquire() as conn:
                 await runs.request_cancel(conn, canceled, "test")
@@ -57,7 +52,7 @@ async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> Non
         for worker in fleet:
             ttl = 30 if worker is fleet[2] else 60_000
             held.extend((worker, lease) for lease in await worker.claim(rng.randint(1, 3), ttl))
-        await check_invariants(pool, global_limit=global_limit)
+        await check_committed(pool, global_limit=global_limit)
         for worker, lease in held:
             if worker is fleet[2]:
                 continue  # never completes: the reaper settles these
@@ -68,7 +63,7 @@ async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> Non
     else:
         raise AssertionError("runs did not finish")
 
-    await check_invariants(pool, global_limit=global_limit, finished=True)
+    await check_committed(pool, global_limit=global_limit, finished=True)
     assert await run_state(pool, canceled) == "canceled"
     # Each attempt ended exactly once, by exactly one writer.
     doubled = await pool.fetch(
@@ -112,4 +107,4 @@ async def test_two_reapers_settle_each_expired_lease_once(pool: Pool, database_d
     assert await pool.fetchval("SELECT count(*) FROM tasks WHERE state = 'waiting_retry'") == 20
     for run_id in run_ids:
         assert await run_state(pool, run_id) == "running"
-    await check_invariants(pool)
+    await check_committed(pool)

@@ -5,17 +5,12 @@ from __future__ import annotations
 import asyncio
 import random
 
-from coordinator_support import (
-    Worker,
-    check_invariants,
-    coordinator,
-    register,
-    run_state,
-    task_states,
-)
+from coordinator_support import coordinator
 
 from awp_db.connect import Pool
-from support import spec, start_run
+from kit import spec, start_run
+from kit.db import DbWorker, register, run_state, task_states
+from kit.invariants import check_committed
 
 
 async def test_no_dispatch_without_a_compatible_active_worker(pool: Pool) -> None:
@@ -36,7 +31,7 @@ async def test_no_dispatch_without_a_compatible_active_worker(pool: Pool) -> Non
     claimed = await worker.claim()
     assert len(claimed) == 2
     assert sorted((await task_states(pool, run_id)).values()) == ["ready", "running", "running"]
-    await check_invariants(pool)
+    await check_committed(pool)
 
 
 async def test_prefetch_offers_a_refill_beyond_the_free_slots(pool: Pool) -> None:
@@ -54,7 +49,7 @@ async def test_prefetch_offers_a_refill_beyond_the_free_slots(pool: Pool) -> Non
     for lease in first:
         assert await worker.complete(lease) == "ACCEPTED"
     assert len(await worker.claim(5)) == 2  # no pass in between
-    await check_invariants(pool)
+    await check_committed(pool)
 
 
 async def test_prefetch_is_topped_up_once_half_of_it_is_taken(pool: Pool) -> None:
@@ -83,7 +78,7 @@ async def test_prefetch_is_topped_up_once_half_of_it_is_taken(pool: Pool) -> Non
     assert report.dispatched == 3  # back to 0 free + 4 ahead
     states = list((await task_states(pool, run_id)).values())
     assert (states.count("running"), states.count("queued")) == (4, 4)
-    await check_invariants(pool)
+    await check_committed(pool)
 
 
 async def test_prefetch_stays_within_the_run_concurrency(pool: Pool) -> None:
@@ -101,7 +96,7 @@ async def test_prefetch_stays_within_the_run_concurrency(pool: Pool) -> None:
     assert (await coord.run_pass()).dispatched == 2
     states = list((await task_states(pool, run_id)).values())
     assert states.count("queued") + states.count("running") == 3
-    await check_invariants(pool)
+    await check_committed(pool)
 
 
 async def test_a_draining_worker_is_not_capacity(pool: Pool) -> None:
@@ -135,7 +130,7 @@ async def test_queued_task_whose_kind_loses_its_last_worker_goes_back_to_ready(
     assert await pool.fetchval(
         "SELECT array_agg(DISTINCT state) FROM dispatches WHERE run_id = $1", run_id
     ) == ["expired"]
-    await check_invariants(pool)
+    await check_committed(pool)
 
     # And the next compatible worker picks the tasks up again, nothing spent.
     newcomer = await register(pool)
@@ -154,7 +149,7 @@ async def test_limits_hold_throughout_a_run(pool: Pool) -> None:
         await start_run(pool, spec("wider", 15, concurrency=5, depends={5: [0, 1]})),
         await start_run(pool, spec("open", 10, max_attempts=2)),
     ]
-    fleet: list[Worker] = [
+    fleet: list[DbWorker] = [
         await register(pool, max_concurrency=1, name="a"),
         await register(pool, max_concurrency=3, name="b"),
         await register(pool, max_concurrency=4, name="c"),
@@ -163,21 +158,21 @@ async def test_limits_hold_throughout_a_run(pool: Pool) -> None:
     peak = 0
     for _ in range(400):
         await coord.run_pass()
-        counts = await check_invariants(pool, global_limit=global_limit)
+        counts = await check_committed(pool, global_limit=global_limit)
         peak = max(peak, counts["live"])
         held = []
         for worker in fleet:
             held.extend((worker, lease) for lease in await worker.claim(rng.randint(1, 3)))
-            await check_invariants(pool, global_limit=global_limit)
+            await check_committed(pool, global_limit=global_limit)
         for worker, lease in held:
             outcome = "failed" if rng.random() < 0.15 else "succeeded"
             assert await worker.complete(lease, outcome) == "ACCEPTED"
-        await check_invariants(pool, global_limit=global_limit)
+        await check_committed(pool, global_limit=global_limit)
         if all([await run_state(pool, run_id) != "running" for run_id in run_ids]):
             break
     else:
         raise AssertionError("runs did not finish")
-    await check_invariants(pool, global_limit=global_limit, finished=True)
+    await check_committed(pool, global_limit=global_limit, finished=True)
     assert peak == global_limit  # the limit was actually reached, not trivially held
 
 
@@ -211,7 +206,7 @@ async def test_an_old_large_run_cannot_starve_a_new_small_one(pool: Pool) -> Non
     assert served.count("small") == 2  # 'later' is the one that is not 'big'
     assert await run_state(pool, later) == "succeeded"
     assert await run_state(pool, big) == "running"
-    await check_invariants(pool, global_limit=1)
+    await check_committed(pool, global_limit=1)
 
 
 async def test_a_busy_run_is_left_to_the_next_pass_not_waited_for(pool: Pool) -> None:
@@ -229,7 +224,7 @@ async def test_a_busy_run_is_left_to_the_next_pass_not_waited_for(pool: Pool) ->
     # Once the run is free again, the next pass serves it.
     assert (await coord.run_pass()).dispatched == 2
     assert set((await task_states(pool, busy)).values()) == {"queued"}
-    await check_invariants(pool)
+    await check_committed(pool)
 
 
 async def test_when_every_run_is_busy_the_pass_waits_for_them(pool: Pool) -> None:

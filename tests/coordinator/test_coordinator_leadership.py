@@ -16,16 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from coordinator_support import (
-    Coordinator,
-    coordinator,
-    poll_until,
-    register,
-)
+from coordinator_support import Coordinator, coordinator
 
 from awp_db import coordination, leases, workers
 from awp_db.connect import Pool
-from support import spec, start_run
+from kit import poll_until, spec, start_run
+from kit.db import register
 
 ROOT = Path(__file__).resolve().parents[2]
 

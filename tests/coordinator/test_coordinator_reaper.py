@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator_support import (
-    check_invariants,
-    coordinator,
-    events_of,
-    pass_until,
-    poll_until,
-    register,
-    run_state,
-    task_states,
-)
+from coordinator_support import coordinator, pass_until
 
 from awp_db import coordination, leases
 from awp_db.connect import Pool, connect
-from support import spec, start_run
+from kit import poll_until, spec, start_run
+from kit.db import events_of, register, run_state, task_states
+from kit.invariants import check_committed
 
 
 async def _past(pool: Pool, moment: object) -> bool:
@@ -64,7 +57,7 @@ async def test_a_lease_being_renewed_is_never_reaped(pool: Pool, database_dsn: s
     )
     assert await worker.complete(lease) == "ACCEPTED"
     assert await run_state(pool, run_id) == "succeeded"
-    await check_invariants(pool, finished=True)
+    await check_committed(pool, finished=True)
 
 
 async def test_a_renewal_waiting_behind_the_reaper_loses(pool: Pool, database_dsn: str) -> None:
@@ -114,7 +107,7 @@ async def test_a_renewal_waiting_behind_the_reaper_loses(pool: Pool, database_ds
         ("interrupted", "lease expired")
     ]
     assert await task_states(pool, run_id) == {"t0": "waiting_retry"}
-    await check_invariants(pool)
+    await check_committed(pool)
 
 
 async def test_expired_and_timed_out_attempts_retry_then_fail_the_run(pool: Pool) -> None:
@@ -156,7 +149,7 @@ async def test_expired_and_timed_out_attempts_retry_then_fail_the_run(pool: Pool
     assert ("task.state", "t0", 1, "waiting_retry", "ready") in events
     assert ("attempt.state", "t0", 2, "running", "timed_out") in events
     assert events[-1] == ("run.state", None, None, "running", "failed")
-    await check_invariants(pool, finished=True)
+    await check_committed(pool, finished=True)
 
 
 async def test_silent_workers_go_offline_and_their_leases_are_settled_at_once(
@@ -186,7 +179,7 @@ async def test_silent_workers_go_offline_and_their_leases_are_settled_at_once(
     assert by_dispatch[lost.dispatch_id]["error"]["message"].startswith("worker offline")
     assert by_dispatch[kept.dispatch_id]["state"] == "running"
     assert sorted((await task_states(pool, run_id)).values()) == ["running", "waiting_retry"]
-    await check_invariants(pool)
+    await check_committed(pool)
     # Once is enough: the next pass finds nothing more to do for that worker.
     again = await coord.run_pass()
     assert (again.offline_workers, again.offline_leases) == (0, 0)
@@ -211,7 +204,7 @@ async def test_retry_timers_release_tasks_when_their_backoff_passes(pool: Pool) 
     (again,) = await worker.claim()
     assert again.attempt == 2
     assert ("task.state", "t0", 1, "waiting_retry", "ready") in await events_of(pool, run_id)
-    await check_invariants(pool)
+    await check_committed(pool)
 
 
 async def test_a_non_retryable_failure_is_final(pool: Pool) -> None:
@@ -237,4 +230,4 @@ async def test_the_sweep_finishes_runs_whose_tasks_are_all_terminal(pool: Pool) 
 
     assert report.runs_finished == 1
     assert await run_state(pool, run_id) == "succeeded"
-    await check_invariants(pool, finished=True)
+    await check_committed(pool, finished=True)

@@ -3,12 +3,14 @@ every failure report, and recovery figures gathered into the terminal summary.""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
 from cluster import Cluster
 from figures import FIGURES
+from report import log_tails, snapshot
 
 from awp_db.connect import connect
 from awp_db.embedded import EmbeddedPostgres
@@ -30,7 +32,7 @@ def pytest_runtest_makereport(
         item.stash[FAILED_REPORT] = report
         # The processes' own words are the first thing a failure needs.
         for cluster in item.stash.get(CLUSTERS, []):
-            for name, tail in cluster.log_tails():
+            for name, tail in log_tails(cluster):
                 report.sections.append((f"awp log tail: {name} ({report.when})", tail))
     return report
 
@@ -42,21 +44,23 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(line)
 
 
-def _register(request: pytest.FixtureRequest, cluster: Cluster) -> None:
-    clusters = request.node.stash.get(CLUSTERS, [])
-    clusters.append(cluster)
-    request.node.stash[CLUSTERS] = clusters
-
-
-async def _close(request: pytest.FixtureRequest, cluster: Cluster) -> None:
-    """After a failure, adds the database's view to the report before tearing down."""
-    failed = request.node.stash.get(FAILED_REPORT, None)
-    if failed is not None:
-        failed.sections.append(("awp database snapshot", await cluster.snapshot()))
-    await cluster.close()
-    call = request.node.stash.get(CALL_REPORT, None)
-    if call is not None and call.passed and not cluster.invariants_checked:
-        pytest.fail("the scenario passed without running the invariant check (DESIGN.md §10)")
+@contextlib.asynccontextmanager
+async def _running(request: pytest.FixtureRequest, cluster: Cluster) -> AsyncIterator[Cluster]:
+    """Registers the cluster with the test's report; after a failure, adds the database's
+    view to the report before tearing down."""
+    cluster.label = request.node.name
+    cluster.dir.mkdir()
+    request.node.stash[CLUSTERS] = [*request.node.stash.get(CLUSTERS, []), cluster]
+    try:
+        yield cluster
+    finally:
+        failed = request.node.stash.get(FAILED_REPORT, None)
+        if failed is not None:
+            failed.sections.append(("awp database snapshot", await snapshot(cluster)))
+        await cluster.close()
+        call = request.node.stash.get(CALL_REPORT, None)
+        if call is not None and call.passed and not cluster.invariants_checked:
+            pytest.fail("the scenario passed without running the invariant check (DESIGN.md §10)")
 
 
 @pytest.fixture
@@ -64,13 +68,8 @@ async def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, database_dsn: str
 ) -> AsyncIterator[Cluster]:
     """Processes against this test's fresh database on the session's PostgreSQL."""
-    running = Cluster(tmp_path / "cluster", database_dsn, label=request.node.name)
-    running.dir.mkdir()
-    _register(request, running)
-    try:
+    async with _running(request, Cluster(tmp_path / "cluster", database_dsn)) as running:
         yield running
-    finally:
-        await _close(request, running)
 
 
 @pytest.fixture
@@ -100,12 +99,6 @@ async def pg_cluster(
         await migrate(conn)
     finally:
         await conn.close()
-    running = Cluster(
-        tmp_path / "cluster", own_postgres.dsn, postgres=own_postgres, label=request.node.name
-    )
-    running.dir.mkdir()
-    _register(request, running)
-    try:
+    cluster = Cluster(tmp_path / "cluster", own_postgres.dsn, postgres=own_postgres)
+    async with _running(request, cluster) as running:
         yield running
-    finally:
-        await _close(request, running)

@@ -15,19 +15,19 @@ import json
 import sys
 
 import grpc
-from rawworker import RawWorker
 
-from awp.v1 import worker_pb2
+from awp.v1 import worker_pb2, worker_pb2_grpc
+from kit.rawworker import RawWorker
 
 
 async def hold(address: str, token: str, name: str) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
-        worker = RawWorker(channel, token, name)
+        worker = RawWorker(worker_pb2_grpc.WorkerServiceStub(channel), token, name)
         session = await worker.register()
         worker.start_heartbeat()
         leases: list[worker_pb2.Lease] = []
         while not leases:
-            leases = await worker.claim(1)
+            leases = await worker.claim(1, wait_s=5.0)
         lease = leases[0]
         print(
             json.dumps(

@@ -53,6 +53,16 @@ async def wait_attempt(
     return await wait_for(found, what, within=within)
 
 
+async def wait_succeeded(
+    cluster: Cluster, run_id: UUID, what: str, *, tasks: int = 0, attempts: int = 0
+) -> None:
+    """Waits until at least `tasks` of the run's tasks, or `attempts` of its attempts,
+    have succeeded."""
+    table, least = ("tasks", tasks) if tasks else ("attempts", attempts)
+    query = f"SELECT count(*) >= $2 FROM {table} WHERE run_id = $1 AND state = 'succeeded'"
+    await wait_for(lambda: cluster.fetchval(query, run_id, least), what)
+
+
 async def revision(cluster: Cluster, run_id: UUID) -> int:
     value: int = await cluster.fetchval("SELECT revision FROM runs WHERE id = $1", run_id)
     return value

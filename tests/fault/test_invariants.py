@@ -9,41 +9,23 @@ from __future__ import annotations
 from uuid import UUID
 
 import pytest
-from invariants import Expect, InvariantViolation, check_invariants
 
-from awp_db import coordination, dispatching, leases, workers
+from awp_db import coordination, leases
 from awp_db.connect import Pool
-from support import spec, start_run
-
-TTL_MS = 60_000
-
-
-async def _register(pool: Pool) -> workers.Registration:
-    return await workers.register(pool, "checker", 1, ["mock"], 10, {})
+from kit import spec, start_run
+from kit.db import DbWorker, register
+from kit.invariants import Expect, InvariantViolation, check_committed, check_invariants
 
 
-async def _claim_all(pool: Pool, worker: workers.Registration) -> list[leases.IssuedLease]:
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
-        return await leases.claim(conn, str(worker.worker_id), worker.session_token, 10, TTL_MS)
+async def _complete(worker: DbWorker, issued: list[leases.IssuedLease]) -> None:
+    verdicts = await worker.complete_all(issued)
+    assert all(v == "ACCEPTED" for v in verdicts), verdicts
 
 
-async def _complete(
-    pool: Pool, worker: workers.Registration, issued: list[leases.IssuedLease]
-) -> None:
-    results = [
-        leases.ResultIn(lease.dispatch_id, lease.lease_token, "succeeded", output={"n": 1})
-        for lease in issued
-    ]
-    async with pool.acquire() as conn:
-        verdicts = await leases.complete(conn, str(worker.worker_id), worker.session_token, results)
-    assert all(v.value == "accepted" for v in verdicts), verdicts
-
-
-async def _finished_run(pool: Pool, tasks: int = 2) -> tuple[UUID, workers.Registration]:
+async def _finished_run(pool: Pool, tasks: int = 2) -> tuple[UUID, DbWorker]:
     run_id = await start_run(pool, spec(tasks=tasks))
-    worker = await _register(pool)
-    await _complete(pool, worker, await _claim_all(pool, worker))
+    worker = await register(pool, name="checker")
+    await _complete(worker, await worker.dispatch_and_claim())
     return run_id, worker
 
 
@@ -95,8 +77,8 @@ async def test_a_result_written_after_its_lease_is_found(pool: Pool) -> None:
 
 async def test_a_second_accepted_result_and_a_stale_one_are_found(pool: Pool) -> None:
     run_id = await start_run(pool, spec(tasks=1))
-    worker = await _register(pool)
-    (first,) = await _claim_all(pool, worker)
+    worker = await register(pool, name="checker")
+    (first,) = await worker.dispatch_and_claim()
     # Attempt 1's lease runs out and is reaped; attempt 2 then succeeds.
     await pool.execute(
         "UPDATE dispatches SET lease_expires_at = clock_timestamp() WHERE id = $1",
@@ -105,7 +87,7 @@ async def test_a_second_accepted_result_and_a_stale_one_are_found(pool: Pool) ->
     async with pool.acquire() as conn:
         assert (await coordination.reap_expired(conn)).interrupted == 1
         await coordination.release_retries(conn)
-    await _complete(pool, worker, await _claim_all(pool, worker))
+    await _complete(worker, await worker.dispatch_and_claim())
     costs = await check_invariants(pool, {run_id: Expect()})
     assert costs[run_id].extra_executions == 1
 
@@ -129,11 +111,27 @@ async def test_a_second_accepted_result_and_a_stale_one_are_found(pool: Pool) ->
 
 async def test_a_lease_left_with_an_offline_worker_is_found(pool: Pool) -> None:
     run_id = await start_run(pool, spec(tasks=1))
-    worker = await _register(pool)
-    await _claim_all(pool, worker)
+    worker = await register(pool, name="checker")
+    await worker.dispatch_and_claim()
     await pool.execute(
         "UPDATE workers SET state = 'offline', stopped_at = now() WHERE id = $1", worker.worker_id
     )
     found = await _violations(pool, {run_id: Expect("running", "running")})
     assert "still leased to offline worker checker" in found
     assert "task t0 is not terminal: running" in found
+
+
+async def test_committed_state_checks_have_teeth(pool: Pool) -> None:
+    run_id = await start_run(pool, spec(tasks=2))
+    worker = await register(pool, name="checker", max_concurrency=2)
+    (lease,) = await worker.dispatch_and_claim(1)  # one task running, the other queued
+    assert await check_committed(pool) == {"live": 2, "leased": 1}
+    with pytest.raises(InvariantViolation, match="2 live dispatches over the limit 1"):
+        await check_committed(pool, global_limit=1)
+    with pytest.raises(InvariantViolation, match="1 runs still running"):
+        await check_committed(pool, finished=True)
+    await pool.execute(
+        "UPDATE tasks SET state = 'ready' WHERE run_id = $1 AND key = $2", run_id, lease.task_key
+    )
+    with pytest.raises(InvariantViolation, match=r"ready: \(0, 1, 1\) != \(0, 0, 0\)"):
+        await check_committed(pool)

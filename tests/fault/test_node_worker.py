@@ -8,9 +8,11 @@ import shutil
 
 import pytest
 import workload
-from cluster import REPO, WORKER_TOKEN, Cluster
-from invariants import Expect
+from cluster import WORKER_TOKEN, Cluster
 from probes import wait_run
+from process import REPO
+
+from kit.invariants import Expect
 
 NODE = shutil.which("node")
 EXAMPLE = REPO / "examples" / "node-worker"

@@ -5,36 +5,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from awp_kernel.results import result_hash
+from kit import strategies
+from kit.strategies import JSON_PROPERTY, PROPERTY, reorder
 
-PROPERTY = settings(max_examples=200, deadline=None)
-JSON_PROPERTY = settings(max_examples=60, deadline=None)
-
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**53), max_value=2**53)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
-    max_leaves=8,
-)
-json_objects = st.dictionaries(st.text(max_size=4), json_values, max_size=5)
-
-
-def reorder(value: Any) -> Any:
-    """The same JSON value with every object's keys inserted in reverse order."""
-    if isinstance(value, dict):
-        return {key: reorder(value[key]) for key in reversed(list(value))}
-    if isinstance(value, list):
-        return [reorder(item) for item in value]
-    return value
+json_objects = strategies.json_objects(max_leaves=8, max_keys=5)
 
 
 def test_hash_is_sha256_of_the_canonical_fields() -> None:

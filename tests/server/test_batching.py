@@ -6,22 +6,13 @@ import asyncio
 
 import pytest
 
-from awp_db import dispatching, leases, workers
+from awp_db import dispatching, leases
 from awp_db.connect import Pool
 from awp_kernel.errors import AwpError
 from awp_kernel.fencing import ResultVerdict
 from awp_server.batching import ClaimBatcher, CompleteBatcher
-from support import spec, start_run
-
-
-async def _worker(pool: Pool, name: str) -> workers.Registration:
-    async with pool.acquire() as conn:
-        return await workers.register(conn, name, 1, ["mock"], 10, {})
-
-
-async def _claim(pool: Pool, worker: workers.Registration, n: int) -> list[leases.IssuedLease]:
-    async with pool.acquire() as conn:
-        return await leases.claim(conn, str(worker.worker_id), worker.session_token, n, 60_000)
+from kit import spec, start_run
+from kit.db import dispatch_all, register
 
 
 def _ok(lease: leases.IssuedLease, value: object = 1) -> leases.ResultIn:
@@ -30,10 +21,9 @@ def _ok(lease: leases.IssuedLease, value: object = 1) -> leases.ResultIn:
 
 async def test_calls_of_several_workers_share_one_transaction(pool: Pool) -> None:
     run_id = await start_run(pool, spec("shared", 12))
-    fleet = [await _worker(pool, f"w{i}") for i in range(3)]
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
-    held = [await _claim(pool, w, 4) for w in fleet]
+    fleet = [await register(pool, name=f"w{i}") for i in range(3)]
+    await dispatch_all(pool)
+    held = [await w.claim(4) for w in fleet]
     async with pool.acquire() as conn:
         revision = await conn.fetchval("SELECT revision FROM runs WHERE id = $1", run_id)
         outcomes = await leases.complete_many(
@@ -51,11 +41,10 @@ async def test_calls_of_several_workers_share_one_transaction(pool: Pool) -> Non
 
 async def test_each_result_is_judged_against_its_own_session(pool: Pool) -> None:
     await start_run(pool, spec("judged", 4))
-    alice, bob = await _worker(pool, "alice"), await _worker(pool, "bob")
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
-    (a1, a2) = await _claim(pool, alice, 2)
-    (b1,) = await _claim(pool, bob, 1)
+    alice, bob = await register(pool, name="alice"), await register(pool, name="bob")
+    await dispatch_all(pool)
+    (a1, a2) = await alice.claim(2)
+    (b1,) = await bob.claim(1)
     async with pool.acquire() as conn:
         outcomes = await leases.complete_many(
             conn,
@@ -77,10 +66,9 @@ async def test_each_result_is_judged_against_its_own_session(pool: Pool) -> None
 
 async def test_the_batcher_coalesces_calls_that_would_queue(pool: Pool) -> None:
     await start_run(pool, spec("queued", 40))
-    fleet = [await _worker(pool, f"w{i}") for i in range(8)]
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
-    held = [await _claim(pool, w, 5) for w in fleet]
+    fleet = [await register(pool, name=f"w{i}") for i in range(8)]
+    await dispatch_all(pool)
+    held = [await w.claim(5) for w in fleet]
     batcher = CompleteBatcher(pool, max_size=500, lanes=1)
     answers = await asyncio.gather(
         *(
@@ -100,11 +88,10 @@ async def test_the_batcher_coalesces_calls_that_would_queue(pool: Pool) -> None:
 
 async def test_a_call_that_breaks_the_shared_transaction_fails_alone(pool: Pool) -> None:
     await start_run(pool, spec("isolated", 2))
-    good, bad = await _worker(pool, "good"), await _worker(pool, "bad")
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
-    (g,) = await _claim(pool, good, 1)
-    (b,) = await _claim(pool, bad, 1)
+    good, bad = await register(pool, name="good"), await register(pool, name="bad")
+    await dispatch_all(pool)
+    (g,) = await good.claim(1)
+    (b,) = await bad.claim(1)
     batcher = CompleteBatcher(pool, max_size=500, lanes=1)
     # PostgreSQL refuses \u0000 in jsonb: this result makes its transaction fail.
     calls = await asyncio.gather(
@@ -122,7 +109,7 @@ async def test_a_call_that_breaks_the_shared_transaction_fails_alone(pool: Pool)
 
 async def test_claims_of_several_sessions_share_one_transaction(pool: Pool) -> None:
     run_id = await start_run(pool, spec("claimed", 10))
-    alice, bob = await _worker(pool, "alice"), await _worker(pool, "bob")
+    alice, bob = await register(pool, name="alice"), await register(pool, name="bob")
     async with pool.acquire() as conn:
         await conn.execute("UPDATE workers SET max_concurrency = 3 WHERE id = $1", alice.worker_id)
         await dispatching.create_dispatches(conn)
@@ -164,7 +151,7 @@ async def test_claims_of_several_sessions_share_one_transaction(pool: Pool) -> N
 
 async def test_a_draining_session_is_refused_alone(pool: Pool) -> None:
     await start_run(pool, spec("drainer", 4))
-    keen, leaving = await _worker(pool, "keen"), await _worker(pool, "leaving")
+    keen, leaving = await register(pool, name="keen"), await register(pool, name="leaving")
     async with pool.acquire() as conn:
         await conn.execute("UPDATE workers SET state = 'draining' WHERE id = $1", leaving.worker_id)
         await dispatching.create_dispatches(conn)
@@ -182,7 +169,7 @@ async def test_a_draining_session_is_refused_alone(pool: Pool) -> None:
 
 async def test_no_lease_is_committed_for_a_caller_that_went_away(pool: Pool) -> None:
     await start_run(pool, spec("abandoned", 4))
-    worker = await _worker(pool, "w")
+    worker = await register(pool, name="w")
     async with pool.acquire() as conn:
         await dispatching.create_dispatches(conn)
         with pytest.raises(leases.ClaimAbandoned):
@@ -198,9 +185,8 @@ async def test_no_lease_is_committed_for_a_caller_that_went_away(pool: Pool) -> 
 
 async def test_claims_woken_together_form_one_batch(pool: Pool) -> None:
     await start_run(pool, spec("herd", 20))
-    fleet = [await _worker(pool, f"w{i}") for i in range(4)]
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
+    fleet = [await register(pool, name=f"w{i}") for i in range(4)]
+    await dispatch_all(pool)
     batcher = ClaimBatcher(pool, max_size=1000, lease_ttl_ms=60_000)
     issued = await asyncio.gather(
         *(batcher.claim(str(w.worker_id), w.session_token, 3) for w in fleet)
@@ -211,9 +197,8 @@ async def test_claims_woken_together_form_one_batch(pool: Pool) -> None:
 
 async def test_a_claim_cancelled_while_queued_is_left_out(pool: Pool) -> None:
     await start_run(pool, spec("left", 4))
-    first, second = await _worker(pool, "first"), await _worker(pool, "second")
-    async with pool.acquire() as conn:
-        await dispatching.create_dispatches(conn)
+    first, second = await register(pool, name="first"), await register(pool, name="second")
+    await dispatch_all(pool)
     batcher = ClaimBatcher(pool, max_size=1000, lease_ttl_ms=60_000)
     gone = asyncio.create_task(batcher.claim(str(first.worker_id), first.session_token, 2))
     kept = asyncio.create_task(batcher.claim(str(second.worker_id), second.session_token, 2))

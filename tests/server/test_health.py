@@ -14,7 +14,7 @@ from awp_db.embedded import EmbeddedPostgres
 from awp_db.migrate import migrate
 from awp_server import app
 from awp_server.config import ServerConfig
-from support import poll_until
+from kit import poll_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -1,110 +1,28 @@
-"""WorkerService over real gRPC and PostgreSQL, driven with the raw generated stubs."""
+"""WorkerService over real gRPC and PostgreSQL, driven with the raw generated stubs:
+Register, Claim, Complete. Heartbeat and Drain are in test_worker_service_sessions.py."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
-from awp_db import dispatching, leases, settle
 from awp_db.connect import Pool
-from awp_db.events import EventBatch
-from support import (
+from kit import (
     WORKER_TOKEN,
-    ServerFactory,
     ServerHandle,
     expect_error,
     poll_until,
     spec,
     start_run,
 )
+from kit.db import dispatch_all, revision
+from kit.proto import to_dict
+from kit.rawworker import RawWorker, leased, register
 
 AUTH = (("authorization", f"Bearer {WORKER_TOKEN}"),)
-
-
-@dataclass
-class Worker:
-    stub: worker_pb2_grpc.WorkerServiceStub
-    session: worker_pb2.Session
-
-    async def claim(self, n: int = 1, wait_s: float = 0.0) -> list[worker_pb2.Lease]:
-        wait = duration_pb2.Duration()
-        wait.FromMilliseconds(int(wait_s * 1000))
-        response = await self.stub.Claim(
-            worker_pb2.ClaimRequest(session=self.session, max_leases=n, wait=wait)
-        )
-        return list(response.leases)
-
-    async def complete(
-        self, lease: worker_pb2.Lease, output: dict[str, object] | None = None, *, token: str = ""
-    ) -> int:
-        result = worker_pb2.TaskResult(
-            dispatch_id=lease.dispatch_id,
-            lease_token=token or lease.lease_token,
-            outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
-            output=_struct(output or {"ok": True}),
-        )
-        response = await self.stub.Complete(
-            worker_pb2.CompleteRequest(session=self.session, results=[result])
-        )
-        return response.answers[0].outcome
-
-    async def fail(self, lease: worker_pb2.Lease, message: str, retryable: bool) -> int:
-        result = worker_pb2.TaskResult(
-            dispatch_id=lease.dispatch_id,
-            lease_token=lease.lease_token,
-            outcome=worker_pb2.RESULT_OUTCOME_FAILED,
-            error=types_pb2.TaskError(message=message, retryable=retryable),
-        )
-        response = await self.stub.Complete(
-            worker_pb2.CompleteRequest(session=self.session, results=[result])
-        )
-        return response.answers[0].outcome
-
-
-def _struct(data: dict[str, object]) -> struct_pb2.Struct:
-    value = struct_pb2.Struct()
-    value.update(data)
-    return value
-
-
-@pytest.fixture
-async def stub(awp_server: ServerHandle) -> AsyncIterator[worker_pb2_grpc.WorkerServiceStub]:
-    async with awp_server.channel() as channel:
-        yield worker_pb2_grpc.WorkerServiceStub(channel)
-
-
-async def register(
-    stub: worker_pb2_grpc.WorkerServiceStub,
-    concurrency: int = 4,
-    kinds: tuple[str, ...] = ("mock",),
-) -> Worker:
-    response = await stub.Register(
-        worker_pb2.RegisterRequest(
-            name="test-worker",
-            protocol_version=1,
-            executor_kinds=list(kinds),
-            max_concurrency=concurrency,
-        ),
-        metadata=AUTH,
-    )
-    return Worker(stub, response.session)
-
-
-async def dispatch_all(pool: Pool) -> int:
-    async with pool.acquire() as conn:
-        return (await dispatching.create_dispatches(conn)).created
-
-
-async def revision(pool: Pool, run_id: object) -> int:
-    value: int = await pool.fetchval("SELECT revision FROM runs WHERE id = $1", run_id)
-    return value
 
 
 # --- Register -------------------------------------------------------------------------
@@ -166,10 +84,16 @@ async def test_a_wrong_session_token_is_session_invalid(
     stub: worker_pb2_grpc.WorkerServiceStub,
 ) -> None:
     worker = await register(stub)
-    forged = Worker(stub, worker_pb2.Session(worker_id=worker.session.worker_id, session_token="x"))
+    forged = RawWorker(
+        stub,
+        WORKER_TOKEN,
+        "forged",
+        worker_pb2.Session(worker_id=worker.session.worker_id, session_token="x"),
+    )
     error = await expect_error(forged.claim())
     assert (error.code, error.reason) == (grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID")
-    unknown = Worker(stub, worker_pb2.Session(worker_id="not-a-uuid", session_token="x"))
+    made_up = worker_pb2.Session(worker_id="not-a-uuid", session_token="x")
+    unknown = RawWorker(stub, WORKER_TOKEN, "unknown", made_up)
     assert (await expect_error(unknown.claim())).reason == "SESSION_INVALID"
 
 
@@ -252,10 +176,7 @@ async def test_50_concurrent_claimers_never_share_a_dispatch(
 async def test_a_token_valid_for_another_dispatch_is_rejected(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    first, second = await worker.claim(2)
+    run_id, worker, (first, second) = await leased(stub, pool, spec(tasks=2), 2)
     before = await revision(pool, run_id)
     outcome = await worker.complete(first, token=second.lease_token)
     assert outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
@@ -265,10 +186,7 @@ async def test_a_token_valid_for_another_dispatch_is_rejected(
 async def test_duplicate_complete_is_idempotent_and_a_changed_result_conflicts(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    lease, _ = await worker.claim(2)
+    run_id, worker, (lease, _) = await leased(stub, pool, spec(tasks=2), 2)
     assert await worker.complete(lease, {"n": 1}) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     after_accept = await revision(pool, run_id)
     assert await worker.complete(lease, {"n": 1}) == worker_pb2.COMPLETE_OUTCOME_DUPLICATE
@@ -305,10 +223,9 @@ async def test_a_lease_past_its_expiry_is_lost_without_any_reaper(
 async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=2, chain=True), run_input={"topic": "x"})
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (first,) = await worker.claim(5)
+    run_id, worker, (first,) = await leased(
+        stub, pool, spec(tasks=2, chain=True), 5, run_input={"topic": "x"}
+    )
     assert first.task_key == "t0"
     assert dict(first.upstream_outputs) == {}
     assert await worker.complete(first, {"found": 3}) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
@@ -318,8 +235,8 @@ async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
     (second,) = await worker.claim(5)
     assert second.fencing_token > first.fencing_token
     # Each lease carries the run input and its dependencies' outputs.
-    assert json_format.MessageToDict(second.run_input) == {"topic": "x"}
-    assert json_format.MessageToDict(second.upstream_outputs["t0"]) == {"found": 3}
+    assert to_dict(second.run_input) == {"topic": "x"}
+    assert to_dict(second.upstream_outputs["t0"]) == {"found": 3}
     assert await worker.complete(second) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id) == "succeeded"
 
@@ -327,10 +244,9 @@ async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
 async def test_retryable_failure_waits_and_final_failure_fails_the_run(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=3, max_attempts=1, backoff_ms=5_000))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    first, second, _third = await worker.claim(3)
+    run_id, worker, (first, second, _third) = await leased(
+        stub, pool, spec(tasks=3, max_attempts=1, backoff_ms=5_000), 3
+    )
     assert await worker.fail(first, "boom", retryable=False) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id) == "failed"
     states = dict(await pool.fetch("SELECT key, state FROM tasks WHERE run_id = $1", run_id))
@@ -343,10 +259,9 @@ async def test_retryable_failure_waits_and_final_failure_fails_the_run(
 async def test_retryable_failure_goes_to_waiting_retry_while_attempts_remain(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec(tasks=1, max_attempts=2, backoff_ms=5_000))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (lease,) = await worker.claim()
+    run_id, worker, (lease,) = await leased(
+        stub, pool, spec(tasks=1, max_attempts=2, backoff_ms=5_000)
+    )
     assert await worker.fail(lease, "flaky", retryable=True) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
     row = await pool.fetchrow(
         "SELECT state, retry_at - now() AS wait FROM tasks WHERE run_id = $1", run_id
@@ -379,199 +294,3 @@ async def test_complete_rejects_malformed_results(
     )
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT
     assert error.fields == [field]
-
-
-# --- Heartbeat ------------------------------------------------------------------------
-
-
-class Stream:
-    """One heartbeat stream: send a request, read its answer."""
-
-    def __init__(self, stub: worker_pb2_grpc.WorkerServiceStub) -> None:
-        self.queue: asyncio.Queue[worker_pb2.HeartbeatRequest] = asyncio.Queue()
-        self.call = stub.Heartbeat(self._requests())
-
-    async def _requests(self) -> AsyncIterator[worker_pb2.HeartbeatRequest]:
-        while True:
-            yield await self.queue.get()
-
-    async def beat(
-        self, worker: Worker, held: list[worker_pb2.Lease], token: str = ""
-    ) -> worker_pb2.HeartbeatResponse:
-        await self.queue.put(
-            worker_pb2.HeartbeatRequest(
-                session=worker.session,
-                leases=[
-                    worker_pb2.LeaseRef(
-                        dispatch_id=lease.dispatch_id, lease_token=token or lease.lease_token
-                    )
-                    for lease in held
-                ],
-            )
-        )
-        response = await self.call.read()
-        assert response is not grpc.aio.EOF
-        return response  # type: ignore[return-value]
-
-    def cancel(self) -> None:
-        self.call.cancel()
-
-
-async def test_heartbeat_renews_revokes_and_rejects_unknown_leases(
-    stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
-) -> None:
-    run_id = await start_run(pool, spec(tasks=2))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    first, second = await worker.claim(2)
-    stream = Stream(stub)
-    try:
-        answer = await stream.beat(worker, [first, second])
-        assert answer.session_state == types_pb2.WORKER_STATE_ACTIVE
-        assert [lease.status for lease in answer.leases] == [worker_pb2.LEASE_STATUS_RENEWED] * 2
-        assert answer.leases[0].lease_remaining.ToMilliseconds() > 14_000
-        forged = await stream.beat(worker, [first], token=second.lease_token)
-        assert [lease.status for lease in forged.leases] == [worker_pb2.LEASE_STATUS_UNKNOWN]
-        async with pool.acquire() as conn, conn.transaction():
-            events = EventBatch()
-            await settle.lock_runs(conn, [run_id])
-            await settle.stop_runs(conn, [run_id], "canceled", events)
-            await events.flush(conn)
-        revoked = await stream.beat(worker, [first, second])
-        assert {lease.status for lease in revoked.leases} == {worker_pb2.LEASE_STATUS_REVOKED}
-    finally:
-        stream.cancel()
-
-
-async def lease_seconds_left(pool: Pool, dispatch_id: int) -> float:
-    """Until the lease expires, by the database clock."""
-    left: float = await pool.fetchval(
-        "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) FROM dispatches"
-        " WHERE id = $1",
-        dispatch_id,
-    )
-    return left
-
-
-async def test_a_dropped_stream_shortens_leases_and_a_quick_reconnect_keeps_them(
-    stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
-) -> None:
-    await start_run(pool, spec(tasks=1))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (lease,) = await worker.claim()
-
-    def seconds_left_below(limit: float) -> Callable[[], Awaitable[bool]]:
-        async def probe() -> bool:
-            return await lease_seconds_left(pool, lease.dispatch_id) < limit
-
-        return probe
-
-    stream = Stream(stub)
-    await stream.beat(worker, [lease])
-    assert await lease_seconds_left(pool, lease.dispatch_id) > 10
-    stream.cancel()
-    # The server sees the stream go and shortens the lease to the 1 s grace.
-    await poll_until(seconds_left_below(1.5))
-    reconnected = Stream(stub)
-    try:
-        answer = await reconnected.beat(worker, [lease])
-        assert answer.leases[0].status == worker_pb2.LEASE_STATUS_RENEWED
-        assert await lease_seconds_left(pool, lease.dispatch_id) > 10
-    finally:
-        reconnected.cancel()
-
-
-async def test_a_stale_stream_ending_does_not_shorten_a_newer_streams_leases(
-    stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
-) -> None:
-    await start_run(pool, spec(tasks=1))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (lease,) = await worker.claim()
-    old = Stream(stub)
-    await old.beat(worker, [lease])
-    new = Stream(stub)
-    try:
-        await new.beat(worker, [lease])
-        old.cancel()
-        await asyncio.sleep(0)  # let the server notice; nothing must change
-        answer = await new.beat(worker, [lease])
-        assert answer.leases[0].status == worker_pb2.LEASE_STATUS_RENEWED
-        assert await lease_seconds_left(pool, lease.dispatch_id) > 10
-    finally:
-        new.cancel()
-
-
-# --- Drain ----------------------------------------------------------------------------
-
-
-async def test_drain_stops_claims_then_stops_the_session(
-    stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
-) -> None:
-    run_id = await start_run(pool, spec(tasks=2))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    (first,) = await worker.claim(1)
-    drained = await stub.Drain(worker_pb2.DrainRequest(session=worker.session))
-    assert drained.session_state == types_pb2.WORKER_STATE_DRAINING
-    assert drained.active_leases == 1
-    assert (await expect_error(worker.claim())).reason == "WORKER_DRAINING"
-    assert await worker.complete(first) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
-    stopped = await stub.Drain(worker_pb2.DrainRequest(session=worker.session))
-    assert stopped.session_state == types_pb2.WORKER_STATE_STOPPED
-    assert (await expect_error(worker.claim())).reason == "SESSION_INVALID"
-    assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id) == "running"
-
-
-async def test_hand_back_settles_leases_at_once_as_interrupted(
-    stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
-) -> None:
-    run_id = await start_run(pool, spec(tasks=2, backoff_ms=0))
-    worker = await register(stub)
-    await dispatch_all(pool)
-    held = await worker.claim(2)
-    drained = await stub.Drain(
-        worker_pb2.DrainRequest(
-            session=worker.session,
-            hand_back=[
-                worker_pb2.LeaseRef(dispatch_id=lease.dispatch_id, lease_token=lease.lease_token)
-                for lease in held
-            ],
-        )
-    )
-    assert drained.session_state == types_pb2.WORKER_STATE_STOPPED
-    assert drained.active_leases == 0
-    attempts = Counter(
-        row["state"]
-        for row in await pool.fetch("SELECT state FROM attempts WHERE run_id = $1", run_id)
-    )
-    assert attempts == {"interrupted": 2}
-    tasks = {
-        row["state"]
-        for row in await pool.fetch("SELECT state FROM tasks WHERE run_id = $1", run_id)
-    }
-    assert tasks == {"waiting_retry"}
-
-
-async def test_server_shutdown_ends_streams_at_once_and_keeps_leases(
-    start_server: ServerFactory, pool: Pool
-) -> None:
-    server = await start_server()
-    async with server.channel() as channel:
-        stub = worker_pb2_grpc.WorkerServiceStub(channel)
-        await start_run(pool, spec(tasks=1))
-        worker = await register(stub)
-        await dispatch_all(pool)
-        (lease,) = await worker.claim()
-        stream = Stream(stub)
-        await stream.beat(worker, [lease])
-        parked = asyncio.create_task(worker.claim(1, wait_s=25))
-        listener = server.running.listener
-        await poll_until(lambda: listener.waiting(leases.DISPATCH_CHANNEL) > 0)
-        # With a 30 s grace, only ending the stream and the parked claim lets stop finish.
-        await asyncio.wait_for(server.running.stop(30), 10)
-        assert await stream.call.read() is grpc.aio.EOF
-        assert await asyncio.wait_for(parked, 5) == []
-    left = await lease_seconds_left(pool, lease.dispatch_id)
-    assert left > 10, "a shutting-down server must not shorten its workers' leases"

@@ -15,8 +15,6 @@ from worker_fakes import (
     FakeServer,
     FakeWorkerService,
     Fault,
-    eventually,
-    output,
     start_fake,
 )
 
@@ -26,6 +24,8 @@ from awp_worker._config import WorkerConfig
 from awp_worker._executors import MockExecutor, PythonExecutor
 from awp_worker._runtime import EXIT_FAILURE, EXIT_OK, EXIT_SESSION_LOST, WorkerRuntime
 from awp_worker._sdk import ActionRegistry
+from kit import poll_until as eventually
+from kit.proto import output
 
 UNAVAILABLE = Fault(grpc.StatusCode.UNAVAILABLE)
 

@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from worker_fakes import TOKEN, FakeServer, FakeWorkerService, eventually, output, start_fake
+from worker_fakes import TOKEN, FakeServer, FakeWorkerService, start_fake
 
 from awp.v1 import worker_pb2
+from kit import poll_until
+from kit.proto import output
 
 ROOT = Path(__file__).resolve().parents[2]
 ACTIONS = """
@@ -78,10 +80,10 @@ async def test_the_process_runs_actions_logs_json_serves_metrics_and_drains(
         "--log-level", "DEBUG",
     )  # fmt: skip
     try:
-        await eventually(lambda: service.sessions, within=20)
+        await poll_until(lambda: service.sessions, within=20)
         greet = await service.add("demo.greet", {"who": "ada"}, kind="python")
         mock = await service.add("m", {"n": 1})
-        await eventually(lambda: len(service.results()) == 2, within=20)
+        await poll_until(lambda: len(service.results()) == 2, within=20)
         assert output(service.results()[greet.dispatch_id]) == {
             "greeting": "hello ada",
             "attempt": 1,

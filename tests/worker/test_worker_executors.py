@@ -13,7 +13,6 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 from test_worker_units import FakeRpcError
-from worker_fakes import eventually
 
 from awp.v1 import worker_pb2
 from awp_worker import ActionCancelled, ActionContext, PermanentError, RetryableError, action
@@ -33,6 +32,7 @@ from awp_worker._executors import (
 from awp_worker._lease import HeldLease, LeaseClock
 from awp_worker._logging import bind, bound_fields, unbind
 from awp_worker._sdk import DEFAULT_REGISTRY, ActionRegistry
+from kit import poll_until
 
 
 def make_ctx(action: str = "a", attempt: int = 1) -> ActionContext:
@@ -312,7 +312,7 @@ class Recorder:
 async def _run_until(flusher: ResultFlusher, done: Any, within: float = 5.0) -> None:
     task = asyncio.create_task(flusher.run())
     try:
-        await eventually(done, within=within, interval=0.001)
+        await poll_until(done, within=within, interval=0.001)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -356,7 +356,7 @@ async def test_a_batch_waits_while_held_leases_still_execute() -> None:
     try:
         await asyncio.sleep(0.05)
         assert recorder.calls == []  # the fourth lease may still finish in time
-        await eventually(lambda: len(recorder.answers) == 3, within=2.0, interval=0.001)
+        await poll_until(lambda: len(recorder.answers) == 3, within=2.0, interval=0.001)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -411,7 +411,7 @@ async def test_a_session_error_for_results_no_longer_held_loses_nothing() -> Non
     recorder.while_sending = lambda: setattr(recorder, "current", set())  # given up
     task = asyncio.create_task(flusher.run())
     try:
-        await eventually(lambda: recorder.dropped == [1], within=5.0, interval=0.001)
+        await poll_until(lambda: recorder.dropped == [1], within=5.0, interval=0.001)
         assert not task.done()  # still serving, no SessionLost
     finally:
         task.cancel()

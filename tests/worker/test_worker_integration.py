@@ -19,7 +19,7 @@ from awp_worker._config import WorkerConfig
 from awp_worker._executors import PythonExecutor
 from awp_worker._runtime import EXIT_OK, EXIT_SESSION_LOST, WorkerRuntime
 from awp_worker._sdk import ActionRegistry
-from support import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
+from kit import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
 
 ServerFactory = Callable[..., Awaitable[ServerHandle]]
 

@@ -11,29 +11,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2, duration_pb2, json_format, struct_pb2
+from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from kit.proto import seconds, struct
 
 TOKEN = "fake-worker-token"
-
-
-def duration(seconds: float) -> duration_pb2.Duration:
-    value = duration_pb2.Duration()
-    value.FromNanoseconds(int(seconds * 1e9))
-    return value
-
-
-def struct(data: dict[str, Any]) -> struct_pb2.Struct:
-    value = struct_pb2.Struct()
-    value.update(data)
-    return value
 
 
 @dataclass(frozen=True)
@@ -169,9 +158,9 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.last_register = request
         return worker_pb2.RegisterResponse(
             session=worker_pb2.Session(worker_id=worker_id, session_token=session_token),
-            heartbeat_interval=duration(self.heartbeat_interval),
-            lease_ttl=duration(self.lease_ttl),
-            stream_grace=duration(1.0),
+            heartbeat_interval=seconds(self.heartbeat_interval),
+            lease_ttl=seconds(self.lease_ttl),
+            stream_grace=seconds(1.0),
         )
 
     async def Claim(
@@ -223,8 +212,8 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     attempt=task.attempt,
                     max_attempts=task.max_attempts,
                     idempotency_key=f"run-1/t{task.dispatch_id}",
-                    lease_remaining=duration(min(task.lease_s, task.attempt_s)),
-                    attempt_remaining=duration(task.attempt_s),
+                    lease_remaining=seconds(min(task.lease_s, task.attempt_s)),
+                    attempt_remaining=seconds(task.attempt_s),
                 )
             )
         return worker_pb2.ClaimResponse(leases=issued)
@@ -269,10 +258,10 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 answer = worker_pb2.LeaseState(dispatch_id=ref.dispatch_id, status=status)
                 if status == worker_pb2.LEASE_STATUS_RENEWED and task is not None:
                     if task.renew == "renew":
-                        answer.lease_remaining.CopyFrom(duration(task.lease_s))
-                        answer.attempt_remaining.CopyFrom(duration(task.attempt_s))
+                        answer.lease_remaining.CopyFrom(seconds(task.lease_s))
+                        answer.attempt_remaining.CopyFrom(seconds(task.attempt_s))
                     else:  # "silent": answers without extending (e.g. a tiny remaining)
-                        answer.lease_remaining.CopyFrom(duration(0.0))
+                        answer.lease_remaining.CopyFrom(seconds(0.0))
                 answers.append(answer)
             session_state = {
                 "active": types_pb2.WORKER_STATE_ACTIVE,
@@ -363,19 +352,3 @@ async def start_fake(service: FakeWorkerService | None = None, port: int = 0) ->
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return FakeServer(service, server, f"127.0.0.1:{bound}")
-
-
-def output(result: worker_pb2.TaskResult) -> dict[str, Any]:
-    return json_format.MessageToDict(result.output)
-
-
-async def eventually(
-    predicate: Callable[[], object], *, within: float = 10.0, interval: float = 0.01
-) -> None:
-    """Waits until predicate() is truthy; fails after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {within} s")
-        await asyncio.sleep(interval)

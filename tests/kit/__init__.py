@@ -1,4 +1,8 @@
-"""Helpers shared by tests: rich error details, workflows and runs made through the db layer."""
+"""The tests' one kit: polling, rich error details, workflows and runs made through the
+db layer, and the in-process server's handle. Larger parts live in its modules:
+kit.db (a fake worker over awp_db), kit.rawworker (a worker over the raw stubs),
+kit.invariants (what every committed state must satisfy), kit.proto (protobuf values),
+kit.strategies (hypothesis JSON values)."""
 
 from __future__ import annotations
 
@@ -58,18 +62,45 @@ async def expect_error(call: Awaitable[Any]) -> RichError:
 
 
 async def poll_until(
-    probe: Callable[[], T | Awaitable[T]], *, within: float = 10.0, interval: float = 0.02
+    probe: Callable[[], T | Awaitable[T]],
+    what: str = "condition",
+    *,
+    within: float = 20.0,
+    interval: float = 0.01,
+    tolerate: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """Re-evaluates probe (sync or async) until it is truthy; fails after `within` s."""
+    """Re-evaluates probe (sync or async) until it is truthy; fails after `within` s.
+
+    Errors of the `tolerate` kinds count as "not yet" (e.g. PostgreSQL restarting).
+    """
     deadline = time.monotonic() + within
     while True:
-        value = probe()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value  # type: ignore[return-value]
+        try:
+            value = probe()
+            if inspect.isawaitable(value):
+                value = await value
+        except tolerate as exc:
+            value = exc  # type: ignore[assignment]
+        else:
+            if value:
+                return value  # type: ignore[return-value]
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within} s (last value {value!r})")
+            raise AssertionError(f"{what} not met within {within} s (last value {value!r})")
+        await asyncio.sleep(interval)
+
+
+async def stays(
+    probe: Callable[[], Awaitable[bool]], what: str, *, observe_for: float, interval: float = 0.05
+) -> None:
+    """Asserts probe stays true for a whole observation window.
+
+    Only for proving that something does *not* happen (e.g. no worker, no progress);
+    never as a stand-in for waiting on something that should happen.
+    """
+    deadline = time.monotonic() + observe_for
+    while time.monotonic() < deadline:
+        if not await probe():
+            raise AssertionError(f"{what} stopped holding within {observe_for} s")
         await asyncio.sleep(interval)
 
 

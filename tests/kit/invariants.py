@@ -1,5 +1,13 @@
-"""The invariants every fault scenario must leave true (DESIGN.md §10), checked in SQL
-over the test's database once the processes have done their worst.
+"""The invariants of the database (DESIGN.md §10), checked in SQL: the one checker of the
+coordinator tests (after every step) and the fault scenarios (once the processes have
+done their worst).
+
+check_committed: what holds in every committed state, over the whole database --
+a run's and the fleet's concurrency limits, each task's state agreeing with its
+dispatches and attempts, items 4 and 5 below for every run.
+
+check_invariants: what a finished scenario must show for the runs it names, plus
+everything check_committed checks:
 
 1. Every task is in its expected terminal state; the run too.
 2. Exactly one accepted result per succeeded task: one succeeded attempt, the task's
@@ -19,8 +27,9 @@ in extra attempts, and the output should show that price, not hide it.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -79,26 +88,118 @@ class InvariantViolation(AssertionError):
     pass
 
 
-async def check_invariants(conn: Db, expected: Mapping[UUID, Expect]) -> dict[UUID, RunCost]:
+async def check_committed(
+    db: Db, *, global_limit: int = 0, finished: bool = False
+) -> dict[str, int]:
+    """Raises InvariantViolation unless every committed-state invariant holds (and, with
+    finished, no run is still running); returns the live and leased dispatch counts."""
+    async with _snapshot(db) as conn:
+        problems, counts = await _committed(conn, global_limit)
+        if finished:
+            unfinished = await conn.fetchval("SELECT count(*) FROM runs WHERE state = 'running'")
+            if unfinished:
+                problems.append(f"{unfinished} runs still running")
+    _raise_if_any(problems)
+    return counts
+
+
+async def check_invariants(db: Db, expected: Mapping[UUID, Expect]) -> dict[UUID, RunCost]:
     """Raises InvariantViolation listing every broken invariant; returns each run's cost."""
-    problems: list[str] = []
     costs: dict[UUID, RunCost] = {}
-    for run_id, expect in expected.items():
-        problems.extend(await _run_state(conn, run_id, expect))
-        problems.extend(await _tasks(conn, run_id, expect))
-        problems.extend(await _accepted_results(conn, run_id))
-        problems.extend(await _fencing(conn, run_id))
-        problems.extend(await _event_log(conn, run_id))
-        problems.extend(await _nothing_live(conn, run_id))
-        costs[run_id] = await _cost(conn, run_id)
-    problems.extend(await _leased_to_gone_workers(conn))
+    async with _snapshot(db) as conn:
+        problems, _ = await _committed(conn)
+        for run_id, expect in expected.items():
+            problems.extend(await _run_state(conn, run_id, expect))
+            problems.extend(await _tasks(conn, run_id, expect))
+            problems.extend(await _accepted_results(conn, run_id))
+            problems.extend(await _fencing(conn, run_id))
+            costs[run_id] = await _cost(conn, run_id)
     for cost in costs.values():
         print(cost.line(), flush=True)
+    _raise_if_any(problems)
+    return costs
+
+
+@contextlib.asynccontextmanager
+async def _snapshot(db: Db) -> AsyncIterator[asyncpg.Connection]:
+    """One consistent view of the database: every check sees the same committed state."""
+    async with contextlib.AsyncExitStack() as stack:
+        if isinstance(db, asyncpg.Pool):
+            db = await stack.enter_async_context(db.acquire())
+        await stack.enter_async_context(db.transaction(isolation="repeatable_read"))
+        yield db
+
+
+def _raise_if_any(problems: list[str]) -> None:
     if problems:
         raise InvariantViolation(
             f"{len(problems)} invariant violation(s):\n" + "\n".join(f"  - {p}" for p in problems)
         )
-    return costs
+
+
+async def _committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[str, int]]:
+    counts = dict(
+        await conn.fetchrow(
+            """SELECT count(*) FILTER (WHERE state IN ('pending', 'leased')) AS live,
+                      count(*) FILTER (WHERE state = 'leased') AS leased
+                 FROM dispatches"""
+        )
+    )
+    problems = []
+    if global_limit and counts["live"] > global_limit:
+        problems.append(f"{counts['live']} live dispatches over the limit {global_limit}")
+    problems.extend(await _limits(conn))
+    problems.extend(await _tasks_agree_with_dispatches(conn))
+    problems.extend(await _leased_to_gone_workers(conn))
+    for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
+        problems.extend(await _event_log(conn, run["id"]))
+        problems.extend(await _nothing_live(conn, run["id"]))
+    return problems, counts
+
+
+async def _limits(conn: Db) -> list[str]:
+    problems = []
+    over = await conn.fetch(
+        """SELECT r.id, r.concurrency, count(t.id) AS n
+             FROM runs r JOIN tasks t ON t.run_id = r.id
+            WHERE r.concurrency > 0 AND t.state IN ('queued', 'running')
+            GROUP BY r.id HAVING count(t.id) > r.concurrency"""
+    )
+    if over:
+        problems.append(f"runs over their concurrency: {[dict(r) for r in over]}")
+    busy = await conn.fetch(
+        """SELECT w.id, w.max_concurrency, count(d.id) AS n
+             FROM workers w JOIN dispatches d ON d.worker_id = w.id AND d.state = 'leased'
+            GROUP BY w.id HAVING count(d.id) > w.max_concurrency"""
+    )
+    if busy:
+        problems.append(f"workers over max_concurrency: {[dict(r) for r in busy]}")
+    return problems
+
+
+async def _tasks_agree_with_dispatches(conn: Db) -> list[str]:
+    """A queued task has one pending dispatch; a running one a leased dispatch and a
+    running attempt; any other, neither. Its attempt counter counts its attempt rows."""
+    problems = []
+    for row in await conn.fetch(
+        """SELECT t.id, t.state,
+                  (SELECT count(*) FROM dispatches d
+                    WHERE d.task_id = t.id AND d.state = 'pending') AS pending,
+                  (SELECT count(*) FROM dispatches d
+                    WHERE d.task_id = t.id AND d.state = 'leased') AS leased,
+                  (SELECT count(*) FROM attempts a
+                    WHERE a.task_id = t.id AND a.state = 'running') AS running,
+                  (SELECT count(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
+                  t.attempts AS counted
+             FROM tasks t"""
+    ):
+        expected = {"queued": (1, 0, 0), "running": (0, 1, 1)}.get(row["state"], (0, 0, 0))
+        got = (row["pending"], row["leased"], row["running"])
+        if got != expected:
+            problems.append(f"task {row['id']} {row['state']}: {got} != {expected}")
+        if row["attempts"] != row["counted"]:
+            problems.append(f"task {row['id']} attempts mismatch")
+    return problems
 
 
 async def _run_state(conn: Db, run_id: UUID, expect: Expect) -> list[str]:
@@ -282,7 +383,11 @@ async def _nothing_live(conn: Db, run_id: UUID) -> list[str]:
                (SELECT count(*) FROM dispatches d
                  WHERE d.run_id = r.id AND d.state IN ('pending', 'leased')) AS live_dispatches,
                (SELECT count(*) FROM attempts a
-                 WHERE a.run_id = r.id AND a.state = 'running') AS running_attempts
+                 WHERE a.run_id = r.id AND a.state = 'running') AS running_attempts,
+               (SELECT count(*) FROM tasks t
+                 WHERE t.run_id = r.id
+                   AND t.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry'))
+                 AS live_tasks
           FROM runs r WHERE r.id = $1
         """,
         run_id,
@@ -294,6 +399,8 @@ async def _nothing_live(conn: Db, run_id: UUID) -> list[str]:
         problems.append(f"run is {row['state']} but {row['live_dispatches']} dispatches are live")
     if row["running_attempts"]:
         problems.append(f"run is {row['state']} but {row['running_attempts']} attempts run")
+    if row["live_tasks"]:
+        problems.append(f"run is {row['state']} but {row['live_tasks']} tasks are live")
     return problems
 
 

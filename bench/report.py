@@ -1,0 +1,142 @@
+"""The benchmark's figures: aggregated over repetitions, printed as a table, written to
+results.json with the machine they were measured on."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import psutil
+from processes import KINDS, WORKER_CONCURRENCY
+from rich.console import Console
+from rich.table import Table
+from scenarios import SCENARIOS, Case, Sizes
+
+console = Console(width=max(200, Console().width))
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+    }
+
+
+FIGURES = (
+    "tasks_per_s",
+    "fairness",
+    "hop_ms_p50",
+    "hop_ms_p99",
+    "redispatch_s",
+    "run_success_s",
+    "empty_claims_per_task",
+    "claims_per_task",
+    "db_xacts_per_task",
+    "coordinator_passes_per_task",
+)
+
+
+def aggregate(case: Case, reps: list[dict[str, Any]], sizes: Sizes) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": case.name,
+        "workers": case.workers,
+        "worker_concurrency": WORKER_CONCURRENCY,
+        "runs": case.runs,
+        "tasks_per_run": case.tasks,
+        "repetitions": len(reps),
+    }
+    if case.name == "recovery":
+        entry["task_sleep_s"] = sizes.recovery_sleep_ms / 1000
+        entry["workers_note"] = "one worker holds 8 leases and is killed; a second one takes over"
+    for name in FIGURES:
+        values = [rep[name] for rep in reps if name in rep]
+        if values:
+            entry[name] = summary(values)
+    for group in ("cpu_s_per_task", "peak_rss_mb"):
+        entry[group] = {
+            kind: summary([rep[group][kind] for rep in reps]) for kind in reps[0][group]
+        }
+    entry["loadavg"] = [
+        {
+            "before": rep["loadavg_before"],
+            "after": rep["loadavg_after"],
+            "cpu_steal": round(rep["cpu_steal"], 3),
+        }
+        for rep in reps
+    ]
+    extras = ("elapsed_s", "run_finish_s", "hop_ms_max")
+    entry["per_repetition"] = [{k: rep[k] for k in extras if k in rep} for rep in reps]
+    return entry
+
+
+def _fmt(entry: dict[str, Any], name: str, digits: int = 0) -> str:
+    value = entry.get(name)
+    if value is None:
+        return "-"
+    med, low, high = value["median"], value["min"], value["max"]
+    if entry["repetitions"] == 1:
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    table = Table(title="AWP benchmarks: median (min-max) of the repetitions", show_lines=False)
+    for column in (
+        "scenario", "workers", "tasks/s", "fairness", "hop p50 ms", "hop p99 ms",
+        "redispatch s", "success s", "empty claims/task", "xacts/task",
+        "CPU ms/task srv/coord/wrk/pg", "peak RSS MB srv/coord/wrk",
+    ):  # fmt: skip
+        table.add_column(column, justify="right" if column != "scenario" else "left")
+    for entry in results:
+        cpu = entry["cpu_s_per_task"]
+        rss = entry["peak_rss_mb"]
+        table.add_row(
+            entry["name"],
+            str(entry["workers"]),
+            _fmt(entry, "tasks_per_s"),
+            _fmt(entry, "fairness", 2),
+            _fmt(entry, "hop_ms_p50", 1),
+            _fmt(entry, "hop_ms_p99", 1),
+            _fmt(entry, "redispatch_s", 2),
+            _fmt(entry, "run_success_s", 1),
+            _fmt(entry, "empty_claims_per_task", 3),
+            _fmt(entry, "db_xacts_per_task", 2),
+            "/".join(
+                f"{cpu[k]['median'] * 1000:.2f}"
+                for k in ("server", "coordinator", "worker", "postgres")
+            ),
+            "/".join(f"{rss[k]['median']:.0f}" for k in KINDS),
+        )
+    console.print(table)
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+    }
+
+
+def write_results(path: Path, results: list[dict[str, Any]], replace: bool) -> None:
+    merged = results
+    if not replace and path.exists():
+        fresh = {(e["name"], e["workers"]) for e in results}
+        kept = [e for e in json.loads(path.read_text()) if (e["name"], e["workers"]) not in fresh]
+        order = {name: i for i, name in enumerate(SCENARIOS)}
+        merged = sorted([*kept, *results], key=lambda e: (order.get(e["name"], 99), e["workers"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merged, indent=2) + "\n")

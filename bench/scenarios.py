@@ -1,0 +1,314 @@
+"""The benchmark's workflows and scenarios, and the cases that run them: which scenario,
+how many workers, profiled or not."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+from cluster import Cluster, Window
+from processes import BIN, WORKER_CONCURRENCY, PgProcesses, wait_for
+
+from awp.v1 import control_pb2, types_pb2
+from awp_db.connect import connect
+from awp_db.embedded import EmbeddedPostgres
+
+SCENARIOS = ("single_run", "many_runs", "chain", "recovery")
+
+
+# --- workflows -----------------------------------------------------------------------------
+
+
+def definition(
+    name: str,
+    tasks: int,
+    *,
+    chain: bool = False,
+    task_input: dict[str, Any] | None = None,
+    timeout_ms: int | None = None,
+    initial_backoff_ms: int | None = None,
+) -> types_pb2.WorkflowDefinition:
+    wf = types_pb2.WorkflowDefinition(name=name, version=1)
+    for i in range(tasks):
+        task = wf.tasks.add(key=f"t{i:05d}", executor_kind="mock", action="noop")
+        if chain and i:
+            task.depends_on.append(f"t{i - 1:05d}")
+        if task_input:
+            task.input.update(task_input)
+        if timeout_ms is not None:
+            task.timeout.FromMilliseconds(timeout_ms)
+        if initial_backoff_ms is not None:
+            task.retry.max_attempts = 3
+            task.retry.initial_backoff.FromMilliseconds(initial_backoff_ms)
+            task.retry.max_backoff.FromMilliseconds(max(initial_backoff_ms, 1000))
+            task.retry.backoff_multiplier = 2.0
+    return wf
+
+
+async def start_runs(cluster: Cluster, wf: types_pb2.WorkflowDefinition, count: int) -> list[UUID]:
+    assert cluster.control is not None
+    await cluster.control.CreateWorkflow(control_pb2.CreateWorkflowRequest(definition=wf))
+    answers = await asyncio.gather(
+        *(
+            cluster.control.StartRun(
+                control_pb2.StartRunRequest(
+                    workflow_name=wf.name, workflow_version=wf.version, request_id=f"bench-{i}"
+                )
+            )
+            for i in range(count)
+        )
+    )
+    return [UUID(answer.run.id) for answer in answers]
+
+
+async def wait_runs(
+    cluster: Cluster, run_ids: list[UUID], within: float = 600.0
+) -> list[asyncpg.Record]:
+    async def finished() -> list[asyncpg.Record] | None:
+        cluster._check_alive()
+        rows = await cluster.query(
+            "SELECT id, state, created_at, finished_at FROM runs WHERE id = ANY($1::uuid[])",
+            run_ids,
+        )
+        return rows if all(row["state"] != "running" for row in rows) else None
+
+    rows = await wait_for(finished, f"{len(run_ids)} run(s) to finish", within=within, every=0.05)
+    bad = [row for row in rows if row["state"] != "succeeded"]
+    if bad:
+        raise RuntimeError(f"runs did not succeed: {[(str(r['id']), r['state']) for r in bad]}")
+    return rows
+
+
+def _seconds(a: datetime, b: datetime) -> float:
+    return (b - a).total_seconds()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = q / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+# --- scenarios -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizes:
+    single_tasks: int = 1000
+    single_workers: tuple[int, ...] = (1, 4, 16)
+    many_runs: int = 10
+    many_tasks: int = 1000
+    chain_tasks: int = 200
+    recovery_sleep_ms: int = 20_000
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            single_tasks=300,
+            many_runs=4,
+            many_tasks=250,
+            chain_tasks=50,
+            recovery_sleep_ms=6_000,
+        )
+
+
+async def single_run(
+    cluster: Cluster, window: Window, sizes: Sizes, runs: int, tasks: int
+) -> dict[str, Any]:
+    wf = definition("bench", tasks)
+    await window.start()
+    run_ids = await start_runs(cluster, wf, runs)
+    rows = await wait_runs(cluster, run_ids)
+    figures = await window.stop(runs * tasks)
+    t0 = min(row["created_at"] for row in rows)
+    ends = [_seconds(t0, row["finished_at"]) for row in rows]
+    figures["tasks_per_s"] = runs * tasks / max(ends)
+    figures["elapsed_s"] = max(ends)
+    if runs > 1:
+        figures["fairness"] = max(ends) / statistics.median(ends)
+        figures["run_finish_s"] = sorted(ends)
+    return figures
+
+
+async def chain(cluster: Cluster, window: Window, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.chain_tasks
+    await window.start()
+    (run_id,) = await start_runs(cluster, definition("chain", n, chain=True), 1)
+    rows = await wait_runs(cluster, [run_id])
+    figures = await window.stop(n)
+    attempts = await cluster.query(
+        """SELECT t.key, a.started_at, a.finished_at
+             FROM attempts a JOIN tasks t ON t.id = a.task_id
+            WHERE a.run_id = $1 AND a.state = 'succeeded'
+            ORDER BY t.key""",
+        run_id,
+    )
+    hops = [
+        _seconds(prev["finished_at"], nxt["started_at"]) * 1000
+        for prev, nxt in itertools.pairwise(attempts)
+    ]
+    figures["hop_ms_p50"] = percentile(hops, 50)
+    figures["hop_ms_p99"] = percentile(hops, 99)
+    figures["hop_ms_max"] = max(hops)
+    figures["tasks_per_s"] = n / _seconds(rows[0]["created_at"], rows[0]["finished_at"])
+    return figures
+
+
+async def recovery(cluster: Cluster, window: Window, sizes: Sizes) -> dict[str, Any]:
+    victim = cluster.workers()[0]
+    wf = definition(
+        "recovery",
+        WORKER_CONCURRENCY,
+        task_input={"sleep_ms": sizes.recovery_sleep_ms},
+        timeout_ms=sizes.recovery_sleep_ms * 3,
+        initial_backoff_ms=0,
+    )
+    await window.start()
+    (run_id,) = await start_runs(cluster, wf, 1)
+
+    async def all_running_on_victim() -> bool:
+        rows = await cluster.query(
+            """SELECT count(*) AS n FROM attempts a JOIN workers w ON w.id = a.worker_id
+                WHERE a.run_id = $1 AND a.state = 'running' AND w.name = $2""",
+            run_id,
+            "bench-worker-1",
+        )
+        return int(rows[0]["n"]) == WORKER_CONCURRENCY
+
+    await wait_for(all_running_on_victim, "the first worker to hold all 8 leases", within=30)
+    await cluster.add_workers(1)
+    await asyncio.sleep(0.5)  # let it park its first Claim
+    victim.sample()
+    killed_at = time.time()
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.popen.wait()
+
+    async def all_restarted() -> list[asyncpg.Record] | None:
+        rows = await cluster.query(
+            """SELECT a.started_at, w.name FROM attempts a JOIN workers w ON w.id = a.worker_id
+                WHERE a.run_id = $1 AND a.attempt = 2""",
+            run_id,
+        )
+        return rows if len(rows) == WORKER_CONCURRENCY else None
+
+    restarted = await wait_for(all_restarted, "attempt 2 of all 8 tasks", within=60, every=0.02)
+    rows = await wait_runs(cluster, [run_id], within=sizes.recovery_sleep_ms / 1000 * 4 + 60)
+    figures = await window.stop(WORKER_CONCURRENCY)
+    wrong = [row["name"] for row in restarted if row["name"] != "bench-worker-2"]
+    if wrong:
+        raise RuntimeError(f"attempt 2 ran on {wrong}, expected the second worker")
+    figures["redispatch_s"] = max(row["started_at"].timestamp() for row in restarted) - killed_at
+    figures["run_success_s"] = rows[0]["finished_at"].timestamp() - killed_at
+    figures["task_sleep_s"] = sizes.recovery_sleep_ms / 1000
+    return figures
+
+
+# --- driver ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    workers: int
+    tasks: int
+    runs: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{self.workers}w"
+
+
+def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
+    chosen = []
+    for name in selected:
+        if name == "single_run":
+            chosen += [Case(name, w, sizes.single_tasks) for w in sizes.single_workers]
+        elif name == "many_runs":
+            chosen.append(Case(name, 4, sizes.many_tasks, sizes.many_runs))
+        elif name == "chain":
+            chosen.append(Case(name, 4, sizes.chain_tasks))
+        elif name == "recovery":
+            # One worker holds the leases and is killed; a second one starts to take over.
+            chosen.append(Case(name, 2, WORKER_CONCURRENCY))
+    return chosen
+
+
+async def profile_start(
+    cluster: Cluster, directory: Path, label: str
+) -> list[subprocess.Popen[bytes]]:
+    await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+    spies = []
+    for proc in cluster.procs:
+        if proc.popen.poll() is not None:
+            continue
+        out = directory / f"{label.replace('/', '-')}-{proc.name}.txt"
+        spies.append(
+            subprocess.Popen(  # noqa: ASYNC220 - returns at once
+                [str(BIN / "py-spy"), "record", "--pid", str(proc.pid), "--rate", "100",
+                 "--format", "raw", "--output", str(out), "--nonblocking"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+    await asyncio.sleep(1.0)  # attaching takes a moment
+    return spies
+
+
+def profile_stop(spies: list[subprocess.Popen[bytes]]) -> None:
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)
+    for spy in spies:
+        try:
+            spy.wait(30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
+async def run_case(
+    pg: EmbeddedPostgres,
+    case: Case,
+    repetition: int,
+    sizes: Sizes,
+    logdir: Path,
+    spy_dir: Path | None,
+) -> dict[str, Any]:
+    database = f"awp_bench_{case.name}_{case.workers}_{repetition}"
+    caselogs = logdir / f"{case.name}-{case.workers}w-{repetition}"
+    caselogs.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(pg, database, caselogs)
+    admin = await connect(pg.dsn, application_name="awp-bench-admin")
+    spies: list[subprocess.Popen[bytes]] = []
+    try:
+        await cluster.start(case.workers - 1 if case.name == "recovery" else case.workers)
+        window = Window(cluster, PgProcesses(pg.data_dir), admin)
+        if spy_dir is not None:
+            spies = await profile_start(cluster, spy_dir, f"{case.label}-{repetition}")
+        if case.name in ("single_run", "many_runs"):
+            figures = await single_run(cluster, window, sizes, case.runs, case.tasks)
+        elif case.name == "chain":
+            figures = await chain(cluster, window, sizes)
+        else:
+            figures = await recovery(cluster, window, sizes)
+        profile_stop(spies)
+        spies = []
+        return figures
+    finally:
+        profile_stop(spies)
+        await admin.close()
+        await cluster.stop()

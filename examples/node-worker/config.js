@@ -1,0 +1,36 @@
+// The worker's settings (flags, each with its environment variable) and its log lines.
+
+'use strict';
+
+const os = require('os');
+
+const EXIT_OK = 0;
+const EXIT_FAILURE = 1;
+const EXIT_SESSION_LOST = 3;
+
+// --- configuration --------------------------------------------------------------------
+
+function flag(name, envName, fallback) {
+  const index = process.argv.indexOf(`--${name}`);
+  if (index !== -1 && index + 1 < process.argv.length) return process.argv[index + 1];
+  return process.env[envName] !== undefined ? process.env[envName] : fallback;
+}
+
+const config = {
+  server: flag('server', 'AWP_SERVER', '127.0.0.1:50051'),
+  token: flag('token', 'AWP_WORKER_TOKEN', ''),
+  name: flag('name', 'AWP_WORKER_NAME', `${os.hostname()}-node-${process.pid}`),
+  concurrency: Number(flag('concurrency', 'AWP_WORKER_CONCURRENCY', '4')),
+  shutdownTimeoutMs: 1000 * Number(flag('shutdown-timeout', 'AWP_WORKER_SHUTDOWN_TIMEOUT', '30')),
+  safetyMarginMs: 1000 * Number(flag('safety-margin', 'AWP_WORKER_SAFETY_MARGIN', '1')),
+  claimWaitMs: 5000,
+  rpcTimeoutMs: 10000,
+};
+
+// One JSON object per line, like the Python processes, so one tool reads all logs.
+function log(level, msg, fields = {}) {
+  const line = { ts: new Date().toISOString(), level, logger: 'awp.node-worker', msg };
+  process.stdout.write(JSON.stringify(Object.assign(line, fields)) + '\n');
+}
+
+module.exports = { config, log, EXIT_OK, EXIT_FAILURE, EXIT_SESSION_LOST };

@@ -1,0 +1,202 @@
+"""One OS process of a fault scenario: spawned in its own session (so its process group
+can be signalled as a whole and a terminal's Ctrl-C does not reach it), its stdout and
+stderr in its own log file, killed however the test ends (the cluster's finalizer, and
+an atexit hook when pytest itself is interrupted); and which process owns a socket."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from kit import poll_until
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+
+# Every process group still alive, for the atexit safety net (pytest interrupted by
+# Ctrl-C may skip fixture finalizers; orphaned servers would keep ports and databases).
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for pgid, popen in list(_LIVE.items()):
+        _kill_group(pgid)
+        with contextlib.suppress(Exception):
+            popen.wait(timeout=5)
+    _LIVE.clear()
+
+
+def _stamp() -> str:
+    return datetime.now().strftime("%H:%M:%S.%f")[:-3]
+
+
+class Process:
+    """One OS process of the cluster; can be started again after it ended."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str]):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = env
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self._log: IO[bytes] | None = None
+        # Offset of this incarnation's output in the log file (restarts append).
+        self.log_offset = 0
+
+    def __repr__(self) -> str:
+        return f"Process({self.name!r}, pid={self.pid}, returncode={self.returncode})"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.popen is None else self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def spawn(self) -> None:
+        if self.alive:
+            raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        self._reap()
+        self.starts += 1
+        self._log = self.log_path.open("ab")
+        self.log_offset = self._log.tell()
+        banner = f"=== {_stamp()} {self.name} start #{self.starts}: {' '.join(self.argv)}\n"
+        self._log.write(banner.encode())
+        self._log.flush()
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        _LIVE[self.popen.pid] = self.popen
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Sends sig to the whole process group (a wrapper's children too)."""
+        if self.popen is None or self.popen.poll() is not None:
+            raise RuntimeError(f"{self.name} is not running")
+        self._note(f"signal {sig.name}")
+        os.killpg(self.popen.pid, sig)
+
+    def kill(self) -> None:
+        """kill -9 the process group and reap it: a crash, no cleanup of any kind."""
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self._note("signal SIGKILL")
+        _kill_group(self.popen.pid)
+        self.popen.wait(timeout=10)
+        self._reap()
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    async def wait_exit(self, within: float) -> int:
+        """The exit code, once the process has ended; fails after `within` seconds."""
+        popen = self.popen
+        if popen is None:
+            raise RuntimeError(f"{self.name} was never started")
+        await poll_until(
+            lambda: popen.poll() is not None, f"{self.name} to exit", within=within, interval=0.02
+        )
+        self._reap()
+        return popen.returncode
+
+    async def stop(self, within: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL if it is still alive after `within` seconds."""
+        if not self.alive:
+            self._reap()
+            return self.returncode
+        self.terminate()
+        try:
+            return await self.wait_exit(within)
+        except AssertionError:
+            self.kill()
+            return self.returncode
+
+    def output(self, *, current_only: bool = True) -> str:
+        """The log text (of this incarnation only, unless told otherwise)."""
+        try:
+            data = self.log_path.read_bytes()
+        except FileNotFoundError:
+            return ""
+        if current_only:
+            data = data[self.log_offset :]
+        return data.decode(errors="replace")
+
+    def json_lines(self, *, current_only: bool = True) -> list[dict[str, Any]]:
+        """The structured (--log-format json) lines of the log; other lines skipped."""
+        found = []
+        for line in self.output(current_only=current_only).splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    found.append(json.loads(line))
+        return found
+
+    def count_logged(self, text: str) -> int:
+        """How many structured lines of this incarnation have text in their message."""
+        return sum(text in str(line.get("msg", "")) for line in self.json_lines())
+
+    async def logged(self, text: str) -> bool:
+        """A wait_for probe: has this incarnation logged a message containing text?"""
+        return self.count_logged(text) > 0
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.output(current_only=False).splitlines()[-lines:])
+
+    def _note(self, text: str) -> None:
+        with contextlib.suppress(OSError), self.log_path.open("ab") as log:
+            log.write(f"=== {_stamp()} {self.name}: {text}\n".encode())
+
+    def _reap(self) -> None:
+        if self.popen is not None and self.popen.poll() is not None:
+            _LIVE.pop(self.popen.pid, None)
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+def socket_owners(pids: set[int | None]) -> dict[int, int]:
+    """{local TCP port: pid} for the sockets of the given processes (Linux /proc)."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        if pid is None:
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        inodes[target[8:-1]] = pid
+    owners: dict[int, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            next(lines, None)
+            for line in lines:
+                parts = line.split()
+                if len(parts) > 9 and parts[9] in inodes:
+                    owners[int(parts[1].rsplit(":", 1)[1], 16)] = inodes[parts[9]]
+    return owners

@@ -1,0 +1,145 @@
+"""Driving runs through the storage layer the way workers and the coordinator do: a fake
+worker over awp_db (no gRPC, no process), the coordinator's cancel step, and readers of
+run state. Tests observe the other layers against these real transitions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from awp_db import dispatching, leases, runs, settle, workers
+from awp_db.connect import Pool
+from awp_db.events import EventBatch
+
+LEASE_TTL_MS = 60_000
+
+
+@dataclass(frozen=True)
+class DbWorker:
+    """One worker session, registered and driven through awp_db as the server would."""
+
+    registration: workers.Registration
+    pool: Pool
+
+    @property
+    def id(self) -> UUID:
+        return self.registration.worker_id
+
+    @property
+    def worker_id(self) -> UUID:
+        return self.registration.worker_id
+
+    @property
+    def session_token(self) -> str:
+        return self.registration.session_token
+
+    async def claim(self, n: int = 1000, ttl_ms: int = LEASE_TTL_MS) -> list[leases.IssuedLease]:
+        async with self.pool.acquire() as conn:
+            return await leases.claim(conn, str(self.id), self.session_token, n, ttl_ms)
+
+    async def dispatch_and_claim(self, n: int = 10) -> list[leases.IssuedLease]:
+        """What the coordinator then a worker do: dispatch ready tasks, lease them."""
+        await dispatch_all(self.pool)
+        return await self.claim(n)
+
+    async def complete_all(
+        self,
+        issued: Sequence[leases.IssuedLease],
+        outcome: str = "succeeded",
+        *,
+        retryable: bool = True,
+    ) -> list[str]:
+        """Reports every lease in one Complete; returns the verdicts' names."""
+        succeeded = outcome == "succeeded"
+        results = [
+            leases.ResultIn(
+                lease.dispatch_id,
+                lease.lease_token,
+                "succeeded" if succeeded else "failed",
+                output={"task": lease.task_key, "attempt": lease.attempt} if succeeded else None,
+                error_message=None if succeeded else "boom",
+                retryable=retryable,
+            )
+            for lease in issued
+        ]
+        async with self.pool.acquire() as conn:
+            verdicts = await leases.complete(conn, str(self.id), self.session_token, results)
+        return [verdict.name for verdict in verdicts]
+
+    async def complete(
+        self, lease: leases.IssuedLease, outcome: str = "succeeded", *, retryable: bool = True
+    ) -> str:
+        (verdict,) = await self.complete_all([lease], outcome, retryable=retryable)
+        return verdict
+
+    async def drain(self) -> leases.DrainOutcome:
+        async with self.pool.acquire() as conn:
+            return await leases.drain(conn, str(self.id), self.session_token, [])
+
+
+async def register(
+    pool: Pool,
+    kinds: Sequence[str] = ("mock",),
+    *,
+    max_concurrency: int = 10,
+    name: str = "w",
+    labels: dict[str, str] | None = None,
+) -> DbWorker:
+    async with pool.acquire() as conn:
+        registration = await workers.register(
+            conn, name, 1, list(kinds), max_concurrency, labels or {}
+        )
+    return DbWorker(registration, pool)
+
+
+async def dispatch_all(pool: Pool) -> int:
+    """The coordinator's dispatch step: every ready task gets a pending dispatch."""
+    async with pool.acquire() as conn:
+        return (await dispatching.create_dispatches(conn)).created
+
+
+async def drive_to_end(pool: Pool, run_id: UUID, worker: DbWorker) -> str:
+    """Claims and succeeds every dispatchable task (of any run) until this run finishes."""
+    for _ in range(100):
+        state = await run_state(pool, run_id)
+        if state != "running":
+            return state
+        issued = await worker.dispatch_and_claim()
+        assert issued, "a running run with nothing to claim: the test workflow is stuck"
+        await worker.complete_all(issued, retryable=False)
+    raise AssertionError("the run did not finish")
+
+
+async def converge_cancel(pool: Pool, run_id: UUID) -> None:
+    """What the coordinator does with a cancel request: stop everything, finish the run."""
+    async with pool.acquire() as conn, conn.transaction():
+        await settle.lock_runs(conn, [run_id])
+        events = EventBatch()
+        await settle.stop_runs(conn, [run_id], "canceled", events)
+        await settle.finish_runs(conn, [run_id], events)
+        await events.flush(conn)
+
+
+async def task_states(pool: Pool, run_id: UUID) -> dict[str, str]:
+    return {row["key"]: row["state"] for row in await runs.tasks(pool, run_id)}
+
+
+async def run_state(pool: Pool, run_id: UUID) -> str:
+    state: str = await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id)
+    return state
+
+
+async def revision(pool: Pool, run_id: UUID) -> int:
+    value: int = await pool.fetchval("SELECT revision FROM runs WHERE id = $1", run_id)
+    return value
+
+
+async def events_of(pool: Pool, run_id: UUID) -> list[tuple[Any, ...]]:
+    rows = await pool.fetch(
+        """SELECT type, task_key, attempt, from_state, to_state
+             FROM state_events WHERE run_id = $1 ORDER BY seq""",
+        run_id,
+    )
+    return [tuple(row) for row in rows]
