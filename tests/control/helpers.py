@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2, struct_pb2
 
 import support
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db import dispatching, leases, settle, workers
+from awp_db import claims, dispatching, leases, locks, settle, workers
 from awp_db.connect import Pool
 from awp_db.events import EventBatch
 from awp_db.listen import Listener
@@ -125,19 +125,20 @@ async def register_worker(
 
 async def dispatch_and_claim(
     pool: Pool, worker: workers.Registration, max_leases: int = 10
-) -> list[leases.IssuedLease]:
+) -> list[claims.IssuedLease]:
     """What the coordinator then a worker do: dispatch ready tasks, lease them."""
+    call = claims.ClaimCall(str(worker.worker_id), worker.session_token, max_leases)
     async with pool.acquire() as conn:
         await dispatching.create_dispatches(conn)
-        return await leases.claim(
-            conn, str(worker.worker_id), worker.session_token, max_leases, LEASE_TTL_MS
-        )
+        (issued,) = await claims.claim_many(conn, [call], LEASE_TTL_MS)
+    assert isinstance(issued, list), issued
+    return issued
 
 
 async def complete(
     pool: Pool,
     worker: workers.Registration,
-    issued: Sequence[leases.IssuedLease],
+    issued: Sequence[claims.IssuedLease],
     outcome: str = "succeeded",
 ) -> None:
     results = [
@@ -152,7 +153,9 @@ async def complete(
         for lease in issued
     ]
     async with pool.acquire() as conn:
-        await leases.complete(conn, str(worker.worker_id), worker.session_token, results)
+        await leases.complete_many(
+            conn, [leases.Completion(str(worker.worker_id), worker.session_token, results)]
+        )
 
 
 async def drive_to_end(pool: Pool, run_id: UUID, worker: workers.Registration) -> str:
@@ -170,7 +173,7 @@ async def drive_to_end(pool: Pool, run_id: UUID, worker: workers.Registration) -
 async def converge_cancel(pool: Pool, run_id: UUID) -> None:
     """What the coordinator does with a cancel request: stop everything, finish the run."""
     async with pool.acquire() as conn, conn.transaction():
-        await settle.lock_runs(conn, [run_id])
+        await locks.runs(conn, [run_id])
         events = EventBatch()
         await settle.stop_runs(conn, [run_id], "canceled", events)
         await settle.finish_runs(conn, [run_id], events)

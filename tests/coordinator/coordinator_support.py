@@ -10,7 +10,7 @@ from uuid import UUID
 
 import support
 from awp_coordinator import Coordinator, CoordinatorConfig, PassReport
-from awp_db import leases, runs, workers
+from awp_db import claims, leases, runs, workers
 from awp_db.connect import Pool
 
 T = TypeVar("T")
@@ -46,14 +46,15 @@ class Worker:
     def id(self) -> UUID:
         return self.registration.worker_id
 
-    async def claim(self, n: int = 1000, ttl_ms: int = 60_000) -> list[leases.IssuedLease]:
+    async def claim(self, n: int = 1000, ttl_ms: int = 60_000) -> list[claims.IssuedLease]:
+        call = claims.ClaimCall(str(self.id), self.registration.session_token, n)
         async with self.pool.acquire() as conn:
-            return await leases.claim(
-                conn, str(self.id), self.registration.session_token, n, ttl_ms
-            )
+            (issued,) = await claims.claim_many(conn, [call], ttl_ms)
+        assert isinstance(issued, list), issued
+        return issued
 
     async def complete(
-        self, lease: leases.IssuedLease, outcome: str = "succeeded", *, retryable: bool = True
+        self, lease: claims.IssuedLease, outcome: str = "succeeded", *, retryable: bool = True
     ) -> str:
         result = leases.ResultIn(
             lease.dispatch_id,
@@ -63,10 +64,11 @@ class Worker:
             error_message=None if outcome == "succeeded" else "boom",
             retryable=retryable,
         )
+        call = leases.Completion(str(self.id), self.registration.session_token, [result])
         async with self.pool.acquire() as conn:
-            (verdict,) = await leases.complete(
-                conn, str(self.id), self.registration.session_token, [result]
-            )
+            (verdicts,) = await leases.complete_many(conn, [call])
+        assert isinstance(verdicts, list), verdicts
+        (verdict,) = verdicts
         return verdict.name
 
     async def drain(self) -> leases.DrainOutcome:
@@ -96,7 +98,7 @@ def coordinator(pool: Pool, dsn: str = "", **overrides: Any) -> Coordinator:
 
 
 async def task_states(pool: Pool, run_id: UUID) -> dict[str, str]:
-    return {row["key"]: row["state"] for row in await runs.tasks(pool, run_id)}
+    return {task.key: task.state for task in await runs.tasks(pool, run_id)}
 
 
 async def run_state(pool: Pool, run_id: UUID) -> str:

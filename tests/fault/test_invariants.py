@@ -11,7 +11,7 @@ from uuid import UUID
 import pytest
 from invariants import Expect, InvariantViolation, check_invariants
 
-from awp_db import coordination, dispatching, leases, workers
+from awp_db import claims, coordination, dispatching, leases, workers
 from awp_db.connect import Pool
 from support import spec, start_run
 
@@ -22,21 +22,27 @@ async def _register(pool: Pool) -> workers.Registration:
     return await workers.register(pool, "checker", 1, ["mock"], 10, {})
 
 
-async def _claim_all(pool: Pool, worker: workers.Registration) -> list[leases.IssuedLease]:
+async def _claim_all(pool: Pool, worker: workers.Registration) -> list[claims.IssuedLease]:
+    call = claims.ClaimCall(str(worker.worker_id), worker.session_token, 10)
     async with pool.acquire() as conn:
         await dispatching.create_dispatches(conn)
-        return await leases.claim(conn, str(worker.worker_id), worker.session_token, 10, TTL_MS)
+        (issued,) = await claims.claim_many(conn, [call], TTL_MS)
+    assert isinstance(issued, list), issued
+    return issued
 
 
 async def _complete(
-    pool: Pool, worker: workers.Registration, issued: list[leases.IssuedLease]
+    pool: Pool, worker: workers.Registration, issued: list[claims.IssuedLease]
 ) -> None:
     results = [
         leases.ResultIn(lease.dispatch_id, lease.lease_token, "succeeded", output={"n": 1})
         for lease in issued
     ]
     async with pool.acquire() as conn:
-        verdicts = await leases.complete(conn, str(worker.worker_id), worker.session_token, results)
+        (verdicts,) = await leases.complete_many(
+            conn, [leases.Completion(str(worker.worker_id), worker.session_token, results)]
+        )
+    assert isinstance(verdicts, list), verdicts
     assert all(v.value == "accepted" for v in verdicts), verdicts
 
 
