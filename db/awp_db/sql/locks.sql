@@ -1,9 +1,6 @@
--- Every query that takes row locks (awp_db.locks runs them). The lock order, stated
--- only here and in awp_db/locks.py: the calling worker's session row (when the call
--- authenticates one), then run rows, then dispatch rows, each in ascending id
--- (DESIGN.md §6). ORDER BY is applied before FOR UPDATE, so each query below locks its
--- rows in ascending id; a query that skips locked rows never waits, so it cannot break
--- the order. Task rows are written only under their run's lock.
+-- Every query that takes row locks, run by awp_db.locks, whose docstring states the
+-- one lock order they follow. ORDER BY is applied before FOR UPDATE, so each query
+-- below locks its rows in ascending id; one that skips locked rows never waits.
 
 -- name: session
 -- One session's row: serialises its claims (so its free slots cannot be exceeded),
