@@ -9,7 +9,7 @@ ROOTS := $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open(
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: install proto proto-check lint test test-fast demo bench clean
+.PHONY: install proto proto-check lint test test-fast demo bench schema clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ demo: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench.py
+
+# Rewrites db/awp_db/schema.sql from a database migrated from empty (after a new migration).
+schema: $(VENV)/.installed
+	$(PY) -m awp_db.schema
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -12,10 +12,8 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -26,24 +24,9 @@ from awp_db.migrate import migrate
 from awp_server import app
 from awp_server.config import ServerConfig
 from kit import ADMIN_TOKEN, WORKER_TOKEN, ServerFactory, ServerHandle
+from kit.postgres import PostgresHandle
 
 TEMPLATE = "awp_test_template"
-
-
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
-@dataclass
-class PostgresHandle:
-    """The session's server: `admin_dsn` reaches the maintenance database."""
-
-    admin_dsn: str
-    embedded: EmbeddedPostgres | None
-
-    def dsn(self, database: str) -> str:
-        return with_database(self.admin_dsn, database)
 
 
 @pytest.fixture(scope="session")

@@ -3,42 +3,48 @@ timers, the completion sweep and leadership (DESIGN.md §6, §7).
 
 Each function is one short transaction on the connection it is given (a savepoint when
 the caller already holds one). None relies on the leader lock: candidates are read
-without locks, then every change re-checks its condition under the lock, so two
-coordinators running the same pass at once settle each item exactly once.
+without locks, then every change re-checks its condition under the lock (awp_db.locks),
+so two coordinators running the same pass at once settle each item exactly once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
 from uuid import UUID
 
-from awp_db import dispatching, leases, settle, workers
+from awp_db import dispatching, leases, locks, settle, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
-from awp_db.queries import queries
+from awp_db.queries import queries, row_as
+from awp_db.signals import LEADER_LOCK_KEY
+from awp_kernel.retry import AttemptEnd
 
 Q = queries("coordination")
-
-# The leader lock: an arbitrary constant beside the migration lock (0x415750_0001).
-LEADER_LOCK_KEY: Final = 0x415750_0002
 
 # Re-exported so the coordinator needs one storage module for its whole pass.
 create_dispatches = dispatching.create_dispatches
 withdraw_unservable = dispatching.withdraw_unservable
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Reaped:
     interrupted: int = 0
     timed_out: int = 0
     settled: settle.Settled = field(default_factory=settle.Settled)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Offline:
     workers: list[UUID] = field(default_factory=list)
     leases: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """The backend holding the leader lock."""
+
+    pid: int
+    application_name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +80,8 @@ async def resign(conn: Conn, key: int = LEADER_LOCK_KEY) -> bool:
     return released
 
 
-async def leader(conn: Conn, key: int = LEADER_LOCK_KEY) -> tuple[int, str] | None:
-    """(backend pid, application name) of the session holding the leader lock."""
-    row = await conn.fetchrow(Q["leader_pid"], key)
-    return None if row is None else (row["pid"], row["application_name"])
+async def leader(conn: Conn, key: int = LEADER_LOCK_KEY) -> Leader | None:
+    return await row_as(Leader, conn, Q["leader_pid"], key)
 
 
 # --- passes ----------------------------------------------------------------------------
@@ -85,18 +89,9 @@ async def leader(conn: Conn, key: int = LEADER_LOCK_KEY) -> tuple[int, str] | No
 
 async def due(conn: Conn, silent_for_ms: int, prefetch: float) -> Due:
     """One unlocked read of what a pass has to do (each step re-checks under its locks)."""
-    row = await conn.fetchrow(Q["due"], silent_for_ms, prefetch)
-    assert row is not None
-    return Due(
-        cancels=row["cancels"],
-        silent_workers=row["silent_workers"],
-        expired_leases=row["expired_leases"],
-        retries=row["retries"],
-        unservable=row["unservable"],
-        ready=row["ready"],
-        short=row["short"],
-        next_due_in=row["next_due_in"],
-    )
+    due = await row_as(Due, conn, Q["due"], silent_for_ms, prefetch)
+    assert due is not None
+    return due
 
 
 async def converge_cancels(conn: Conn, limit: int = 100) -> dict[UUID, str]:
@@ -110,13 +105,9 @@ async def converge_cancels(conn: Conn, limit: int = 100) -> dict[UUID, str]:
         return {}
     events = EventBatch()
     async with conn.transaction():
-        locked = await settle.lock_runs(conn, candidates)
+        locked = await locks.runs(conn, candidates)
         # Re-read under the lock: another coordinator may have converged it already.
-        live = [
-            row["id"]
-            for row in locked
-            if row["state"] == "running" and row["cancel_requested_at"] is not None
-        ]
+        live = [run.id for run in locked if run.state == "running" and run.cancel_requested_at]
         if not live:
             return {}
         await settle.stop_runs(conn, live, "canceled", events)
@@ -127,49 +118,48 @@ async def converge_cancels(conn: Conn, limit: int = 100) -> dict[UUID, str]:
 
 async def reap_expired(conn: Conn, limit: int = 500) -> Reaped:
     """Settles leases whose expiry or attempt deadline passed, with the retry rule."""
-    reaped = Reaped()
     candidates = await conn.fetch(Q["expired_leases"], limit)
     if not candidates:
-        return reaped
+        return Reaped()
     events = EventBatch()
     async with conn.transaction():
-        await settle.lock_runs(conn, {row["run_id"] for row in candidates})
-        rows = await conn.fetch(Q["lock_expired"], [row["id"] for row in candidates])
-        endings = []
-        for row in rows:
-            if row["ending"] == "timed_out":
-                reaped.timed_out += 1
-                message = "attempt deadline passed"
-            else:
-                reaped.interrupted += 1
-                message = "lease expired"
-            # The same row-to-Ending mapping every other settlement path uses.
-            endings.append(
-                settle.ending_of(row, row["ending"], error={"message": message, "retryable": True})
+        await locks.runs(conn, {row["run_id"] for row in candidates})
+        expired = await locks.expired_dispatches(conn, [row["id"] for row in candidates])
+        # The same row-to-Ending mapping every other settlement path uses.
+        endings = [
+            settle.ending_of(
+                row, row.ending, error={"message": _REAPED_BECAUSE[row.ending], "retryable": True}
             )
-        reaped.settled = await settle.end_attempts(conn, endings, events)
+            for row in expired
+        ]
+        settled = await settle.end_attempts(conn, endings, events)
         await events.flush(conn)
-    return reaped
+    timed_out = sum(1 for row in expired if row.ending == "timed_out")
+    return Reaped(len(expired) - timed_out, timed_out, settled)
+
+
+_REAPED_BECAUSE: dict[AttemptEnd, str] = {
+    "timed_out": "attempt deadline passed",
+    "interrupted": "lease expired",
+}
 
 
 async def mark_silent_offline(conn: Conn, silent_for_ms: int) -> Offline:
     """Workers silent for longer than silent_for_ms go `offline`; their leases are
     settled at once as `interrupted` (the retry rule decides what happens next)."""
-    offline = Offline()
     events = EventBatch()
     async with conn.transaction():
-        # Worker rows first (skipping any a heartbeat holds), then runs, then dispatches:
-        # the order Claim and Drain use.
-        silent = await workers.lock_silent(conn, silent_for_ms)
+        # Session rows first (skipping any a heartbeat holds): awp_db.locks' order.
+        silent = await locks.silent_sessions(conn, silent_for_ms)
         if not silent:
-            return offline
-        offline.workers = await workers.mark_offline(conn, silent)
-        held = await leases.worker_leases(conn, offline.workers)
-        offline.leases = await leases.interrupt(
+            return Offline()
+        gone = await workers.mark_offline(conn, silent)
+        held = await leases.worker_leases(conn, gone)
+        interrupted = await leases.interrupt(
             conn, held, f"worker offline: no heartbeat for {silent_for_ms} ms", events
         )
         await events.flush(conn)
-    return offline
+    return Offline(gone, interrupted)
 
 
 async def release_retries(conn: Conn, limit: int = 1000) -> int:
@@ -179,8 +169,8 @@ async def release_retries(conn: Conn, limit: int = 1000) -> int:
         return 0
     events = EventBatch()
     async with conn.transaction():
-        locked = await settle.lock_runs(conn, {row["run_id"] for row in candidates})
-        running = [row["id"] for row in locked if row["state"] == "running"]
+        locked = await locks.runs(conn, {row["run_id"] for row in candidates})
+        running = [run.id for run in locked if run.state == "running"]
         moved = await conn.fetch(Q["release_retries"], [row["id"] for row in candidates], running)
         for row in moved:
             events.task(row["run_id"], row["key"], "waiting_retry", "ready", row["attempts"])
@@ -196,7 +186,7 @@ async def sweep_finished(conn: Conn, limit: int = 1000) -> dict[UUID, str]:
         return {}
     events = EventBatch()
     async with conn.transaction():
-        await settle.lock_runs(conn, candidates)
+        await locks.runs(conn, candidates)
         finished = await settle.finish_runs(conn, candidates, events)
         await events.flush(conn)
     return finished

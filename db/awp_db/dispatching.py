@@ -8,21 +8,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from awp_db import settle
+from awp_db import locks
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
-from awp_db.leases import DISPATCH_CHANNEL
 from awp_db.queries import queries
+from awp_db.signals import DISPATCH_CHANNEL, DISPATCH_LOCK_KEY
 
 Q = queries("dispatching")
 log = logging.getLogger("awp.db.dispatching")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class DispatchPass:
     created: int = 0
     by_kind: Counter[str] = field(default_factory=Counter)
-    withdrawn: int = 0
     # Runs whose tasks were chosen but which were busy (locked): left to the next pass.
     skipped_runs: int = 0
 
@@ -45,10 +44,9 @@ async def create_dispatches(
     count against the run's concurrency and the global limit, and a claim never exceeds
     a worker's free slots.
     """
-    result = DispatchPass()
     events = EventBatch()
     async with conn.transaction():
-        await conn.execute(Q["serialise"])
+        await conn.execute(Q["serialise"], DISPATCH_LOCK_KEY)
         budget: dict[str, int] = {}
         rows = await conn.fetch(Q["capacity"])
         # Pending + leased, all kinds (no row: no active worker and nothing pending).
@@ -63,7 +61,7 @@ async def create_dispatches(
         if global_limit > 0:
             total = min(total, global_limit - in_flight)
         if total <= 0 or not budget:
-            return result
+            return DispatchPass()
         chosen: list[tuple[int, UUID]] = []
         for row in await conn.fetch(Q["candidates"], sorted(budget), total):
             if len(chosen) >= total:
@@ -73,16 +71,16 @@ async def create_dispatches(
                 budget[kind] -= 1
                 chosen.append((row["id"], row["run_id"]))
         if not chosen:
-            return result
+            return DispatchPass()
         # Runs busy with claims and results are left to the next pass (which follows at
         # once, and serves the least recently dispatched runs first): waiting for them
         # while holding the others would stall those too. Only when every run is busy
-        # does the pass wait (ascending id, the usual order).
-        run_ids = sorted({run_id for _, run_id in chosen})
-        locked = {row["id"] for row in await conn.fetch(Q["try_lock_runs"], run_ids)}
+        # does the pass wait.
+        run_ids = {run_id for _, run_id in chosen}
+        locked = {run.id for run in await locks.free_runs(conn, run_ids)}
         if not locked:
-            locked = {row["id"] for row in await settle.lock_runs(conn, run_ids)}
-        result.skipped_runs = len(set(run_ids) - locked)
+            locked = {run.id for run in await locks.runs(conn, run_ids)}
+        by_kind: Counter[str] = Counter()
         for row in await conn.fetch(
             Q["create"], [task for task, run_id in chosen if run_id in locked]
         ):
@@ -93,13 +91,12 @@ async def create_dispatches(
                 "queued",
                 payload={"dispatch_id": row["dispatch_id"]},
             )
-            result.by_kind[row["executor_kind"]] += 1
-            result.created += 1
+            by_kind[row["executor_kind"]] += 1
         # Servers parking long-poll claims hear which kinds have new work.
-        for kind in sorted(result.by_kind):
+        for kind in sorted(by_kind):
             events.notify(DISPATCH_CHANNEL, kind)
         await events.flush(conn)
-    return result
+    return DispatchPass(by_kind.total(), by_kind, len(run_ids - locked))
 
 
 def refill_due(free: int, slots: int, pending: int, prefetch: float) -> bool:
@@ -122,7 +119,7 @@ async def withdraw_unservable(conn: Conn, limit: int = 1000) -> int:
         rows = await conn.fetch(Q["unservable"], limit)
         if not rows:
             return 0
-        await settle.lock_runs(conn, {row["run_id"] for row in rows})
+        await locks.runs(conn, {row["run_id"] for row in rows})
         moved = await conn.fetch(Q["withdraw"], [row["id"] for row in rows])
         for row in moved:
             events.task(

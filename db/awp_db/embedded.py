@@ -46,6 +46,11 @@ class EmbeddedPostgres:
     def dsn_for(self, database: str) -> str:
         return f"postgresql://postgres@{self.host}:{self.port}/{database}"
 
+    def program(self, name: str) -> Path:
+        """One of the PostgreSQL programs shipped with the server (pg_dump, psql...)."""
+        path: Path = self._prepare().bin_path / name
+        return path
+
     @property
     def log_file(self) -> Path:
         return self.data_dir / "postgres.log"

@@ -2,8 +2,8 @@
 
 A transaction collects its events in an `EventBatch`; `flush` bumps each touched run's
 revision exactly once and appends the events with contiguous seqs in one statement.
-The caller must already hold the lock of every run it records events for (lock order:
-runs, then dispatches), which is what keeps seqs contiguous under concurrent writers.
+The caller must already hold the lock of every run it records events for (awp_db.locks),
+which is what keeps seqs contiguous under concurrent writers.
 """
 
 from __future__ import annotations
@@ -11,18 +11,15 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from awp_db.connect import Conn, Pool
-from awp_db.queries import queries
+from awp_db.queries import queries, rows_as
+from awp_db.signals import RUN_EVENTS_CHANNEL
 
 Q = queries("events")
-
-# Every client that watches runs LISTENs here; the payload is the run id.
-RUN_EVENTS_CHANNEL = "awp_run_events"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +77,6 @@ class EventBatch:
         commit like every NOTIFY), so a transaction pays one round trip for both."""
         self._notices.append((channel, payload))
 
-    def __bool__(self) -> bool:
-        return bool(self._events)
-
-    @property
-    def run_ids(self) -> list[UUID]:
-        return sorted(self._events)
-
     async def flush(self, conn: Conn) -> None:
         """Writes everything collected (once per transaction, before commit).
 
@@ -124,8 +114,23 @@ class EventBatch:
         self._events.clear()
 
 
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event as the log holds it: its seq and the revision of the run it came with."""
+
+    run_id: UUID
+    seq: int
+    revision: int
+    type: str
+    task_key: str | None
+    attempt: int | None
+    from_state: str | None
+    to_state: str | None
+    payload: dict[str, Any]
+    created_at: datetime
+
+
 async def after_seq(
     conn: Conn | Pool, run_id: UUID, after: int, limit: int = 500
-) -> list[asyncpg.Record]:
-    rows: list[asyncpg.Record] = await conn.fetch(Q["after_seq"], run_id, after, limit)
-    return rows
+) -> list[StoredEvent]:
+    return await rows_as(StoredEvent, conn, Q["after_seq"], run_id, after, limit)

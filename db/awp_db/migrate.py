@@ -22,11 +22,10 @@ from tenacity import (
 )
 
 from awp_db.connect import Conn, connect
+from awp_db.signals import MIGRATION_LOCK_KEY
 
 log = logging.getLogger("awp.db.migrate")
 
-# An arbitrary constant shared by every AWP process: "the migration lock".
-MIGRATION_LOCK_KEY: Final = 0x415750_0001
 _FILE: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 

@@ -8,12 +8,10 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
-from awp_db import settle
+from awp_db import locks, settle
 from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
-from awp_db.queries import queries
+from awp_db.queries import queries, row_as, rows_as
 from awp_db.workflows import StoredWorkflow
 from awp_kernel.errors import invalid, not_found
 
@@ -24,6 +22,52 @@ Q = queries("runs")
 class StartedRun:
     run_id: UUID
     created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    id: UUID
+    state: str
+    revision: int
+    last_seq: int
+    input: dict[str, Any]
+    request_id: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    cancel_requested_at: datetime | None
+    cancel_reason: str | None
+    concurrency: int
+    workflow_name: str
+    workflow_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    key: str
+    state: str
+    executor_kind: str
+    action: str
+    depends_on: list[str]
+    attempts: int
+    max_attempts: int
+    output: dict[str, Any] | None
+    error: dict[str, Any] | None
+    retry_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    task_key: str
+    attempt: int
+    state: str
+    worker_id: UUID
+    dispatch_id: int
+    fencing_token: int
+    started_at: datetime
+    deadline: datetime
+    finished_at: datetime | None
+    error: dict[str, Any] | None
 
 
 def parse_run_id(run_id: str, field: str = "run_id") -> UUID:
@@ -82,8 +126,8 @@ async def start(
     return StartedRun(run_id, True)
 
 
-async def get(conn: Conn | Pool, run_id: UUID) -> asyncpg.Record:
-    row = await conn.fetchrow(Q["get"], run_id)
+async def get(conn: Conn | Pool, run_id: UUID) -> RunInfo:
+    row = await row_as(RunInfo, conn, Q["get"], run_id)
     if row is None:
         raise not_found("RUN_NOT_FOUND", f"run {run_id}")
     return row
@@ -96,21 +140,19 @@ async def task_counts(conn: Conn | Pool, run_ids: list[UUID]) -> dict[UUID, dict
     return counts
 
 
-async def tasks(conn: Conn | Pool, run_id: UUID) -> list[asyncpg.Record]:
-    rows: list[asyncpg.Record] = await conn.fetch(Q["tasks"], run_id)
-    return rows
+async def tasks(conn: Conn | Pool, run_id: UUID) -> list[TaskInfo]:
+    return await rows_as(TaskInfo, conn, Q["tasks"], run_id)
 
 
-async def attempts(conn: Conn | Pool, run_id: UUID) -> list[asyncpg.Record]:
-    rows: list[asyncpg.Record] = await conn.fetch(Q["attempts"], run_id)
-    return rows
+async def attempts(conn: Conn | Pool, run_id: UUID) -> list[AttemptInfo]:
+    return await rows_as(AttemptInfo, conn, Q["attempts"], run_id)
 
 
 async def request_cancel(conn: Conn, run_id: UUID, reason: str) -> bool:
     """Persists the intent (the coordinator converges it). False if already final/requested."""
     events = EventBatch()
     async with conn.transaction():
-        locked = await settle.lock_runs(conn, [run_id])
+        locked = await locks.runs(conn, [run_id])
         if not locked:
             raise not_found("RUN_NOT_FOUND", f"run {run_id}")
         changed = await conn.fetchval(Q["request_cancel"], run_id, reason or None) is not None
@@ -135,10 +177,7 @@ async def list_page(
     state: str | None,
     before: tuple[datetime, UUID] | None,
     limit: int,
-) -> list[asyncpg.Record]:
+) -> list[RunInfo]:
     """Newest first; `before` is the (created_at, id) of the previous page's last run."""
     created_at, run_id = before if before is not None else (None, None)
-    rows: list[asyncpg.Record] = await conn.fetch(
-        Q["list"], workflow_name, state, created_at, run_id, limit
-    )
-    return rows
+    return await rows_as(RunInfo, conn, Q["list"], workflow_name, state, created_at, run_id, limit)

@@ -2,7 +2,7 @@
 
 One piece of code serves every path that ends an attempt: a worker's result, the
 reaper (lease expired, deadline passed), a drain's hand-back and an offline worker.
-Callers hold the locks (runs, then dispatches) and flush the EventBatch afterwards.
+Callers hold the run and dispatch locks (awp_db.locks) and flush the EventBatch afterwards.
 """
 
 from __future__ import annotations
@@ -10,21 +10,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
+from awp_db.locks import LockedDispatch
 from awp_db.queries import queries
+from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel.retry import AttemptEnd, RetryPolicy, decide
 from awp_kernel.states import run_outcome
 
 Q = queries("settle")
-
-COORDINATOR_CHANNEL = "awp_coordinator"
 
 # Dispatch state after each kind of attempt end.
 _DISPATCH_STATE: dict[AttemptEnd, str] = {
@@ -35,7 +32,7 @@ _DISPATCH_STATE: dict[AttemptEnd, str] = {
 }
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Ending:
     """One attempt that ended, and everything needed to apply the retry rule."""
 
@@ -53,7 +50,7 @@ class Ending:
     result_hash: bytes | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Settled:
     """What a settlement changed, for metrics and wake-ups."""
 
@@ -64,17 +61,8 @@ class Settled:
     runs_finished: dict[UUID, str] = field(default_factory=dict)
 
 
-def policy_of(row: asyncpg.Record | dict[str, Any]) -> RetryPolicy:
-    return RetryPolicy(
-        max_attempts=row["max_attempts"],
-        initial_backoff_ms=row["backoff_initial_ms"],
-        max_backoff_ms=row["backoff_max_ms"],
-        multiplier=row["backoff_multiplier"],
-    )
-
-
 def ending_of(
-    row: asyncpg.Record,
+    row: LockedDispatch,
     end: AttemptEnd,
     *,
     output: dict[str, Any] | None = None,
@@ -83,15 +71,21 @@ def ending_of(
     digest: bytes | None = None,
 ) -> Ending:
     """The Ending of a dispatch row locked for settlement (its attempt, task and policy)."""
+    assert row.attempt is not None, "only a leased dispatch has an attempt to end"
     return Ending(
-        dispatch_id=row["id"],
-        run_id=row["run_id"],
-        task_id=row["task_id"],
-        task_key=row["task_key"],
-        attempt=row["attempt"],
+        dispatch_id=row.id,
+        run_id=row.run_id,
+        task_id=row.task_id,
+        task_key=row.task_key,
+        attempt=row.attempt,
         end=end,
-        policy=policy_of(row),
-        dependents=list(row["dependents"]),
+        policy=RetryPolicy(
+            max_attempts=row.max_attempts,
+            initial_backoff_ms=row.backoff_initial_ms,
+            max_backoff_ms=row.backoff_max_ms,
+            multiplier=row.backoff_multiplier,
+        ),
+        dependents=list(row.dependents),
         output=output,
         error=error,
         retryable=retryable,
@@ -103,25 +97,17 @@ def _json(value: dict[str, Any] | None) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-async def lock_runs(conn: Conn, run_ids: Iterable[UUID]) -> list[asyncpg.Record]:
-    rows: list[asyncpg.Record] = await conn.fetch(Q["lock_runs"], sorted(set(run_ids)))
-    return rows
-
-
-async def clock(conn: Conn) -> datetime:
-    now: datetime = await conn.fetchval(Q["clock"])
-    return now
-
-
 async def notify_coordinator(conn: Conn, why: str) -> None:
-    await conn.execute(Q["notify_coordinator"], why)
+    """Wakes the coordinator at commit (why: for its logs)."""
+    batch = EventBatch()
+    batch.notify(COORDINATOR_CHANNEL, why)
+    await batch.flush(conn)
 
 
 async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch) -> Settled:
     """Applies the retry rule to each ended attempt; fails runs whose task failed for good."""
-    settled = Settled()
     if not endings:
-        return settled
+        return Settled()
     decisions = [decide(e.policy, e.attempt, e.end, e.retryable) for e in endings]
 
     outputs = [_json(e.output) for e in endings]
@@ -142,6 +128,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
     ):
         may_have_finished.add(row["run_id"])
 
+    succeeded = retrying = failed = unlocked = 0
     unlock_runs: list[UUID] = []
     unlock_keys: list[str] = []
     failed_runs: set[UUID] = set()
@@ -164,26 +151,26 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
             task_payload,
         )
         if decision.task_state == "succeeded":
-            settled.tasks_succeeded += 1
+            succeeded += 1
             for dependent in ending.dependents:
                 unlock_runs.append(ending.run_id)
                 unlock_keys.append(dependent)
         elif decision.task_state == "waiting_retry":
-            settled.tasks_retrying += 1
+            retrying += 1
         else:
-            settled.tasks_failed += 1
+            failed += 1
             failed_runs.add(ending.run_id)
 
     if unlock_runs:
         for row in await conn.fetch(Q["unlock_dependents"], unlock_runs, unlock_keys):
             if row["state"] == "ready":
-                settled.tasks_unlocked += 1
+                unlocked += 1
                 events.task(row["run_id"], row["key"], "pending", "ready")
     if failed_runs:
         await stop_runs(conn, sorted(failed_runs), "skipped", events)
     # A run none of whose tasks is left live finishes now; the others cannot have.
-    settled.runs_finished = await finish_runs(conn, may_have_finished | failed_runs, events)
-    return settled
+    finished = await finish_runs(conn, may_have_finished | failed_runs, events)
+    return Settled(succeeded, retrying, failed, unlocked, finished)
 
 
 async def stop_runs(

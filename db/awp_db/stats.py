@@ -18,7 +18,7 @@ class StateCount:
     count: int
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Stats:
     # Tasks of running runs, by state and executor kind.
     tasks: list[StateCount] = field(default_factory=list)
@@ -34,11 +34,17 @@ class Stats:
 
 
 async def snapshot(pool: Pool) -> Stats:
-    stats = Stats()
+    sections: dict[str, list[StateCount]] = {
+        "tasks": [],
+        "dispatches": [],
+        "runs": [],
+        "workers": [],
+    }
     # One snapshot, so the figures add up (e.g. leased dispatches vs running tasks).
     async with reads.snapshot(pool) as conn:
         for row in await conn.fetch(Q["counts"]):
-            section: list[StateCount] = getattr(stats, row["section"])
-            section.append(StateCount(row["state"], row["executor_kind"], row["n"]))
-        stats.oldest_pending_ms = await conn.fetchval(Q["oldest_pending"])
-    return stats
+            sections[row["section"]].append(
+                StateCount(row["state"], row["executor_kind"], row["n"])
+            )
+        oldest_pending_ms = await conn.fetchval(Q["oldest_pending"])
+    return Stats(**sections, oldest_pending_ms=oldest_pending_ms)

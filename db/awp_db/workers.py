@@ -7,13 +7,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-import asyncpg
-
+from awp_db import locks
 from awp_db.connect import Conn, Pool
-from awp_db.queries import queries
+from awp_db.locks import SessionRow
+from awp_db.queries import queries, row_as, rows_as
+from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel import errors, tokens
 
 Q = queries("workers")
@@ -35,6 +35,23 @@ class Session:
     state: str
     executor_kinds: list[str]
     max_concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A session as operators list it (ListWorkers)."""
+
+    id: UUID
+    name: str
+    state: str
+    executor_kinds: list[str]
+    max_concurrency: int
+    labels: dict[str, str]
+    protocol_version: int
+    registered_at: datetime
+    last_heartbeat_at: datetime
+    stopped_at: datetime | None
+    active_leases: int
 
 
 def parse_worker_id(worker_id: str) -> UUID:
@@ -61,6 +78,7 @@ async def register(
         max_concurrency,
         labels,
         tokens.digest(token),
+        COORDINATOR_CHANNEL,
     )
     assert row is not None
     return Registration(row["id"], token, row["registered_at"])
@@ -74,9 +92,13 @@ async def authenticate(
     for_update: bool = False,
     allowed_states: tuple[str, ...] = LIVE_STATES,
 ) -> Session:
-    """The live session these credentials prove, or SESSION_INVALID."""
+    """The live session these credentials prove, or SESSION_INVALID; for_update locks
+    its row (see awp_db.locks for the lock order)."""
     wid = parse_worker_id(worker_id)
-    row = await conn.fetchrow(Q["session_for_update" if for_update else "session"], wid)
+    if for_update:
+        row = await locks.session(conn, wid)
+    else:
+        row = await row_as(SessionRow, conn, Q["session"], wid)
     return _session(row, wid, worker_id, session_token, allowed_states)
 
 
@@ -85,14 +107,18 @@ async def authenticate_many(
 ) -> list[Session | errors.AwpError]:
     """Several (worker_id, session_token) pairs in one read: each the live session it
     proves, or its SESSION_INVALID error (returned, not raised). for_update locks the
-    rows in ascending id (lock order: worker rows, then runs, then dispatches)."""
+    rows (see awp_db.locks for the lock order)."""
     found: list[Session | errors.AwpError] = []
     ids: dict[str, UUID] = {}
     for worker_id, _ in credentials:
         with contextlib.suppress(errors.AwpError):
             ids[worker_id] = parse_worker_id(worker_id)
-    query = Q["sessions_for_update" if for_update else "sessions"]
-    rows = {row["id"]: row for row in await conn.fetch(query, sorted(set(ids.values())))}
+    wanted = sorted(set(ids.values()))
+    if for_update:
+        found_rows = await locks.sessions(conn, wanted)
+    else:
+        found_rows = await rows_as(SessionRow, conn, Q["sessions"], wanted)
+    rows = {row.id: row for row in found_rows}
     for worker_id, session_token in credentials:
         wid = ids.get(worker_id)
         if wid is None:
@@ -106,19 +132,19 @@ async def authenticate_many(
 
 
 def _session(
-    row: asyncpg.Record | None,
+    row: SessionRow | None,
     wid: UUID,
     worker_id: str,
     session_token: str,
     allowed_states: tuple[str, ...],
 ) -> Session:
-    if row is None or not tokens.matches(session_token, row["session_token_hash"]):
+    if row is None or not tokens.matches(session_token, row.session_token_hash):
         log.info("session rejected", extra={"worker_id": worker_id, "why": "unknown or bad token"})
         raise errors.session_invalid()
-    if row["state"] not in allowed_states:
-        log.info("session rejected", extra={"worker_id": worker_id, "why": row["state"]})
-        raise errors.session_invalid(f"worker session is {row['state']}: register anew")
-    return Session(wid, row["state"], list(row["executor_kinds"]), row["max_concurrency"])
+    if row.state not in allowed_states:
+        log.info("session rejected", extra={"worker_id": worker_id, "why": row.state})
+        raise errors.session_invalid(f"worker session is {row.state}: register anew")
+    return Session(wid, row.state, list(row.executor_kinds), row.max_concurrency)
 
 
 async def active_lease_counts(conn: Conn, worker_ids: Sequence[UUID]) -> dict[UUID, int]:
@@ -145,19 +171,9 @@ async def open_stream(conn: Conn, worker_id: UUID) -> int | None:
     return epoch
 
 
-async def lock_stream_epoch(conn: Conn, worker_id: UUID) -> int | None:
-    epoch: int | None = await conn.fetchval(Q["stream_epoch_for_update"], worker_id)
-    return epoch
-
-
 async def set_state(conn: Conn, worker_id: UUID, state: str) -> str:
     new_state: str = await conn.fetchval(Q["set_state"], worker_id, state)
     return new_state
-
-
-async def lock_silent(conn: Conn, silent_for_ms: int) -> list[UUID]:
-    rows = await conn.fetch(Q["silent_workers"], silent_for_ms)
-    return [row["id"] for row in rows]
 
 
 async def mark_offline(conn: Conn, worker_ids: list[UUID]) -> list[UUID]:
@@ -165,5 +181,5 @@ async def mark_offline(conn: Conn, worker_ids: list[UUID]) -> list[UUID]:
     return [row["id"] for row in rows]
 
 
-async def list_workers(conn: Conn | Pool, include_inactive: bool) -> list[dict[str, Any]]:
-    return [dict(row) for row in await conn.fetch(Q["list"], include_inactive)]
+async def list_workers(conn: Conn | Pool, include_inactive: bool) -> list[WorkerInfo]:
+    return await rows_as(WorkerInfo, conn, Q["list"], include_inactive)

@@ -22,7 +22,7 @@ from awp_coordinator.metrics import Metrics
 from awp_db import coordination
 from awp_db.connect import Pool
 from awp_db.listen import Listener, Waiter
-from awp_db.settle import COORDINATOR_CHANNEL
+from awp_db.signals import COORDINATOR_CHANNEL
 
 log = logging.getLogger("awp.coordinator")
 

@@ -17,6 +17,7 @@ import asyncpg
 
 from awp_db import coordination
 from awp_db.connect import connect
+from awp_db.signals import LEADER_LOCK_KEY
 
 log = logging.getLogger("awp.coordinator.leadership")
 
@@ -30,7 +31,7 @@ class Leadership:
         dsn: str,
         keepalive_s: float,
         application_name: str = "awp-coordinator-lock",
-        key: int = coordination.LEADER_LOCK_KEY,
+        key: int = LEADER_LOCK_KEY,
     ) -> None:
         self._dsn = dsn
         self._keepalive_s = keepalive_s

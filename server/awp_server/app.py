@@ -13,10 +13,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
-from awp_db import leases
 from awp_db.connect import Pool, create_pool
-from awp_db.events import RUN_EVENTS_CHANNEL
 from awp_db.listen import Listener
+from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
 from awp_server import metrics
 from awp_server.auth import TokenInterceptor
 from awp_server.config import ServerConfig
@@ -104,7 +103,7 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             max_size=config.pool_size,
             application_name="awp-server",
         )
-    listener = Listener(config.database_url, [leases.DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
+    listener = Listener(config.database_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
     await listener.start()
     shutting_down = asyncio.Event()
     # Metrics first, so that calls refused for a bad token are counted too.

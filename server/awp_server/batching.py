@@ -10,7 +10,7 @@ calls would have queued on the run lock anyway. (Calls woken together, e.g. park
 Claims by one notification, form one batch instead of a queue on the run lock.)
 
 Each call is served exactly as on its own, against its own session
-(`leases.claim_many`, `leases.complete_many`). If a shared transaction fails, each
+(`claims.claim_many`, `leases.complete_many`). If a shared transaction fails, each
 call is retried in a transaction of its own, so one call's bad data or session never
 fails another.
 """
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from awp_db import leases
+from awp_db import claims, leases
 from awp_db.connect import Pool
 from awp_kernel.errors import AwpError
 from awp_kernel.fencing import ResultVerdict
@@ -171,7 +171,7 @@ class CompleteBatcher(_Batcher[leases.Completion, list[ResultVerdict]]):
             return await leases.complete_many(conn, [p.call for p in batch])
 
 
-class ClaimBatcher(_Batcher[leases.ClaimCall, list[leases.IssuedLease]]):
+class ClaimBatcher(_Batcher[claims.ClaimCall, list[claims.IssuedLease]]):
     kind = "Claim"
     serve_abandoned = False
 
@@ -181,29 +181,29 @@ class ClaimBatcher(_Batcher[leases.ClaimCall, list[leases.IssuedLease]]):
 
     async def claim(
         self, worker_id: str, session_token: str, max_leases: int
-    ) -> list[leases.IssuedLease]:
+    ) -> list[claims.IssuedLease]:
         """Up to max_leases leases for one call, issued in some shared transaction.
 
         Leases are never issued to a caller that went away (cancelled) before the
         transaction commits: the batch is rolled back and served again without it.
         """
         return await self._submit(
-            leases.ClaimCall(worker_id, session_token, max_leases), max_leases
+            claims.ClaimCall(worker_id, session_token, max_leases), max_leases
         )
 
     async def _transaction(
-        self, batch: list[_Pending[leases.ClaimCall, list[leases.IssuedLease]]]
-    ) -> Sequence[list[leases.IssuedLease] | AwpError]:
+        self, batch: list[_Pending[claims.ClaimCall, list[claims.IssuedLease]]]
+    ) -> Sequence[list[claims.IssuedLease] | AwpError]:
         while True:
             try:
                 async with self._pool.acquire() as conn:
-                    return await leases.claim_many(
+                    return await claims.claim_many(
                         conn,
                         [p.call for p in batch],
                         self._lease_ttl_ms,
                         still_wanted=lambda index: not batch[index].answer.done(),
                     )
-            except leases.ClaimAbandoned:
+            except claims.ClaimAbandoned:
                 # Rolled back: serve the others again (the departed get nothing).
                 gone = [p for p in batch if p.answer.done()]
                 batch[:] = [p for p in batch if not p.answer.done()]

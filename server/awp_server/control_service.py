@@ -21,6 +21,7 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import events, reads, runs, stats, workers, workflows
 from awp_db.connect import Conn, Pool
 from awp_db.listen import Listener
+from awp_db.signals import RUN_EVENTS_CHANNEL
 from awp_kernel.definition import MAX_INPUT_BYTES, MAX_VERSION, NAME_PATTERN, json_size
 from awp_kernel.errors import AwpError, ErrorKind, invalid
 from awp_kernel.states import TERMINAL_RUN_STATES
@@ -133,9 +134,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             task_rows = await runs.tasks(conn, run_id)
             attempt_rows = await runs.attempts(conn, run_id)
         return control_pb2.GetRunResponse(
-            run=convert.run_to_proto(
-                run_row, convert.task_counts(row["state"] for row in task_rows)
-            ),
+            run=convert.run_to_proto(run_row, convert.task_counts(row.state for row in task_rows)),
             tasks=[convert.task_to_proto(row) for row in task_rows],
             attempts=[convert.attempt_to_proto(row) for row in attempt_rows],
         )
@@ -166,13 +165,13 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 conn, request.workflow_name or None, state, before, size + 1
             )
             page = found[:size]
-            counts = await runs.task_counts(conn, [row["id"] for row in page])
+            counts = await runs.task_counts(conn, [row.id for row in page])
         next_token = ""
         if len(found) > size:
             last = page[-1]
-            next_token = _encode_token("r", [last["created_at"].isoformat(), str(last["id"])])
+            next_token = _encode_token("r", [last.created_at.isoformat(), str(last.id)])
         return control_pb2.ListRunsResponse(
-            runs=[convert.run_to_proto(row, counts[row["id"]]) for row in page],
+            runs=[convert.run_to_proto(row, counts[row.id]) for row in page],
             next_page_token=next_token,
         )
 
@@ -200,7 +199,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         sent = request.after_seq
         # Subscribe before the first read: a change committed between a read and the
         # wait still sets the waiter, so the wait returns at once instead of missing it.
-        async with self._listener.subscribe(events.RUN_EVENTS_CHANNEL, key=str(run_id)) as waiter:
+        async with self._listener.subscribe(RUN_EVENTS_CHANNEL, key=str(run_id)) as waiter:
             while True:
                 # The run's progress is read before its events: if it is terminal here,
                 # every event up to last_seq is already committed and the reads below see it.
@@ -209,7 +208,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                     rows = await events.after_seq(self._pool, run_id, sent, WATCH_BATCH)
                     for row in rows:
                         yield convert.event_to_proto(row)
-                        sent = row["seq"]
+                        sent = row.seq
                     if len(rows) < WATCH_BATCH:
                         break
                 if state in TERMINAL_RUN_STATES and sent >= last_seq:

@@ -15,12 +15,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
 from awp.v1 import control_pb2, types_pb2
+from awp_db.events import StoredEvent
+from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
 from awp_db.stats import StateCount, Stats
+from awp_db.workers import WorkerInfo
 from awp_db.workflows import StoredWorkflow
 from awp_kernel import states
 from awp_kernel.definition import (
@@ -42,12 +45,6 @@ V = TypeVar("V", bound=int)
 
 # Larger integral doubles are not exact integers any more: they stay floats.
 _MAX_EXACT_INT: Final = 2**53
-
-
-class Row(Protocol):
-    """A storage row: an asyncpg.Record or a dict."""
-
-    def __getitem__(self, key: str, /) -> Any: ...
 
 
 # ---------------------------------------------------------------- enums
@@ -280,21 +277,21 @@ def workflow_to_proto(workflow: StoredWorkflow) -> control_pb2.Workflow:
 # ---------------------------------------------------------------- runs, tasks, attempts, events
 
 
-def run_to_proto(row: Row, task_counts: Mapping[str, int]) -> control_pb2.Run:
+def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Run:
     """A row of the runs queries (runs.get / runs.list_page) and its task counts."""
     return control_pb2.Run(
-        id=str(row["id"]),
-        workflow_name=row["workflow_name"],
-        workflow_version=row["workflow_version"],
-        state=RUN_STATES.proto(row["state"]),
-        revision=row["revision"],
-        input=dict_to_struct(row["input"]),
-        request_id=row["request_id"] or "",
-        created_at=timestamp(row["created_at"]),
-        finished_at=timestamp(row["finished_at"]),
-        cancel_requested_at=timestamp(row["cancel_requested_at"]),
+        id=str(row.id),
+        workflow_name=row.workflow_name,
+        workflow_version=row.workflow_version,
+        state=RUN_STATES.proto(row.state),
+        revision=row.revision,
+        input=dict_to_struct(row.input),
+        request_id=row.request_id or "",
+        created_at=timestamp(row.created_at),
+        finished_at=timestamp(row.finished_at),
+        cancel_requested_at=timestamp(row.cancel_requested_at),
         task_counts=task_counts,
-        last_seq=row["last_seq"],
+        last_seq=row.last_seq,
     )
 
 
@@ -307,34 +304,34 @@ def task_error(error: Mapping[str, Any] | None) -> types_pb2.TaskError | None:
     )
 
 
-def task_to_proto(row: Row) -> control_pb2.Task:
+def task_to_proto(row: TaskInfo) -> control_pb2.Task:
     return control_pb2.Task(
-        key=row["key"],
-        state=TASK_STATES.proto(row["state"]),
-        executor_kind=row["executor_kind"],
-        action=row["action"],
-        depends_on=row["depends_on"],
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        output=dict_to_struct(row["output"]),
-        error=task_error(row["error"]),
-        retry_at=timestamp(row["retry_at"]),
-        finished_at=timestamp(row["finished_at"]),
+        key=row.key,
+        state=TASK_STATES.proto(row.state),
+        executor_kind=row.executor_kind,
+        action=row.action,
+        depends_on=row.depends_on,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        output=dict_to_struct(row.output),
+        error=task_error(row.error),
+        retry_at=timestamp(row.retry_at),
+        finished_at=timestamp(row.finished_at),
     )
 
 
-def attempt_to_proto(row: Row) -> control_pb2.Attempt:
+def attempt_to_proto(row: AttemptInfo) -> control_pb2.Attempt:
     return control_pb2.Attempt(
-        task_key=row["task_key"],
-        attempt=row["attempt"],
-        state=ATTEMPT_STATES.proto(row["state"]),
-        worker_id=str(row["worker_id"]),
-        dispatch_id=row["dispatch_id"],
-        fencing_token=row["fencing_token"],
-        started_at=timestamp(row["started_at"]),
-        deadline=timestamp(row["deadline"]),
-        finished_at=timestamp(row["finished_at"]),
-        error=task_error(row["error"]),
+        task_key=row.task_key,
+        attempt=row.attempt,
+        state=ATTEMPT_STATES.proto(row.state),
+        worker_id=str(row.worker_id),
+        dispatch_id=row.dispatch_id,
+        fencing_token=row.fencing_token,
+        started_at=timestamp(row.started_at),
+        deadline=timestamp(row.deadline),
+        finished_at=timestamp(row.finished_at),
+        error=task_error(row.error),
     )
 
 
@@ -345,37 +342,37 @@ def task_counts(task_states: Iterable[str]) -> dict[str, int]:
     return counts
 
 
-def event_to_proto(row: Row) -> types_pb2.StateEvent:
+def event_to_proto(row: StoredEvent) -> types_pb2.StateEvent:
     return types_pb2.StateEvent(
-        run_id=str(row["run_id"]),
-        seq=row["seq"],
-        revision=row["revision"],
-        type=row["type"],
-        task_key=row["task_key"] or "",
-        attempt=row["attempt"] or 0,
-        from_state=row["from_state"] or "",
-        to_state=row["to_state"] or "",
-        payload=dict_to_struct(row["payload"]),
-        created_at=timestamp(row["created_at"]),
+        run_id=str(row.run_id),
+        seq=row.seq,
+        revision=row.revision,
+        type=row.type,
+        task_key=row.task_key or "",
+        attempt=row.attempt or 0,
+        from_state=row.from_state or "",
+        to_state=row.to_state or "",
+        payload=dict_to_struct(row.payload),
+        created_at=timestamp(row.created_at),
     )
 
 
 # ---------------------------------------------------------------- workers and stats
 
 
-def worker_to_proto(row: Row) -> control_pb2.WorkerInfo:
+def worker_to_proto(row: WorkerInfo) -> control_pb2.WorkerInfo:
     return control_pb2.WorkerInfo(
-        id=str(row["id"]),
-        name=row["name"],
-        state=WORKER_STATES.proto(row["state"]),
-        executor_kinds=row["executor_kinds"],
-        max_concurrency=row["max_concurrency"],
-        active_leases=row["active_leases"],
-        labels={str(k): str(v) for k, v in (row["labels"] or {}).items()},
-        protocol_version=row["protocol_version"],
-        registered_at=timestamp(row["registered_at"]),
-        last_heartbeat_at=timestamp(row["last_heartbeat_at"]),
-        stopped_at=timestamp(row["stopped_at"]),
+        id=str(row.id),
+        name=row.name,
+        state=WORKER_STATES.proto(row.state),
+        executor_kinds=row.executor_kinds,
+        max_concurrency=row.max_concurrency,
+        active_leases=row.active_leases,
+        labels={str(k): str(v) for k, v in (row.labels or {}).items()},
+        protocol_version=row.protocol_version,
+        registered_at=timestamp(row.registered_at),
+        last_heartbeat_at=timestamp(row.last_heartbeat_at),
+        stopped_at=timestamp(row.stopped_at),
     )
 
 

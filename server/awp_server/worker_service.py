@@ -21,6 +21,7 @@ from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_db import leases, workers
 from awp_db.connect import Pool
 from awp_db.listen import Listener
+from awp_db.signals import DISPATCH_CHANNEL
 from awp_kernel import errors, tokens
 from awp_kernel.definition import EXECUTOR_KIND_PATTERN, json_size
 from awp_kernel.fencing import ResultVerdict
@@ -161,7 +162,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             # Answer (empty) before the client's own deadline cuts the call off.
             wait_s = min(wait_s, max(0.0, remaining - 0.5))
         deadline = time.monotonic() + max(0.0, wait_s)
-        async with self._listener.subscribe(leases.DISPATCH_CHANNEL) as waiter:
+        async with self._listener.subscribe(DISPATCH_CHANNEL) as waiter:
             while True:
                 issued = await self.claims.claim(worker_id, token, request.max_leases)
                 left = deadline - time.monotonic()

@@ -8,8 +8,8 @@ import pytest
 
 from awp.v1 import control_pb2_grpc
 from awp_db.connect import Pool
-from awp_db.events import RUN_EVENTS_CHANNEL
 from awp_db.listen import Listener
+from awp_db.signals import RUN_EVENTS_CHANNEL
 from control.helpers import control_server
 
 

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db import runs, settle
+from awp_db import locks, runs
 from awp_db.connect import Pool, connect
 from awp_db.events import Event, EventBatch
 from awp_db.listen import Listener
@@ -137,7 +137,7 @@ async def test_finished_run_streams_its_history_and_ends(
     await create_workflow(control)
     run = await start_run(control)
     await drive_to_end(pool, UUID(run.id), worker)
-    last_seq = (await runs.get(pool, UUID(run.id)))["last_seq"]
+    last_seq = (await runs.get(pool, UUID(run.id))).last_seq
 
     events = await Watch(control, run.id).read_to_end()
     assert [e.seq for e in events] == list(range(1, last_seq + 1))
@@ -209,7 +209,7 @@ async def test_revision_and_seq_stay_contiguous_under_concurrent_writers(
         conn = await connect(database_dsn)
         try:
             async with conn.transaction():
-                await settle.lock_runs(conn, [run_id])
+                await locks.runs(conn, [run_id])
                 batch = EventBatch()
                 for n in range(EVENTS_PER_WRITER):
                     batch.add(Event(run_id, "test.tick", payload={"writer": number, "n": n}))
@@ -219,8 +219,8 @@ async def test_revision_and_seq_stay_contiguous_under_concurrent_writers(
 
     await asyncio.gather(*(writer(i) for i in range(WRITERS)))
     row = await runs.get(pool, run_id)
-    assert row["revision"] == 1 + WRITERS  # creation, then one per transaction
-    assert row["last_seq"] == run.last_seq + WRITERS * EVENTS_PER_WRITER
+    assert row.revision == 1 + WRITERS  # creation, then one per transaction
+    assert row.last_seq == run.last_seq + WRITERS * EVENTS_PER_WRITER
 
     async with pool.acquire() as conn:
         await runs.request_cancel(conn, run_id, "end the watch")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from coordinator_support import Coordinator, coordinator
 
-from awp_db import coordination, leases, workers
+from awp_db import claims, coordination, leases, workers
 from awp_db.connect import Pool
 from kit import poll_until, spec, start_run
 from kit.db import register
@@ -26,7 +26,7 @@ from kit.db import register
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _leader_backend(pool: Pool) -> tuple[int, str] | None:
+async def _leader_backend(pool: Pool) -> coordination.Leader | None:
     async with pool.acquire() as conn:
         return await coordination.leader(conn)
 
@@ -49,11 +49,11 @@ async def test_one_leads_and_a_standby_takes_over_when_the_lock_connection_dies(
 
         leader = await poll_until(one_leader)
         backend = await poll_until(lambda: _leader_backend(pool))
-        assert backend[1] == f"awp-coordinator-lock {leader.config.instance}"
+        assert backend.application_name == f"awp-coordinator-lock {leader.config.instance}"
 
         # The lock's connection dies: the leader stops acting at once (it may win the
         # lock back on a new connection right after: it contends again like the standby).
-        await pool.execute("SELECT pg_terminate_backend($1)", backend[0])
+        await pool.execute("SELECT pg_terminate_backend($1)", backend.pid)
 
         async def stepped_down() -> bool:
             released = leader.metrics.registry.get_sample_value(
@@ -65,7 +65,7 @@ async def test_one_leads_and_a_standby_takes_over_when_the_lock_connection_dies(
 
         async def new_leader() -> tuple[int, str] | None:
             now = await _leader_backend(pool)
-            return now if now is not None and now[0] != backend[0] else None
+            return now if now is not None and now.pid != backend.pid else None
 
         await poll_until(new_leader)
         await poll_until(one_leader)
@@ -90,7 +90,7 @@ async def test_the_leader_wakes_at_the_next_lease_expiry_not_the_next_scan(
         await poll_until(lambda: _leader_backend(pool))
         await start_run(pool, spec("woken", 1, backoff_ms=60_000))  # NOTIFY: dispatched
 
-        async def claimed() -> list[leases.IssuedLease]:
+        async def claimed() -> list[claims.IssuedLease]:
             return await worker.claim(ttl_ms=60_000)
 
         (lease,) = await poll_until(claimed)
@@ -224,7 +224,7 @@ async def test_kill_9_of_the_leader_hands_over_to_the_standby_within_two_interva
 
     await poll_until(both_contending, within=60)
     backend = await poll_until(lambda: _leader_backend(pool), within=60)
-    leader = by_pid[_pid_of(backend[1])]
+    leader = by_pid[_pid_of(backend.application_name)]
     standby = next(p for p in processes if p is not leader)
     assert any(line.get("msg") == "leadership acquired" for line in leader.lines())
 
@@ -233,7 +233,7 @@ async def test_kill_9_of_the_leader_hands_over_to_the_standby_within_two_interva
 
     async def standby_leads() -> bool:
         now = await _leader_backend(pool)
-        return now is not None and _pid_of(now[1]) == standby.pid
+        return now is not None and _pid_of(now.application_name) == standby.pid
 
     # Bounded generously for a loaded machine; the requirement itself is asserted below.
     await poll_until(standby_leads, within=30, interval=0.01)

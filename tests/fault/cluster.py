@@ -28,8 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from process import Process, socket_owners
 
 from awp.v1 import control_pb2_grpc, worker_pb2_grpc
-from awp_db.coordination import LEADER_LOCK_KEY
 from awp_db.embedded import EmbeddedPostgres, free_port
+from awp_db.signals import LEADER_LOCK_KEY
 from kit import poll_until
 from kit.invariants import Expect, RunCost, check_invariants
 

@@ -10,14 +10,14 @@ from uuid import UUID
 
 import pytest
 
-from awp_db import coordination, leases
+from awp_db import claims, coordination
 from awp_db.connect import Pool
 from kit import spec, start_run
 from kit.db import DbWorker, register
 from kit.invariants import Expect, InvariantViolation, check_committed, check_invariants
 
 
-async def _complete(worker: DbWorker, issued: list[leases.IssuedLease]) -> None:
+async def _complete(worker: DbWorker, issued: list[claims.IssuedLease]) -> None:
     verdicts = await worker.complete_all(issued)
     assert all(v == "ACCEPTED" for v in verdicts), verdicts
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from awp_db import dispatching, leases, runs, settle, workers
+from awp_db import claims, dispatching, leases, locks, runs, settle, workers
 from awp_db.connect import Pool
 from awp_db.events import EventBatch
 
@@ -35,18 +35,21 @@ class DbWorker:
     def session_token(self) -> str:
         return self.registration.session_token
 
-    async def claim(self, n: int = 1000, ttl_ms: int = LEASE_TTL_MS) -> list[leases.IssuedLease]:
+    async def claim(self, n: int = 1000, ttl_ms: int = LEASE_TTL_MS) -> list[claims.IssuedLease]:
+        call = claims.ClaimCall(str(self.id), self.session_token, n)
         async with self.pool.acquire() as conn:
-            return await leases.claim(conn, str(self.id), self.session_token, n, ttl_ms)
+            (issued,) = await claims.claim_many(conn, [call], ttl_ms)
+        assert isinstance(issued, list), issued
+        return issued
 
-    async def dispatch_and_claim(self, n: int = 10) -> list[leases.IssuedLease]:
+    async def dispatch_and_claim(self, n: int = 10) -> list[claims.IssuedLease]:
         """What the coordinator then a worker do: dispatch ready tasks, lease them."""
         await dispatch_all(self.pool)
         return await self.claim(n)
 
     async def complete_all(
         self,
-        issued: Sequence[leases.IssuedLease],
+        issued: Sequence[claims.IssuedLease],
         outcome: str = "succeeded",
         *,
         retryable: bool = True,
@@ -64,12 +67,14 @@ class DbWorker:
             )
             for lease in issued
         ]
+        call = leases.Completion(str(self.id), self.session_token, results)
         async with self.pool.acquire() as conn:
-            verdicts = await leases.complete(conn, str(self.id), self.session_token, results)
+            (verdicts,) = await leases.complete_many(conn, [call])
+        assert isinstance(verdicts, list), verdicts
         return [verdict.name for verdict in verdicts]
 
     async def complete(
-        self, lease: leases.IssuedLease, outcome: str = "succeeded", *, retryable: bool = True
+        self, lease: claims.IssuedLease, outcome: str = "succeeded", *, retryable: bool = True
     ) -> str:
         (verdict,) = await self.complete_all([lease], outcome, retryable=retryable)
         return verdict
@@ -115,7 +120,7 @@ async def drive_to_end(pool: Pool, run_id: UUID, worker: DbWorker) -> str:
 async def converge_cancel(pool: Pool, run_id: UUID) -> None:
     """What the coordinator does with a cancel request: stop everything, finish the run."""
     async with pool.acquire() as conn, conn.transaction():
-        await settle.lock_runs(conn, [run_id])
+        await locks.runs(conn, [run_id])
         events = EventBatch()
         await settle.stop_runs(conn, [run_id], "canceled", events)
         await settle.finish_runs(conn, [run_id], events)
@@ -123,7 +128,7 @@ async def converge_cancel(pool: Pool, run_id: UUID) -> None:
 
 
 async def task_states(pool: Pool, run_id: UUID) -> dict[str, str]:
-    return {row["key"]: row["state"] for row in await runs.tasks(pool, run_id)}
+    return {task.key: task.state for task in await runs.tasks(pool, run_id)}
 
 
 async def run_state(pool: Pool, run_id: UUID) -> str:

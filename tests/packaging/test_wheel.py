@@ -22,9 +22,7 @@ BINARIES = ("awp", "awp-server", "awp-coordinator", "awp-worker")
 
 def _run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     # Nothing of this checkout may leak in: no PYTHONPATH, no AWP_* settings.
-    env = {
-        k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("AWP_")
-    }
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("AWP_")}
     return subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from awp_db import dispatching, leases
+from awp_db import claims, dispatching, leases
 from awp_db.connect import Pool
 from awp_kernel.errors import AwpError
 from awp_kernel.fencing import ResultVerdict
@@ -15,7 +15,7 @@ from kit import spec, start_run
 from kit.db import dispatch_all, register
 
 
-def _ok(lease: leases.IssuedLease, value: object = 1) -> leases.ResultIn:
+def _ok(lease: claims.IssuedLease, value: object = 1) -> leases.ResultIn:
     return leases.ResultIn(lease.dispatch_id, lease.lease_token, "succeeded", {"v": value})
 
 
@@ -58,8 +58,8 @@ async def test_each_result_is_judged_against_its_own_session(pool: Pool) -> None
     assert isinstance(outcomes[1], AwpError) and outcomes[1].reason == "SESSION_INVALID"
     async with pool.acquire() as conn:
         # Alice's leases are untouched: still hers, and her results are accepted later.
-        again = await leases.complete(
-            conn, str(alice.worker_id), alice.session_token, [_ok(a1), _ok(a2)]
+        (again,) = await leases.complete_many(
+            conn, [leases.Completion(str(alice.worker_id), alice.session_token, [_ok(a1), _ok(a2)])]
         )
     assert again == [ResultVerdict.ACCEPTED, ResultVerdict.ACCEPTED]
 
@@ -114,14 +114,14 @@ async def test_claims_of_several_sessions_share_one_transaction(pool: Pool) -> N
         await conn.execute("UPDATE workers SET max_concurrency = 3 WHERE id = $1", alice.worker_id)
         await dispatching.create_dispatches(conn)
         revision = await conn.fetchval("SELECT revision FROM runs WHERE id = $1", run_id)
-        outcomes = await leases.claim_many(
+        outcomes = await claims.claim_many(
             conn,
             [
-                leases.ClaimCall(str(alice.worker_id), alice.session_token, 2),
-                leases.ClaimCall(str(bob.worker_id), bob.session_token, 5),
+                claims.ClaimCall(str(alice.worker_id), alice.session_token, 2),
+                claims.ClaimCall(str(bob.worker_id), bob.session_token, 5),
                 # Alice again: the two calls share her 3 slots.
-                leases.ClaimCall(str(alice.worker_id), alice.session_token, 5),
-                leases.ClaimCall(str(bob.worker_id), "wrong token", 1),
+                claims.ClaimCall(str(alice.worker_id), alice.session_token, 5),
+                claims.ClaimCall(str(bob.worker_id), "wrong token", 1),
             ],
             60_000,
         )
@@ -143,8 +143,9 @@ async def test_claims_of_several_sessions_share_one_transaction(pool: Pool) -> N
     ids = [lease.dispatch_id for lease in [*first, *second, *third]]
     assert len(set(ids)) == len(ids)
     async with pool.acquire() as conn:
-        verdicts = await leases.complete(
-            conn, str(bob.worker_id), bob.session_token, [_ok(x) for x in second]
+        (verdicts,) = await leases.complete_many(
+            conn,
+            [leases.Completion(str(bob.worker_id), bob.session_token, [_ok(x) for x in second])],
         )
     assert verdicts == [ResultVerdict.ACCEPTED] * 5
 
@@ -155,11 +156,11 @@ async def test_a_draining_session_is_refused_alone(pool: Pool) -> None:
     async with pool.acquire() as conn:
         await conn.execute("UPDATE workers SET state = 'draining' WHERE id = $1", leaving.worker_id)
         await dispatching.create_dispatches(conn)
-        outcomes = await leases.claim_many(
+        outcomes = await claims.claim_many(
             conn,
             [
-                leases.ClaimCall(str(leaving.worker_id), leaving.session_token, 2),
-                leases.ClaimCall(str(keen.worker_id), keen.session_token, 2),
+                claims.ClaimCall(str(leaving.worker_id), leaving.session_token, 2),
+                claims.ClaimCall(str(keen.worker_id), keen.session_token, 2),
             ],
             60_000,
         )
@@ -172,10 +173,10 @@ async def test_no_lease_is_committed_for_a_caller_that_went_away(pool: Pool) -> 
     worker = await register(pool, name="w")
     async with pool.acquire() as conn:
         await dispatching.create_dispatches(conn)
-        with pytest.raises(leases.ClaimAbandoned):
-            await leases.claim_many(
+        with pytest.raises(claims.ClaimAbandoned):
+            await claims.claim_many(
                 conn,
-                [leases.ClaimCall(str(worker.worker_id), worker.session_token, 2)],
+                [claims.ClaimCall(str(worker.worker_id), worker.session_token, 2)],
                 60_000,
                 still_wanted=lambda index: False,
             )

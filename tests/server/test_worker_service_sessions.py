@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
-from awp_db import leases, settle
+from awp_db import locks, settle
 from awp_db.connect import Pool
 from awp_db.events import EventBatch
+from awp_db.signals import DISPATCH_CHANNEL
 from kit import (
     WORKER_TOKEN,
     ServerFactory,
@@ -75,7 +76,7 @@ async def test_heartbeat_renews_revokes_and_rejects_unknown_leases(
         assert [lease.status for lease in forged.leases] == [worker_pb2.LEASE_STATUS_UNKNOWN]
         async with pool.acquire() as conn, conn.transaction():
             events = EventBatch()
-            await settle.lock_runs(conn, [run_id])
+            await locks.runs(conn, [run_id])
             await settle.stop_runs(conn, [run_id], "canceled", events)
             await events.flush(conn)
         revoked = await stream.beat(worker, [first, second])
@@ -199,7 +200,7 @@ async def test_server_shutdown_ends_streams_at_once_and_keeps_leases(
         await stream.beat(worker, [lease])
         parked = asyncio.create_task(worker.claim(1, wait_s=25))
         listener = server.running.listener
-        await poll_until(lambda: listener.waiting(leases.DISPATCH_CHANNEL) > 0)
+        await poll_until(lambda: listener.waiting(DISPATCH_CHANNEL) > 0)
         # With a 30 s grace, only ending the stream and the parked claim lets stop finish.
         await asyncio.wait_for(server.running.stop(30), 10)
         assert await stream.call.read() is grpc.aio.EOF

@@ -82,7 +82,7 @@ class Running:
 
 async def run_state(pool: Pool, run_id: UUID, *states: str, within: float = 30.0) -> str:
     async def probe() -> str | None:
-        state: str = (await runs.get(pool, run_id))["state"]
+        state = (await runs.get(pool, run_id)).state
         return state if state in states else None
 
     return await poll_until(probe, within=within)

@@ -2,8 +2,8 @@
 -- through settle, leases and dispatching, so one rule has one implementation.
 --
 -- Candidates are selected without locks; the statements that change anything re-check
--- their condition under the lock against clock_timestamp(), because two coordinators
--- may run the same pass at once and a heartbeat may renew a lease in between.
+-- their condition under the lock (locks.sql) against clock_timestamp(), because two
+-- coordinators may run the same pass at once and a heartbeat may renew a lease in between.
 
 -- name: try_lead
 -- Leadership is a session lock on a dedicated connection: it lasts as long as that
@@ -48,25 +48,6 @@ UNION
 (SELECT id, run_id FROM dispatches
   WHERE state = 'leased' AND attempt_deadline <= clock_timestamp()
   ORDER BY attempt_deadline LIMIT $1)
-
--- name: lock_expired
--- Runs are locked by the caller. The expiry is re-checked under the row lock against
--- the live clock, and a row a heartbeat is renewing right now is skipped: the renewal
--- (`leases.renew`, the exact complement of this condition) and the reaper can never
--- both win. A passed deadline wins over an expired lease.
-SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.result_hash,
-       d.lease_expires_at, d.attempt_deadline,
-       a.attempt, t.key AS task_key, t.dependents, t.max_attempts, t.backoff_initial_ms,
-       t.backoff_max_ms, t.backoff_multiplier,
-       CASE WHEN d.attempt_deadline <= clock_timestamp() THEN 'timed_out'
-            ELSE 'interrupted' END AS ending
-  FROM dispatches d
-  JOIN tasks t ON t.id = d.task_id
-  JOIN attempts a ON a.dispatch_id = d.id
- WHERE d.id = ANY($1::bigint[]) AND d.state = 'leased'
-   AND (d.lease_expires_at <= clock_timestamp() OR d.attempt_deadline <= clock_timestamp())
- ORDER BY d.id
-   FOR UPDATE OF d SKIP LOCKED
 
 -- name: due_retries
 -- Retry timers that have fired, unlocked (index tasks_retry_due).

@@ -3,8 +3,9 @@
 -- name: serialise
 -- Dispatch creation is the only thing that raises the number of queued + running tasks
 -- and live dispatches; serialising it makes every limit exact, even with two
--- coordinators at once (the leader lock is for efficiency only).
-SELECT pg_advisory_xact_lock(4281170)
+-- coordinators at once (the leader lock is for efficiency only). $1: the key
+-- (awp_db.signals).
+SELECT pg_advisory_xact_lock($1::bigint)
 
 -- name: capacity
 -- Per executor kind: free slots and all slots of the active workers (a worker counts
@@ -71,16 +72,8 @@ SELECT c.id, c.run_id, c.executor_kind, c.rn
  ORDER BY c.rn, l.last_dispatched_at NULLS FIRST, l.created_at, l.id
  LIMIT $2
 
--- name: try_lock_runs
--- The runs named that no other transaction holds, locked in ascending id; busy ones
--- are skipped (never waited for, so this cannot deadlock).
-SELECT id FROM runs
- WHERE id = ANY($1::uuid[])
- ORDER BY id
-   FOR UPDATE SKIP LOCKED
-
 -- name: create
--- Runs are locked by the caller. Only tasks still ready move; each gets one dispatch
+-- Runs are locked by the caller (locks.sql). Only tasks still ready move; each gets one dispatch
 -- (the unique index refuses a second live one).
 WITH moved AS (
     UPDATE tasks t SET state = 'queued'

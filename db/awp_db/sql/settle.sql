@@ -1,16 +1,6 @@
 -- Settlement: how an attempt's end, a run's failure or its cancellation are written.
--- Every statement here runs with the affected runs and dispatches already locked.
-
--- name: lock_runs
--- Lock order everywhere: run rows (ascending id), then dispatch rows.
-SELECT id, state, cancel_requested_at
-  FROM runs WHERE id = ANY($1::uuid[])
- ORDER BY id
-   FOR UPDATE
-
--- name: clock
--- The live database clock, read after the locks are held (now() is the transaction's start).
-SELECT clock_timestamp()
+-- Every statement here runs with the affected runs and dispatches already locked
+-- (locks.sql, which states the lock order).
 
 -- name: end_attempts
 -- Ends each attempt with its dispatch and applies the retry decision to its task, in
@@ -89,6 +79,7 @@ RETURNING a.run_id, t.key, a.attempt
 
 -- name: stop_tasks
 -- Running tasks are canceled (their attempt was stopped); untouched ones take $2.
+-- The task rows are locked under their runs' locks, which the caller holds.
 WITH live AS (
     SELECT id, state FROM tasks
      WHERE run_id = ANY($1::uuid[])
@@ -118,6 +109,3 @@ SELECT r.id, array_agg(DISTINCT t.state) AS task_states
 UPDATE runs SET state = $2, finished_at = clock_timestamp()
  WHERE id = $1 AND state = 'running'
 RETURNING id
-
--- name: notify_coordinator
-SELECT pg_notify('awp_coordinator', $1)

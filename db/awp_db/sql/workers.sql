@@ -6,27 +6,16 @@ WITH registered AS (
     VALUES ($1, $2, $3, $4, $5, $6)
     RETURNING id, registered_at
 )
-SELECT id, registered_at, pg_notify('awp_coordinator', 'register') FROM registered
+SELECT id, registered_at, pg_notify($7, 'register') FROM registered
 
 -- name: session
-SELECT id, state, session_token_hash, executor_kinds, max_concurrency
+-- Unlocked; locks.sql has the locking reads of sessions.
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
   FROM workers WHERE id = $1
 
 -- name: sessions
-SELECT id, state, session_token_hash, executor_kinds, max_concurrency
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
   FROM workers WHERE id = ANY($1::uuid[])
-
--- name: sessions_for_update
--- Several sessions' claims in one transaction: their rows locked in ascending id.
-SELECT id, state, session_token_hash, executor_kinds, max_concurrency
-  FROM workers WHERE id = ANY($1::uuid[])
- ORDER BY id
-   FOR UPDATE
-
--- name: session_for_update
--- Serialises one session's claims so their slot count cannot be exceeded.
-SELECT id, state, session_token_hash, executor_kinds, max_concurrency
-  FROM workers WHERE id = $1 FOR UPDATE
 
 -- name: active_leases
 SELECT count(*) FROM dispatches WHERE worker_id = $1 AND state = 'leased'
@@ -46,23 +35,12 @@ UPDATE workers SET stream_epoch = stream_epoch + 1, last_heartbeat_at = now()
  WHERE id = $1 AND state IN ('active', 'draining')
 RETURNING stream_epoch
 
--- name: stream_epoch_for_update
-SELECT stream_epoch FROM workers WHERE id = $1 FOR UPDATE
-
 -- name: set_state
 UPDATE workers
    SET state = $2,
        stopped_at = CASE WHEN $2 IN ('stopped', 'offline') THEN now() END
  WHERE id = $1
 RETURNING state
-
--- name: silent_workers
--- Locks sessions silent for longer than the offline threshold (skip busy ones: next pass).
-SELECT id FROM workers
- WHERE state IN ('active', 'draining')
-   AND last_heartbeat_at < clock_timestamp() - $1 * interval '1 millisecond'
- ORDER BY id
- FOR UPDATE SKIP LOCKED
 
 -- name: mark_offline
 UPDATE workers SET state = 'offline', stopped_at = now()

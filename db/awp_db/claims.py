@@ -1,0 +1,242 @@
+"""Claim: leasing pending dispatches to the workers' free slots (DESIGN.md §4).
+
+One transaction serves a batch of Claim calls, possibly of different sessions. Locks
+follow awp_db.locks: the calling sessions' rows, then the runs of the dispatches to
+lease, then those dispatches. Every time comes from the database clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from awp_db import locks, workers
+from awp_db.connect import Conn
+from awp_db.events import EventBatch
+from awp_db.queries import queries
+from awp_kernel import errors, tokens
+
+Q = queries("claims")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimCall:
+    """One Claim call: a session asking for up to max_leases leases."""
+
+    worker_id: str
+    session_token: str
+    max_leases: int
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedLease:
+    dispatch_id: int
+    lease_token: str
+    fencing_token: int
+    run_id: UUID
+    task_key: str
+    executor_kind: str
+    action: str
+    input: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    lease_expires_at: datetime
+    lease_remaining_ms: float
+    attempt_deadline: datetime
+    attempt_remaining_ms: float
+    run_input: dict[str, Any]
+    upstream_outputs: dict[str, dict[str, Any]]
+
+
+class ClaimAbandoned(Exception):
+    """A caller went away before its leases were committed: everything was rolled back."""
+
+
+@dataclass(slots=True)
+class _Claimer:
+    """A call of the batch whose session may be issued leases, and what it got so far."""
+
+    index: int
+    session: workers.Session
+    slots: int
+    issued: list[IssuedLease] = field(default_factory=list)
+
+    @property
+    def missing(self) -> int:
+        return self.slots - len(self.issued)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(sorted(self.session.executor_kinds))
+
+
+async def claim_many(
+    conn: Conn,
+    calls: Sequence[ClaimCall],
+    lease_ttl_ms: int,
+    *,
+    still_wanted: Callable[[int], bool] | None = None,
+) -> list[list[IssuedLease] | errors.AwpError]:
+    """Several Claim calls in one transaction, one answer per call, in order.
+
+    Each call gets at most its session's free slots, counted after its row is locked
+    (two calls of one session share them); earlier calls are served first. A call
+    whose session is invalid or draining gets its error back (returned, not raised)
+    and nothing else changes for it.
+
+    still_wanted(i), asked just before commit, tells whether call i's caller still
+    waits; if one that was issued leases does not, the transaction is rolled back
+    and ClaimAbandoned raised, so no lease is ever committed for nobody.
+    """
+    events = EventBatch()
+    async with conn.transaction():
+        sessions = await workers.authenticate_many(
+            conn, [(call.worker_id, call.session_token) for call in calls], for_update=True
+        )
+        claimers = await _claimers(conn, calls, sessions)
+        # First the runs of the oldest pending dispatches, waited for. Concurrent claims
+        # may have taken some of those meanwhile: a short batch then adds whatever other
+        # runs are free right now rather than answering with slots left empty.
+        if await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=False):
+            await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=True)
+        if still_wanted is not None and any(
+            claimer.issued and not still_wanted(claimer.index) for claimer in claimers
+        ):
+            raise ClaimAbandoned()
+        await events.flush(conn)
+    issued = {claimer.index: claimer.issued for claimer in claimers}
+    return [_answer(session, issued.get(index, [])) for index, session in enumerate(sessions)]
+
+
+def _answer(
+    session: workers.Session | errors.AwpError, issued: list[IssuedLease]
+) -> list[IssuedLease] | errors.AwpError:
+    if isinstance(session, errors.AwpError):
+        return session
+    if session.state != "active":
+        return errors.worker_draining()
+    return issued
+
+
+async def _claimers(
+    conn: Conn, calls: Sequence[ClaimCall], sessions: Sequence[workers.Session | errors.AwpError]
+) -> list[_Claimer]:
+    """The calls of active sessions that have slots to offer, in call order."""
+    active = {
+        session.worker_id: session
+        for session in sessions
+        if isinstance(session, workers.Session) and session.state == "active"
+    }
+    if not active:
+        return []
+    held = await workers.active_lease_counts(conn, list(active))
+    free = {worker: session.max_concurrency - held[worker] for worker, session in active.items()}
+    claimers: list[_Claimer] = []
+    for index, (call, session) in enumerate(zip(calls, sessions, strict=True)):
+        if isinstance(session, workers.Session) and session.worker_id in active:
+            slots = max(0, min(call.max_leases, free[session.worker_id]))
+            free[session.worker_id] -= slots
+            if slots:
+                claimers.append(_Claimer(index, session, slots))
+    return claimers
+
+
+async def _lease_round(
+    conn: Conn,
+    claimers: Sequence[_Claimer],
+    lease_ttl_ms: int,
+    events: EventBatch,
+    *,
+    skip_locked: bool,
+) -> bool:
+    """Locks the runs of the oldest pending dispatches the short claimers can run and
+    leases them out; False when nothing is left to do (every claimer served, or no
+    claimable run)."""
+    short = [claimer for claimer in claimers if claimer.missing > 0]
+    if not short:
+        return False
+    kinds = sorted({kind for claimer in short for kind in claimer.kinds})
+    run_ids = await locks.claimable_runs(
+        conn, kinds, sum(claimer.missing for claimer in short), skip_locked=skip_locked
+    )
+    if not run_ids:
+        return False
+    # One statement serves the short claimers of one set of kinds, first come first
+    # served; the sets take turns in the order their first claimer came.
+    by_kinds: dict[tuple[str, ...], list[_Claimer]] = {}
+    for claimer in claimers:
+        by_kinds.setdefault(claimer.kinds, [])
+        if claimer.missing > 0:
+            by_kinds[claimer.kinds].append(claimer)
+    for group_kinds, group in by_kinds.items():
+        if group:
+            await _take(conn, group, group_kinds, run_ids, lease_ttl_ms, events)
+    return True
+
+
+async def _take(
+    conn: Conn,
+    group: Sequence[_Claimer],
+    kinds: Sequence[str],
+    run_ids: Sequence[UUID],
+    lease_ttl_ms: int,
+    events: EventBatch,
+) -> None:
+    """Leases dispatches of these (locked) runs to the group's missing slots, in order."""
+    slots = [claimer for claimer in group for _ in range(claimer.missing)]
+    secrets = [tokens.new_token() for _ in slots]
+    rows = await conn.fetch(
+        Q["take"],
+        [claimer.session.worker_id for claimer in slots],
+        list(kinds),
+        run_ids,
+        len(slots),
+        [tokens.digest(secret) for secret in secrets],
+        lease_ttl_ms,
+    )
+    for row in rows:
+        slot = row["token_index"] - 1
+        slots[slot].issued.append(_issued(row, secrets[slot]))
+        _record_start(events, row)
+
+
+def _issued(row: asyncpg.Record, lease_token: str) -> IssuedLease:
+    return IssuedLease(
+        dispatch_id=row["dispatch_id"],
+        lease_token=lease_token,
+        fencing_token=row["fencing_token"],
+        run_id=row["run_id"],
+        task_key=row["task_key"],
+        executor_kind=row["executor_kind"],
+        action=row["action"],
+        input=row["input"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        lease_expires_at=row["lease_expires_at"],
+        lease_remaining_ms=float(row["lease_remaining_ms"]),
+        attempt_deadline=row["attempt_deadline"],
+        attempt_remaining_ms=float(row["attempt_remaining_ms"]),
+        run_input=row["run_input"],
+        upstream_outputs=row["upstream_outputs"] or {},
+    )
+
+
+def _record_start(events: EventBatch, row: asyncpg.Record) -> None:
+    events.task(row["run_id"], row["task_key"], "queued", "running", row["attempt"])
+    events.attempt(
+        row["run_id"],
+        row["task_key"],
+        row["attempt"],
+        None,
+        "running",
+        {
+            "worker_id": str(row["worker_id"]),
+            "dispatch_id": row["dispatch_id"],
+            "fencing_token": row["fencing_token"],
+        },
+    )

@@ -1,0 +1,125 @@
+"""Every statement that takes row locks, and the one order they are taken in.
+
+LOCK ORDER: the calling worker's session row (when the call authenticates one), then
+run rows, then dispatch rows, each in ascending id (DESIGN.md §6). A transaction
+that needs several kinds takes them in that order; one that skips locked rows (SKIP
+LOCKED) never waits, so it cannot break the order. Task rows are only written under
+their run's lock. Every other comment about locking points here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from awp_db.connect import Conn
+from awp_db.queries import queries, rows_as
+from awp_kernel.retry import AttemptEnd
+
+Q = queries("locks")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    """A worker session's row, as authentication reads it."""
+
+    id: UUID
+    state: str
+    session_token_hash: bytes
+    executor_kinds: list[str]
+    max_concurrency: int
+    stream_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockedRun:
+    id: UUID
+    state: str
+    cancel_requested_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class LockedDispatch:
+    """A dispatch locked for settlement, with what settling its attempt needs."""
+
+    id: int
+    run_id: UUID
+    task_id: int
+    state: str
+    worker_id: UUID | None
+    lease_token_hash: bytes | None
+    result_hash: bytes | None
+    lease_expires_at: datetime | None
+    attempt_deadline: datetime | None
+    # None for a dispatch never leased (no attempt).
+    attempt: int | None
+    task_key: str
+    dependents: list[str]
+    max_attempts: int
+    backoff_initial_ms: int
+    backoff_max_ms: int
+    backoff_multiplier: float
+    # The live clock, read once the row was locked.
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredDispatch(LockedDispatch):
+    ending: AttemptEnd
+
+
+# --- session rows ----------------------------------------------------------------------
+
+
+async def session(conn: Conn, worker_id: UUID) -> SessionRow | None:
+    found = await rows_as(SessionRow, conn, Q["session"], worker_id)
+    return found[0] if found else None
+
+
+async def sessions(conn: Conn, worker_ids: Iterable[UUID]) -> list[SessionRow]:
+    return await rows_as(SessionRow, conn, Q["sessions"], sorted(set(worker_ids)))
+
+
+async def silent_sessions(conn: Conn, silent_for_ms: int) -> list[UUID]:
+    return [row["id"] for row in await conn.fetch(Q["silent_sessions"], silent_for_ms)]
+
+
+# --- run rows --------------------------------------------------------------------------
+
+
+async def runs(conn: Conn, run_ids: Iterable[UUID]) -> list[LockedRun]:
+    return await rows_as(LockedRun, conn, Q["runs"], sorted(set(run_ids)))
+
+
+async def free_runs(conn: Conn, run_ids: Iterable[UUID]) -> list[LockedRun]:
+    """The runs no other transaction holds, locked; busy ones are left out."""
+    return await rows_as(LockedRun, conn, Q["free_runs"], sorted(set(run_ids)))
+
+
+async def runs_of_dispatches(conn: Conn, dispatch_ids: Sequence[int]) -> None:
+    await conn.fetch(Q["runs_of_dispatches"], list(dispatch_ids))
+
+
+async def claimable_runs(
+    conn: Conn, kinds: Sequence[str], limit: int, *, skip_locked: bool
+) -> list[UUID]:
+    """Runs owning the oldest pending dispatches of these kinds, locked; skip_locked
+    leaves out (instead of waiting for) runs another transaction holds."""
+    query = Q["claimable_runs"] + (" SKIP LOCKED" if skip_locked else "")
+    return [row["id"] for row in await conn.fetch(query, list(kinds), limit)]
+
+
+# --- dispatch rows ---------------------------------------------------------------------
+
+
+async def dispatches_for_settlement(
+    conn: Conn, dispatch_ids: Sequence[int]
+) -> list[LockedDispatch]:
+    return await rows_as(LockedDispatch, conn, Q["dispatches_for_settlement"], list(dispatch_ids))
+
+
+async def expired_dispatches(conn: Conn, dispatch_ids: Sequence[int]) -> list[ExpiredDispatch]:
+    """The leases among these that are still past their expiry or deadline, locked."""
+    return await rows_as(ExpiredDispatch, conn, Q["expired_dispatches"], list(dispatch_ids))

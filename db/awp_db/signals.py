@@ -1,0 +1,27 @@
+"""What AWP processes say to each other through PostgreSQL: NOTIFY channels and
+advisory-lock keys. Every sender, listener and lock holder names them from here, so
+one side cannot be renamed without the other.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- NOTIFY channels (every wake-up is a latency optimisation: receivers also poll) ---
+
+# Wakes the coordinator: a run started or was canceled, results were accepted, a
+# worker registered, drained or lost its stream. The payload says why (for logs only).
+COORDINATOR_CHANNEL: Final = "awp_coordinator"
+# Servers parking long-poll claims hear of new dispatches; the payload is the kind.
+DISPATCH_CHANNEL: Final = "awp_dispatch"
+# Every client that watches runs listens here; the payload is the run id.
+RUN_EVENTS_CHANNEL: Final = "awp_run_events"
+
+# --- advisory-lock keys: arbitrary constants shared by every AWP process ---------------
+
+# Session lock held while migrating, so processes starting together migrate once.
+MIGRATION_LOCK_KEY: Final = 0x415750_0001
+# Session lock of the coordinator leader, on a dedicated connection.
+LEADER_LOCK_KEY: Final = 0x415750_0002
+# Transaction lock serialising dispatch creation (dispatching.create_dispatches).
+DISPATCH_LOCK_KEY: Final = 4281170

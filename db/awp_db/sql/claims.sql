@@ -1,0 +1,62 @@
+-- Claim: leasing pending dispatches to free slots (DESIGN.md §4, §6).
+
+-- name: take
+-- One statement leases up to $4 dispatches of the runs $3 (locked already: locks.sql
+-- claimable_runs), creates their attempts and moves their tasks queued -> running.
+-- Dispatch rows another transaction holds (e.g. being canceled) are skipped, never
+-- waited for, so the lock order holds.
+-- $1/$5: one entry per slot offered, its worker and its lease token's digest; the
+-- n-th dispatch picked goes to the n-th slot (slots of several sessions whose rows
+-- this transaction locked may be listed one session after the other).
+WITH picked AS (
+    SELECT d.id, d.run_id, d.task_id
+      FROM dispatches d
+     WHERE d.state = 'pending' AND d.executor_kind = ANY($2::text[]) AND d.run_id = ANY($3::uuid[])
+     -- Oldest first; "+ 0" keeps PostgreSQL from walking the primary key (every dispatch
+     -- ever made) in id order, filtering: the few pending ones come from their partial
+     -- index and are sorted.
+     ORDER BY d.id + 0
+     LIMIT $4
+       FOR UPDATE SKIP LOCKED
+), numbered AS (
+    SELECT p.*, row_number() OVER (ORDER BY p.id) AS n FROM picked p
+), leased AS (
+    UPDATE dispatches d
+       SET state = 'leased',
+           worker_id = tk.worker_id,
+           lease_token_hash = tk.hash,
+           fencing_token = nextval('fencing_tokens'),
+           leased_at = statement_timestamp(),
+           attempt_deadline = statement_timestamp() + t.timeout_ms * interval '1 millisecond',
+           lease_expires_at = statement_timestamp() + least($6::bigint, t.timeout_ms) * interval '1 millisecond'
+      FROM numbered nb
+      JOIN unnest($5::bytea[], $1::uuid[]) WITH ORDINALITY AS tk (hash, worker_id, n) ON tk.n = nb.n
+      JOIN tasks t ON t.id = nb.task_id
+     WHERE d.id = nb.id
+ RETURNING d.id, d.run_id, d.task_id, d.worker_id, d.fencing_token, d.lease_expires_at,
+           d.attempt_deadline, tk.n
+), started AS (
+    UPDATE tasks t
+       SET state = 'running', attempts = t.attempts + 1
+      FROM leased l
+     WHERE t.id = l.task_id AND t.state = 'queued'
+ RETURNING t.id, t.key, t.attempts, t.max_attempts, t.action, t.input, t.executor_kind,
+           t.depends_on
+), recorded AS (
+    INSERT INTO attempts (task_id, run_id, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
+    SELECT l.task_id, l.run_id, s.attempts, l.id, l.worker_id, l.fencing_token, statement_timestamp(), l.attempt_deadline
+      FROM leased l JOIN started s ON s.id = l.task_id
+)
+SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, l.worker_id, s.key AS task_key, s.executor_kind,
+       s.action, s.input, s.attempts AS attempt, s.max_attempts, l.fencing_token,
+       l.lease_expires_at, l.attempt_deadline,
+       extract(epoch FROM l.lease_expires_at - statement_timestamp()) * 1000 AS lease_remaining_ms,
+       extract(epoch FROM l.attempt_deadline - statement_timestamp()) * 1000 AS attempt_remaining_ms,
+       r.input AS run_input,
+       (SELECT jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb))
+          FROM tasks u
+         WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)) AS upstream_outputs
+  FROM leased l
+  JOIN started s ON s.id = l.task_id
+  JOIN runs r ON r.id = l.run_id
+ ORDER BY l.id

@@ -1,0 +1,102 @@
+-- Every query that takes row locks, run by awp_db.locks, whose docstring states the
+-- one lock order they follow. ORDER BY is applied before FOR UPDATE, so each query
+-- below locks its rows in ascending id; one that skips locked rows never waits.
+
+-- name: session
+-- One session's row: serialises its claims (so its free slots cannot be exceeded),
+-- its drain and the loss of its heartbeat stream.
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
+  FROM workers WHERE id = $1
+   FOR UPDATE
+
+-- name: sessions
+-- Several sessions' rows, for the claims of several sessions in one transaction.
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
+  FROM workers WHERE id = ANY($1::uuid[])
+ ORDER BY id
+   FOR UPDATE
+
+-- name: silent_sessions
+-- Sessions silent for longer than the offline threshold ($1 ms); busy ones are
+-- skipped (a heartbeat holds them): the next pass sees them again.
+SELECT id FROM workers
+ WHERE state IN ('active', 'draining')
+   AND last_heartbeat_at < clock_timestamp() - $1 * interval '1 millisecond'
+ ORDER BY id
+   FOR UPDATE SKIP LOCKED
+
+-- name: runs
+SELECT id, state, cancel_requested_at
+  FROM runs WHERE id = ANY($1::uuid[])
+ ORDER BY id
+   FOR UPDATE
+
+-- name: free_runs
+-- The runs named that no other transaction holds; busy ones are skipped.
+SELECT id, state, cancel_requested_at
+  FROM runs WHERE id = ANY($1::uuid[])
+ ORDER BY id
+   FOR UPDATE SKIP LOCKED
+
+-- name: runs_of_dispatches
+-- The runs of the dispatches named: the first step of every settlement. A dispatch's
+-- run never changes, so the unlocked subquery is safe.
+SELECT id FROM runs
+ WHERE id IN (SELECT run_id FROM dispatches WHERE id = ANY($1::bigint[]))
+ ORDER BY id
+   FOR UPDATE
+
+-- name: claimable_runs
+-- Runs that own the oldest pending dispatches of the kinds $1 (up to $2 of them).
+-- Waiting here, rather than skipping a locked run, keeps concurrent claimers of one
+-- busy run from coming back empty. A claim the first round left short runs it again
+-- with SKIP LOCKED appended (awp_db.claims): whatever other runs are free now; runs
+-- this transaction already locked are returned again.
+SELECT r.id
+  FROM runs r
+ WHERE r.id IN (SELECT d.run_id
+                  FROM dispatches d
+                 WHERE d.state = 'pending' AND d.executor_kind = ANY($1::text[])
+                 ORDER BY d.id + 0  -- see claims.sql take
+                 LIMIT $2)
+   AND r.state = 'running' AND r.cancel_requested_at IS NULL
+ ORDER BY r.id
+   FOR UPDATE
+
+-- name: dispatches_for_settlement
+-- The dispatches named, with their attempt and task (runs already locked), and the
+-- live clock read after each row is locked (the subquery carries FOR UPDATE, so
+-- PostgreSQL never flattens it and the outer projection runs above the row lock). A
+-- result is judged against that clock while its lease can no longer change: renewing,
+-- shortening and reaping it all need this row's lock.
+SELECT locked.*, clock_timestamp() AS now
+  FROM (SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash,
+               d.result_hash, d.lease_expires_at, d.attempt_deadline,
+               a.attempt, t.key AS task_key, t.dependents, t.max_attempts,
+               t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier
+          FROM dispatches d
+          JOIN tasks t ON t.id = d.task_id
+          LEFT JOIN attempts a ON a.dispatch_id = d.id
+         WHERE d.id = ANY($1::bigint[])
+         ORDER BY d.id
+           FOR UPDATE OF d) AS locked
+
+-- name: expired_dispatches
+-- The reaper's dispatches (runs already locked). The expiry is re-checked under the
+-- row lock against the live clock, and a row a heartbeat is renewing right now is
+-- skipped: the renewal (leases.sql renew, the exact complement of this condition) and
+-- the reaper can never both win. A passed deadline wins over an expired lease.
+SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.result_hash,
+       d.lease_expires_at, d.attempt_deadline,
+       a.attempt, t.key AS task_key, t.dependents, t.max_attempts, t.backoff_initial_ms,
+       t.backoff_max_ms, t.backoff_multiplier,
+       clock_timestamp() AS now,
+       CASE WHEN d.attempt_deadline <= clock_timestamp() THEN 'timed_out'
+            ELSE 'interrupted' END AS ending
+  FROM dispatches d
+  JOIN tasks t ON t.id = d.task_id
+  JOIN attempts a ON a.dispatch_id = d.id
+ WHERE d.id = ANY($1::bigint[]) AND d.state = 'leased'
+   AND (d.lease_expires_at <= clock_timestamp() OR d.attempt_deadline <= clock_timestamp())
+ ORDER BY d.id
+   FOR UPDATE OF d SKIP LOCKED
