@@ -13,6 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from awp_kernel.definition import (
+    DefinitionInvalid,
+    TaskSpec,
+    WorkflowSpec,
+    find_cycle,
+    validate,
+)
+from awp_kernel.retry import RetryPolicy
+from awp_protocol.errors import FieldViolation
+from awp_protocol.jsonvalue import canonical_json, json_size
+from awp_protocol.limits import (
     DEFAULT_TIMEOUT_MS,
     MAX_ATTEMPTS,
     MAX_BACKOFF_MULTIPLIER,
@@ -23,16 +33,7 @@ from awp_kernel.definition import (
     MAX_TASKS,
     MAX_VERSION,
     MIN_TIMEOUT_MS,
-    DefinitionInvalid,
-    FieldViolation,
-    TaskSpec,
-    WorkflowSpec,
-    canonical_json,
-    find_cycle,
-    json_size,
-    validate,
 )
-from awp_kernel.retry import RetryPolicy
 
 PROPERTY = settings(max_examples=200, deadline=None)
 # Generating whole workflows with JSON inputs is costlier: fewer examples keep the suite fast.
