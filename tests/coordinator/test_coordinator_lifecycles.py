@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from coordinator_support import check_invariants, coordinator, pass_until, register, run_state
-from lifecycles import EVENT_LIFECYCLES, illegal_moves
 
 from awp_db import runs
 from awp_db.connect import Pool
+from lifecycles import EVENT_LIFECYCLES, illegal_moves
 from support import spec, start_run
 
 

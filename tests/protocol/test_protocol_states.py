@@ -6,15 +6,6 @@ from collections import deque
 from typing import Any, get_args
 
 import pytest
-from lifecycles import (
-    ATTEMPT_MOVES,
-    DISPATCH_MOVES,
-    RUN_MOVES,
-    TASK_MOVES,
-    WORKER_MOVES,
-    Lifecycle,
-    illegal_moves,
-)
 
 from awp_protocol.states import (
     ATTEMPT_STATES,
@@ -29,6 +20,15 @@ from awp_protocol.states import (
     RunState,
     TaskState,
     WorkerState,
+)
+from lifecycles import (
+    ATTEMPT_MOVES,
+    DISPATCH_MOVES,
+    RUN_MOVES,
+    TASK_MOVES,
+    WORKER_MOVES,
+    Lifecycle,
+    illegal_moves,
 )
 
 # name, states, literal type, lifecycle, initial state, terminal states per DESIGN.md §3
