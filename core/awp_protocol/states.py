@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 RunState = Literal["running", "succeeded", "failed", "canceled"]
 TaskState = Literal[
@@ -21,34 +21,12 @@ AttemptState = Literal["running", "succeeded", "failed", "interrupted", "timed_o
 DispatchState = Literal["pending", "leased", "completed", "expired", "canceled"]
 WorkerState = Literal["active", "draining", "stopped", "offline"]
 
-RUN_STATES: Final[tuple[RunState, ...]] = ("running", "succeeded", "failed", "canceled")
-TASK_STATES: Final[tuple[TaskState, ...]] = (
-    "pending",
-    "ready",
-    "queued",
-    "running",
-    "waiting_retry",
-    "succeeded",
-    "failed",
-    "canceled",
-    "skipped",
-)
-ATTEMPT_STATES: Final[tuple[AttemptState, ...]] = (
-    "running",
-    "succeeded",
-    "failed",
-    "interrupted",
-    "timed_out",
-    "canceled",
-)
-DISPATCH_STATES: Final[tuple[DispatchState, ...]] = (
-    "pending",
-    "leased",
-    "completed",
-    "expired",
-    "canceled",
-)
-WORKER_STATES: Final[tuple[WorkerState, ...]] = ("active", "draining", "stopped", "offline")
+# In lifecycle order, as the Literals list them (and the API's enums number them).
+RUN_STATES: Final[tuple[RunState, ...]] = get_args(RunState)
+TASK_STATES: Final[tuple[TaskState, ...]] = get_args(TaskState)
+ATTEMPT_STATES: Final[tuple[AttemptState, ...]] = get_args(AttemptState)
+DISPATCH_STATES: Final[tuple[DispatchState, ...]] = get_args(DispatchState)
+WORKER_STATES: Final[tuple[WorkerState, ...]] = get_args(WorkerState)
 
 TERMINAL_TASK_STATES: Final[frozenset[str]] = frozenset(
     {"succeeded", "failed", "canceled", "skipped"}

@@ -119,9 +119,22 @@ function errorReason(error) {
   return '';
 }
 
+// The reasons come from protos/awp/v1/errors.proto: ErrorInfo.reason is an ErrorReason
+// value's name without its ERROR_REASON_ prefix. A name the proto lacks fails at start.
+const ErrorReason = protobuf
+  .loadSync(path.join(PROTOS, 'awp', 'v1', 'errors.proto'))
+  .lookupEnum('awp.v1.ErrorReason');
+function reason(name) {
+  if (!(`ERROR_REASON_${name}` in ErrorReason.values)) throw new Error(`no ErrorReason ${name}`);
+  return name;
+}
+
 // Permanent for this session: register anew (DESIGN.md §4). Everything else -- above
 // all UNAVAILABLE and DEADLINE_EXCEEDED -- is transient: retry.
-const PERMANENT_REASONS = new Set(['SESSION_INVALID', 'PROTOCOL_UNSUPPORTED', 'TOKEN_INVALID']);
+const PERMANENT_REASONS = new Set(
+  ['SESSION_INVALID', 'PROTOCOL_UNSUPPORTED', 'TOKEN_INVALID'].map(reason),
+);
+const WORKER_DRAINING = reason('WORKER_DRAINING');
 function isPermanent(error) {
   return PERMANENT_REASONS.has(errorReason(error));
 }
@@ -396,7 +409,7 @@ class Worker {
         );
       } catch (error) {
         const reason = errorReason(error);
-        if (this.stopped || reason === 'WORKER_DRAINING') return; // no more claims
+        if (this.stopped || reason === WORKER_DRAINING) return; // no more claims
         if (isPermanent(error)) return this.sessionLost(error);
         log('warning', 'Claim failed; backing off', { code: error.code, reason, error: error.details });
         await sleep(backoff / 2 + Math.random() * (backoff / 2));
