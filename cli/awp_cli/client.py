@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
 
 from awp.v1 import control_pb2_grpc
 from awp_cli.errors import CliError, Exit
+from awp_protocol import errors
+from awp_protocol.errors import Reason
 
 DEFAULT_ADDRESS: Final = "127.0.0.1:50051"
-STATUS_DETAILS_KEY: Final = "grpc-status-details-bin"
 
 # Codes that mean the request itself is wrong: the user can fix it and retry.
 _USER_CODES: Final = frozenset(
@@ -34,19 +34,14 @@ _USER_CODES: Final = frozenset(
 )
 # Worth a reconnect while following a stream: the server or network hiccuped.
 TRANSIENT_CODES: Final = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.ABORTED,
-    }
+    code for code in grpc.StatusCode if code.value[0] in errors.TRANSIENT_CODES
 )
 # Hints for reasons whose fix is not obvious from the server's message alone.
-_HINTS: Final = {
-    "DEFINITION_CONFLICT": "workflows are immutable: give the changed definition a new version",
-    "TOKEN_INVALID": "pass the admin token with --token or AWP_TOKEN",
+_HINTS: Final[dict[str, str]] = {
+    Reason.DEFINITION_CONFLICT: (
+        "workflows are immutable: give the changed definition a new version"
+    ),
+    Reason.TOKEN_INVALID: "pass the admin token with --token or AWP_TOKEN",
 }
 
 Req = TypeVar("Req")
@@ -72,22 +67,8 @@ class ServerError:
 
 
 def decode(error: grpc.aio.AioRpcError) -> ServerError:
-    reason = ""
-    violations: list[tuple[str, str]] = []
-    for key, value in error.trailing_metadata() or ():
-        if key != STATUS_DETAILS_KEY or not isinstance(value, bytes):
-            continue
-        status = status_pb2.Status.FromString(value)
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                reason = info.reason
-            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
-                violations.extend((v.field, v.description) for v in bad.field_violations)
-    return ServerError(error.code(), error.details() or "", reason, tuple(violations))
+    details = errors.decode_details(error.trailing_metadata())
+    return ServerError(error.code(), error.details() or "", details.reason, details.violations)
 
 
 def _one_line(text: str) -> str:

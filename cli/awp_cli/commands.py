@@ -25,10 +25,10 @@ from awp_cli import render, workflow_file
 from awp_cli.client import Client
 from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow, run_exit
+from awp_protocol.limits import MAX_PAGE_SIZE as MAX_PAGE  # the server's largest page
+from awp_protocol.states import TERMINAL_RUN_STATES
 
 M = TypeVar("M", bound=Message)
-
-MAX_PAGE = 1000
 
 
 async def _all_pages(
@@ -248,7 +248,7 @@ async def run_cancel(client: Client, args: argparse.Namespace) -> Exit:
         state = render.run_state(run.state)
     if args.json:
         render.print_json(answer if not args.wait else control_pb2.CancelRunResponse(run=run))
-    elif state in render.TERMINAL_RUN_STATES:
+    elif state in TERMINAL_RUN_STATES:
         render.stdout.print(f"run [bold]{run.id}[/] is {state}")
     else:
         render.stdout.print(

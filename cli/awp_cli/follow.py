@@ -25,6 +25,7 @@ from awp.v1 import control_pb2, types_pb2
 from awp_cli import render
 from awp_cli.client import TRANSIENT_CODES, Client, decode, failure, iterate
 from awp_cli.errors import CliError, Exit
+from awp_protocol.states import TERMINAL_TASK_STATES
 
 # Bursts of events (a fan-out finishing) are coalesced into one GetRun at most this often.
 REFRESH_INTERVAL_S: Final = 0.1
@@ -148,7 +149,7 @@ class ProgressView:
 
     def __rich__(self) -> RenderableType:
         counts = dict(self.run.task_counts)
-        done = sum(n for state, n in counts.items() if state in render.TERMINAL_TASK_STATES)
+        done = sum(n for state, n in counts.items() if state in TERMINAL_TASK_STATES)
         bar = Table.grid(padding=(0, 1))
         bar.add_row(
             ProgressBar(total=self.total, completed=done, width=40),

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -18,6 +18,8 @@ from rich.text import Text
 
 from awp.v1 import control_pb2, types_pb2
 from awp_cli.workflow_file import format_duration
+from awp_protocol.jsonvalue import struct_to_dict
+from awp_protocol.states import TERMINAL_RUN_STATES
 
 # Piped output is not wrapped at 80 columns: a table row stays one line for grep and awk.
 _PIPED_WIDTH: Final = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 250
@@ -25,8 +27,6 @@ stdout = Console(highlight=False, width=_PIPED_WIDTH)
 # Long error lines must stay one line each, whatever the terminal width.
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
-TERMINAL_RUN_STATES: Final = frozenset({"succeeded", "failed", "canceled"})
-TERMINAL_TASK_STATES: Final = frozenset({"succeeded", "failed", "canceled", "skipped"})
 # The order a task moves through its states (the protocol's enum order): tables list
 # states this way. The CLI is a client: it learns states from the protocol, not the kernel.
 TASK_STATE_ORDER: Final = tuple(
@@ -251,28 +251,12 @@ def _task_span(task_key: str, attempts: Sequence[control_pb2.Attempt]) -> float 
     return seconds_between(first.started_at, last.finished_at)
 
 
-def plain_json(struct: struct_pb2.Struct) -> dict[str, Any]:
-    """A Struct as Python values, whole numbers as ints (a Struct holds only doubles)."""
-
-    def unwrap(value: Any) -> Any:
-        if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
-            return int(value)
-        if isinstance(value, dict):
-            return {k: unwrap(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [unwrap(v) for v in value]
-        return value
-
-    result: dict[str, Any] = unwrap(json_format.MessageToDict(struct))
-    return result
-
-
 def _output_text(task: control_pb2.Task) -> str:
     # A task that succeeded after a failed attempt still carries that attempt's error.
     if task.state != types_pb2.TASK_STATE_SUCCEEDED and task.error.message:
         return task.error.message
     if task.HasField("output"):
-        return json.dumps(plain_json(task.output), separators=(", ", ": "))
+        return json.dumps(struct_to_dict(task.output), separators=(", ", ": "))
     return ""
 
 
@@ -362,7 +346,7 @@ def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:
 
 
 def _payload(event: types_pb2.StateEvent) -> dict[str, Any]:
-    return plain_json(event.payload) if event.HasField("payload") else {}
+    return struct_to_dict(event.payload) if event.HasField("payload") else {}
 
 
 def event_line(event: types_pb2.StateEvent) -> Text:

@@ -1,5 +1,6 @@
 """The workflow kernel: pure rules of AWP (no I/O).
 
-Definition validation, the allowed state transitions and the retry rule. Storage and
-transport call into it; it calls nothing outside the standard library.
+Definition validation, the run outcome, the lease and retry rules. Storage and transport
+call into it; it calls nothing but the standard library and the protocol vocabulary
+(awp_protocol).
 """

@@ -3,45 +3,41 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from awp_kernel.retry import RetryPolicy
-
-NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-TASK_KEY_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-# An identifier an executor resolves: never a path, URL or shell command.
-ACTION_PATTERN: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
-EXECUTOR_KIND_PATTERN: Final = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+from awp_protocol.errors import FieldsInvalid, FieldViolation, Reason
+from awp_protocol.jsonvalue import canonical_json, json_size
+from awp_protocol.limits import (
+    DEFAULT_TIMEOUT_MS,
+    MAX_ATTEMPTS,
+    MAX_BACKOFF_MULTIPLIER,
+    MAX_CONCURRENCY,
+    MAX_DESCRIPTION_CHARS,
+    MAX_DURATION_MS,
+    MAX_INPUT_BYTES,
+    MAX_TASKS,
+    MAX_VERSION,
+    MIN_TIMEOUT_MS,
+)
+from awp_protocol.names import (
+    ACTION_PATTERN,
+    ACTION_RULE,
+    NAME_PATTERN,
+    NAME_RULE,
+    TASK_KEY_PATTERN,
+    TASK_KEY_RULE,
+)
 
 KNOWN_EXECUTOR_KINDS: Final[frozenset[str]] = frozenset({"mock", "python"})
-MAX_VERSION: Final = 2**31 - 1  # the workflows.version column is a PostgreSQL integer
-MAX_TASKS: Final = 10_000
-MAX_INPUT_BYTES: Final = 64 * 1024
-MAX_DESCRIPTION_CHARS: Final = 1_024
-MAX_CONCURRENCY: Final = 10_000
-MAX_ATTEMPTS: Final = 100
-MIN_TIMEOUT_MS: Final = 10
-MAX_DURATION_MS: Final = 24 * 3600 * 1000
-MAX_BACKOFF_MULTIPLIER: Final = 10.0
-DEFAULT_TIMEOUT_MS: Final = 5 * 60 * 1000
 
 
-@dataclass(frozen=True, slots=True)
-class FieldViolation:
-    field: str
-    description: str
-
-
-class DefinitionInvalid(ValueError):
+class DefinitionInvalid(FieldsInvalid):
     """Raised with every violation found, each naming the offending field."""
 
-    def __init__(self, violations: Iterable[FieldViolation]) -> None:
-        self.violations = tuple(violations)
-        super().__init__("; ".join(f"{v.field}: {v.description}" for v in self.violations))
+    reason = Reason.INVALID_DEFINITION
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,15 +122,6 @@ class WorkflowSpec:
         return reverse
 
 
-def canonical_json(value: Any) -> bytes:
-    """One byte string per JSON value, whatever the key order: the input to every hash."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def json_size(value: Any) -> int:
-    return len(canonical_json(value))
-
-
 def validate(
     spec: WorkflowSpec, known_kinds: frozenset[str] = KNOWN_EXECUTOR_KINDS
 ) -> WorkflowSpec:
@@ -144,9 +131,8 @@ def validate(
     def bad(field_name: str, description: str) -> None:
         violations.append(FieldViolation(field_name, description))
 
-    # fullmatch, not match: '$' would also accept a trailing newline.
     if not NAME_PATTERN.fullmatch(spec.name):
-        bad("definition.name", "must be 1-128 characters of letters, digits, '_', '.', '-'")
+        bad("definition.name", f"must be {NAME_RULE}")
     if not 1 <= spec.version <= MAX_VERSION:
         bad("definition.version", f"must be 1 to {MAX_VERSION}")
     if len(spec.description) > MAX_DESCRIPTION_CHARS:
@@ -202,7 +188,7 @@ def _task_violations(
         found.append(FieldViolation(f"{where}.{field_name}", description))
 
     if not TASK_KEY_PATTERN.fullmatch(task.key):
-        bad("key", "must be 1-64 characters of letters, digits, '_', '.', '-'")
+        bad("key", f"must be {TASK_KEY_RULE}")
     if task.executor_kind not in known_kinds:
         bad(
             "executor_kind",
@@ -210,22 +196,10 @@ def _task_violations(
             + ", ".join(sorted(known_kinds)),
         )
     if not ACTION_PATTERN.fullmatch(task.action):
-        bad(
-            "action",
-            "must be an identifier like 'reports.summarize' (letters, digits, '_', '.', ':', "
-            "'-'; no paths, URLs or commands)",
-        )
+        bad("action", f"must be {ACTION_RULE}")
     try:
         # Strict JSON: NaN/Infinity, non-string keys or unencodable text cannot be stored.
-        size = len(
-            json.dumps(
-                dict(task.input),
-                sort_keys=True,
-                separators=(",", ":"),
-                ensure_ascii=False,
-                allow_nan=False,
-            ).encode()
-        )
+        size = json_size(dict(task.input))
     except (TypeError, ValueError):
         bad("input", "must be a JSON object (string keys, finite numbers, valid text)")
     else:

@@ -1,6 +1,7 @@
 """Errors every layer raises and the transport maps to status codes.
 
-`reason` is a stable UPPER_SNAKE string clients branch on; the message is for people.
+`reason` is one of awp.v1.ErrorReason (awp_protocol.errors.Reason), which clients branch
+on; the message is for people.
 """
 
 from __future__ import annotations
@@ -8,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import Enum
 
-from awp_kernel.definition import FieldViolation
+from awp_protocol.errors import FieldViolation, Reason, join_violations
 
 
 class ErrorKind(Enum):
+    """The google.rpc.Code an error is sent with (the member names are the code names)."""
+
     INVALID_ARGUMENT = "invalid_argument"
     NOT_FOUND = "not_found"
     ALREADY_EXISTS = "already_exists"
@@ -26,7 +29,7 @@ class AwpError(Exception):
     def __init__(
         self,
         kind: ErrorKind,
-        reason: str,
+        reason: Reason,
         message: str,
         violations: Iterable[FieldViolation] = (),
         metadata: dict[str, str] | None = None,
@@ -39,31 +42,25 @@ class AwpError(Exception):
         self.metadata = dict(metadata or {})
 
 
-def invalid(field: str, description: str, reason: str = "INVALID_ARGUMENT") -> AwpError:
-    return AwpError(
-        ErrorKind.INVALID_ARGUMENT,
-        reason,
-        f"{field}: {description}",
-        [FieldViolation(field, description)],
-    )
+def invalid(field: str, description: str, reason: Reason = Reason.INVALID_ARGUMENT) -> AwpError:
+    return invalid_many([FieldViolation(field, description)], reason)
 
 
-def invalid_many(violations: Iterable[FieldViolation], reason: str) -> AwpError:
+def invalid_many(violations: Iterable[FieldViolation], reason: Reason) -> AwpError:
     found = tuple(violations)
-    message = "; ".join(f"{v.field}: {v.description}" for v in found)
-    return AwpError(ErrorKind.INVALID_ARGUMENT, reason, message, found)
+    return AwpError(ErrorKind.INVALID_ARGUMENT, reason, join_violations(found), found)
 
 
 def session_invalid(detail: str = "unknown worker session") -> AwpError:
     # Deliberately vague to callers: which check failed is logged, not returned.
-    return AwpError(ErrorKind.UNAUTHENTICATED, "SESSION_INVALID", detail)
+    return AwpError(ErrorKind.UNAUTHENTICATED, Reason.SESSION_INVALID, detail)
 
 
 def protocol_unsupported(version: int, supported: Iterable[int]) -> AwpError:
     versions = ", ".join(str(v) for v in supported)
     return AwpError(
         ErrorKind.FAILED_PRECONDITION,
-        "PROTOCOL_UNSUPPORTED",
+        Reason.PROTOCOL_UNSUPPORTED,
         f"protocol version {version} is not supported; this server speaks {versions}",
         metadata={"supported": versions},
     )
@@ -72,16 +69,16 @@ def protocol_unsupported(version: int, supported: Iterable[int]) -> AwpError:
 def worker_draining() -> AwpError:
     return AwpError(
         ErrorKind.FAILED_PRECONDITION,
-        "WORKER_DRAINING",
+        Reason.WORKER_DRAINING,
         "the session is draining: it may not claim new work",
     )
 
 
-def not_found(reason: str, what: str) -> AwpError:
+def not_found(reason: Reason, what: str) -> AwpError:
     return AwpError(ErrorKind.NOT_FOUND, reason, f"{what} not found")
 
 
 def database_unavailable(detail: str) -> AwpError:
     return AwpError(
-        ErrorKind.UNAVAILABLE, "DATABASE_UNAVAILABLE", f"database unavailable: {detail}"
+        ErrorKind.UNAVAILABLE, Reason.DATABASE_UNAVAILABLE, f"database unavailable: {detail}"
     )

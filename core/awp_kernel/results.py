@@ -6,10 +6,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from awp_kernel.definition import canonical_json
-
-MAX_OUTPUT_BYTES = 1024 * 1024
-MAX_ERROR_MESSAGE_CHARS = 8 * 1024
+from awp_protocol.jsonvalue import canonical_json
 
 
 def result_hash(

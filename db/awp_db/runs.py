@@ -14,6 +14,7 @@ from awp_db.events import Event, EventBatch
 from awp_db.queries import queries, row_as, rows_as
 from awp_db.workflows import StoredWorkflow
 from awp_kernel.errors import invalid, not_found
+from awp_protocol.errors import Reason
 
 Q = queries("runs")
 
@@ -129,7 +130,7 @@ async def start(
 async def get(conn: Conn | Pool, run_id: UUID) -> RunInfo:
     row = await row_as(RunInfo, conn, Q["get"], run_id)
     if row is None:
-        raise not_found("RUN_NOT_FOUND", f"run {run_id}")
+        raise not_found(Reason.RUN_NOT_FOUND, f"run {run_id}")
     return row
 
 
@@ -154,7 +155,7 @@ async def request_cancel(conn: Conn, run_id: UUID, reason: str) -> bool:
     async with conn.transaction():
         locked = await locks.runs(conn, [run_id])
         if not locked:
-            raise not_found("RUN_NOT_FOUND", f"run {run_id}")
+            raise not_found(Reason.RUN_NOT_FOUND, f"run {run_id}")
         changed = await conn.fetchval(Q["request_cancel"], run_id, reason or None) is not None
         if changed:
             events.add(Event(run_id, "run.cancel_requested", payload={"reason": reason}))
@@ -167,7 +168,7 @@ async def progress(conn: Conn | Pool, run_id: UUID) -> tuple[str, int]:
     """(state, last_seq): enough for a watcher to know whether it has seen everything."""
     row = await conn.fetchrow(Q["progress"], run_id)
     if row is None:
-        raise not_found("RUN_NOT_FOUND", f"run {run_id}")
+        raise not_found(Reason.RUN_NOT_FOUND, f"run {run_id}")
     return row["state"], row["last_seq"]
 
 

@@ -11,6 +11,7 @@ from awp_db.connect import Conn, Pool
 from awp_db.queries import queries
 from awp_kernel.definition import WorkflowSpec
 from awp_kernel.errors import AwpError, ErrorKind, not_found
+from awp_protocol.errors import Reason
 
 Q = queries("workflows")
 
@@ -34,11 +35,11 @@ async def create(conn: Conn | Pool, spec: WorkflowSpec) -> tuple[StoredWorkflow,
         return StoredWorkflow(row["id"], spec, row["created_at"]), True
     existing = await conn.fetchrow(Q["get"], spec.name, spec.version)
     if existing is None:  # deleted in between: cannot happen, workflows are never deleted
-        raise not_found("WORKFLOW_NOT_FOUND", f"workflow {spec.name}@{spec.version}")
+        raise not_found(Reason.WORKFLOW_NOT_FOUND, f"workflow {spec.name}@{spec.version}")
     if bytes(existing["definition_hash"]) != digest:
         raise AwpError(
             ErrorKind.ALREADY_EXISTS,
-            "DEFINITION_CONFLICT",
+            Reason.DEFINITION_CONFLICT,
             f"workflow {spec.name}@{spec.version} already exists with a different definition; "
             "workflows are immutable: create a new version",
             metadata={"name": spec.name, "version": str(spec.version)},
@@ -54,7 +55,7 @@ async def get(conn: Conn | Pool, name: str, version: int = 0) -> StoredWorkflow:
         row = await conn.fetchrow(Q["get_latest"], name)
     if row is None:
         what = f"workflow {name}@{version}" if version else f"workflow {name}"
-        raise not_found("WORKFLOW_NOT_FOUND", what)
+        raise not_found(Reason.WORKFLOW_NOT_FOUND, what)
     return _stored(row)
 
 

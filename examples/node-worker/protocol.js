@@ -64,9 +64,22 @@ function errorReason(error) {
   return '';
 }
 
+// The reasons come from protos/awp/v1/errors.proto: ErrorInfo.reason is an ErrorReason
+// value's name without its ERROR_REASON_ prefix. A name the proto lacks fails at start.
+const ErrorReason = protobuf
+  .loadSync(path.join(PROTOS, 'awp', 'v1', 'errors.proto'))
+  .lookupEnum('awp.v1.ErrorReason');
+function reason(name) {
+  if (!(`ERROR_REASON_${name}` in ErrorReason.values)) throw new Error(`no ErrorReason ${name}`);
+  return name;
+}
+
 // Permanent for this session: register anew (DESIGN.md §4). Everything else -- above
 // all UNAVAILABLE and DEADLINE_EXCEEDED -- is transient: retry.
-const PERMANENT_REASONS = new Set(['SESSION_INVALID', 'PROTOCOL_UNSUPPORTED', 'TOKEN_INVALID']);
+const PERMANENT_REASONS = new Set(
+  ['SESSION_INVALID', 'PROTOCOL_UNSUPPORTED', 'TOKEN_INVALID'].map(reason),
+);
+const WORKER_DRAINING = reason('WORKER_DRAINING');
 function isPermanent(error) {
   return PERMANENT_REASONS.has(errorReason(error));
 }
@@ -119,4 +132,14 @@ const durationOf = (millis) => ({
   nanos: (millis % 1000) * 1e6,
 });
 
-module.exports = { awp, PROTOCOL_VERSION, errorReason, isPermanent, fromStruct, toStruct, ms, durationOf };
+module.exports = {
+  awp,
+  PROTOCOL_VERSION,
+  WORKER_DRAINING,
+  errorReason,
+  isPermanent,
+  fromStruct,
+  toStruct,
+  ms,
+  durationOf,
+};

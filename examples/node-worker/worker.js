@@ -32,8 +32,17 @@
 
 const grpc = require('@grpc/grpc-js');
 const { config, log, EXIT_OK, EXIT_FAILURE, EXIT_SESSION_LOST } = require('./config');
-const { awp, PROTOCOL_VERSION, errorReason, isPermanent, fromStruct, toStruct, ms, durationOf } =
-  require('./protocol');
+const {
+  awp,
+  PROTOCOL_VERSION,
+  WORKER_DRAINING,
+  errorReason,
+  isPermanent,
+  fromStruct,
+  toStruct,
+  ms,
+  durationOf,
+} = require('./protocol');
 const { sleep, PermanentError, mockExecute } = require('./mock');
 
 class Worker {
@@ -227,7 +236,7 @@ class Worker {
         );
       } catch (error) {
         const reason = errorReason(error);
-        if (this.stopped || reason === 'WORKER_DRAINING') return; // no more claims
+        if (this.stopped || reason === WORKER_DRAINING) return; // no more claims
         if (isPermanent(error)) return this.sessionLost(error);
         log('warning', 'Claim failed; backing off', { code: error.code, reason, error: error.details });
         await sleep(backoff / 2 + Math.random() * (backoff / 2));

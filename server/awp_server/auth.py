@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from awp_kernel.errors import AwpError, ErrorKind
+from awp_protocol.errors import Reason
 from awp_server.errors import to_status
 
 REGISTER = "/awp.v1.WorkerService/Register"
@@ -32,7 +33,7 @@ def _denied(
     status = to_status(
         AwpError(
             ErrorKind.UNAUTHENTICATED,
-            "TOKEN_INVALID",
+            Reason.TOKEN_INVALID,
             f"missing or wrong {which} token (authorization: Bearer <token>)",
         )
     )

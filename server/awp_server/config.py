@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 from awp_common.flags import EnvArgumentParser, host_port, positive_float
 
-SUPPORTED_PROTOCOL_VERSIONS = (1,)
-
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:

@@ -22,20 +22,26 @@ from awp_db import events, reads, runs, stats, workers, workflows
 from awp_db.connect import Conn, Pool
 from awp_db.listen import Listener
 from awp_db.signals import RUN_EVENTS_CHANNEL
-from awp_kernel.definition import MAX_INPUT_BYTES, MAX_VERSION, NAME_PATTERN, json_size
 from awp_kernel.errors import AwpError, ErrorKind, invalid
-from awp_kernel.states import TERMINAL_RUN_STATES
+from awp_protocol.errors import Reason
+from awp_protocol.jsonvalue import JsonInvalid, json_size, struct_to_dict
+from awp_protocol.limits import (
+    MAX_CANCEL_REASON_CHARS,
+    MAX_INPUT_BYTES,
+    MAX_PAGE_SIZE,
+    MAX_REQUEST_ID_CHARS,
+    MAX_SEQ,
+    MAX_VERSION,
+)
+from awp_protocol.names import NAME_PATTERN, NAME_RULE
+from awp_protocol.states import TERMINAL_RUN_STATES
 from awp_server import convert
 from awp_server.errors import server_stream, unary
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-WORKFLOWS_PAGE: Final = (100, 1000)  # (default, max) page size
-RUNS_PAGE: Final = (50, 1000)
-MAX_REQUEST_ID_CHARS: Final = 128
-MAX_CANCEL_REASON_CHARS: Final = 1024
-# seq is a PostgreSQL bigint; a larger after_seq cannot name any event.
-MAX_SEQ: Final = 2**63 - 1
+WORKFLOWS_PAGE: Final = (100, MAX_PAGE_SIZE)  # (default, max) page size
+RUNS_PAGE: Final = (50, MAX_PAGE_SIZE)
 # Events read per query while catching a watcher up.
 WATCH_BATCH: Final = 500
 # Even with a notification lost, a watcher re-reads the database this often.
@@ -116,7 +122,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             # hide the client's bug.
             raise AwpError(
                 ErrorKind.ALREADY_EXISTS,
-                "REQUEST_ID_CONFLICT",
+                Reason.REQUEST_ID_CONFLICT,
                 f"request_id {request.request_id!r} already started run {run.id} of "
                 f"{run.workflow_name}@{run.workflow_version}",
                 metadata={"run_id": run.id},
@@ -243,7 +249,7 @@ async def _load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:
 
 def _check_name(field: str, name: str) -> None:
     if not NAME_PATTERN.fullmatch(name):
-        raise invalid(field, "must be 1-128 characters of letters, digits, '_', '.', '-'")
+        raise invalid(field, f"must be {NAME_RULE}")
 
 
 def _check_version(field: str, version: int) -> None:
@@ -260,8 +266,8 @@ def _check_no_nul(field: str, text: str) -> None:
 
 def _json_object(field: str, value: struct_pb2.Struct) -> dict[str, Any]:
     try:
-        data = convert.struct_to_dict(value)
-    except convert.JsonInvalid as exc:
+        data = struct_to_dict(value)
+    except JsonInvalid as exc:
         raise invalid(field, str(exc)) from None
     size = json_size(data)
     if size > MAX_INPUT_BYTES:

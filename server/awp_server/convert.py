@@ -1,23 +1,19 @@
 """Conversions between the awp.v1 protobuf messages and kernel specs / storage rows.
 
 Every enum mapping lives here once: storage speaks the lower-case state names of
-awp_kernel.states ('waiting_retry'), the API speaks TASK_STATE_WAITING_RETRY.
+awp_protocol.states ('waiting_retry'), the API speaks TASK_STATE_WAITING_RETRY.
 
-JSON numbers: google.protobuf.Struct holds every number as a double, so `1` arrives as
-`1.0`. Integral doubles that are exact in a double are turned back into ints on the way
-in, so the same JSON gives the same canonical bytes (and definition hash) whichever
-client produced it, and jsonb stores `1`, not `1.0`.
+Struct <-> JSON is protocol vocabulary: awp_protocol.jsonvalue.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
-from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.events import StoredEvent
@@ -25,26 +21,23 @@ from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
 from awp_db.stats import StateCount, Stats
 from awp_db.workers import WorkerInfo
 from awp_db.workflows import StoredWorkflow
-from awp_kernel import states
 from awp_kernel.definition import (
-    DEFAULT_TIMEOUT_MS,
     KNOWN_EXECUTOR_KINDS,
-    MAX_TASKS,
     DefinitionInvalid,
-    FieldViolation,
     TaskSpec,
     WorkflowSpec,
     validate,
 )
 from awp_kernel.retry import RetryPolicy
+from awp_protocol import states
+from awp_protocol.errors import FieldViolation
+from awp_protocol.jsonvalue import JsonInvalid, dict_to_struct, struct_to_dict
+from awp_protocol.limits import DEFAULT_TIMEOUT_MS, MAX_TASKS
 
 if TYPE_CHECKING:
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
 
 V = TypeVar("V", bound=int)
-
-# Larger integral doubles are not exact integers any more: they stay floats.
-_MAX_EXACT_INT: Final = 2**53
 
 
 # ---------------------------------------------------------------- enums
@@ -101,62 +94,6 @@ def duration_from_ms(ms: float) -> duration_pb2.Duration:
     """Durations the server sends are never negative: a deadline already past is 'zero left'."""
     value = duration_pb2.Duration()
     value.FromMilliseconds(max(0, int(ms)))
-    return value
-
-
-# ---------------------------------------------------------------- JSON
-
-
-class JsonInvalid(ValueError):
-    """A Struct value PostgreSQL's jsonb cannot store."""
-
-
-def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
-    """The JSON object a Struct carries, numbers normalised (see the module docstring).
-
-    Raises JsonInvalid for NaN/Infinity and for NUL characters, which jsonb rejects:
-    they must be refused as bad input, not fail as a storage error.
-    """
-    return _object(struct)
-
-
-def _object(struct: struct_pb2.Struct) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in struct.fields.items():
-        if "\x00" in key:
-            raise JsonInvalid("keys must not contain NUL characters")
-        result[key] = _value(value)
-    return result
-
-
-def _value(value: struct_pb2.Value) -> Any:
-    kind = value.WhichOneof("kind")
-    if kind == "number_value":
-        number = value.number_value
-        if not math.isfinite(number):
-            raise JsonInvalid("numbers must be finite (no NaN or Infinity)")
-        if number.is_integer() and abs(number) <= _MAX_EXACT_INT:
-            return int(number)
-        return number
-    if kind == "string_value":
-        if "\x00" in value.string_value:
-            raise JsonInvalid("strings must not contain NUL characters")
-        return value.string_value
-    if kind == "bool_value":
-        return value.bool_value
-    if kind == "struct_value":
-        return _object(value.struct_value)
-    if kind == "list_value":
-        return [_value(item) for item in value.list_value.values]
-    return None  # null_value, or a Value with nothing set
-
-
-def dict_to_struct(data: Mapping[str, Any] | None) -> struct_pb2.Struct | None:
-    """None stays None (an unset field); any JSON object becomes a Struct."""
-    if data is None:
-        return None
-    value = struct_pb2.Struct()
-    value.update(data)
     return value
 
 

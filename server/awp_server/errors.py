@@ -1,7 +1,8 @@
 """Mapping domain and storage errors to gRPC statuses with machine-readable details.
 
 Every error a client sees carries a google.rpc.ErrorInfo (domain "awp.dev") whose
-reason is stable, and bad input a google.rpc.BadRequest naming each field.
+reason is one of awp.v1.ErrorReason, and bad input a google.rpc.BadRequest naming each
+field; awp_protocol.errors writes that google.rpc.Status.
 """
 
 from __future__ import annotations
@@ -13,33 +14,13 @@ from typing import Any, Final, TypeVar
 
 import asyncpg
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import code_pb2
 from grpc_status import rpc_status
 
-from awp_kernel.definition import DefinitionInvalid
-from awp_kernel.errors import AwpError, ErrorKind, database_unavailable, invalid_many
+from awp_kernel.errors import AwpError, database_unavailable, invalid_many
+from awp_protocol.errors import FieldsInvalid, encode_status
 
 log = logging.getLogger("awp.server.errors")
-
-ERROR_DOMAIN: Final = "awp.dev"
-
-_CODES: Final[dict[ErrorKind, tuple[grpc.StatusCode, int]]] = {
-    ErrorKind.INVALID_ARGUMENT: (grpc.StatusCode.INVALID_ARGUMENT, code_pb2.INVALID_ARGUMENT),
-    ErrorKind.NOT_FOUND: (grpc.StatusCode.NOT_FOUND, code_pb2.NOT_FOUND),
-    ErrorKind.ALREADY_EXISTS: (grpc.StatusCode.ALREADY_EXISTS, code_pb2.ALREADY_EXISTS),
-    ErrorKind.FAILED_PRECONDITION: (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        code_pb2.FAILED_PRECONDITION,
-    ),
-    ErrorKind.UNAUTHENTICATED: (grpc.StatusCode.UNAUTHENTICATED, code_pb2.UNAUTHENTICATED),
-    ErrorKind.PERMISSION_DENIED: (grpc.StatusCode.PERMISSION_DENIED, code_pb2.PERMISSION_DENIED),
-    ErrorKind.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
-    ErrorKind.RESOURCE_EXHAUSTED: (
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        code_pb2.RESOURCE_EXHAUSTED,
-    ),
-}
 
 # Storage failures that mean "the database is unreachable", not "the request is bad".
 DATABASE_DOWN: Final = (
@@ -55,29 +36,9 @@ DATABASE_DOWN: Final = (
 
 
 def to_status(error: AwpError) -> grpc.Status:
-    _, code = _CODES[error.kind]
-    info = error_details_pb2.ErrorInfo(
-        reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata
-    )
-    details = [info]
-    if error.violations:
-        details.append(
-            error_details_pb2.BadRequest(
-                field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(
-                        field=v.field, description=v.description
-                    )
-                    for v in error.violations
-                ]
-            )
-        )
-    packed = []
-    for detail in details:
-        holder = any_pb2.Any()
-        holder.Pack(detail)
-        packed.append(holder)
+    code = code_pb2.Code.Value(error.kind.name)
     status: grpc.Status = rpc_status.to_status(
-        status_pb2.Status(code=code, message=error.message, details=packed)
+        encode_status(code, error.message, error.reason, error.metadata, error.violations)
     )
     return status
 
@@ -86,8 +47,8 @@ def as_awp_error(exc: BaseException) -> AwpError | None:
     """The AwpError an exception stands for, or None when it is a bug."""
     if isinstance(exc, AwpError):
         return exc
-    if isinstance(exc, DefinitionInvalid):
-        return invalid_many(exc.violations, "INVALID_DEFINITION")
+    if isinstance(exc, FieldsInvalid):
+        return invalid_many(exc.violations, exc.reason)
     if isinstance(exc, DATABASE_DOWN):
         return database_unavailable(type(exc).__name__)
     return None
@@ -97,7 +58,6 @@ async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException)
     error = as_awp_error(exc)
     if error is None:
         log.exception("unexpected error in handler", exc_info=exc)
-        error = AwpError(ErrorKind.UNAVAILABLE, "INTERNAL", "internal error; see server logs")
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see server logs")
     await context.abort_with_status(to_status(error))
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,30 +22,26 @@ from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL
 from awp_kernel import errors, tokens
-from awp_kernel.definition import EXECUTOR_KIND_PATTERN, json_size
 from awp_kernel.fencing import ResultVerdict
-from awp_kernel.results import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
+from awp_protocol.jsonvalue import JsonInvalid, dict_to_struct, json_size, struct_to_dict
+from awp_protocol.limits import (
+    MAX_ERROR_MESSAGE_CHARS,
+    MAX_LEASES_PER_CLAIM,
+    MAX_OUTPUT_BYTES,
+    MAX_RESULTS_PER_COMPLETE,
+    SUPPORTED_PROTOCOL_VERSIONS,
+)
+from awp_protocol.names import check_register
 from awp_server import metrics
 from awp_server.batching import ClaimBatcher, CompleteBatcher
-from awp_server.config import SUPPORTED_PROTOCOL_VERSIONS, ServerConfig
-from awp_server.convert import (
-    WORKER_STATES,
-    JsonInvalid,
-    dict_to_struct,
-    duration_from_ms,
-    struct_to_dict,
-    timestamp,
-)
+from awp_server.config import ServerConfig
+from awp_server.convert import WORKER_STATES, duration_from_ms, timestamp
 from awp_server.errors import abort, unary
 
 log = logging.getLogger("awp.server.worker")
 
-MAX_RESULTS_PER_COMPLETE = 500
-MAX_LEASES_PER_CLAIM = 1000
-MAX_LABELS = 64
 # Even with a notification lost, a parked claim re-checks the database this often.
 CLAIM_RECHECK_S = 1.0
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9_./-]{1,63}$")
 
 _VERDICTS = {
     ResultVerdict.ACCEPTED: worker_pb2.COMPLETE_OUTCOME_ACCEPTED,
@@ -101,26 +96,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.RegisterResponse:
         if request.protocol_version not in SUPPORTED_PROTOCOL_VERSIONS:
             raise errors.protocol_unsupported(request.protocol_version, SUPPORTED_PROTOCOL_VERSIONS)
-        if not 1 <= len(request.name) <= 128:
-            raise errors.invalid("name", "must be 1 to 128 characters")
-        if not request.executor_kinds:
-            raise errors.invalid("executor_kinds", "at least one executor kind is required")
-        for index, kind in enumerate(request.executor_kinds):
-            if not EXECUTOR_KIND_PATTERN.match(kind):
-                raise errors.invalid(
-                    f"executor_kinds[{index}]", f"{kind!r} is not an executor kind name"
-                )
-        if len(set(request.executor_kinds)) != len(request.executor_kinds):
-            raise errors.invalid("executor_kinds", "lists a kind twice")
-        if not 1 <= request.max_concurrency <= 1000:
-            raise errors.invalid("max_concurrency", "must be 1 to 1000")
-        if len(request.labels) > MAX_LABELS:
-            raise errors.invalid("labels", f"at most {MAX_LABELS} labels")
-        for key, value in request.labels.items():
-            if not _LABEL_KEY.match(key) or len(value) > 256:
-                raise errors.invalid(
-                    f"labels[{key!r}]", "keys: [A-Za-z0-9_./-]{1,63}; values <= 256"
-                )
+        # The same check a worker runs on its settings before it starts.
+        check_register(
+            request.name,
+            list(request.executor_kinds),
+            request.max_concurrency,
+            dict(request.labels),
+        )
         registration = await workers.register(
             self._pool,
             request.name,

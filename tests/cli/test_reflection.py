@@ -19,14 +19,13 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.message import Message
-from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from grpc_status import rpc_status
 
 from awp_db import dispatching
 from awp_db.connect import Pool
+from awp_protocol.errors import decode_details
 from kit import ADMIN_TOKEN, WORKER_TOKEN, ServerHandle
 
 CONTROL = "awp.v1.ControlService"
@@ -307,11 +306,6 @@ async def test_errors_carry_reasons_over_reflection(awp_server: ServerHandle) ->
 
 
 def error_reason(error: grpc.RpcError) -> str:
-    status = rpc_status.from_call(error)
-    assert status is not None, "no grpc-status-details-bin trailer"
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return str(info.reason)
-    return ""
+    reason = decode_details(error.trailing_metadata()).reason  # type: ignore[attr-defined]
+    assert reason, "no ErrorInfo in a grpc-status-details-bin trailer"
+    return reason

@@ -13,8 +13,8 @@ import pytest
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
-from awp_kernel.definition import MAX_INPUT_BYTES
-from awp_server import convert
+from awp_protocol.jsonvalue import struct_to_dict
+from awp_protocol.limits import MAX_INPUT_BYTES
 from control.helpers import create_workflow, expect_error, start_run, task
 from kit.db import converge_cancel, drive_to_end, register
 from kit.proto import struct
@@ -38,7 +38,7 @@ async def test_start_run_creates_every_task(control: Stub) -> None:
     assert run.revision == 1  # one transaction created the run and all its tasks
     assert run.last_seq == 4  # run.created + one task.state per task
     assert dict(run.task_counts) == {"ready": 1, "pending": 2}
-    assert convert.struct_to_dict(run.input) == {"who": "me", "n": 3}
+    assert struct_to_dict(run.input) == {"who": "me", "n": 3}
     assert run.request_id == "req-1"
     assert run.HasField("created_at")
     assert not run.HasField("finished_at")
@@ -151,7 +151,7 @@ async def test_get_run_has_tasks_and_attempts(control: Stub, pool: Pool) -> None
     after = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
     a, b = after.tasks
     assert a.state == types_pb2.TASK_STATE_SUCCEEDED
-    assert convert.struct_to_dict(a.output) == {"task": "a", "attempt": 1}
+    assert struct_to_dict(a.output) == {"task": "a", "attempt": 1}
     assert a.attempts == 1 and a.max_attempts == 3
     assert a.HasField("finished_at") and not a.HasField("error")
     assert b.state == types_pb2.TASK_STATE_READY and list(b.depends_on) == ["a"]

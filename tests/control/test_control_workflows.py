@@ -9,7 +9,8 @@ import pytest
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
-from awp_kernel.definition import DEFAULT_TIMEOUT_MS, MAX_INPUT_BYTES, canonical_json
+from awp_protocol.jsonvalue import canonical_json, struct_to_dict
+from awp_protocol.limits import DEFAULT_TIMEOUT_MS, MAX_INPUT_BYTES
 from awp_server import convert
 from control.helpers import create_workflow, definition, expect_error, task
 from kit.proto import seconds, struct
@@ -52,7 +53,7 @@ async def test_create_then_get_fills_defaults(control: Stub) -> None:
     assert b.retry.initial_backoff.ToMilliseconds() == 1_000
     assert b.timeout.ToMilliseconds() == 30_000
     assert list(b.depends_on) == ["a"]
-    assert convert.struct_to_dict(a.input) == {"n": 1, "nested": {"list": [1, "x", None]}}
+    assert struct_to_dict(a.input) == {"n": 1, "nested": {"list": [1, "x", None]}}
     assert got.definition.concurrency == 4
     assert got.definition.description == "two steps"
 

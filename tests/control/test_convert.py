@@ -1,4 +1,4 @@
-"""convert: enum maps, JSON normalisation and definition round trips (no I/O)."""
+"""convert: enum maps and definition round trips (no I/O)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from awp.v1 import types_pb2
-from awp_kernel import states
-from awp_kernel.definition import DefinitionInvalid, canonical_json
+from awp_kernel.definition import DefinitionInvalid
+from awp_protocol import states
 from awp_server import convert
 from control.helpers import definition, task
 from kit.proto import seconds, struct
@@ -38,32 +38,6 @@ def test_enum_maps_cover_every_state_both_ways(
 def test_waiting_retry_maps_to_its_enum() -> None:
     assert convert.TASK_STATES.proto("waiting_retry") == types_pb2.TASK_STATE_WAITING_RETRY
     assert convert.ATTEMPT_STATES.proto("timed_out") == types_pb2.ATTEMPT_STATE_TIMED_OUT
-
-
-def test_struct_numbers_are_normalised() -> None:
-    data = convert.struct_to_dict(
-        struct({"i": 1, "f": 1.5, "neg": -3.0, "huge": 2.0**60, "l": [2, {"z": 0}], "n": None})
-    )
-    assert data == {"i": 1, "f": 1.5, "neg": -3, "huge": 2.0**60, "l": [2, {"z": 0}], "n": None}
-    assert type(data["i"]) is int and type(data["huge"]) is float
-    assert canonical_json(data) == canonical_json(
-        convert.struct_to_dict(convert.dict_to_struct(data))  # type: ignore[arg-type]
-    )
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"x": float("nan")},
-        {"x": [float("-inf")]},
-        {"x": "a\x00"},
-        {"a\x00": 1},
-        {"d": {"e": "\x00"}},
-    ],
-)
-def test_struct_values_jsonb_cannot_hold_are_refused(bad: dict[str, object]) -> None:
-    with pytest.raises(convert.JsonInvalid):
-        convert.struct_to_dict(struct(bad))
 
 
 def test_definition_round_trip_is_stable() -> None:
@@ -101,7 +75,6 @@ def test_spec_from_proto_collects_conversion_and_rule_violations() -> None:
 
 def test_optional_fields_stay_unset() -> None:
     assert convert.timestamp(None) is None
-    assert convert.dict_to_struct(None) is None
     assert convert.task_error(None) is None
     moment = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     stamp = convert.timestamp(moment)

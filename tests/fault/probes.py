@@ -8,7 +8,7 @@ from uuid import UUID
 import asyncpg
 from cluster import Cluster, wait_for
 
-TERMINAL_RUN_STATES = ("succeeded", "failed", "canceled")
+from awp_protocol.states import TERMINAL_RUN_STATES
 
 
 async def wait_run(

@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from awp_kernel.definition import (
-    DefinitionInvalid,
-    FieldViolation,
-    TaskSpec,
-    WorkflowSpec,
-    validate,
-)
+from awp_kernel.definition import DefinitionInvalid, TaskSpec, WorkflowSpec, validate
+from awp_protocol.errors import FieldViolation
 
 
 def task(key: str = "a", deps: Sequence[str] = (), **kwargs: Any) -> TaskSpec:

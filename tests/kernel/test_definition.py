@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from definitions import assert_only, fields_of, spec, task
 
-from awp_kernel.definition import (
+from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
+from awp_kernel.retry import RetryPolicy
+from awp_protocol.limits import (
     DEFAULT_TIMEOUT_MS,
     MAX_ATTEMPTS,
     MAX_BACKOFF_MULTIPLIER,
@@ -19,11 +21,7 @@ from awp_kernel.definition import (
     MAX_TASKS,
     MAX_VERSION,
     MIN_TIMEOUT_MS,
-    TaskSpec,
-    WorkflowSpec,
-    validate,
 )
-from awp_kernel.retry import RetryPolicy
 
 
 def retry_task(**retry: Any) -> TaskSpec:

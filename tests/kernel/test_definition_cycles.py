@@ -8,7 +8,8 @@ from definitions import assert_only, spec, task, violations_of
 from hypothesis import given
 from hypothesis import strategies as st
 
-from awp_kernel.definition import MAX_TASKS, TaskSpec, find_cycle, validate
+from awp_kernel.definition import TaskSpec, find_cycle, validate
+from awp_protocol.limits import MAX_TASKS
 from kit.strategies import PROPERTY
 
 # --- cycles, by property -------------------------------------------------------------------

@@ -10,7 +10,10 @@ from definitions import spec, task
 from hypothesis import given
 from hypothesis import strategies as st
 
-from awp_kernel.definition import (
+from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
+from awp_kernel.retry import RetryPolicy
+from awp_protocol.jsonvalue import canonical_json, json_size
+from awp_protocol.limits import (
     DEFAULT_TIMEOUT_MS,
     MAX_ATTEMPTS,
     MAX_BACKOFF_MULTIPLIER,
@@ -18,13 +21,7 @@ from awp_kernel.definition import (
     MAX_DURATION_MS,
     MAX_VERSION,
     MIN_TIMEOUT_MS,
-    TaskSpec,
-    WorkflowSpec,
-    canonical_json,
-    json_size,
-    validate,
 )
-from awp_kernel.retry import RetryPolicy
 from kit import strategies
 from kit.strategies import JSON_PROPERTY, reorder
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from awp_kernel.definition import MAX_ATTEMPTS, MAX_BACKOFF_MULTIPLIER, MAX_DURATION_MS
 from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide
+from awp_protocol.limits import MAX_ATTEMPTS, MAX_BACKOFF_MULTIPLIER, MAX_DURATION_MS
 
 PROPERTY = settings(max_examples=200, deadline=None)
 

@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
 
 from awp_db import runs, workflows
 from awp_db.connect import Pool
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
 from awp_kernel.retry import RetryPolicy
+from awp_protocol.errors import decode_details
 
 T = TypeVar("T")
 
@@ -35,22 +35,10 @@ class RichError:
 
 def rich_error(error: grpc.aio.AioRpcError) -> RichError:
     """Decodes google.rpc.ErrorInfo / BadRequest from a failed call's trailers."""
-    reason = ""
-    fields: list[str] = []
-    for key, value in error.trailing_metadata() or ():
-        if key != "grpc-status-details-bin":
-            continue
-        status = status_pb2.Status.FromString(value)
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                reason = info.reason
-            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
-                fields.extend(v.field for v in bad.field_violations)
-    return RichError(error.code(), reason, error.details() or "", fields)
+    details = decode_details(error.trailing_metadata())
+    return RichError(
+        error.code(), details.reason, error.details() or "", [v.field for v in details.violations]
+    )
 
 
 async def expect_error(call: Awaitable[Any]) -> RichError:

@@ -35,10 +35,10 @@ from uuid import UUID
 
 import asyncpg
 
+from awp_protocol.states import TERMINAL_TASK_STATES
+
 # Any way to run a query: the checker takes a connection or a pool.
 Db = asyncpg.Connection | asyncpg.Pool
-
-TERMINAL_TASK_STATES = frozenset({"succeeded", "failed", "canceled", "skipped"})
 
 # A result is judged against the clock read once the locks are held; the dispatch's
 # finished_at is written a moment later in the same transaction. A lease that ran out

@@ -15,18 +15,18 @@ from google.protobuf import struct_pb2
 from test_worker_units import FakeRpcError
 
 from awp.v1 import worker_pb2
+from awp_protocol.jsonvalue import struct_to_dict
+from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS
 from awp_worker import ActionCancelled, ActionContext, PermanentError, RetryableError, action
 from awp_worker._backoff import Backoff
 from awp_worker._completer import ResultFlusher
 from awp_worker._errors import SessionLost
 from awp_worker._executors import (
-    MAX_ERROR_MESSAGE_CHARS,
     MockExecutor,
     OutputError,
     PythonExecutor,
     failure_from_exception,
     output_struct,
-    struct_to_dict,
     success,
 )
 from awp_worker._lease import HeldLease, LeaseClock

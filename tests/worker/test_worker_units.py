@@ -11,10 +11,9 @@ import random
 
 import grpc
 import pytest
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
 
 from awp_common.logs import JsonFormatter
+from awp_protocol.errors import STATUS_DETAILS_KEY, Reason, encode_status
 from awp_worker._backoff import Backoff
 from awp_worker._config import WorkerConfig, parse_config
 from awp_worker._errors import Kind, classify, describe, error_reason, is_transient
@@ -105,10 +104,8 @@ class FakeRpcError(grpc.RpcError):
         self._code, self._details = code, details
         self._metadata: tuple[tuple[str, bytes], ...] = ()
         if reason:
-            detail = any_pb2.Any()
-            detail.Pack(error_details_pb2.ErrorInfo(reason=reason, domain="awp.dev"))
-            status = status_pb2.Status(code=code.value[0], message=details, details=[detail])
-            self._metadata = (("grpc-status-details-bin", status.SerializeToString()),)
+            status = encode_status(code.value[0], details, Reason(reason))
+            self._metadata = ((STATUS_DETAILS_KEY, status.SerializeToString()),)
 
     def code(self) -> grpc.StatusCode:
         return self._code

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp_protocol.errors import STATUS_DETAILS_KEY, Reason, encode_status
 from kit.proto import seconds, struct
 
 TOKEN = "fake-worker-token"
@@ -42,12 +41,8 @@ async def abort(context: grpc.aio.ServicerContext[Any, Any], fault: Fault) -> No
         await asyncio.Event().wait()
     metadata: tuple[tuple[str, str | bytes], ...] = ()
     if fault.reason:
-        detail = any_pb2.Any()
-        detail.Pack(error_details_pb2.ErrorInfo(reason=fault.reason, domain="awp.dev"))
-        status = status_pb2.Status(
-            code=fault.code.value[0], message=fault.message, details=[detail]
-        )
-        metadata = (("grpc-status-details-bin", status.SerializeToString()),)
+        status = encode_status(fault.code.value[0], fault.message, Reason(fault.reason))
+        metadata = ((STATUS_DETAILS_KEY, status.SerializeToString()),)
     await context.abort(fault.code, fault.message, trailing_metadata=metadata)
 
 

@@ -17,13 +17,13 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from awp.v1 import worker_pb2
+from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
 from awp_worker._backoff import Backoff
 from awp_worker._errors import Kind, classify, describe, session_lost
 from awp_worker._lease import HeldLease
 
 log = logging.getLogger("awp_worker.complete")
 
-MAX_RESULTS_PER_CALL = 500  # the protocol's limit
 # Stay well under the server's default 4 MiB receive limit (one result may be 1 MiB).
 MAX_BYTES_PER_CALL = 3 * 1024 * 1024
 
@@ -100,7 +100,7 @@ class ResultFlusher:
     def _take(self) -> list[HeldLease]:
         batch: list[HeldLease] = []
         size = 0
-        while self._ready and len(batch) < MAX_RESULTS_PER_CALL:
+        while self._ready and len(batch) < MAX_RESULTS_PER_COMPLETE:
             item_size = _result_size(self._ready[0])
             if batch and size + item_size > MAX_BYTES_PER_CALL:
                 break

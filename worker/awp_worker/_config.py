@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-PROTOCOL_VERSION = 1
-_KIND = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE, MAX_WORKER_NAME_CHARS
+from awp_protocol.names import check_register
+
+# The flag each RegisterRequest field comes from, for start-up errors.
+REGISTER_FLAGS = {
+    "name": "--name",
+    "executor_kinds": "--kinds",
+    "max_concurrency": "--concurrency",
+    "labels": "--label",
+}
 
 
 def default_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"[:128]
+    return f"{socket.gethostname()}-{os.getpid()}"[:MAX_WORKER_NAME_CHARS]
 
 
 @dataclass(frozen=True)
@@ -53,17 +60,10 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not self.server:
             raise ValueError("server address is empty")
-        if not 1 <= len(self.name) <= 128:
-            raise ValueError(f"worker name must be 1 to 128 characters, got {len(self.name)}")
-        if not self.kinds:
-            raise ValueError("at least one executor kind is needed")
-        for kind in self.kinds:
-            if not _KIND.fullmatch(kind):
-                raise ValueError(f"invalid executor kind {kind!r}")
-        if len(set(self.kinds)) != len(self.kinds):
-            raise ValueError(f"executor kinds repeat: {','.join(self.kinds)}")
-        if not 1 <= self.concurrency <= 1000:
-            raise ValueError(f"concurrency must be 1 to 1000, got {self.concurrency}")
+        # Refuse at start-up what the server's Register would refuse.
+        check_register(
+            self.name, self.kinds, self.concurrency, self.labels, settings=REGISTER_FLAGS
+        )
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown timeout must be >= 0")
         if self.safety_margin < 0:
@@ -76,8 +76,11 @@ class WorkerConfig:
             raise ValueError("claim wait must be >= 0 and the claim backoff > 0")
         if self.claim_backoff_max < self.claim_backoff_initial:
             raise ValueError("claim backoff maximum must be >= its initial delay")
-        if not 1 <= self.flush_size <= 500 or self.flush_interval < 0:
-            raise ValueError("flush size must be 1 to 500 and the flush interval >= 0")
+        if not 1 <= self.flush_size <= MAX_RESULTS_PER_COMPLETE or self.flush_interval < 0:
+            raise ValueError(
+                f"flush size must be 1 to {MAX_RESULTS_PER_COMPLETE} (results per Complete) "
+                "and the flush interval >= 0"
+            )
         if self.rpc_timeout <= 0:
             raise ValueError("rpc timeout must be > 0")
 

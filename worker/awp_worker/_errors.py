@@ -1,4 +1,7 @@
-"""How the worker reads gRPC errors: machine-readable reasons, transient or permanent."""
+"""How the worker reads gRPC errors: machine-readable reasons, transient or permanent.
+
+Which reasons and codes are which is protocol vocabulary (awp_protocol.errors).
+"""
 
 from __future__ import annotations
 
@@ -6,30 +9,11 @@ import enum
 from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
 
-DETAILS_KEY = "grpc-status-details-bin"
+from awp_protocol.errors import PERMANENT_REASONS, TRANSIENT_CODES, decode_details
+
 # Call metadata as the stubs want it; only ever the worker token.
 Metadata = tuple[tuple[str, str | bytes], ...] | None
-
-SESSION_INVALID = "SESSION_INVALID"
-PROTOCOL_UNSUPPORTED = "PROTOCOL_UNSUPPORTED"
-WORKER_DRAINING = "WORKER_DRAINING"
-PERMANENT_REASONS = frozenset({SESSION_INVALID, PROTOCOL_UNSUPPORTED})
-
-# Transport trouble and overload: the same call may succeed later. INTERNAL and UNKNOWN
-# are here too because gRPC reports broken connections ("Stream removed") with them.
-TRANSIENT_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-    }
-)
 
 
 class Kind(enum.Enum):
@@ -57,33 +41,16 @@ def status_code(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
-def error_info(exc: BaseException) -> error_details_pb2.ErrorInfo | None:
-    """The google.rpc.ErrorInfo detail of a failed call, if it carries one."""
+def error_reason(exc: BaseException) -> str | None:
+    """The google.rpc.ErrorInfo reason of a failed call, if it carries one."""
     if not isinstance(exc, grpc.RpcError):
         return None
     try:
         # (key, value) pairs at run time, whatever the stubs say.
-        metadata: Any = exc.trailing_metadata() or ()
+        metadata: Any = exc.trailing_metadata()
     except Exception:
         return None
-    for key, value in metadata:
-        if key != DETAILS_KEY or not isinstance(value, bytes):
-            continue
-        try:
-            status = status_pb2.Status.FromString(value)
-        except Exception:
-            return None
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    return info
-    return None
-
-
-def error_reason(exc: BaseException) -> str | None:
-    info = error_info(exc)
-    return info.reason if info is not None and info.reason else None
+    return decode_details(metadata).reason or None
 
 
 def classify(exc: Exception) -> Kind:
@@ -96,7 +63,7 @@ def classify(exc: Exception) -> Kind:
     # wrong cluster worker token (TOKEN_INVALID); neither heals by retrying.
     if reason in PERMANENT_REASONS or code == grpc.StatusCode.UNAUTHENTICATED:
         return Kind.PERMANENT
-    if code is None or code in TRANSIENT_CODES:
+    if code is None or code.value[0] in TRANSIENT_CODES:
         return Kind.TRANSIENT
     return Kind.REJECTED
 

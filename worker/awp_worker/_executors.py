@@ -18,6 +18,8 @@ from typing import Any, Protocol
 from google.protobuf import struct_pb2
 
 from awp.v1 import types_pb2, worker_pb2
+from awp_protocol.jsonvalue import json_size, struct_to_dict
+from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
 from awp_worker._sdk import (
     DEFAULT_REGISTRY,
     ActionContext,
@@ -25,11 +27,6 @@ from awp_worker._sdk import (
     PermanentError,
     RetryableError,
 )
-
-MAX_OUTPUT_BYTES = 1024 * 1024
-MAX_ERROR_MESSAGE_CHARS = 8 * 1024
-# Integers beyond this cannot survive a protobuf Struct (numbers are doubles).
-_MAX_EXACT_INT = 2**53
 
 
 class Executor(Protocol):
@@ -42,34 +39,7 @@ class OutputError(PermanentError):
     """What an action returned cannot be reported (not a JSON object, too large...)."""
 
 
-# --- JSON <-> protobuf Struct -------------------------------------------------------
-
-
-def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
-    """A Struct as plain Python; whole numbers come back as ``int``.
-
-    Struct stores every number as a double, so ``{"n": 3}`` arrives as ``3.0``;
-    handing actions ``3`` is what a JSON user expects.
-    """
-    return {key: _from_value(value) for key, value in struct.fields.items()}
-
-
-def _from_value(value: struct_pb2.Value) -> Any:
-    kind = value.WhichOneof("kind")
-    if kind == "struct_value":
-        return struct_to_dict(value.struct_value)
-    if kind == "list_value":
-        return [_from_value(item) for item in value.list_value.values]
-    if kind == "number_value":
-        number = value.number_value
-        if math.isfinite(number) and number.is_integer() and abs(number) <= _MAX_EXACT_INT:
-            return int(number)
-        return number
-    if kind == "string_value":
-        return value.string_value
-    if kind == "bool_value":
-        return value.bool_value
-    return None
+# --- outputs ---------------------------------------------------------------------------
 
 
 def output_struct(output: object) -> struct_pb2.Struct:
@@ -79,20 +49,22 @@ def output_struct(output: object) -> struct_pb2.Struct:
             f"the action returned {type(output).__name__}, expected a JSON object (dict)"
         )
     try:
-        encoded = json.dumps(output, allow_nan=False, ensure_ascii=False)
+        # Keys become strings exactly as JSON would have them.
+        plain = json.loads(json.dumps(output, allow_nan=False, ensure_ascii=False))
     except (TypeError, ValueError) as exc:
         raise OutputError(f"the action's output is not valid JSON: {exc}") from None
-    size = len(encoded.encode())
+    struct = struct_pb2.Struct()
+    try:
+        struct.update(plain)
+        # Read back and measured exactly as the server reads it. What it would refuse
+        # (NUL characters) fails this attempt, not a Complete carrying other results.
+        size = json_size(struct_to_dict(struct))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise OutputError(f"the action's output cannot be reported: {exc}") from None
     if size > MAX_OUTPUT_BYTES:
         raise OutputError(
             f"the action's output is {size} bytes of JSON, more than the {MAX_OUTPUT_BYTES} allowed"
         )
-    struct = struct_pb2.Struct()
-    try:
-        # Round-trip through JSON: keys become strings exactly as JSON would have them.
-        struct.update(json.loads(encoded))
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise OutputError(f"the action's output cannot be reported: {exc}") from None
     return struct
 
 

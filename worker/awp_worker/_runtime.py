@@ -30,11 +30,13 @@ from tenacity import (
 )
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp_protocol.errors import Reason
+from awp_protocol.jsonvalue import struct_to_dict
+from awp_protocol.limits import PROTOCOL_VERSION
 from awp_worker._backoff import Backoff
 from awp_worker._completer import ResultFlusher
-from awp_worker._config import PROTOCOL_VERSION, WorkerConfig
+from awp_worker._config import WorkerConfig
 from awp_worker._errors import (
-    WORKER_DRAINING,
     Kind,
     Metadata,
     SessionLost,
@@ -51,7 +53,6 @@ from awp_worker._executors import (
     failure,
     failure_from_exception,
     output_struct,
-    struct_to_dict,
     success,
 )
 from awp_worker._heartbeat import HeartbeatStream
@@ -432,7 +433,7 @@ class WorkerRuntime:
                     request, timeout=config.claim_wait + config.rpc_timeout, metadata=self._metadata
                 )
             except grpc.RpcError as exc:
-                if error_reason(exc) == WORKER_DRAINING:
+                if error_reason(exc) == Reason.WORKER_DRAINING:
                     self.metrics.claims.labels("draining").inc()
                     if not self._draining:
                         log.info("the server says this session is draining: no more claims")
@@ -834,7 +835,7 @@ class WorkerRuntime:
         log.error(
             "session ended permanently (%s): all work stopped, exiting so that a new "
             "worker registers",
-            error or "SESSION_INVALID",
+            error or Reason.SESSION_INVALID,
         )
         for held in self._leases:
             held.cancel("session lost")

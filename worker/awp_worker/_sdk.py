@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-# The same rule the server applies to TaskDefinition.action.
-ACTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
+from awp_protocol.names import ACTION_PATTERN, ACTION_RULE
 
 ActionFunc = Callable[["ActionContext", dict[str, Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,10 +102,9 @@ class ActionRegistry:
         self._actions: dict[str, RegisteredAction] = {}
 
     def register(self, name: str, fn: ActionFunc) -> None:
-        if not isinstance(name, str) or not ACTION_NAME.fullmatch(name):
-            raise ValueError(
-                f"invalid action name {name!r}: expected [A-Za-z_][A-Za-z0-9_.:-]{{0,127}}"
-            )
+        # The same rule the server applies to TaskDefinition.action.
+        if not isinstance(name, str) or not ACTION_PATTERN.fullmatch(name):
+            raise ValueError(f"invalid action name {name!r}: expected {ACTION_RULE}")
         if not callable(fn):
             raise TypeError(f"action {name!r} must be callable, got {type(fn).__name__}")
         existing = self._actions.get(name)

@@ -1,0 +1,84 @@
+"""JSON values on the wire: canonical bytes and size, and google.protobuf.Struct <-> dict.
+
+Sizes are measured one way everywhere (server limits, worker checks): the length of the
+canonical encoding, compact and with sorted keys.
+
+Numbers: a Struct holds every number as a double, so `1` arrives as `1.0`. Integral
+doubles that are exact in a double are turned back into ints on the way in, so the same
+JSON gives the same canonical bytes (and hashes) whichever client produced it, jsonb
+stores `1`, not `1.0`, and an action is handed the `3` its JSON said.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+from google.protobuf import struct_pb2
+
+# Larger integral doubles are not exact integers any more: they stay floats.
+_MAX_EXACT_INT: Final = 2**53
+
+
+class JsonInvalid(ValueError):
+    """A value that is not strict JSON, or that PostgreSQL's jsonb cannot store."""
+
+
+def canonical_json(value: Any) -> bytes:
+    """One byte string per JSON value, whatever the key order: the input to every hash
+    and every size limit. Strict: NaN, Infinity or a non-JSON value raise ValueError or
+    TypeError."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def json_size(value: Any) -> int:
+    return len(canonical_json(value))
+
+
+def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """The JSON object a Struct carries, numbers normalised (see the module docstring).
+
+    Raises JsonInvalid for NaN/Infinity and for NUL characters, which jsonb rejects:
+    they must be refused as bad input, not fail as a storage error.
+    """
+    result: dict[str, Any] = {}
+    for key, value in struct.fields.items():
+        if "\x00" in key:
+            raise JsonInvalid("keys must not contain NUL characters")
+        result[key] = _value(value)
+    return result
+
+
+def _value(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise JsonInvalid("numbers must be finite (no NaN or Infinity)")
+        if number.is_integer() and abs(number) <= _MAX_EXACT_INT:
+            return int(number)
+        return number
+    if kind == "string_value":
+        if "\x00" in value.string_value:
+            raise JsonInvalid("strings must not contain NUL characters")
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return struct_to_dict(value.struct_value)
+    if kind == "list_value":
+        return [_value(item) for item in value.list_value.values]
+    return None  # null_value, or a Value with nothing set
+
+
+def dict_to_struct(data: Mapping[str, Any] | None) -> struct_pb2.Struct | None:
+    """None stays None (an unset field); any JSON object becomes a Struct."""
+    if data is None:
+        return None
+    value = struct_pb2.Struct()
+    value.update(data)
+    return value

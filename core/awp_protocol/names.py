@@ -1,0 +1,99 @@
+"""The name patterns of the protocol, and the checks of what a worker declares at Register.
+
+Patterns are used with fullmatch: '$' would also accept a trailing newline.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from awp_protocol.errors import FieldsInvalid, FieldViolation
+from awp_protocol.limits import (
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
+    MAX_WORKER_CONCURRENCY,
+    MAX_WORKER_NAME_CHARS,
+)
+
+NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # a workflow's name
+TASK_KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# An identifier an executor resolves: never a path, URL or shell command.
+ACTION_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
+EXECUTOR_KIND_PATTERN: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+LABEL_KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_./-]{1,63}")
+
+NAME_RULE: Final = "1-128 characters of letters, digits, '_', '.', '-'"
+TASK_KEY_RULE: Final = "1-64 characters of letters, digits, '_', '.', '-'"
+ACTION_RULE: Final = (
+    "an identifier like 'reports.summarize' (letters, digits, '_', '.', ':', '-'; "
+    "no paths, URLs or commands)"
+)
+EXECUTOR_KIND_RULE: Final = "1-32 characters: a lower-case letter, then a-z, 0-9, '_' or '-'"
+LABEL_RULE: Final = (
+    f"keys: 1-63 characters of letters, digits, '_', '.', '/', '-'; "
+    f"values at most {MAX_LABEL_VALUE_CHARS} characters"
+)
+
+
+class RegisterInvalid(FieldsInvalid):
+    """A Register the server refuses. Its message names each field as the caller calls it."""
+
+    def __init__(self, violations: Sequence[FieldViolation], settings: Mapping[str, str]) -> None:
+        super().__init__(violations)
+        # The message names the caller's own settings (a worker's flags); the violations
+        # keep the request's field names for the wire.
+        self.args = (
+            "; ".join(
+                f"{settings.get(v.field.partition('[')[0], v.field)}: {v.description}"
+                for v in violations
+            ),
+        )
+
+
+def check_register(
+    name: str,
+    executor_kinds: Sequence[str],
+    max_concurrency: int,
+    labels: Mapping[str, str],
+    *,
+    settings: Mapping[str, str] | None = None,
+) -> None:
+    """Raises RegisterInvalid listing every field of this RegisterRequest the server refuses.
+
+    `settings` maps a request field (name, executor_kinds, max_concurrency, labels) to what
+    the caller calls it, so that a worker's start-up error names the flag to fix.
+    """
+    found: list[FieldViolation] = []
+    if not 1 <= len(name) <= MAX_WORKER_NAME_CHARS:
+        found.append(
+            FieldViolation(
+                "name", f"must be 1 to {MAX_WORKER_NAME_CHARS} characters, got {len(name)}"
+            )
+        )
+    if not executor_kinds:
+        found.append(FieldViolation("executor_kinds", "at least one executor kind is required"))
+    for index, kind in enumerate(executor_kinds):
+        if not EXECUTOR_KIND_PATTERN.fullmatch(kind):
+            found.append(
+                FieldViolation(
+                    f"executor_kinds[{index}]",
+                    f"{kind!r} is not an executor kind name ({EXECUTOR_KIND_RULE})",
+                )
+            )
+    if len(set(executor_kinds)) != len(executor_kinds):
+        found.append(FieldViolation("executor_kinds", "lists a kind twice"))
+    if not 1 <= max_concurrency <= MAX_WORKER_CONCURRENCY:
+        found.append(
+            FieldViolation(
+                "max_concurrency", f"must be 1 to {MAX_WORKER_CONCURRENCY}, got {max_concurrency}"
+            )
+        )
+    if len(labels) > MAX_LABELS:
+        found.append(FieldViolation("labels", f"at most {MAX_LABELS} labels, got {len(labels)}"))
+    for key, value in labels.items():
+        if not LABEL_KEY_PATTERN.fullmatch(key) or len(value) > MAX_LABEL_VALUE_CHARS:
+            found.append(FieldViolation(f"labels[{key!r}]", f"label {key!r}: {LABEL_RULE}"))
+    if found:
+        raise RegisterInvalid(found, settings or {})

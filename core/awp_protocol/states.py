@@ -1,0 +1,34 @@
+"""The states of runs, tasks, attempts, dispatches and workers, as storage names them
+('waiting_retry'; the API's enums say TASK_STATE_WAITING_RETRY), and which are final."""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+RunState = Literal["running", "succeeded", "failed", "canceled"]
+TaskState = Literal[
+    "pending",
+    "ready",
+    "queued",
+    "running",
+    "waiting_retry",
+    "succeeded",
+    "failed",
+    "canceled",
+    "skipped",
+]
+AttemptState = Literal["running", "succeeded", "failed", "interrupted", "timed_out", "canceled"]
+DispatchState = Literal["pending", "leased", "completed", "expired", "canceled"]
+WorkerState = Literal["active", "draining", "stopped", "offline"]
+
+# In lifecycle order, as the Literals list them (and the API's enums number them).
+RUN_STATES: Final[tuple[RunState, ...]] = get_args(RunState)
+TASK_STATES: Final[tuple[TaskState, ...]] = get_args(TaskState)
+ATTEMPT_STATES: Final[tuple[AttemptState, ...]] = get_args(AttemptState)
+DISPATCH_STATES: Final[tuple[DispatchState, ...]] = get_args(DispatchState)
+WORKER_STATES: Final[tuple[WorkerState, ...]] = get_args(WorkerState)
+
+TERMINAL_TASK_STATES: Final[frozenset[str]] = frozenset(
+    {"succeeded", "failed", "canceled", "skipped"}
+)
+TERMINAL_RUN_STATES: Final[frozenset[str]] = frozenset({"succeeded", "failed", "canceled"})
