@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from awp.v1 import control_pb2, types_pb2
-from awp_cli.workflow_file import format_duration
+from awp_common.durations import format_duration
 
 # Piped output is not wrapped at 80 columns: a table row stays one line for grep and awk.
 _PIPED_WIDTH: Final = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 250
