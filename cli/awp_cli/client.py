@@ -16,6 +16,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from awp.v1 import control_pb2_grpc
 from awp_cli.errors import CliError, Exit
+from awp_common.flags import flag, positive_duration
 
 DEFAULT_ADDRESS: Final = "127.0.0.1:50051"
 STATUS_DETAILS_KEY: Final = "grpc-status-details-bin"
@@ -55,10 +56,26 @@ Resp = TypeVar("Resp")
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    address: str = DEFAULT_ADDRESS
-    token: str = field(default="", repr=False)
+    """Where and how to call; the `awp` settings (awp_common.flags)."""
+
+    address: str = field(
+        default=DEFAULT_ADDRESS,
+        metadata=flag("--address", "AWP_ADDRESS", "awp-server HOST:PORT"),
+    )
+    token: str = field(
+        default="",
+        repr=False,
+        metadata=flag(
+            "--token", "AWP_TOKEN", "admin token, sent as 'authorization: Bearer'", secret=True
+        ),
+    )
     # Deadline of each unary call, seconds.
-    timeout: float = 30.0
+    timeout: float = field(
+        default=30.0,
+        metadata=flag(
+            "--timeout", "AWP_TIMEOUT", "how long to wait for each answer", read=positive_duration
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

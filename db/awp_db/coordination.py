@@ -83,9 +83,9 @@ async def leader(conn: Conn, key: int = LEADER_LOCK_KEY) -> tuple[int, str] | No
 # --- passes ----------------------------------------------------------------------------
 
 
-async def due(conn: Conn, silent_for_ms: int, prefetch: float) -> Due:
+async def due(conn: Conn, offline: workers.OfflineRule, prefetch: float) -> Due:
     """One unlocked read of what a pass has to do (each step re-checks under its locks)."""
-    row = await conn.fetchrow(Q["due"], silent_for_ms, prefetch)
+    row = await conn.fetchrow(Q["due"], offline.intervals, offline.floor_ms, prefetch)
     assert row is not None
     return Due(
         cancels=row["cancels"],
@@ -152,21 +152,21 @@ async def reap_expired(conn: Conn, limit: int = 500) -> Reaped:
     return reaped
 
 
-async def mark_silent_offline(conn: Conn, silent_for_ms: int) -> Offline:
-    """Workers silent for longer than silent_for_ms go `offline`; their leases are
+async def mark_silent_offline(conn: Conn, rule: workers.OfflineRule) -> Offline:
+    """Workers silent for longer than the rule allows go `offline`; their leases are
     settled at once as `interrupted` (the retry rule decides what happens next)."""
     offline = Offline()
     events = EventBatch()
     async with conn.transaction():
         # Worker rows first (skipping any a heartbeat holds), then runs, then dispatches:
         # the order Claim and Drain use.
-        silent = await workers.lock_silent(conn, silent_for_ms)
+        silent = await workers.lock_silent(conn, rule)
         if not silent:
             return offline
         offline.workers = await workers.mark_offline(conn, silent)
         held = await leases.worker_leases(conn, offline.workers)
         offline.leases = await leases.interrupt(
-            conn, held, f"worker offline: no heartbeat for {silent_for_ms} ms", events
+            conn, held, f"worker offline: no heartbeat for {rule.intervals} intervals", events
         )
         await events.flush(conn)
     return offline

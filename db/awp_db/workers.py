@@ -30,6 +30,15 @@ class Registration:
 
 
 @dataclass(frozen=True, slots=True)
+class OfflineRule:
+    """A live session is offline once silent for `intervals` of its own heartbeat
+    interval (the one its server gave it at Register) and for at least `floor_ms`."""
+
+    intervals: int
+    floor_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Session:
     worker_id: UUID
     state: str
@@ -51,6 +60,8 @@ async def register(
     executor_kinds: list[str],
     max_concurrency: int,
     labels: dict[str, str],
+    *,
+    heartbeat_interval_ms: int,
 ) -> Registration:
     token = tokens.new_token()
     row = await conn.fetchrow(
@@ -61,6 +72,7 @@ async def register(
         max_concurrency,
         labels,
         tokens.digest(token),
+        heartbeat_interval_ms,
     )
     assert row is not None
     return Registration(row["id"], token, row["registered_at"])
@@ -155,8 +167,8 @@ async def set_state(conn: Conn, worker_id: UUID, state: str) -> str:
     return new_state
 
 
-async def lock_silent(conn: Conn, silent_for_ms: int) -> list[UUID]:
-    rows = await conn.fetch(Q["silent_workers"], silent_for_ms)
+async def lock_silent(conn: Conn, rule: OfflineRule) -> list[UUID]:
+    rows = await conn.fetch(Q["silent_workers"], rule.intervals, rule.floor_ms)
     return [row["id"] for row in rows]
 
 

@@ -120,7 +120,9 @@ async def register_worker(
     max_concurrency: int = 10,
     labels: dict[str, str] | None = None,
 ) -> workers.Registration:
-    return await workers.register(pool, name, 1, list(kinds), max_concurrency, labels or {})
+    return await workers.register(
+        pool, name, 1, list(kinds), max_concurrency, labels or {}, heartbeat_interval_ms=5_000
+    )
 
 
 async def dispatch_and_claim(

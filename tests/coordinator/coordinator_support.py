@@ -75,10 +75,22 @@ class Worker:
 
 
 async def register(
-    pool: Pool, kinds: Sequence[str] = ("mock",), max_concurrency: int = 10, name: str = "w"
+    pool: Pool,
+    kinds: Sequence[str] = ("mock",),
+    max_concurrency: int = 10,
+    name: str = "w",
+    heartbeat_interval_ms: int = 5_000,
 ) -> Worker:
     async with pool.acquire() as conn:
-        registration = await workers.register(conn, name, 1, list(kinds), max_concurrency, {})
+        registration = await workers.register(
+            conn,
+            name,
+            1,
+            list(kinds),
+            max_concurrency,
+            {},
+            heartbeat_interval_ms=heartbeat_interval_ms,
+        )
     return Worker(registration, pool)
 
 

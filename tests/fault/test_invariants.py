@@ -19,7 +19,7 @@ TTL_MS = 60_000
 
 
 async def _register(pool: Pool) -> workers.Registration:
-    return await workers.register(pool, "checker", 1, ["mock"], 10, {})
+    return await workers.register(pool, "checker", 1, ["mock"], 10, {}, heartbeat_interval_ms=5_000)
 
 
 async def _claim_all(pool: Pool, worker: workers.Registration) -> list[leases.IssuedLease]:

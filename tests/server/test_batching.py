@@ -16,7 +16,7 @@ from support import spec, start_run
 
 async def _worker(pool: Pool, name: str) -> workers.Registration:
     async with pool.acquire() as conn:
-        return await workers.register(conn, name, 1, ["mock"], 10, {})
+        return await workers.register(conn, name, 1, ["mock"], 10, {}, heartbeat_interval_ms=5_000)
 
 
 async def _claim(pool: Pool, worker: workers.Registration, n: int) -> list[leases.IssuedLease]:

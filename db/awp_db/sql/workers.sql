@@ -2,8 +2,9 @@
 -- New capacity: the coordinator is told at commit, so waiting work is dispatched now
 -- rather than at its next scan (DESIGN.md §7).
 WITH registered AS (
-    INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash,
+                         heartbeat_interval_ms)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)
     RETURNING id, registered_at
 )
 SELECT id, registered_at, pg_notify('awp_coordinator', 'register') FROM registered
@@ -57,10 +58,12 @@ UPDATE workers
 RETURNING state
 
 -- name: silent_workers
--- Locks sessions silent for longer than the offline threshold (skip busy ones: next pass).
+-- Locks sessions silent for longer than the offline threshold (skip busy ones: next pass):
+-- $1 of the session's own heartbeat intervals, and at least $2 ms (workers.OfflineRule).
 SELECT id FROM workers
  WHERE state IN ('active', 'draining')
-   AND last_heartbeat_at < clock_timestamp() - $1 * interval '1 millisecond'
+   AND last_heartbeat_at < clock_timestamp()
+       - greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond'
  ORDER BY id
  FOR UPDATE SKIP LOCKED
 
