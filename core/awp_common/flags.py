@@ -196,11 +196,15 @@ def parse(
     environ: Mapping[str, str] | None = None,
     prog: str,
     description: str,
+    check: Callable[[C], None] | None = None,
 ) -> C:
-    """cls filled from argv and the environment; exits 2 with a usage error on a bad value."""
+    """cls filled from argv and the environment; exits 2 with a usage error on a bad value.
+
+    check: start-up rules beyond the dataclass's own (ValueError: a usage error).
+    """
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=EPILOG)
     add_flags(parser, cls)
-    return settings(cls, parser, parser.parse_args(argv), environ)
+    return settings(cls, parser, parser.parse_args(argv), environ, check)
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type[Any], *, suppress: bool = False) -> None:
@@ -234,6 +238,7 @@ def settings(
     parser: argparse.ArgumentParser,
     args: argparse.Namespace,
     environ: Mapping[str, str] | None = None,
+    check: Callable[[C], None] | None = None,
 ) -> C:
     """cls from parsed args, the environment (os.environ by default) and its defaults."""
     env = os.environ if environ is None else environ
@@ -243,7 +248,10 @@ def settings(
             found = _value(field.name, spec, args, env)
             if found is not _DEFAULT:
                 values[field.name] = found
-        return cls(**values)
+        config = cls(**values)
+        if check is not None:
+            check(config)
+        return config
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))
 

@@ -112,16 +112,6 @@ class ServerConfig:
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
 
-    def __post_init__(self) -> None:
-        if not self.insecure and not (self.worker_token and self.admin_token):
-            raise ValueError(
-                "refusing to start without --worker-token and --admin-token "
-                "(AWP_WORKER_TOKEN / AWP_ADMIN_TOKEN, or their _FILE variants); "
-                "pass --insecure for local development"
-            )
-        if self.lease_ttl_s <= self.heartbeat_interval_s:
-            raise ValueError("--lease-ttl must be longer than --heartbeat-interval")
-
     @property
     def lease_ttl_ms(self) -> int:
         return int(self.lease_ttl_s * 1000)
@@ -144,4 +134,17 @@ def parse(
         environ=environ,
         prog="awp-server",
         description="The AWP gRPC server: workers' WorkerService and clients' ControlService.",
+        check=_check,
     )
+
+
+def _check(config: ServerConfig) -> None:
+    """What production refuses (tests build looser configs directly)."""
+    if not config.insecure and not (config.worker_token and config.admin_token):
+        raise ValueError(
+            "refusing to start without --worker-token and --admin-token "
+            "(AWP_WORKER_TOKEN / AWP_ADMIN_TOKEN, or their _FILE variants); "
+            "pass --insecure for local development"
+        )
+    if config.lease_ttl_s <= config.heartbeat_interval_s:
+        raise ValueError("--lease-ttl must be longer than --heartbeat-interval")
