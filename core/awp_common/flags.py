@@ -96,6 +96,12 @@ LOG_LEVEL: Final = flag(
 )
 
 
+def metrics_listen(env: str) -> dict[str, Flag]:
+    """--metrics-listen; each process its own variable, so that one environment shared by
+    several processes does not make them all bind one port."""
+    return flag("--metrics-listen", env, "Prometheus HOST:PORT, or 'off'", read=address_or_off)
+
+
 # ---------------------------------------------------------------- readers
 
 

@@ -74,13 +74,7 @@ class CoordinatorConfig:
     # Not AWP_METRICS_LISTEN: that is the server's, and a shared environment would make
     # both processes bind one port.
     metrics_listen: str | None = field(
-        default="127.0.0.1:9465",
-        metadata=flag(
-            "--metrics-listen",
-            "AWP_COORDINATOR_METRICS_LISTEN",
-            "Prometheus HOST:PORT, or 'off'",
-            read=flags.address_or_off,
-        ),
+        default="127.0.0.1:9465", metadata=flags.metrics_listen("AWP_COORDINATOR_METRICS_LISTEN")
     )
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)

@@ -19,13 +19,7 @@ class ServerConfig:
         metadata=flag("--listen", "AWP_LISTEN", "gRPC HOST:PORT", read=flags.address),
     )
     metrics_listen: str | None = field(
-        default="127.0.0.1:9464",
-        metadata=flag(
-            "--metrics-listen",
-            "AWP_METRICS_LISTEN",
-            "Prometheus HOST:PORT, or 'off'",
-            read=flags.address_or_off,
-        ),
+        default="127.0.0.1:9464", metadata=flags.metrics_listen("AWP_METRICS_LISTEN")
     )
     worker_token: str = field(
         default="",
