@@ -35,6 +35,8 @@ EPILOG: Final = (
     "Every setting is a flag and an AWP_* environment variable (named in its help); "
     "the flag wins over the variable. Durations accept 250ms, 30s, 1m, 1h or seconds."
 )
+# What _value answers for a setting given nowhere: the dataclass's default applies.
+_DEFAULT: Final = object()
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
 
@@ -260,9 +262,6 @@ def settings(
         return config
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))
-
-
-_DEFAULT: Final = object()
 
 
 def _value(dest: str, spec: Flag, args: argparse.Namespace, env: Mapping[str, str]) -> Any:
