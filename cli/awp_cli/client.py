@@ -15,6 +15,7 @@ import grpc
 
 from awp.v1 import control_pb2_grpc
 from awp_cli.errors import CliError, Exit
+from awp_common.flags import flag, positive_duration
 from awp_protocol import errors
 from awp_protocol.errors import Reason
 
@@ -50,10 +51,26 @@ Resp = TypeVar("Resp")
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    address: str = DEFAULT_ADDRESS
-    token: str = field(default="", repr=False)
+    """Where and how to call; the `awp` settings (awp_common.flags)."""
+
+    address: str = field(
+        default=DEFAULT_ADDRESS,
+        metadata=flag("--address", "AWP_ADDRESS", "awp-server HOST:PORT"),
+    )
+    token: str = field(
+        default="",
+        repr=False,
+        metadata=flag(
+            "--token", "AWP_TOKEN", "admin token, sent as 'authorization: Bearer'", secret=True
+        ),
+    )
     # Deadline of each unary call, seconds.
-    timeout: float = 30.0
+    timeout: float = field(
+        default=30.0,
+        metadata=flag(
+            "--timeout", "AWP_TIMEOUT", "how long to wait for each answer", read=positive_duration
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """`awp`: the command line. Parses arguments, runs one command, maps failures to exit codes.
 
 Connection options (--address, --token, --timeout, --json) may be given before or
-after the command: `awp --json run list` and `awp run list --json` mean the same.
+after the command: `awp --json run list` and `awp run list --json` mean the same. The
+first three are settings (client.Target): each also an AWP_* environment variable.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import NoReturn
 from rich.text import Text
 
 from awp_cli import commands, render
-from awp_cli.client import DEFAULT_ADDRESS, Client, Target
+from awp_cli.client import Client, Target
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit
+from awp_common import flags
 
 Handler = Callable[[Client, argparse.Namespace], Awaitable[Exit]]
 
@@ -29,33 +31,14 @@ what the server refused as invalid or not found), 3 the server failed or cannot 
 
 
 def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
-    """--address/--token/--timeout/--json; on subcommands their defaults are suppressed so
-    that a value given before the command is not overwritten by the subcommand's default."""
+    """The settings (--address, --token, --timeout) and --json; on subcommands not given
+    they are suppressed, so that a value given before the command is not overwritten."""
     options = argparse.ArgumentParser(add_help=False)
-
-    def default(value: object) -> object:
-        return argparse.SUPPRESS if suppress else value
-
-    options.add_argument(
-        "--address",
-        default=default(os.environ.get("AWP_ADDRESS") or DEFAULT_ADDRESS),
-        help=f"awp-server HOST:PORT (env AWP_ADDRESS; default {DEFAULT_ADDRESS})",
-    )
-    options.add_argument(
-        "--token",
-        default=default(os.environ.get("AWP_TOKEN", "")),
-        help="admin token, sent as 'authorization: Bearer' (env AWP_TOKEN)",
-    )
-    options.add_argument(
-        "--timeout",
-        type=float,
-        default=default(30.0),
-        help="seconds to wait for each answer (default 30)",
-    )
+    flags.add_flags(options, Target, suppress=suppress)
     options.add_argument(
         "--json",
         action="store_true",
-        default=default(False),
+        default=argparse.SUPPRESS if suppress else False,
         help="print the protobuf JSON of the answer (as grpcurl does) instead of tables",
     )
     return options
@@ -143,18 +126,19 @@ def _positive(text: str) -> int:
     return value
 
 
-async def _with_client(handler: Handler, args: argparse.Namespace) -> Exit:
-    target = Target(address=args.address, token=args.token, timeout=args.timeout)
+async def _with_client(target: Target, handler: Handler, args: argparse.Namespace) -> Exit:
     async with Client(target) as client:
         return await handler(client, args)
 
 
 def run(argv: Sequence[str] | None = None) -> Exit:
     """Runs one command; returns its exit code (tests call this in-process)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         if hasattr(args, "handler"):
-            return asyncio.run(_with_client(args.handler, args))
+            target = flags.settings(Target, parser, args)
+            return asyncio.run(_with_client(target, args.handler, args))
         code: Exit = args.run(args)
         return code
     except CliError as error:

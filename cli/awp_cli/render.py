@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from awp.v1 import control_pb2, types_pb2
-from awp_cli.workflow_file import format_duration
+from awp_common.durations import format_duration
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import TERMINAL_RUN_STATES
 

@@ -15,7 +15,8 @@
         action: demo.summarize
         depends_on: [fetch]
 
-Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds. The protobuf JSON
+Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations,
+the parser every duration flag uses too). The protobuf JSON
 names (`executorKind`, `dependsOn`, `backoffMultiplier`...) are accepted too, and so is
 a whole `awp workflow get --json` answer, so a stored workflow can be edited and
 re-applied under a new version.
@@ -41,14 +42,11 @@ from google.protobuf import duration_pb2, struct_pb2
 
 from awp.v1 import types_pb2
 from awp_cli.errors import usage
+from awp_common.durations import parse_duration
 
 Path_ = tuple[str | int, ...]
 
 MAX_UINT32: Final = 2**32 - 1
-_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
-_DURATION: Final = re.compile(rf"(?:{_DURATION_PART.pattern})+")
-_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-DURATION_HELP: Final = 'a duration such as "250ms", "1.5s", "2m" or a number of seconds'
 
 # Other spellings of a key -> the name this file format uses. Applied at every level:
 # no spelling means two different things in two places.
@@ -96,40 +94,10 @@ def parse_field(field: str) -> Path_:
 # ---------------------------------------------------------------- durations
 
 
-def parse_duration(value: object) -> float:
-    """Seconds in a duration value; ValueError when it is not one."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected {DURATION_HELP}, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and _DURATION.fullmatch(value.strip()):
-        seconds = sum(
-            float(number) * _UNIT_SECONDS[unit]
-            for number, unit in _DURATION_PART.findall(value.strip())
-        )
-    else:
-        raise ValueError(f"expected {DURATION_HELP}, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"must be a finite, non-negative duration, got {value!r}")
-    return seconds
-
-
 def to_duration(seconds: float) -> duration_pb2.Duration:
     message = duration_pb2.Duration()
     message.FromNanoseconds(round(seconds * 1e9))
     return message
-
-
-def format_duration(seconds: float) -> str:
-    """The way this file format writes durations: 250ms, 1.5s, 2m, 1h30m."""
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 60:
-        return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
-    minutes, rest = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
-    return text + (f"{rest}s" if rest else "")
 
 
 # ---------------------------------------------------------------- loading

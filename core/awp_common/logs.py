@@ -12,6 +12,11 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, Final
 
+FORMATS: Final = ("json", "text")
+LEVELS: Final = ("debug", "info", "warning", "error")
+DEFAULT_FORMAT: Final = "json"
+DEFAULT_LEVEL: Final = "info"
+
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD: Final = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
@@ -50,8 +55,8 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-def setup(log_format: str = "json", level: str = "INFO") -> None:
-    if log_format not in ("json", "text"):
+def setup(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> None:
+    if log_format not in FORMATS:
         raise ValueError(f"log format must be 'json' or 'text', not {log_format!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())

@@ -87,9 +87,9 @@ async def leader(conn: Conn, key: int = LEADER_LOCK_KEY) -> Leader | None:
 # --- passes ----------------------------------------------------------------------------
 
 
-async def due(conn: Conn, silent_for_ms: int, prefetch: float) -> Due:
+async def due(conn: Conn, offline: workers.OfflineRule, prefetch: float) -> Due:
     """One unlocked read of what a pass has to do (each step re-checks under its locks)."""
-    due = await row_as(Due, conn, Q["due"], silent_for_ms, prefetch)
+    due = await row_as(Due, conn, Q["due"], offline.intervals, offline.floor_ms, prefetch)
     assert due is not None
     return due
 
@@ -144,19 +144,19 @@ _REAPED_BECAUSE: dict[AttemptEnd, str] = {
 }
 
 
-async def mark_silent_offline(conn: Conn, silent_for_ms: int) -> Offline:
-    """Workers silent for longer than silent_for_ms go `offline`; their leases are
+async def mark_silent_offline(conn: Conn, rule: workers.OfflineRule) -> Offline:
+    """Workers silent for longer than the rule allows go `offline`; their leases are
     settled at once as `interrupted` (the retry rule decides what happens next)."""
     events = EventBatch()
     async with conn.transaction():
         # Session rows first (skipping any a heartbeat holds): awp_db.locks' order.
-        silent = await locks.silent_sessions(conn, silent_for_ms)
+        silent = await locks.silent_sessions(conn, rule.intervals, rule.floor_ms)
         if not silent:
             return Offline()
         gone = await workers.mark_offline(conn, silent)
         held = await leases.worker_leases(conn, gone)
         interrupted = await leases.interrupt(
-            conn, held, f"worker offline: no heartbeat for {silent_for_ms} ms", events
+            conn, held, f"worker offline: no heartbeat for {rule.intervals} intervals", events
         )
         await events.flush(conn)
     return Offline(gone, interrupted)

@@ -82,8 +82,10 @@ async def sessions(conn: Conn, worker_ids: Iterable[UUID]) -> list[SessionRow]:
     return await rows_as(SessionRow, conn, Q["sessions"], sorted(set(worker_ids)))
 
 
-async def silent_sessions(conn: Conn, silent_for_ms: int) -> list[UUID]:
-    return [row["id"] for row in await conn.fetch(Q["silent_sessions"], silent_for_ms)]
+async def silent_sessions(conn: Conn, intervals: int, floor_ms: int) -> list[UUID]:
+    """Sessions silent for `intervals` of their own heartbeat interval, and `floor_ms`."""
+    rows = await conn.fetch(Q["silent_sessions"], intervals, floor_ms)
+    return [row["id"] for row in rows]
 
 
 # --- run rows --------------------------------------------------------------------------

@@ -208,8 +208,10 @@ CREATE TABLE public.workers (
     last_heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     stopped_at timestamp with time zone,
     stream_epoch bigint DEFAULT 0 NOT NULL,
+    heartbeat_interval_ms integer DEFAULT 5000 NOT NULL,
     CONSTRAINT workers_check CHECK (((state = ANY (ARRAY['stopped'::text, 'offline'::text])) = (stopped_at IS NOT NULL))),
     CONSTRAINT workers_executor_kinds_check CHECK ((cardinality(executor_kinds) >= 1)),
+    CONSTRAINT workers_heartbeat_interval_ms_check CHECK ((heartbeat_interval_ms > 0)),
     CONSTRAINT workers_max_concurrency_check CHECK (((max_concurrency >= 1) AND (max_concurrency <= 1000))),
     CONSTRAINT workers_name_check CHECK (((length(name) >= 1) AND (length(name) <= 128))),
     CONSTRAINT workers_session_token_hash_check CHECK ((length(session_token_hash) = 32)),
@@ -221,6 +223,8 @@ COMMENT ON TABLE public.workers IS 'Worker sessions: one row per Register. A ses
 COMMENT ON COLUMN public.workers.session_token_hash IS 'SHA-256 of the session token; the token itself is never stored.';
 
 COMMENT ON COLUMN public.workers.stream_epoch IS 'Bumped by each new heartbeat stream: only the newest stream''s loss shortens leases.';
+
+COMMENT ON COLUMN public.workers.heartbeat_interval_ms IS 'The interval its server gave this session at Register; offline after 3 of them.';
 
 CREATE TABLE public.workflows (
     id bigint NOT NULL,

@@ -30,6 +30,15 @@ class Registration:
 
 
 @dataclass(frozen=True, slots=True)
+class OfflineRule:
+    """A live session is offline once silent for `intervals` of its own heartbeat
+    interval (the one its server gave it at Register) and for at least `floor_ms`."""
+
+    intervals: int
+    floor_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Session:
     worker_id: UUID
     state: str
@@ -68,6 +77,8 @@ async def register(
     executor_kinds: list[str],
     max_concurrency: int,
     labels: dict[str, str],
+    *,
+    heartbeat_interval_ms: int,
 ) -> Registration:
     token = tokens.new_token()
     row = await conn.fetchrow(
@@ -78,6 +89,7 @@ async def register(
         max_concurrency,
         labels,
         tokens.digest(token),
+        heartbeat_interval_ms,
         COORDINATOR_CHANNEL,
     )
     assert row is not None

@@ -97,13 +97,13 @@ class Coordinator:
         report = PassReport()
         started = time.perf_counter()
         async with self._pool.acquire() as conn:
-            due = await coordination.due(conn, config.offline_after_ms, config.dispatch_prefetch)
+            due = await coordination.due(conn, config.offline_rule, config.dispatch_prefetch)
             report.next_due_in = due.next_due_in
             if due.cancels:
                 report.canceled_runs = len(await coordination.converge_cancels(conn, batch))
 
             if due.silent_workers:
-                offline = await coordination.mark_silent_offline(conn, config.offline_after_ms)
+                offline = await coordination.mark_silent_offline(conn, config.offline_rule)
                 report.offline_workers = len(offline.workers)
                 report.offline_leases = offline.leases
 

@@ -63,7 +63,8 @@ async def serve(config: CoordinatorConfig) -> None:
         extra={
             "instance": config.instance,
             "scan_interval_s": config.scan_interval_s,
-            "offline_after_ms": config.offline_after_ms,
+            "offline_after_intervals": config.offline_rule.intervals,
+            "offline_after_at_least_ms": config.offline_rule.floor_ms,
             "global_dispatch_limit": config.global_dispatch_limit,
             "dispatch_prefetch": config.dispatch_prefetch,
         },

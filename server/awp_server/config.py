@@ -2,118 +2,141 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from awp_common.flags import EnvArgumentParser, host_port, positive_float
+from awp_common import flags, logs
+from awp_common.flags import flag
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    database_url: str
-    listen: str = "127.0.0.1:50051"
-    metrics_listen: str | None = "127.0.0.1:9464"
-    worker_token: str = ""
-    admin_token: str = ""
-    insecure: bool = False
-    lease_ttl_s: float = 15.0
-    heartbeat_interval_s: float = 5.0
-    stream_grace_s: float = 1.0
-    claim_max_wait_s: float = 30.0
-    pool_size: int = 20
-    health_check_interval_s: float = 1.0
-    shutdown_grace_s: float = 5.0
-    log_format: str = "json"
+    database_url: str = field(metadata=flags.DATABASE_URL)
+    listen: str = field(
+        default="127.0.0.1:50051",
+        metadata=flag("--listen", "AWP_LISTEN", "gRPC HOST:PORT", read=flags.address),
+    )
+    metrics_listen: str | None = field(
+        default="127.0.0.1:9464", metadata=flags.metrics_listen("AWP_METRICS_LISTEN")
+    )
+    worker_token: str = field(
+        default="",
+        repr=False,
+        metadata=flag(
+            "--worker-token", "AWP_WORKER_TOKEN", "token workers present at Register", secret=True
+        ),
+    )
+    admin_token: str = field(
+        default="",
+        repr=False,
+        metadata=flag(
+            "--admin-token", "AWP_ADMIN_TOKEN", "token ControlService callers present", secret=True
+        ),
+    )
+    insecure: bool = field(
+        default=False,
+        metadata=flag(
+            "--insecure",
+            "AWP_INSECURE",
+            "allow running without tokens (development only)",
+            switch=True,
+        ),
+    )
+    lease_ttl_s: float = field(
+        default=15.0,
+        metadata=flag(
+            "--lease-ttl",
+            "AWP_LEASE_TTL",
+            "how long a lease lives without a renewal",
+            read=flags.positive_duration,
+        ),
+    )
+    # Workers learn it at Register; the coordinator reads it from each session's row.
+    heartbeat_interval_s: float = field(
+        default=5.0,
+        metadata=flag(
+            "--heartbeat-interval",
+            "AWP_HEARTBEAT_INTERVAL",
+            "how often workers heartbeat (the coordinator counts silence in these)",
+            read=flags.positive_duration,
+        ),
+    )
+    stream_grace_s: float = field(
+        default=1.0,
+        metadata=flag(
+            "--stream-grace",
+            "AWP_STREAM_GRACE",
+            "how long a broken heartbeat stream's leases survive",
+            read=flags.positive_duration,
+        ),
+    )
+    claim_max_wait_s: float = field(
+        default=30.0,
+        metadata=flag(
+            "--claim-max-wait",
+            "AWP_CLAIM_MAX_WAIT",
+            "cap on a Claim long poll",
+            read=flags.positive_duration,
+        ),
+    )
+    pool_size: int = field(
+        default=20,
+        metadata=flag("--pool-size", "AWP_POOL_SIZE", "database connections", read=flags.whole(1)),
+    )
+    health_check_interval_s: float = field(
+        default=1.0,
+        metadata=flag(
+            "--health-check-interval",
+            "AWP_HEALTH_CHECK_INTERVAL",
+            "how often gRPC health checks the database",
+            read=flags.positive_duration,
+        ),
+    )
+    shutdown_grace_s: float = field(
+        default=5.0,
+        metadata=flag(
+            "--shutdown-grace",
+            "AWP_SHUTDOWN_GRACE",
+            "how long in-flight calls may take to finish on SIGTERM",
+            read=flags.positive_duration,
+        ),
+    )
+    log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
+    log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
 
     @property
     def lease_ttl_ms(self) -> int:
         return int(self.lease_ttl_s * 1000)
 
     @property
+    def heartbeat_interval_ms(self) -> int:
+        return round(self.heartbeat_interval_s * 1000)
+
+    @property
     def stream_grace_ms(self) -> int:
         return int(self.stream_grace_s * 1000)
 
 
-def parse(argv: Sequence[str] | None = None) -> ServerConfig:
-    parser = EnvArgumentParser(prog="awp-server", description="The AWP gRPC server.")
-    parser.add("--database-url", env="AWP_DATABASE_URL", help="PostgreSQL URL")
-    parser.add("--listen", env="AWP_LISTEN", default="127.0.0.1:50051", help="gRPC HOST:PORT")
-    parser.add(
-        "--metrics-listen",
-        env="AWP_METRICS_LISTEN",
-        default="127.0.0.1:9464",
-        help="Prometheus HOST:PORT, or 'off'",
+def parse(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> ServerConfig:
+    return flags.parse(
+        ServerConfig,
+        argv,
+        environ=environ,
+        prog="awp-server",
+        description="The AWP gRPC server: workers' WorkerService and clients' ControlService.",
+        check=_check,
     )
-    parser.add("--worker-token", env="AWP_WORKER_TOKEN", default="", help="token for Register")
-    parser.add("--admin-token", env="AWP_ADMIN_TOKEN", default="", help="token for ControlService")
-    parser.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow running without tokens (development only)",
-    )
-    parser.add("--lease-ttl", env="AWP_LEASE_TTL", default=15.0, type=positive_float, help="s")
-    parser.add(
-        "--heartbeat-interval",
-        env="AWP_HEARTBEAT_INTERVAL",
-        default=5.0,
-        type=positive_float,
-        help="seconds between worker heartbeats",
-    )
-    parser.add(
-        "--stream-grace",
-        env="AWP_STREAM_GRACE",
-        default=1.0,
-        type=positive_float,
-        help="seconds a broken heartbeat stream's leases survive",
-    )
-    parser.add(
-        "--claim-max-wait",
-        env="AWP_CLAIM_MAX_WAIT",
-        default=30.0,
-        type=positive_float,
-        help="cap on a Claim long poll, s",
-    )
-    parser.add("--pool-size", env="AWP_POOL_SIZE", default=20, type=int, help="DB connections")
-    parser.add(
-        "--shutdown-grace",
-        env="AWP_SHUTDOWN_GRACE",
-        default=5.0,
-        type=positive_float,
-        help="seconds in-flight calls may take to finish on SIGTERM",
-    )
-    parser.add("--log-format", env="AWP_LOG_FORMAT", default="json", choices=["json", "text"])
-    args = parser.parse_args(argv)
-    if not args.database_url:
-        parser.error("--database-url (or AWP_DATABASE_URL) is required")
-    insecure = bool(args.insecure) or _env_flag("AWP_INSECURE")
-    if not insecure and not (args.worker_token and args.admin_token):
-        parser.error(
+
+
+def _check(config: ServerConfig) -> None:
+    """What production refuses (tests build looser configs directly)."""
+    if not config.insecure and not (config.worker_token and config.admin_token):
+        raise ValueError(
             "refusing to start without --worker-token and --admin-token "
-            "(AWP_WORKER_TOKEN / AWP_ADMIN_TOKEN); pass --insecure for local development"
+            "(AWP_WORKER_TOKEN / AWP_ADMIN_TOKEN, or their _FILE variants); "
+            "pass --insecure for local development"
         )
-    if args.lease_ttl <= args.heartbeat_interval:
-        parser.error("--lease-ttl must be longer than --heartbeat-interval")
-    host_port(args.listen)
-    metrics = None if args.metrics_listen in ("", "off") else args.metrics_listen
-    if metrics is not None:
-        host_port(metrics)
-    return ServerConfig(
-        database_url=args.database_url,
-        listen=args.listen,
-        metrics_listen=metrics,
-        worker_token=args.worker_token,
-        admin_token=args.admin_token,
-        insecure=insecure,
-        lease_ttl_s=args.lease_ttl,
-        heartbeat_interval_s=args.heartbeat_interval,
-        stream_grace_s=args.stream_grace,
-        claim_max_wait_s=args.claim_max_wait,
-        pool_size=args.pool_size,
-        shutdown_grace_s=args.shutdown_grace,
-        log_format=args.log_format,
-    )
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+    if config.lease_ttl_s <= config.heartbeat_interval_s:
+        raise ValueError("--lease-ttl must be longer than --heartbeat-interval")

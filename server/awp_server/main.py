@@ -41,7 +41,7 @@ async def serve(config: ServerConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse(argv)
-    logs.setup(config.log_format)
+    logs.setup(config.log_format, config.log_level)
     try:
         asyncio.run(serve(config))
     except OSError as exc:

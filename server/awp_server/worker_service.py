@@ -110,6 +110,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             list(request.executor_kinds),
             request.max_concurrency,
             dict(request.labels),
+            heartbeat_interval_ms=self._config.heartbeat_interval_ms,
         )
         metrics.REGISTRATIONS.inc()
         log.info(
@@ -125,7 +126,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             session=worker_pb2.Session(
                 worker_id=str(registration.worker_id), session_token=registration.session_token
             ),
-            heartbeat_interval=duration_from_ms(self._config.heartbeat_interval_s * 1000),
+            heartbeat_interval=duration_from_ms(self._config.heartbeat_interval_ms),
             lease_ttl=duration_from_ms(self._config.lease_ttl_s * 1000),
             stream_grace=duration_from_ms(self._config.stream_grace_s * 1000),
             server_time=timestamp(registration.registered_at),

@@ -10,13 +10,8 @@ from google.protobuf import json_format
 
 from awp_cli.dev.command import demo_workflow
 from awp_cli.errors import CliError, Exit
-from awp_cli.workflow_file import (
-    DURATION_HELP,
-    format_duration,
-    load,
-    parse_duration,
-    parse_field,
-)
+from awp_cli.workflow_file import load, parse_field
+from awp_common.durations import DURATION_HELP, format_duration, parse_duration
 
 DEMO = demo_workflow()
 

@@ -9,6 +9,7 @@ from coordinator_support import coordinator, pass_until
 
 from awp_db import coordination, leases
 from awp_db.connect import Pool, connect
+from awp_db.workers import OfflineRule
 from kit import poll_until, spec, start_run
 from kit.db import events_of, register, run_state, task_states
 from kit.invariants import check_committed
@@ -158,8 +159,10 @@ async def test_silent_workers_go_offline_and_their_leases_are_settled_at_once(
     run_id = await start_run(pool, spec("abandoned", 2, backoff_ms=60_000))
     silent = await register(pool, max_concurrency=1, name="silent")
     lively = await register(pool, max_concurrency=1, name="lively")
-    coord = coordinator(pool, heartbeat_interval_s=5.0)  # offline after 15 s
-    assert coord.config.offline_after_ms == 15_000
+    coord = coordinator(pool)  # offline after 3 of each session's own 5 s intervals: 15 s
+    assert coord.config.offline_rule == OfflineRule(intervals=3, floor_ms=0)
+    intervals = await pool.fetch("SELECT heartbeat_interval_ms FROM workers")
+    assert [row["heartbeat_interval_ms"] for row in intervals] == [5_000, 5_000]
     await coord.run_pass()
     (lost,) = await silent.claim()
     (kept,) = await lively.claim()

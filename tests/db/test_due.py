@@ -17,9 +17,12 @@ from hypothesis import strategies as st
 
 from awp_db import coordination, dispatching, locks
 from awp_db.queries import queries
+from awp_db.workers import OfflineRule
 
 KINDS = ("a", "b", "c")
-SILENT_FOR_MS = 60_000
+# A session is silent after 3 of its own heartbeat intervals, and at least a minute: with
+# the two intervals below, two hours of silence is offline for one and not the other.
+OFFLINE = OfflineRule(intervals=3, floor_ms=60_000)
 # Seconds from now: far enough that no answer depends on when a query reads the clock.
 OFFSETS = st.sampled_from([-7200.0, -3600.0, 3600.0, 7200.0])
 
@@ -30,6 +33,7 @@ WORKERS = st.lists(
             "kinds": st.lists(st.sampled_from(KINDS), min_size=1, max_size=3, unique=True),
             "max_concurrency": st.integers(1, 3),
             "silent": st.booleans(),
+            "heartbeat_interval_ms": st.sampled_from([5_000, 3_600_000]),
         }
     ),
     max_size=4,
@@ -67,7 +71,15 @@ RUNS = st.lists(
 _LEASED = {"holder": 0, "expires_in": 3600.0, "deadline_in": 7200.0}
 _PENDING = {"holder": None, "expires_in": 3600.0, "deadline_in": 7200.0}
 BETWEEN_THE_MARKS = {
-    "fleet": [{"state": "active", "kinds": ["a"], "max_concurrency": 3, "silent": False}],
+    "fleet": [
+        {
+            "state": "active",
+            "kinds": ["a"],
+            "max_concurrency": 3,
+            "silent": False,
+            "heartbeat_interval_ms": 5_000,
+        }
+    ],
     "runs": [
         {
             "state": "running",
@@ -89,16 +101,18 @@ async def _insert(conn: asyncpg.Connection, fleet: list[dict[str, Any]], runs: l
     worker_ids = [
         await conn.fetchval(
             """INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency,
-                                    session_token_hash, state, last_heartbeat_at, stopped_at)
+                                    session_token_hash, state, last_heartbeat_at, stopped_at,
+                                    heartbeat_interval_ms)
                VALUES ('w', 1, $1, $2, $3, $4,
                        now() - CASE WHEN $5 THEN interval '2 hours' ELSE interval '0' END,
-                       CASE WHEN $4 IN ('stopped', 'offline') THEN now() END)
+                       CASE WHEN $4 IN ('stopped', 'offline') THEN now() END, $6)
                RETURNING id""",
             w["kinds"],
             w["max_concurrency"],
             bytes(32),
             w["state"],
             w["silent"],
+            w["heartbeat_interval_ms"],
         )
         for w in fleet
     ]
@@ -188,10 +202,12 @@ async def test_due_agrees_with_every_step_and_its_python_twin(
     await transaction.start()
     try:
         await _insert(conn, fleet, runs)
-        due = await coordination.due(conn, SILENT_FOR_MS, prefetch)
+        due = await coordination.due(conn, OFFLINE, prefetch)
 
         assert due.cancels == await _exists(conn, COORDINATION["cancel_requested"], 1)
-        assert due.silent_workers == bool(await locks.silent_sessions(conn, SILENT_FOR_MS))
+        assert due.silent_workers == bool(
+            await locks.silent_sessions(conn, OFFLINE.intervals, OFFLINE.floor_ms)
+        )
         assert due.expired_leases == await _exists(conn, COORDINATION["expired_leases"], 1)
         assert due.retries == await _exists(conn, COORDINATION["due_retries"], 1)
         assert due.unservable == await _exists(conn, DISPATCHING["unservable"], 1)

@@ -59,8 +59,8 @@ class Timings:
     stream_grace_s: float = 0.75
     scan_s: float = 0.25
     safety_margin_s: float = 0.5
-    # Not 3 heartbeat intervals (0.75 s): a server restart silences every worker for the
-    # restart itself (0.3-0.9 s here) plus its channel's reconnect backoff (capped at 1 s,
+    # A floor above 3 heartbeat intervals (0.75 s): a server restart silences every worker for
+    # the restart itself (0.3-0.9 s here) plus its channel's reconnect backoff (capped at 1 s,
     # +20% jitter) -- up to ~2.5 s -- and a healthy session must survive that. Production
     # proportions (5 s heartbeat, 15 s offline) have the slack; compressed timings need it
     # spelled out. Leases still expire after 2 s, a killed worker's after the 0.75 s grace.
@@ -272,8 +272,6 @@ class Cluster:
                 self.dsn,
                 "--scan-interval",
                 str(t.scan_s),
-                "--heartbeat-interval",
-                str(t.heartbeat_s),
                 "--offline-after",
                 str(t.offline_after_s),
                 "--metrics-listen",

@@ -91,10 +91,17 @@ async def register(
     max_concurrency: int = 10,
     name: str = "w",
     labels: dict[str, str] | None = None,
+    heartbeat_interval_ms: int = 5_000,
 ) -> DbWorker:
     async with pool.acquire() as conn:
         registration = await workers.register(
-            conn, name, 1, list(kinds), max_concurrency, labels or {}
+            conn,
+            name,
+            1,
+            list(kinds),
+            max_concurrency,
+            labels or {},
+            heartbeat_interval_ms=heartbeat_interval_ms,
         )
     return DbWorker(registration, pool)
 

@@ -16,6 +16,8 @@ import pytest
 from worker_fakes import TOKEN, FakeServer, FakeWorkerService, start_fake
 
 from awp.v1 import worker_pb2
+from awp_common import flags
+from awp_worker._config import WorkerConfig
 from kit import poll_until
 from kit.proto import output
 
@@ -46,9 +48,10 @@ def free_port() -> int:
         return port
 
 
-async def spawn(tmp_path: Path, *argv: str) -> asyncio.subprocess.Process:
+async def spawn(tmp_path: Path, *argv: str, **variables: str) -> asyncio.subprocess.Process:
     env = dict(os.environ)
     env.pop("AWP_WORKER_TOKEN", None)
+    env.update(variables)
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -140,3 +143,25 @@ async def test_a_bad_token_exits_3_with_one_clear_line(fake: FakeServer, tmp_pat
     errors = [json.loads(line) for line in stderr.decode().splitlines() if '"error"' in line]
     assert len(errors) == 1 and "TOKEN_INVALID" in errors[0]["msg"]
     assert "nope" not in stderr.decode()
+
+
+async def test_help_names_every_flag_with_its_variable(tmp_path: Path) -> None:
+    process = await spawn(tmp_path, "--help")
+    async with asyncio.timeout(20):
+        stdout, _ = await process.communicate()
+    assert process.returncode == 0
+    text = " ".join(stdout.decode().split())
+    for _, spec in flags.flags_of(WorkerConfig):
+        assert f"{spec.name} " in text and f"env {spec.env}" in text, spec
+
+
+async def test_a_bad_duration_in_the_environment_is_a_usage_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    process = await spawn(tmp_path, "--server", "127.0.0.1:9", AWP_WORKER_CLAIM_WAIT="soon")
+    async with asyncio.timeout(20):
+        _, stderr = await process.communicate()
+    assert process.returncode == 2
+    assert "AWP_WORKER_CLAIM_WAIT='soon' (for --claim-wait): expected a duration" in (
+        stderr.decode()
+    )

@@ -37,7 +37,6 @@ async def coordinator(pool: Pool, database_dsn: str) -> AsyncIterator[Coordinato
         CoordinatorConfig(
             database_url=database_dsn,
             scan_interval_s=0.1,
-            heartbeat_interval_s=0.5,
             metrics_listen=None,
         ),
     )
@@ -271,14 +270,14 @@ async def test_a_wrong_worker_token_exits_with_code_3(server: ServerHandle) -> N
 async def test_an_idle_worker_stays_active_across_ten_lease_ttls(
     start_server: ServerFactory, pool: Pool, database_dsn: str
 ) -> None:
-    # Offline after 3 silent heartbeats (0.45 s): only steady idle heartbeats keep it active.
+    # Offline after 3 silent heartbeats (0.45 s, the server's interval, which the coordinator
+    # reads from the session): only steady idle heartbeats keep it active.
     server = await start_server(heartbeat_interval_s=0.15, lease_ttl_s=0.6)
     coordinator = Coordinator(
         pool,
         CoordinatorConfig(
             database_url=database_dsn,
             scan_interval_s=0.05,
-            heartbeat_interval_s=0.15,
             metrics_listen=None,
         ),
     )

@@ -80,14 +80,16 @@ SELECT r.id FROM runs r
 -- A pass's first read: which kinds of work have candidates now (each the exact
 -- condition of that step's candidate query; the steps re-check under their locks),
 -- whether any task is ready, and the seconds until the earliest lease expiry, attempt
--- deadline, retry timer or worker silence threshold ($1 ms), NULL when none is pending.
+-- deadline, retry timer or worker silence threshold ($1 of a session's own heartbeat
+-- intervals and at least $2 ms, as locks.silent_sessions), NULL when none is pending.
 -- The difference is taken on the database clock, so the coordinator's clock never
 -- matters. Unlocked, index-only work.
 SELECT EXISTS (SELECT 1 FROM runs
                 WHERE state = 'running' AND cancel_requested_at IS NOT NULL) AS cancels,
        EXISTS (SELECT 1 FROM workers
                 WHERE state IN ('active', 'draining')
-                  AND last_heartbeat_at < clock_timestamp() - $1::bigint * interval '1 millisecond')
+                  AND last_heartbeat_at < clock_timestamp()
+                      - greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond')
            AS silent_workers,
        (EXISTS (SELECT 1 FROM dispatches
                  WHERE state = 'leased' AND lease_expires_at <= clock_timestamp())
@@ -103,7 +105,7 @@ SELECT EXISTS (SELECT 1 FROM runs
            AS unservable,
        EXISTS (SELECT 1 FROM tasks WHERE state = 'ready') AS ready,
        -- Some kind has fewer pending dispatches than free slots plus half the prefetch
-       -- ($2): the only case in which dispatching.create_dispatches creates any
+       -- ($3): the only case in which dispatching.create_dispatches creates any
        -- (dispatching.refill_due, the same arithmetic).
        EXISTS (SELECT 1
                  FROM workers w
@@ -113,7 +115,7 @@ SELECT EXISTS (SELECT 1 FROM runs
                HAVING sum(greatest(w.max_concurrency
                                    - (SELECT count(*) FROM dispatches l
                                        WHERE l.worker_id = w.id AND l.state = 'leased'), 0))
-                      + ceil($2::float8 * sum(w.max_concurrency)::float8 / 2)
+                      + ceil($3::float8 * sum(w.max_concurrency)::float8 / 2)
                       > (SELECT count(*) FROM dispatches p
                           WHERE p.state = 'pending' AND p.executor_kind = k.kind))
            AS short,
@@ -121,6 +123,7 @@ SELECT EXISTS (SELECT 1 FROM runs
            (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),
            (SELECT min(attempt_deadline) FROM dispatches WHERE state = 'leased'),
            (SELECT min(retry_at) FROM tasks WHERE state = 'waiting_retry'),
-           (SELECT min(last_heartbeat_at) FROM workers WHERE state IN ('active', 'draining'))
-               + $1::bigint * interval '1 millisecond'
+           (SELECT min(last_heartbeat_at
+                       + greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond')
+              FROM workers WHERE state IN ('active', 'draining'))
        ) - clock_timestamp())::float8 AS next_due_in

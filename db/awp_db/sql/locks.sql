@@ -17,11 +17,13 @@ SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_ep
    FOR UPDATE
 
 -- name: silent_sessions
--- Sessions silent for longer than the offline threshold ($1 ms); busy ones are
--- skipped (a heartbeat holds them): the next pass sees them again.
+-- Sessions silent for longer than the offline threshold: $1 of the session's own
+-- heartbeat intervals, and at least $2 ms (workers.OfflineRule). Busy ones are skipped
+-- (a heartbeat holds them): the next pass sees them again.
 SELECT id FROM workers
  WHERE state IN ('active', 'draining')
-   AND last_heartbeat_at < clock_timestamp() - $1 * interval '1 millisecond'
+   AND last_heartbeat_at < clock_timestamp()
+       - greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond'
  ORDER BY id
    FOR UPDATE SKIP LOCKED
 

@@ -2,11 +2,12 @@
 -- New capacity: the coordinator is told at commit, so waiting work is dispatched now
 -- rather than at its next scan (DESIGN.md §7).
 WITH registered AS (
-    INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash,
+                         heartbeat_interval_ms)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)
     RETURNING id, registered_at
 )
-SELECT id, registered_at, pg_notify($7, 'register') FROM registered
+SELECT id, registered_at, pg_notify($8, 'register') FROM registered
 
 -- name: session
 -- Unlocked; locks.sql has the locking reads of sessions.
