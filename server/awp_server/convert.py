@@ -366,19 +366,22 @@ def task_counts(task_states: Iterable[str]) -> dict[str, int]:
 
 
 def event_to_proto(row: Row) -> types_pb2.StateEvent:
+    """A stored event; one of a type this server cannot name (written by a newer version
+    during an upgrade) goes out as EVENT_TYPE_UNSPECIFIED, without a transition."""
+    event_type = EVENT_TYPES.to_proto.get(row["type"], types_pb2.EVENT_TYPE_UNSPECIFIED)
     event = types_pb2.StateEvent(
         run_id=str(row["run_id"]),
         seq=row["seq"],
         revision=row["revision"],
-        type=EVENT_TYPES.proto(row["type"]),
+        type=event_type,
         task_key=row["task_key"] or "",
         attempt=row["attempt"] or 0,
         payload=dict_to_struct(row["payload"]),
         created_at=timestamp(row["created_at"]),
     )
     before, after = row["from_state"], row["to_state"]
-    if after is None:
-        return event  # a request (run.cancel_requested), not a change of state
+    if event_type == types_pb2.EVENT_TYPE_UNSPECIFIED or after is None:
+        return event  # unknown, or a request (run.cancel_requested): no change of state
     # The event type's subject (what it names before the dot) decides the transition.
     subject = row["type"].partition(".")[0]
     if subject == "run":

@@ -4,8 +4,8 @@ isort:skip_file
 Shared states and value types of the AWP API (package awp.v1).
 
 Every state enum mirrors DESIGN.md §3. Zero values are UNSPECIFIED and are never
-sent by the server, except as the from_state of a transition whose subject has just
-been created (no state before); clients must treat an unknown value as "newer than me".
+sent by the server where a comment does not say otherwise (the from_state of a
+subject just created); clients must treat an unknown value as "newer than me".
 """
 
 from collections import abc as _abc
@@ -167,6 +167,7 @@ class _EventType:
 class _EventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventType.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     EVENT_TYPE_UNSPECIFIED: _EventType.ValueType  # 0
+    """A type this server cannot name: written by a newer version during an upgrade."""
     EVENT_TYPE_RUN_CREATED: _EventType.ValueType  # 1
     """The run was started: run_transition to RUNNING; payload {"workflow", "version"}."""
     EVENT_TYPE_RUN_STATE: _EventType.ValueType  # 2
@@ -187,6 +188,7 @@ class EventType(_EventType, metaclass=_EventTypeEnumTypeWrapper):
     """
 
 EVENT_TYPE_UNSPECIFIED: EventType.ValueType  # 0
+"""A type this server cannot name: written by a newer version during an upgrade."""
 EVENT_TYPE_RUN_CREATED: EventType.ValueType  # 1
 """The run was started: run_transition to RUNNING; payload {"workflow", "version"}."""
 EVENT_TYPE_RUN_STATE: EventType.ValueType  # 2
