@@ -4,12 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PROTOS := $(wildcard protos/awp/v1/*.proto)
+# buf comes as a binary inside this npm package; pinned so every machine lints alike.
+BUF := npx --yes @bufbuild/buf@1.75.0
 # The source roots, as pyproject.toml declares them (its one list).
 ROOTS := $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["packages"]["find"]["where"]))')
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: install proto proto-check lint test test-fast demo bench schema clean
+.PHONY: install proto proto-check buf-lint lint test test-fast demo bench schema clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +34,11 @@ proto-check: proto
 	@git diff --exit-code --stat -- generated || (echo "generated/ drifted from protos/: run 'make proto' and commit" && exit 1)
 	@test -z "$$(git status --porcelain -- generated)" || (echo "untracked files in generated/: run 'make proto' and commit" && git status --porcelain -- generated && exit 1)
 
-lint: $(VENV)/.installed
+# The protos against buf's STANDARD rules (protos/buf.yaml).
+buf-lint:
+	$(BUF) lint protos
+
+lint: $(VENV)/.installed buf-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	MYPYPATH=$(subst $(space),:,$(ROOTS)) $(BIN)/mypy $(filter-out generated,$(ROOTS))

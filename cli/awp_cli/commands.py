@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from awp.v1 import control_pb2, types_pb2
-from awp_cli import render, workflow_file
+from awp_cli import event_view, render, workflow_file
 from awp_cli.client import Client
 from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow, run_exit
@@ -110,9 +110,10 @@ async def workflow_get(client: Client, args: argparse.Namespace) -> Exit:
         client.control.GetWorkflow, control_pb2.GetWorkflowRequest(name=name, version=version)
     )
     if args.json:
-        render.print_json(answer)
+        # The Workflow alone, not its response wrapper: a file `awp workflow apply` takes.
+        render.print_json(answer.workflow)
     else:
-        render.stdout.print(render.workflow_view(answer))
+        render.stdout.print(render.workflow_view(answer.workflow))
     return Exit.OK
 
 
@@ -186,8 +187,8 @@ async def wait_for_run(
 
 
 def _print_progress_event(event: types_pb2.StateEvent) -> None:
-    if event.type in ("task.state", "run.state", "run.cancel_requested"):
-        render.stdout.print(render.event_line(event))
+    if event.type in event_view.PROGRESS_EVENTS:
+        render.stdout.print(event_view.event_line(event))
 
 
 def _print_note(note: str) -> None:
@@ -225,7 +226,7 @@ async def run_watch(client: Client, args: argparse.Namespace) -> Exit:
         if args.json:
             render.print_json(event, one_line=True)
         else:
-            render.stdout.print(render.event_line(event))
+            render.stdout.print(event_view.event_line(event))
 
     final = await follow(
         client, args.run_id, on_event=show, on_reconnect=_print_note, after_seq=args.after_seq

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from awp.v1 import control_pb2, types_pb2
-from awp_cli import render
+from awp_cli import event_view, render
 from awp_cli.client import TRANSIENT_CODES, Client, decode, failure, iterate
 from awp_cli.errors import CliError, Exit
 from awp_protocol.states import TERMINAL_TASK_STATES
@@ -73,11 +73,11 @@ async def follow(
                 control_pb2.WatchRunRequest(run_id=run_id, after_seq=last_seq),
             )
             try:
-                async for event in iterate(call):
+                async for answer in iterate(call):
                     failing_since, delay = None, RECONNECT_INITIAL_S
-                    last_seq = event.seq
+                    last_seq = answer.event.seq
                     if on_event is not None:
-                        on_event(event)
+                        on_event(answer.event)
                     changed.set()
             except grpc.aio.AioRpcError as error:
                 if error.code() not in TRANSIENT_CODES or decode(error).reason:
@@ -141,8 +141,8 @@ class ProgressView:
         self.note = ""
 
     def on_event(self, event: types_pb2.StateEvent) -> None:
-        if event.type in ("task.state", "run.state", "run.cancel_requested"):
-            self.events.append(render.event_line(event))
+        if event.type in event_view.PROGRESS_EVENTS:
+            self.events.append(event_view.event_line(event))
 
     def on_reconnect(self, why: str) -> None:
         self.note = why

@@ -8,7 +8,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
 from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
@@ -343,41 +343,6 @@ def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:
                 )
             )
     return Group(*lines)
-
-
-def _payload(event: types_pb2.StateEvent) -> dict[str, Any]:
-    return struct_to_dict(event.payload) if event.HasField("payload") else {}
-
-
-def event_line(event: types_pb2.StateEvent) -> Text:
-    """One state change as a short line: time, seq, what moved, and why when known."""
-    stamp = when(event.created_at)
-    clock = stamp.astimezone().strftime("%H:%M:%S.%f")[:-3] if stamp else "--:--:--.---"
-    subject = event.task_key or "run"
-    if event.attempt:
-        subject += f" #{event.attempt}"
-    text = Text.assemble((f"{clock} {event.seq:>4}  ", "dim"), f"{subject:<20} ")
-    payload = _payload(event)
-    if event.type == "attempt.state":
-        text.append("attempt ", style="dim")
-    if event.type == "run.created":
-        text.append(f"created ({payload.get('workflow', '?')}@{payload.get('version', '?')})")
-    elif event.type == "run.cancel_requested":
-        reason = payload.get("reason")
-        text.append("cancel requested" + (f": {reason}" if reason else ""), style="yellow")
-    else:
-        if event.from_state:
-            text.append(event.from_state, style=_STYLES.get(event.from_state, ""))
-            text.append(" -> ", style="dim")
-        text.append(event.to_state, style=_STYLES.get(event.to_state, ""))
-    error = payload.get("error")
-    if isinstance(error, dict):
-        error = error.get("message")
-    if error:
-        text.append(f"  {error}", style="dim")
-    if isinstance(payload.get("retry_in_ms"), int | float):
-        text.append(f"  retry in {format_duration(payload['retry_in_ms'] / 1000)}", style="dim")
-    return text
 
 
 # ---------------------------------------------------------------- fleet

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 import asyncpg
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
 from awp_db.connect import Pool, create_pool
@@ -29,6 +30,9 @@ SERVICE_NAMES = (
     worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
     control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
 )
+# grpcio-reflection serves only v1alpha, while grpcurl and Postman ask for v1 first. v1 is
+# v1alpha under a new package, field for field, so one servicer answers both.
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
 @dataclass
@@ -126,13 +130,8 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
     control_pb2_grpc.add_ControlServiceServicer_to_server(ControlService(pool, listener), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (
-            *SERVICE_NAMES,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
+    _enable_reflection(
+        server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     )
     await _set_health(health_servicer, False)
     port = server.add_insecure_port(config.listen)
@@ -147,3 +146,49 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         )
     )
     return running
+
+
+def _enable_reflection(server: grpc.aio.Server, services: tuple[str, ...]) -> None:
+    """Reflection under both grpc.reflection.v1 and v1alpha, each listing both."""
+    _add_reflection_v1_descriptor()
+    servicer = reflection.aio.ReflectionServicer(
+        (*services, REFLECTION_V1, reflection.SERVICE_NAME)
+    )
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    v1_info = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": v1_info}),)
+    )
+
+
+def _add_reflection_v1_descriptor() -> None:
+    """Puts grpc/reflection/v1/reflection.proto, derived from v1alpha's, in the default
+    pool, so that reflection can describe the v1 service it lists (grpcurl describe)."""
+    pool = descriptor_pool.Default()
+    v1 = descriptor_pb2.FileDescriptorProto(
+        name="grpc/reflection/v1/reflection.proto", package=REFLECTION_V1.rpartition(".")[0]
+    )
+    with contextlib.suppress(KeyError):
+        pool.FindFileByName(v1.name)
+        return  # an earlier server of this process added it
+    alpha = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(alpha)
+
+    def renamed(type_name: str) -> str:
+        return type_name.replace(f".{alpha.package}.", f".{v1.package}.")
+
+    # v1alpha's options are left out: they mark it deprecated, and v1 is current.
+    v1.message_type.extend(alpha.message_type)
+    v1.service.extend(alpha.service)
+    for message in v1.message_type:
+        for member in message.field:
+            if member.HasField("type_name"):
+                member.type_name = renamed(member.type_name)
+    for method in v1.service[0].method:
+        method.input_type = renamed(method.input_type)
+        method.output_type = renamed(method.output_type)
+    pool.AddSerializedFile(v1.SerializeToString())

@@ -69,11 +69,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     @unary
     async def GetWorkflow(
         self, request: control_pb2.GetWorkflowRequest, context: Context
-    ) -> control_pb2.Workflow:
+    ) -> control_pb2.GetWorkflowResponse:
         _check_name("name", request.name)
         _check_version("version", request.version)
         stored = await workflows.get(self._pool, request.name, request.version)
-        return convert.workflow_to_proto(stored)
+        return control_pb2.GetWorkflowResponse(workflow=convert.workflow_to_proto(stored))
 
     @unary
     async def ListWorkflows(
@@ -198,7 +198,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     @server_stream
     async def WatchRun(
         self, request: control_pb2.WatchRunRequest, context: Context
-    ) -> AsyncIterator[types_pb2.StateEvent]:
+    ) -> AsyncIterator[control_pb2.WatchRunResponse]:
         run_id = runs.parse_run_id(request.run_id)
         if request.after_seq > MAX_SEQ:
             raise invalid("after_seq", f"must be at most {MAX_SEQ}")
@@ -213,7 +213,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 while True:
                     rows = await events.after_seq(self._pool, run_id, sent, WATCH_BATCH)
                     for row in rows:
-                        yield convert.event_to_proto(row)
+                        yield control_pb2.WatchRunResponse(event=convert.event_to_proto(row))
                         sent = row.seq
                     if len(rows) < WATCH_BATCH:
                         break

@@ -49,9 +49,14 @@ class EnumMap(Generic[V]):
 
     to_proto: Mapping[str, V]
     from_proto: Mapping[int, str]
+    unspecified: V
 
     def proto(self, state: str) -> V:
         return self.to_proto[state]
+
+    def proto_or_unspecified(self, state: str | None) -> V:
+        """None (no state yet: the subject was just created) is the enum's zero value."""
+        return self.unspecified if state is None else self.to_proto[state]
 
     def name(self, value: int) -> str | None:
         """The storage name of a proto value; None for UNSPECIFIED or unknown values."""
@@ -61,8 +66,12 @@ class EnumMap(Generic[V]):
 def _enum_map(enum: _EnumTypeWrapper[V], prefix: str, names: Sequence[str]) -> EnumMap[V]:
     # Derived from the kernel's state lists, so a state added there without its proto
     # counterpart fails at import, not on the first row that carries it.
-    to_proto = {name: enum.Value(prefix + name.upper()) for name in names}
-    return EnumMap(to_proto, {int(value): name for name, value in to_proto.items()})
+    to_proto = {name: enum.Value(prefix + name.upper().replace(".", "_")) for name in names}
+    return EnumMap(
+        to_proto,
+        {int(value): name for name, value in to_proto.items()},
+        enum.Value(prefix + "UNSPECIFIED"),
+    )
 
 
 RUN_STATES: Final = _enum_map(types_pb2.RunState, "RUN_STATE_", states.RUN_STATES)
@@ -72,6 +81,17 @@ DISPATCH_STATES: Final = _enum_map(
     types_pb2.DispatchState, "DISPATCH_STATE_", states.DISPATCH_STATES
 )
 WORKER_STATES: Final = _enum_map(types_pb2.WorkerState, "WORKER_STATE_", states.WORKER_STATES)
+# Storage names an event type by its subject, a dot and the rest: 'run.cancel_requested'
+# is EVENT_TYPE_RUN_CANCEL_REQUESTED. The proto enum is the list's one home.
+EVENT_TYPES: Final = _enum_map(
+    types_pb2.EventType,
+    "EVENT_TYPE_",
+    [
+        ".".join(name.removeprefix("EVENT_TYPE_").lower().split("_", 1))
+        for name, _ in types_pb2.EventType.items()
+        if name != "EVENT_TYPE_UNSPECIFIED"
+    ],
+)
 
 
 # ---------------------------------------------------------------- scalars
@@ -280,18 +300,36 @@ def task_counts(task_states: Iterable[str]) -> dict[str, int]:
 
 
 def event_to_proto(row: StoredEvent) -> types_pb2.StateEvent:
-    return types_pb2.StateEvent(
+    """A stored event; one of a type this server cannot name (written by a newer version
+    during an upgrade) goes out as EVENT_TYPE_UNSPECIFIED, without a transition."""
+    event_type = EVENT_TYPES.to_proto.get(row.type, types_pb2.EVENT_TYPE_UNSPECIFIED)
+    event = types_pb2.StateEvent(
         run_id=str(row.run_id),
         seq=row.seq,
         revision=row.revision,
-        type=row.type,
+        type=event_type,
         task_key=row.task_key or "",
         attempt=row.attempt or 0,
-        from_state=row.from_state or "",
-        to_state=row.to_state or "",
         payload=dict_to_struct(row.payload),
         created_at=timestamp(row.created_at),
     )
+    before, after = row.from_state, row.to_state
+    if event_type == types_pb2.EVENT_TYPE_UNSPECIFIED or after is None:
+        return event  # unknown, or a request (run.cancel_requested): no change of state
+    # The event type's subject (what it names before the dot) decides the transition.
+    subject = row.type.partition(".")[0]
+    if subject == "run":
+        event.run_transition.from_state = RUN_STATES.proto_or_unspecified(before)
+        event.run_transition.to_state = RUN_STATES.proto(after)
+    elif subject == "task":
+        event.task_transition.from_state = TASK_STATES.proto_or_unspecified(before)
+        event.task_transition.to_state = TASK_STATES.proto(after)
+    elif subject == "attempt":
+        event.attempt_transition.from_state = ATTEMPT_STATES.proto_or_unspecified(before)
+        event.attempt_transition.to_state = ATTEMPT_STATES.proto(after)
+    else:
+        raise ValueError(f"event type {row.type!r} has no transition in the API")
+    return event
 
 
 # ---------------------------------------------------------------- workers and stats

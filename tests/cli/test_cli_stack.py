@@ -212,9 +212,12 @@ def test_run_get_list_watch_and_request_ids(stack: DevStack, tmp_path: Path) -> 
     assert watched.code == 0, watched.err
     events = watched.json_lines()
     assert [int(e["seq"]) for e in events] == list(range(1, len(events) + 1))
-    assert (events[-1]["type"], events[-1]["toState"]) == ("run.state", "succeeded")
+    assert (events[-1]["type"], events[-1]["runTransition"]["toState"]) == (
+        "EVENT_TYPE_RUN_STATE",
+        "RUN_STATE_SUCCEEDED",
+    )
     tail = stack.awp("run", "watch", run_id, "--after-seq", str(len(events) - 1), "--json")
-    assert [e["type"] for e in tail.json_lines()] == ["run.state"]
+    assert [e["type"] for e in tail.json_lines()] == ["EVENT_TYPE_RUN_STATE"]
     human = stack.awp("run", "watch", run_id)
     assert human.code == 0 and "running -> succeeded" in human.out
 

@@ -1,4 +1,5 @@
-"""Every RPC of both services through server reflection alone, as grpcurl makes them.
+"""Every RPC of both services through server reflection alone, as grpcurl makes them,
+and reflection itself in both of its versions.
 
 No generated stub or message class is used on the client side: the descriptors come from
 the server (ProtoReflectionDescriptorDatabase), the message classes are built from them,
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.message import Message
+from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -168,7 +171,7 @@ async def test_every_rpc_through_reflection(awp_server: ServerHandle, pool: Pool
         assert created["created"] is True
         assert created["workflow"]["definition"]["tasks"][1]["dependsOn"] == ["fetch"]
         got = await call(client.unary, CONTROL, "GetWorkflow", {"name": "reflected"})
-        assert got["definition"]["version"] == 1
+        assert got["workflow"]["definition"]["version"] == 1
         listed = await call(client.unary, CONTROL, "ListWorkflows", {"pageSize": 10})
         assert [w["definition"]["name"] for w in listed["workflows"]] == ["reflected"]
 
@@ -251,14 +254,18 @@ async def test_every_rpc_through_reflection(awp_server: ServerHandle, pool: Pool
             assert heartbeat["leases"][0]["status"] == "LEASE_STATUS_RENEWED"
             assert completed[0]["answers"][0]["outcome"] == "COMPLETE_OUTCOME_ACCEPTED"
 
-        events = await call(client.server_stream, CONTROL, "WatchRun", {"runId": run_id})
+        watched = await call(client.server_stream, CONTROL, "WatchRun", {"runId": run_id})
+        events = [answer["event"] for answer in watched]
         seqs = [int(e["seq"]) for e in events]  # uint64 is a JSON string
         assert seqs == list(range(1, len(seqs) + 1))
-        assert (events[-1]["type"], events[-1]["toState"]) == ("run.state", "succeeded")
+        assert (events[-1]["type"], events[-1]["runTransition"]) == (
+            "EVENT_TYPE_RUN_STATE",
+            {"fromState": "RUN_STATE_RUNNING", "toState": "RUN_STATE_SUCCEEDED"},
+        )
         resumed = await call(
             client.server_stream, CONTROL, "WatchRun", {"runId": run_id, "afterSeq": seqs[-3]}
         )
-        assert [int(e["seq"]) for e in resumed] == seqs[-2:]
+        assert [int(e["event"]["seq"]) for e in resumed] == seqs[-2:]
 
         other = await call(client.unary, CONTROL, "StartRun", {"workflowName": "reflected"})
         canceled = await call(
@@ -283,6 +290,55 @@ async def test_every_rpc_through_reflection(awp_server: ServerHandle, pool: Pool
         assert drained["sessionState"] == "WORKER_STATE_STOPPED"
     finally:
         await call(channel.close)
+
+
+def reflect(address: str, service: str, request: Message, answer: type[Message]) -> Any:
+    """One ServerReflectionInfo exchange with `service` (a version of reflection)."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.stream_stream(
+            f"/{service}/ServerReflectionInfo",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=answer.FromString,
+        )
+        [response] = list(call(iter([request]), timeout=10))
+    return response
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+async def test_reflection_answers_in_v1_and_v1alpha(awp_server: ServerHandle, version: str) -> None:
+    """grpcurl and Postman ask v1 first, older clients v1alpha: each lists every service
+    and describes itself (what `grpcurl describe` needs)."""
+    package = f"grpc.reflection.{version}"
+    service = f"{package}.ServerReflection"
+    # The versions' messages match field for field: v1alpha's ask for the file that
+    # describes this version, and the messages built from that file ask the rest.
+    described = await asyncio.to_thread(
+        reflect,
+        awp_server.address,
+        service,
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol=service),
+        reflection_pb2.ServerReflectionResponse,
+    )
+    [serialized] = described.file_descriptor_response.file_descriptor_proto
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(serialized)
+    info = pool.FindServiceByName(service).methods_by_name["ServerReflectionInfo"]
+    assert info.input_type.full_name == f"{package}.ServerReflectionRequest"
+    request = message_factory.GetMessageClass(info.input_type)
+    listed = await asyncio.to_thread(
+        reflect,
+        awp_server.address,
+        service,
+        request(list_services=""),
+        message_factory.GetMessageClass(info.output_type),
+    )
+    assert {s.name for s in listed.list_services_response.service} == {
+        CONTROL,
+        WORKER,
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
 
 
 async def test_errors_carry_reasons_over_reflection(awp_server: ServerHandle) -> None:

@@ -17,8 +17,9 @@ import pytest
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import locks, runs
 from awp_db.connect import Pool, connect
-from awp_db.events import Event, EventBatch
+from awp_db.events import Event, EventBatch, after_seq
 from awp_db.listen import Listener
+from awp_server import convert
 from control.helpers import control_server, create_workflow, expect_error, start_run, task
 from kit.db import converge_cancel, drive_to_end, register
 
@@ -56,20 +57,13 @@ class Watch:
         if message is grpc.aio.EOF:
             self.ended = True
         else:
-            self.events.append(message)
+            self.events.append(message.event)
 
 
-async def stored_events(pool: Pool, run_id: str) -> list[tuple[int, int, str, str, str]]:
-    rows = await pool.fetch(
-        "SELECT seq, revision, type, coalesce(task_key, '') AS task_key,"
-        " coalesce(to_state, '') AS to_state FROM state_events WHERE run_id = $1 ORDER BY seq",
-        UUID(run_id),
-    )
-    return [tuple(row.values()) for row in rows]  # type: ignore[misc]
-
-
-def as_tuples(events: list[types_pb2.StateEvent]) -> list[tuple[int, int, str, str, str]]:
-    return [(e.seq, e.revision, e.type, e.task_key, e.to_state) for e in events]
+async def stored_events(pool: Pool, run_id: str) -> list[types_pb2.StateEvent]:
+    """Every event of the run as stored, in the API's terms."""
+    rows = await after_seq(pool, UUID(run_id), 0, limit=10_000)
+    return [convert.event_to_proto(row) for row in rows]
 
 
 @pytest.fixture
@@ -89,16 +83,27 @@ async def test_history_then_live_until_the_run_ends(control: Stub, pool: Pool, w
 
     stored = await stored_events(pool, run.id)
     assert [e.seq for e in events] == list(range(1, len(stored) + 1))
-    assert as_tuples(events) == stored
-    assert (events[-1].type, events[-1].from_state, events[-1].to_state) == (
-        "run.state",
-        "running",
-        "succeeded",
+    assert events == stored
+    assert (events[-1].type, events[-1].run_transition) == (
+        types_pb2.EVENT_TYPE_RUN_STATE,
+        types_pb2.RunTransition(
+            from_state=types_pb2.RUN_STATE_RUNNING, to_state=types_pb2.RUN_STATE_SUCCEEDED
+        ),
     )
     first = events[0]
-    assert (first.type, first.to_state, first.run_id) == ("run.created", "running", run.id)
+    assert (first.type, first.run_transition.to_state, first.run_id) == (
+        types_pb2.EVENT_TYPE_RUN_CREATED,
+        types_pb2.RUN_STATE_RUNNING,
+        run.id,
+    )
+    assert first.run_transition.from_state == types_pb2.RUN_STATE_UNSPECIFIED  # none before
     assert first.HasField("created_at")
-    claimed = next(e for e in events if e.type == "attempt.state" and e.to_state == "running")
+    claimed = next(
+        e
+        for e in events
+        if e.type == types_pb2.EVENT_TYPE_ATTEMPT_STATE
+        and e.attempt_transition.to_state == types_pb2.ATTEMPT_STATE_RUNNING
+    )
     assert claimed.attempt == 1 and claimed.payload.fields["worker_id"].string_value
 
 
@@ -128,7 +133,7 @@ async def test_reconnect_from_a_seq_misses_and_repeats_nothing(
     combined = [e.seq for e in seen + rest]
     stored = await stored_events(pool, run.id)
     assert combined == list(range(1, len(stored) + 1))
-    assert as_tuples(seen + rest) == stored
+    assert seen + rest == stored
 
 
 async def test_finished_run_streams_its_history_and_ends(
@@ -228,11 +233,14 @@ async def test_revision_and_seq_stay_contiguous_under_concurrent_writers(
     events = await watch.read_to_end()
 
     stored = await stored_events(pool, run.id)
-    assert [s[0] for s in stored] == list(range(1, len(stored) + 1))
-    assert as_tuples(events) == stored  # every event once, in order, then the end
-    assert events[-1].to_state == "canceled"
+    assert [s.seq for s in stored] == list(range(1, len(stored) + 1))
+    assert events == stored  # every event once, in order, then the end
+    assert events[-1].run_transition.to_state == types_pb2.RUN_STATE_CANCELED
 
-    ticks = [e for e in events if e.type == "test.tick"]
+    # A type the API cannot name goes out as UNSPECIFIED, without a transition.
+    ticks = [e for e in events if e.type == types_pb2.EVENT_TYPE_UNSPECIFIED]
+    assert len(ticks) == WRITERS * EVENTS_PER_WRITER
+    assert all(e.WhichOneof("transition") is None for e in ticks)
     by_revision: dict[int, list[tuple[int, int]]] = {}
     for e in ticks:
         writer_n = (int(e.payload["writer"]), int(e.payload["n"]))

@@ -38,7 +38,7 @@ async def test_create_then_get_fills_defaults(control: Stub) -> None:
         )
     )
     assert response.created
-    got = await control.GetWorkflow(control_pb2.GetWorkflowRequest(name="wf", version=1))
+    got = (await control.GetWorkflow(control_pb2.GetWorkflowRequest(name="wf", version=1))).workflow
     assert got == response.workflow
     assert got.HasField("created_at")
     a, b = got.definition.tasks
@@ -62,7 +62,7 @@ async def test_get_version_zero_is_the_latest(control: Stub) -> None:
     for version in (1, 3, 2):
         await create_workflow(control, version=version)
     got = await control.GetWorkflow(control_pb2.GetWorkflowRequest(name="wf"))
-    assert got.definition.version == 3
+    assert got.workflow.definition.version == 3
 
 
 async def test_identical_recreate_is_idempotent_and_canonical(control: Stub, pool: Pool) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from awp.v1 import types_pb2
+from awp_db.events import StoredEvent
 from awp_kernel.definition import DefinitionInvalid
 from awp_protocol import states
 from awp_server import convert
@@ -33,6 +36,93 @@ def test_enum_maps_cover_every_state_both_ways(
         assert enum_map.name(enum_map.proto(name)) == name
     assert enum_map.name(0) is None  # UNSPECIFIED is never a state
     assert enum_map.name(999) is None
+
+
+def test_event_types_are_the_ones_storage_writes() -> None:
+    assert set(convert.EVENT_TYPES.to_proto) == {
+        "run.created",
+        "run.state",
+        "task.state",
+        "attempt.state",
+        "run.cancel_requested",
+    }
+    assert convert.EVENT_TYPES.proto("run.cancel_requested") == (
+        types_pb2.EVENT_TYPE_RUN_CANCEL_REQUESTED
+    )
+
+
+def event_row(kind: str, before: str | None, after: str | None) -> StoredEvent:
+    return StoredEvent(
+        run_id=uuid.UUID(int=1),
+        seq=7,
+        revision=3,
+        type=kind,
+        task_key=None if kind.startswith("run.") else "t",
+        attempt=2 if kind == "attempt.state" else None,
+        from_state=before,
+        to_state=after,
+        payload={"reason": "why"},
+        created_at=datetime(2030, 1, 2, tzinfo=UTC),
+    )
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        (
+            event_row("run.created", None, "running"),
+            types_pb2.StateEvent(
+                type=types_pb2.EVENT_TYPE_RUN_CREATED,
+                run_transition={"to_state": types_pb2.RUN_STATE_RUNNING},
+            ),
+        ),
+        (
+            event_row("run.state", "running", "failed"),
+            types_pb2.StateEvent(
+                type=types_pb2.EVENT_TYPE_RUN_STATE,
+                run_transition={
+                    "from_state": types_pb2.RUN_STATE_RUNNING,
+                    "to_state": types_pb2.RUN_STATE_FAILED,
+                },
+            ),
+        ),
+        (
+            event_row("task.state", "running", "waiting_retry"),
+            types_pb2.StateEvent(
+                type=types_pb2.EVENT_TYPE_TASK_STATE,
+                task_transition={
+                    "from_state": types_pb2.TASK_STATE_RUNNING,
+                    "to_state": types_pb2.TASK_STATE_WAITING_RETRY,
+                },
+            ),
+        ),
+        (
+            event_row("attempt.state", None, "running"),
+            types_pb2.StateEvent(
+                type=types_pb2.EVENT_TYPE_ATTEMPT_STATE,
+                attempt_transition={"to_state": types_pb2.ATTEMPT_STATE_RUNNING},
+            ),
+        ),
+        (
+            event_row("run.cancel_requested", None, None),
+            types_pb2.StateEvent(type=types_pb2.EVENT_TYPE_RUN_CANCEL_REQUESTED),
+        ),
+        # Written by a newer version: this server can name neither its type nor its states.
+        (event_row("run.paused", "running", "paused"), types_pb2.StateEvent()),
+    ],
+)
+def test_events_carry_typed_transitions(
+    row: dict[str, Any], expected: types_pb2.StateEvent
+) -> None:
+    event = convert.event_to_proto(row)
+    assert (event.run_id, event.seq, event.revision) == (str(row.run_id), 7, 3)
+    assert (event.task_key, event.attempt) == (row.task_key or "", row.attempt or 0)
+    assert convert.struct_to_dict(event.payload) == {"reason": "why"}
+    assert event.created_at.ToDatetime(tzinfo=UTC) == row.created_at
+    which = event.WhichOneof("transition")
+    assert (event.type, which) == (expected.type, expected.WhichOneof("transition"))
+    if which is not None:
+        assert getattr(event, which) == getattr(expected, which)
 
 
 def test_waiting_retry_maps_to_its_enum() -> None:

@@ -121,6 +121,26 @@ class GetWorkflowRequest(_message.Message):
 Global___GetWorkflowRequest: _TypeAlias = GetWorkflowRequest  # noqa: Y015
 
 @_typing.final
+class GetWorkflowResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKFLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workflow(self) -> Global___Workflow: ...
+    def __init__(
+        self,
+        *,
+        workflow: Global___Workflow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workflow", b"workflow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workflow", b"workflow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWorkflowResponse: _TypeAlias = GetWorkflowResponse  # noqa: Y015
+
+@_typing.final
 class ListWorkflowsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -621,6 +641,30 @@ class WatchRunRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchRunRequest: _TypeAlias = WatchRunRequest  # noqa: Y015
+
+@_typing.final
+class WatchRunResponse(_message.Message):
+    """A message of its own, not the StateEvent itself, so the stream can gain fields
+    without a new RPC.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> _types_pb2.StateEvent: ...
+    def __init__(
+        self,
+        *,
+        event: _types_pb2.StateEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRunResponse: _TypeAlias = WatchRunResponse  # noqa: Y015
 
 @_typing.final
 class WorkerInfo(_message.Message):

@@ -4,7 +4,6 @@ import grpc
 import warnings
 
 from awp.v1 import control_pb2 as awp_dot_v1_dot_control__pb2
-from awp.v1 import types_pb2 as awp_dot_v1_dot_types__pb2
 
 GRPC_GENERATED_VERSION = '1.85.0'
 GRPC_VERSION = grpc.__version__
@@ -43,7 +42,7 @@ class ControlServiceStub:
         self.GetWorkflow = channel.unary_unary(
                 '/awp.v1.ControlService/GetWorkflow',
                 request_serializer=awp_dot_v1_dot_control__pb2.GetWorkflowRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.Workflow.FromString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.GetWorkflowResponse.FromString,
                 _registered_method=True)
         self.ListWorkflows = channel.unary_unary(
                 '/awp.v1.ControlService/ListWorkflows',
@@ -73,7 +72,7 @@ class ControlServiceStub:
         self.WatchRun = channel.unary_stream(
                 '/awp.v1.ControlService/WatchRun',
                 request_serializer=awp_dot_v1_dot_control__pb2.WatchRunRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_types__pb2.StateEvent.FromString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.WatchRunResponse.FromString,
                 _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/awp.v1.ControlService/ListWorkers',
@@ -142,8 +141,9 @@ class ControlServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchRun(self, request, context):
-        """Every StateEvent with seq > after_seq in order, then live ones, ending once the
-        run is terminal and its last event was sent. Reconnect with the last seq seen.
+        """Every StateEvent with seq > after_seq in order, then live ones, one per response,
+        ending once the run is terminal and its last event was sent. Reconnect with the
+        last seq seen.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -172,7 +172,7 @@ def add_ControlServiceServicer_to_server(servicer, server):
             'GetWorkflow': grpc.unary_unary_rpc_method_handler(
                     servicer.GetWorkflow,
                     request_deserializer=awp_dot_v1_dot_control__pb2.GetWorkflowRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.Workflow.SerializeToString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.GetWorkflowResponse.SerializeToString,
             ),
             'ListWorkflows': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkflows,
@@ -202,7 +202,7 @@ def add_ControlServiceServicer_to_server(servicer, server):
             'WatchRun': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchRun,
                     request_deserializer=awp_dot_v1_dot_control__pb2.WatchRunRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_types__pb2.StateEvent.SerializeToString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.WatchRunResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -268,7 +268,7 @@ class ControlService:
             target,
             '/awp.v1.ControlService/GetWorkflow',
             awp_dot_v1_dot_control__pb2.GetWorkflowRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.Workflow.FromString,
+            awp_dot_v1_dot_control__pb2.GetWorkflowResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -430,7 +430,7 @@ class ControlService:
             target,
             '/awp.v1.ControlService/WatchRun',
             awp_dot_v1_dot_control__pb2.WatchRunRequest.SerializeToString,
-            awp_dot_v1_dot_types__pb2.StateEvent.FromString,
+            awp_dot_v1_dot_control__pb2.WatchRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

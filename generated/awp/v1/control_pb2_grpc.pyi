@@ -11,7 +11,6 @@ and bad input a google.rpc.BadRequest naming each offending field.
 """
 
 from awp.v1 import control_pb2 as _control_pb2
-from awp.v1 import types_pb2 as _types_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
@@ -44,7 +43,7 @@ class ControlServiceStub:
     idempotent (created = false); a different definition under the same name and
     version fails with ALREADY_EXISTS / DEFINITION_CONFLICT.
     """
-    GetWorkflow: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetWorkflowRequest, _control_pb2.Workflow]
+    GetWorkflow: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetWorkflowRequest, _control_pb2.GetWorkflowResponse]
     ListWorkflows: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListWorkflowsRequest, _control_pb2.ListWorkflowsResponse]
     StartRun: _grpc.UnaryUnaryMultiCallable[_control_pb2.StartRunRequest, _control_pb2.StartRunResponse]
     """Starts a run: every task is created in one transaction (roots READY, the rest
@@ -58,9 +57,10 @@ class ControlServiceStub:
     """Records the cancel intent; the coordinator converges it (leases revoked,
     unfinished tasks CANCELED, run CANCELED). Canceling a finished run is a no-op.
     """
-    WatchRun: _grpc.UnaryStreamMultiCallable[_control_pb2.WatchRunRequest, _types_pb2.StateEvent]
-    """Every StateEvent with seq > after_seq in order, then live ones, ending once the
-    run is terminal and its last event was sent. Reconnect with the last seq seen.
+    WatchRun: _grpc.UnaryStreamMultiCallable[_control_pb2.WatchRunRequest, _control_pb2.WatchRunResponse]
+    """Every StateEvent with seq > after_seq in order, then live ones, one per response,
+    ending once the run is terminal and its last event was sent. Reconnect with the
+    last seq seen.
     """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListWorkersRequest, _control_pb2.ListWorkersResponse]
     GetStats: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetStatsRequest, _control_pb2.GetStatsResponse]
@@ -73,7 +73,7 @@ class ControlServiceAsyncStub(ControlServiceStub):
     idempotent (created = false); a different definition under the same name and
     version fails with ALREADY_EXISTS / DEFINITION_CONFLICT.
     """
-    GetWorkflow: _aio.UnaryUnaryMultiCallable[_control_pb2.GetWorkflowRequest, _control_pb2.Workflow]  # type: ignore[assignment]
+    GetWorkflow: _aio.UnaryUnaryMultiCallable[_control_pb2.GetWorkflowRequest, _control_pb2.GetWorkflowResponse]  # type: ignore[assignment]
     ListWorkflows: _aio.UnaryUnaryMultiCallable[_control_pb2.ListWorkflowsRequest, _control_pb2.ListWorkflowsResponse]  # type: ignore[assignment]
     StartRun: _aio.UnaryUnaryMultiCallable[_control_pb2.StartRunRequest, _control_pb2.StartRunResponse]  # type: ignore[assignment]
     """Starts a run: every task is created in one transaction (roots READY, the rest
@@ -87,9 +87,10 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """Records the cancel intent; the coordinator converges it (leases revoked,
     unfinished tasks CANCELED, run CANCELED). Canceling a finished run is a no-op.
     """
-    WatchRun: _aio.UnaryStreamMultiCallable[_control_pb2.WatchRunRequest, _types_pb2.StateEvent]  # type: ignore[assignment]
-    """Every StateEvent with seq > after_seq in order, then live ones, ending once the
-    run is terminal and its last event was sent. Reconnect with the last seq seen.
+    WatchRun: _aio.UnaryStreamMultiCallable[_control_pb2.WatchRunRequest, _control_pb2.WatchRunResponse]  # type: ignore[assignment]
+    """Every StateEvent with seq > after_seq in order, then live ones, one per response,
+    ending once the run is terminal and its last event was sent. Reconnect with the
+    last seq seen.
     """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_control_pb2.ListWorkersRequest, _control_pb2.ListWorkersResponse]  # type: ignore[assignment]
     GetStats: _aio.UnaryUnaryMultiCallable[_control_pb2.GetStatsRequest, _control_pb2.GetStatsResponse]  # type: ignore[assignment]
@@ -111,7 +112,7 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _control_pb2.GetWorkflowRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.Workflow, _abc.Awaitable[_control_pb2.Workflow]]: ...
+    ) -> _typing.Union[_control_pb2.GetWorkflowResponse, _abc.Awaitable[_control_pb2.GetWorkflowResponse]]: ...
 
     @_abc_1.abstractmethod
     def ListWorkflows(
@@ -161,9 +162,10 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _control_pb2.WatchRunRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_types_pb2.StateEvent], _abc.AsyncIterator[_types_pb2.StateEvent]]:
-        """Every StateEvent with seq > after_seq in order, then live ones, ending once the
-        run is terminal and its last event was sent. Reconnect with the last seq seen.
+    ) -> _typing.Union[_abc.Iterator[_control_pb2.WatchRunResponse], _abc.AsyncIterator[_control_pb2.WatchRunResponse]]:
+        """Every StateEvent with seq > after_seq in order, then live ones, one per response,
+        ending once the run is terminal and its last event was sent. Reconnect with the
+        last seq seen.
         """
 
     @_abc_1.abstractmethod

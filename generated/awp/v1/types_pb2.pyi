@@ -4,7 +4,8 @@ isort:skip_file
 Shared states and value types of the AWP API (package awp.v1).
 
 Every state enum mirrors DESIGN.md §3. Zero values are UNSPECIFIED and are never
-sent by the server; clients must treat an unknown value as "newer than me".
+sent by the server where a comment does not say otherwise (the from_state of a
+subject just created); clients must treat an unknown value as "newer than me".
 """
 
 from collections import abc as _abc
@@ -158,6 +159,50 @@ WORKER_STATE_DRAINING: WorkerState.ValueType  # 2
 WORKER_STATE_STOPPED: WorkerState.ValueType  # 3
 WORKER_STATE_OFFLINE: WorkerState.ValueType  # 4
 Global___WorkerState: _TypeAlias = WorkerState  # noqa: Y015
+
+class _EventType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EVENT_TYPE_UNSPECIFIED: _EventType.ValueType  # 0
+    """A type this server cannot name: written by a newer version during an upgrade."""
+    EVENT_TYPE_RUN_CREATED: _EventType.ValueType  # 1
+    """The run was started: run_transition to RUNNING; payload {"workflow", "version"}."""
+    EVENT_TYPE_RUN_STATE: _EventType.ValueType  # 2
+    """The run changed state: run_transition."""
+    EVENT_TYPE_TASK_STATE: _EventType.ValueType  # 3
+    """A task changed state: task_transition (from UNSPECIFIED when the run created it).
+    attempt is set when an attempt's end caused it; payload may carry "error" and
+    "retry_in_ms".
+    """
+    EVENT_TYPE_ATTEMPT_STATE: _EventType.ValueType  # 4
+    """An attempt changed state: attempt_transition (from UNSPECIFIED when claimed)."""
+    EVENT_TYPE_RUN_CANCEL_REQUESTED: _EventType.ValueType  # 5
+    """CancelRun recorded the intent; no transition. payload {"reason"}."""
+
+class EventType(_EventType, metaclass=_EventTypeEnumTypeWrapper):
+    """What a StateEvent records; each type names its subject, and the event carries that
+    subject's transition (the matching oneof field), except RUN_CANCEL_REQUESTED.
+    """
+
+EVENT_TYPE_UNSPECIFIED: EventType.ValueType  # 0
+"""A type this server cannot name: written by a newer version during an upgrade."""
+EVENT_TYPE_RUN_CREATED: EventType.ValueType  # 1
+"""The run was started: run_transition to RUNNING; payload {"workflow", "version"}."""
+EVENT_TYPE_RUN_STATE: EventType.ValueType  # 2
+"""The run changed state: run_transition."""
+EVENT_TYPE_TASK_STATE: EventType.ValueType  # 3
+"""A task changed state: task_transition (from UNSPECIFIED when the run created it).
+attempt is set when an attempt's end caused it; payload may carry "error" and
+"retry_in_ms".
+"""
+EVENT_TYPE_ATTEMPT_STATE: EventType.ValueType  # 4
+"""An attempt changed state: attempt_transition (from UNSPECIFIED when claimed)."""
+EVENT_TYPE_RUN_CANCEL_REQUESTED: EventType.ValueType  # 5
+"""CancelRun recorded the intent; no transition. payload {"reason"}."""
+Global___EventType: _TypeAlias = EventType  # noqa: Y015
 
 @_typing.final
 class RetryPolicy(_message.Message):
@@ -320,6 +365,72 @@ class TaskError(_message.Message):
 Global___TaskError: _TypeAlias = TaskError  # noqa: Y015
 
 @_typing.final
+class RunTransition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_STATE_FIELD_NUMBER: _builtins.int
+    TO_STATE_FIELD_NUMBER: _builtins.int
+    from_state: Global___RunState.ValueType
+    to_state: Global___RunState.ValueType
+    def __init__(
+        self,
+        *,
+        from_state: Global___RunState.ValueType = ...,
+        to_state: Global___RunState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_state", b"from_state", "to_state", b"to_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunTransition: _TypeAlias = RunTransition  # noqa: Y015
+
+@_typing.final
+class TaskTransition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_STATE_FIELD_NUMBER: _builtins.int
+    TO_STATE_FIELD_NUMBER: _builtins.int
+    from_state: Global___TaskState.ValueType
+    to_state: Global___TaskState.ValueType
+    def __init__(
+        self,
+        *,
+        from_state: Global___TaskState.ValueType = ...,
+        to_state: Global___TaskState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_state", b"from_state", "to_state", b"to_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskTransition: _TypeAlias = TaskTransition  # noqa: Y015
+
+@_typing.final
+class AttemptTransition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_STATE_FIELD_NUMBER: _builtins.int
+    TO_STATE_FIELD_NUMBER: _builtins.int
+    from_state: Global___AttemptState.ValueType
+    to_state: Global___AttemptState.ValueType
+    def __init__(
+        self,
+        *,
+        from_state: Global___AttemptState.ValueType = ...,
+        to_state: Global___AttemptState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_state", b"from_state", "to_state", b"to_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttemptTransition: _TypeAlias = AttemptTransition  # noqa: Y015
+
+@_typing.final
 class StateEvent(_message.Message):
     """One append-only state change of a run. seq is contiguous per run starting at 1;
     revision is the run revision the change was committed in.
@@ -333,20 +444,25 @@ class StateEvent(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     TASK_KEY_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
-    FROM_STATE_FIELD_NUMBER: _builtins.int
-    TO_STATE_FIELD_NUMBER: _builtins.int
+    RUN_TRANSITION_FIELD_NUMBER: _builtins.int
+    TASK_TRANSITION_FIELD_NUMBER: _builtins.int
+    ATTEMPT_TRANSITION_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     seq: _builtins.int
     revision: _builtins.int
-    type: _builtins.str
-    """"run.created", "run.state", "task.state", "attempt.state", "run.cancel_requested"."""
+    type: Global___EventType.ValueType
     task_key: _builtins.str
+    """Empty for the run's own events."""
     attempt: _builtins.int
-    from_state: _builtins.str
-    """Lower-case state names, e.g. "queued" -> "running"; empty when not applicable."""
-    to_state: _builtins.str
+    """The attempt number; 0 when no attempt is involved."""
+    @_builtins.property
+    def run_transition(self) -> Global___RunTransition: ...
+    @_builtins.property
+    def task_transition(self) -> Global___TaskTransition: ...
+    @_builtins.property
+    def attempt_transition(self) -> Global___AttemptTransition: ...
     @_builtins.property
     def payload(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -357,18 +473,21 @@ class StateEvent(_message.Message):
         run_id: _builtins.str = ...,
         seq: _builtins.int = ...,
         revision: _builtins.int = ...,
-        type: _builtins.str = ...,
+        type: Global___EventType.ValueType = ...,
         task_key: _builtins.str = ...,
         attempt: _builtins.int = ...,
-        from_state: _builtins.str = ...,
-        to_state: _builtins.str = ...,
+        run_transition: Global___RunTransition | None = ...,
+        task_transition: Global___TaskTransition | None = ...,
+        attempt_transition: Global___AttemptTransition | None = ...,
         payload: _struct_pb2.Struct | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "payload", b"payload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_transition", b"attempt_transition", "created_at", b"created_at", "payload", b"payload", "run_transition", b"run_transition", "task_transition", b"task_transition", "transition", b"transition"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "created_at", b"created_at", "from_state", b"from_state", "payload", b"payload", "revision", b"revision", "run_id", b"run_id", "seq", b"seq", "task_key", b"task_key", "to_state", b"to_state", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempt_transition", b"attempt_transition", "created_at", b"created_at", "payload", b"payload", "revision", b"revision", "run_id", b"run_id", "run_transition", b"run_transition", "seq", b"seq", "task_key", b"task_key", "task_transition", b"task_transition", "transition", b"transition", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_transition: _TypeAlias = _typing.Literal["run_transition", "task_transition", "attempt_transition"]  # noqa: Y015
+    _WhichOneofArgType_transition: _TypeAlias = _typing.Literal["transition", b"transition"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_transition) -> _WhichOneofReturnType_transition | None: ...
 
 Global___StateEvent: _TypeAlias = StateEvent  # noqa: Y015

@@ -4,7 +4,8 @@ isort:skip_file
 Shared states and value types of the AWP API (package awp.v1).
 
 Every state enum mirrors DESIGN.md §3. Zero values are UNSPECIFIED and are never
-sent by the server; clients must treat an unknown value as "newer than me".
+sent by the server where a comment does not say otherwise (the from_state of a
+subject just created); clients must treat an unknown value as "newer than me".
 """
 
 from collections import abc as _abc
