@@ -158,9 +158,9 @@ class WorkerRuntime:
         if registered is None:
             log.info("shutdown requested before registration finished; exiting")
             return EXIT_OK
-        # A shutdown requested while the answer was on its way leaves it DRAINING.
-        if not lifecycle.move(State.ACTIVE):
-            lifecycle.notify()  # wait_registered() waits for the worker id, not a state
+        # No move if a shutdown was requested while the answer was on its way: the
+        # session then drains at once.
+        lifecycle.move(State.ACTIVE)
         token = bind(worker_id=self.worker_id)
         try:
             session = self.session
