@@ -5,10 +5,10 @@ safety deadlines), revokes them (the executor stops, nothing is reported) or say
 session's state (DRAINING starts this side's drain; STOPPED while draining is the
 expected end; OFFLINE, or STOPPED while active, ends the session: ``SessionLost``).
 
-When the stream breaks the server gives the session's leases only a short grace (1 s by default), so
-the first reconnect comes within ~50 ms; later ones back off, capped, with jitter,
-until a response proves the new stream healthy. Each new stream starts by sending
-the current leases.
+When the stream breaks the server gives the session's leases only a short grace (1 s
+by default), so the first reconnect comes within ~50 ms; later ones back off, capped,
+with jitter, until a response proves the new stream healthy. Each new stream starts
+by sending the current leases.
 """
 
 from __future__ import annotations
