@@ -1,4 +1,4 @@
-"""Executors (mock, python), the SDK, output/input conversion, and result coalescing."""
+"""Executors (mock, python), the SDK, and output/input conversion."""
 
 from __future__ import annotations
 
@@ -6,33 +6,24 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
 import pytest
 from google.protobuf import struct_pb2
-from test_worker_units import FakeRpcError
 
 from awp.v1 import worker_pb2
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS
 from awp_worker import ActionCancelled, ActionContext, PermanentError, RetryableError, action
-from awp_worker._backoff import Backoff
-from awp_worker._completer import ResultFlusher
-from awp_worker._errors import SessionLost
 from awp_worker._executors import (
     MockExecutor,
     OutputError,
     PythonExecutor,
     failure_from_exception,
     output_struct,
-    success,
 )
-from awp_worker._lease import HeldLease, LeaseClock
 from awp_worker._logging import bind, bound_fields, unbind
 from awp_worker._sdk import DEFAULT_REGISTRY, ActionRegistry
-from kit import poll_until
 
 
 def make_ctx(action: str = "a", attempt: int = 1) -> ActionContext:
@@ -260,170 +251,3 @@ async def test_a_cancelled_sync_action_sees_the_signal() -> None:
         await task
     assert await asyncio.to_thread(stopped.wait, 5)
     executor.close()
-
-
-# --- result coalescing ----------------------------------------------------------------
-
-
-def make_held(dispatch_id: int, output: dict[str, Any] | None = None) -> HeldLease:
-    lease = make_lease(dispatch_id)
-    held = HeldLease(
-        lease=lease, clock=LeaseClock.start(0, 15, 60, 1), ctx=make_ctx(), log_fields={}
-    )
-    held.result = success(lease, output_struct(output or {"i": dispatch_id}))
-    return held
-
-
-class Recorder:
-    def __init__(self, *errors: Exception) -> None:
-        self.calls: list[list[worker_pb2.TaskResult]] = []
-        self.errors = list(errors)
-        self.answers: dict[int, int] = {}
-        self.dropped: list[int] = []
-        self.rejected: list[int] = []
-        self.current: set[int] | None = None
-        self.while_sending: Callable[[], None] = lambda: None
-
-    async def send(self, results: Sequence[worker_pb2.TaskResult]) -> worker_pb2.CompleteResponse:
-        self.calls.append(list(results))
-        self.while_sending()
-        if self.errors:
-            raise self.errors.pop(0)
-        return worker_pb2.CompleteResponse(
-            answers=[
-                worker_pb2.CompleteAnswer(
-                    dispatch_id=r.dispatch_id, outcome=worker_pb2.COMPLETE_OUTCOME_ACCEPTED
-                )
-                for r in results
-            ]
-        )
-
-    def flusher(self, **kw: Any) -> ResultFlusher:
-        return ResultFlusher(
-            send=self.send,
-            is_current=lambda h: self.current is None or h.dispatch_id in self.current,
-            on_answer=lambda h, o: self.answers.__setitem__(h.dispatch_id, o),
-            on_dropped=lambda h: self.dropped.append(h.dispatch_id),
-            on_rejected=lambda h, why: self.rejected.append(h.dispatch_id),
-            **kw,
-        )
-
-
-async def _run_until(flusher: ResultFlusher, done: Any, within: float = 5.0) -> None:
-    task = asyncio.create_task(flusher.run())
-    try:
-        await poll_until(done, within=within, interval=0.001)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def test_a_full_batch_flushes_without_waiting() -> None:
-    recorder = Recorder()
-    flusher = recorder.flusher(flush_size=16, flush_interval=30.0)
-    for i in range(16):
-        flusher.submit(make_held(i))
-    await _run_until(flusher, lambda: len(recorder.answers) == 16, within=2.0)
-    assert [len(call) for call in recorder.calls] == [16]
-
-
-async def test_a_partial_batch_flushes_after_the_interval() -> None:
-    recorder = Recorder()
-    flusher = recorder.flusher(flush_size=16, flush_interval=0.05)
-    for i in range(3):
-        flusher.submit(make_held(i))
-    await _run_until(flusher, lambda: len(recorder.answers) == 3)
-    assert [len(call) for call in recorder.calls] == [3]
-
-
-async def test_a_batch_flushes_at_once_when_no_held_lease_still_executes() -> None:
-    recorder = Recorder()
-    held = 3
-    flusher = recorder.flusher(flush_size=16, flush_interval=30.0, held=lambda: held)
-    for i in range(3):
-        flusher.submit(make_held(i))
-    # Every held lease has reported: nothing can join the batch, so it goes now.
-    await _run_until(flusher, lambda: len(recorder.answers) == 3, within=2.0)
-    assert [len(call) for call in recorder.calls] == [3]
-
-
-async def test_a_batch_waits_while_held_leases_still_execute() -> None:
-    recorder = Recorder()
-    flusher = recorder.flusher(flush_size=16, flush_interval=0.2, held=lambda: 4)
-    for i in range(3):
-        flusher.submit(make_held(i))
-    task = asyncio.create_task(flusher.run())
-    try:
-        await asyncio.sleep(0.05)
-        assert recorder.calls == []  # the fourth lease may still finish in time
-        await poll_until(lambda: len(recorder.answers) == 3, within=2.0, interval=0.001)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def test_a_lost_answer_is_retried_with_the_same_results() -> None:
-    recorder = Recorder(FakeRpcError(grpc.StatusCode.UNAVAILABLE), TimeoutError())
-    flusher = recorder.flusher(backoff=lambda: Backoff(0.001, 0.01))
-    flusher.submit(make_held(1))
-    flusher.submit(make_held(2))
-    await _run_until(flusher, lambda: len(recorder.answers) == 2)
-    assert len(recorder.calls) == 3
-    assert recorder.calls[0] == recorder.calls[1] == recorder.calls[2]
-
-
-async def test_results_of_revoked_leases_are_dropped_before_sending() -> None:
-    recorder = Recorder()
-    recorder.current = {2}
-    flusher = recorder.flusher()
-    flusher.submit(make_held(1))
-    flusher.submit(make_held(2))
-    await _run_until(flusher, lambda: recorder.answers)
-    assert [r.dispatch_id for r in recorder.calls[0]] == [2]
-    assert recorder.dropped == [1]
-
-
-async def test_a_rejected_batch_is_retried_one_by_one() -> None:
-    invalid = FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT)
-    recorder = Recorder(invalid, invalid)  # the batch, then the first single
-    flusher = recorder.flusher()
-    flusher.submit(make_held(1))
-    flusher.submit(make_held(2))
-    await _run_until(flusher, lambda: recorder.answers and recorder.rejected)
-    assert recorder.rejected == [1] and list(recorder.answers) == [2]
-
-
-async def test_a_permanent_error_ends_the_flusher() -> None:
-    recorder = Recorder(FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID"))
-    flusher = recorder.flusher()
-    flusher.submit(make_held(1))
-    with pytest.raises(SessionLost, match="SESSION_INVALID"):
-        async with asyncio.timeout(5):
-            await flusher.run()
-
-
-async def test_a_session_error_for_results_no_longer_held_loses_nothing() -> None:
-    """The session ended (a Drain stopped it) while a Complete of leases the worker has
-    since given up was on its way: nothing is lost, so the flusher does not fail."""
-    recorder = Recorder(FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID"))
-    flusher = recorder.flusher()
-    flusher.submit(make_held(1))
-    recorder.while_sending = lambda: setattr(recorder, "current", set())  # given up
-    task = asyncio.create_task(flusher.run())
-    try:
-        await poll_until(lambda: recorder.dropped == [1], within=5.0, interval=0.001)
-        assert not task.done()  # still serving, no SessionLost
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    assert len(recorder.calls) == 1
-
-
-async def test_batches_stay_under_the_message_size_limit() -> None:
-    recorder = Recorder()
-    flusher = recorder.flusher(flush_size=16, flush_interval=0.01)
-    for i in range(5):
-        flusher.submit(make_held(i, {"blob": "x" * (1024 * 1024 - 100)}))
-    await _run_until(flusher, lambda: len(recorder.answers) == 5)
-    assert len(recorder.calls) >= 2
-    assert all(sum(r.ByteSize() for r in call) < 4 * 1024 * 1024 for call in recorder.calls)

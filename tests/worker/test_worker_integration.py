@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from runtime_harness import Running
 
 from awp_coordinator import Coordinator, CoordinatorConfig
 from awp_db import runs
@@ -17,7 +18,8 @@ from awp_db.connect import Pool
 from awp_worker import ActionContext
 from awp_worker._config import WorkerConfig
 from awp_worker._executors import PythonExecutor
-from awp_worker._runtime import EXIT_OK, EXIT_SESSION_LOST, WorkerRuntime
+from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST
+from awp_worker._runtime import WorkerRuntime
 from awp_worker._sdk import ActionRegistry
 from kit import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
 
@@ -65,18 +67,9 @@ def worker_config(server: ServerHandle, **overrides: Any) -> WorkerConfig:
     return WorkerConfig(**settings)
 
 
-class Running:
-    def __init__(self, runtime: WorkerRuntime) -> None:
-        self.runtime = runtime
-        self.task = asyncio.create_task(runtime.run())
-
-    async def exit_code(self) -> int:
-        async with asyncio.timeout(30):
-            return await self.task
-
-    async def stop(self) -> int:
-        self.runtime.request_shutdown()
-        return await self.exit_code()
+def start_worker(config: WorkerConfig, **kwargs: Any) -> Running:
+    # The real server's sessions take longer to end than the fake's.
+    return Running(WorkerRuntime(config, **kwargs), within=30.0)
 
 
 async def run_state(pool: Pool, run_id: UUID, *states: str, within: float = 30.0) -> str:
@@ -104,7 +97,7 @@ async def test_a_workflow_runs_to_completion_and_the_worker_stops(
 ) -> None:
     run_id = await start_run(pool, spec("chain", tasks=6, chain=True, task_input={"n": 1}))
     other = await start_run(pool, spec("fan", tasks=12, task_input={"sleep_ms": 20}))
-    worker = Running(WorkerRuntime(worker_config(server)))
+    worker = start_worker(worker_config(server))
     assert await run_state(pool, run_id, "succeeded", "failed") == "succeeded"
     assert await run_state(pool, other, "succeeded", "failed") == "succeeded"
     assert await worker.stop() == EXIT_OK
@@ -128,7 +121,7 @@ async def test_retryable_failures_retry_and_permanent_ones_fail_the_run(
 ) -> None:
     flaky = await start_run(pool, spec("flaky", tasks=2, task_input={"fail_attempts": 1}))
     broken = await start_run(pool, spec("broken", tasks=1, task_input={"fail": "nope"}))
-    worker = Running(WorkerRuntime(worker_config(server)))
+    worker = start_worker(worker_config(server))
     assert await run_state(pool, flaky, "succeeded", "failed") == "succeeded"
     assert await run_state(pool, broken, "succeeded", "failed") == "failed"
     assert await worker.stop() == EXIT_OK
@@ -161,11 +154,8 @@ async def test_python_actions_with_the_sdk(
     run_id = await start_run(
         pool, spec("py", tasks=3, kind="python", chain=True), run_input={"topic": "x"}
     )
-    worker = Running(
-        WorkerRuntime(
-            worker_config(server, kinds=("python",)),
-            executors={"python": PythonExecutor(registry)},
-        )
+    worker = start_worker(
+        worker_config(server, kinds=("python",)), executors={"python": PythonExecutor(registry)}
     )
     assert await run_state(pool, run_id, "succeeded", "failed") == "succeeded"
     assert await worker.stop() == EXIT_OK
@@ -181,7 +171,7 @@ async def test_cancelling_a_run_revokes_its_running_lease(
     server: ServerHandle, coordinator: Coordinator, pool: Pool
 ) -> None:
     run_id = await start_run(pool, spec("long", tasks=1, task_input={"sleep_ms": 60_000}))
-    worker = Running(WorkerRuntime(worker_config(server)))
+    worker = start_worker(worker_config(server))
     await cancel_once_held(worker, pool, run_id)
 
     async def released() -> bool:
@@ -204,7 +194,7 @@ async def test_a_drain_right_after_a_cancel_stops_cleanly(
     for, and the session's end is not mistaken for a lost one (exit 0, not 3)."""
     server = await start_server(heartbeat_interval_s=30.0, lease_ttl_s=60.0)
     run_id = await start_run(pool, spec("raced", tasks=1, task_input={"sleep_ms": 60_000}))
-    worker = Running(WorkerRuntime(worker_config(server, shutdown_timeout=60.0)))
+    worker = start_worker(worker_config(server, shutdown_timeout=60.0))
     await cancel_once_held(worker, pool, run_id)
     assert worker.runtime.held_leases == 1  # no heartbeat has told it yet
 
@@ -225,7 +215,7 @@ async def test_renewals_keep_a_task_longer_than_the_lease_ttl(
 ) -> None:
     # Lease TTL 3 s, heartbeat 0.5 s: a 4 s task lives on renewals alone.
     run_id = await start_run(pool, spec("renew", tasks=1, task_input={"sleep_ms": 4_000}))
-    worker = Running(WorkerRuntime(worker_config(server)))
+    worker = start_worker(worker_config(server))
     assert await run_state(pool, run_id, "succeeded", "failed") == "succeeded"
     assert await worker.stop() == EXIT_OK
     assert worker.runtime.metrics.safety_cancellations._value.get() == 0
@@ -235,7 +225,7 @@ async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
     server: ServerHandle, coordinator: Coordinator, pool: Pool
 ) -> None:
     run_id = await start_run(pool, spec("handback", tasks=1, task_input={"sleep_ms": 60_000}))
-    first = Running(WorkerRuntime(worker_config(server, name="first", shutdown_timeout=0.5)))
+    first = start_worker(worker_config(server, name="first", shutdown_timeout=0.5))
 
     async def held() -> bool:
         return first.runtime.held_leases == 1
@@ -248,7 +238,7 @@ async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
         "SELECT state FROM workers WHERE id = $1::uuid", first.runtime.worker_id
     ) in ("stopped",)
     # Retried at once by another worker, not after a lease TTL.
-    second = Running(WorkerRuntime(worker_config(server, name="second")))
+    second = start_worker(worker_config(server, name="second"))
 
     async def retried() -> bool:
         count: int = await pool.fetchval(
@@ -263,7 +253,7 @@ async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
 
 
 async def test_a_wrong_worker_token_exits_with_code_3(server: ServerHandle) -> None:
-    worker = Running(WorkerRuntime(worker_config(server, token="wrong")))
+    worker = start_worker(worker_config(server, token="wrong"))
     assert await worker.exit_code() == EXIT_SESSION_LOST
 
 
@@ -283,7 +273,7 @@ async def test_an_idle_worker_stays_active_across_ten_lease_ttls(
     )
     stop = asyncio.Event()
     coordinating = asyncio.create_task(coordinator.run(stop))
-    worker = Running(WorkerRuntime(worker_config(server)))
+    worker = start_worker(worker_config(server))
     try:
         worker_id = await worker.runtime.wait_registered()
         loop = asyncio.get_running_loop()

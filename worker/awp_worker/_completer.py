@@ -8,54 +8,63 @@ results that finish meanwhile form the next batch.
 A Complete whose answer is lost is sent again with the same lease tokens and the same
 results (the server answers DUPLICATE for what it already recorded). Before every
 send, results whose lease the worker no longer holds (revoked meanwhile) are dropped.
+Each result ends with one call to the owner's ``settled()``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
 from awp_worker._backoff import Backoff
 from awp_worker._errors import Kind, classify, describe, session_lost
 from awp_worker._lease import HeldLease
+from awp_worker._logging import LeaseLog
+from awp_worker._owner import Owner
 
 log = logging.getLogger("awp_worker.complete")
 
 # Stay well under the server's default 4 MiB receive limit (one result may be 1 MiB).
 MAX_BYTES_PER_CALL = 3 * 1024 * 1024
 
-Send = Callable[[Sequence[worker_pb2.TaskResult]], Awaitable[worker_pb2.CompleteResponse]]
+# How a result ended, as the metrics and the owner name it, and what the log says:
+# the server's answers...
+_ANSWERS = {
+    worker_pb2.COMPLETE_OUTCOME_ACCEPTED: ("accepted", logging.DEBUG, "result accepted"),
+    worker_pb2.COMPLETE_OUTCOME_DUPLICATE: (
+        "duplicate", logging.INFO, "result was already recorded (duplicate)",
+    ),
+    worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT: (
+        "result_conflict", logging.WARNING,
+        "the server holds a different result for this lease; ours dropped",
+    ),
+    worker_pb2.COMPLETE_OUTCOME_LEASE_LOST: (
+        "lease_lost", logging.WARNING,
+        "lease lost before the result arrived; the server discarded it",
+    ),
+}  # fmt: skip
+UNSPECIFIED = "unspecified"
+# ...and the two endings without an answer.
+DROPPED = "dropped"  # the lease was revoked before the result was sent
+REJECTED = "rejected"  # the server refused the result itself (INVALID_ARGUMENT, ...)
 
 
 class ResultFlusher:
     def __init__(
         self,
+        owner: Owner,
         *,
-        send: Send,
-        is_current: Callable[[HeldLease], bool],
-        on_answer: Callable[[HeldLease, worker_pb2.CompleteOutcome.ValueType], None],
-        on_dropped: Callable[[HeldLease], None],
-        on_rejected: Callable[[HeldLease, str], None],
         flush_size: int = 16,
         flush_interval: float = 0.002,
         backoff: Callable[[], Backoff] = lambda: Backoff(0.05, 2.0),
-        held: Callable[[], int] | None = None,
     ) -> None:
-        self._send = send
-        self._is_current = is_current
-        self._on_answer = on_answer
-        self._on_dropped = on_dropped
-        self._on_rejected = on_rejected
+        self._owner = owner
         self.flush_size = flush_size
         self.flush_interval = flush_interval
         self._new_backoff = backoff
-        # Leases the worker holds (executing or reporting): when every one of them is
-        # already reported, no further result can join the batch, so waiting for
-        # flush_interval would only delay it.
-        self._held = held
         self._ready: list[HeldLease] = []
         self._something = asyncio.Event()
         self._full = asyncio.Event()
@@ -70,7 +79,10 @@ class ResultFlusher:
             self._full.set()
 
     def _all_in(self) -> bool:
-        return self._held is not None and self._held() <= self.backlog
+        # When every held lease (executing or reporting) is already reported, no
+        # further result can join the batch: waiting for flush_interval would only
+        # delay it.
+        return len(self._owner.leases) <= self.backlog
 
     @property
     def backlog(self) -> int:
@@ -121,7 +133,9 @@ class ResultFlusher:
             if not todo:
                 return
             try:
-                response = await self._send([held.result for held in todo if held.result])
+                response = await self._owner.session.complete(
+                    [held.result for held in todo if held.result]
+                )
             except Exception as exc:
                 kind = classify(exc)
                 if kind is Kind.PERMANENT:
@@ -148,18 +162,26 @@ class ResultFlusher:
     def _current(self, todo: list[HeldLease]) -> list[HeldLease]:
         current = []
         for held in todo:
-            if self._is_current(held):
+            if self._owner.leases.holds(held):
                 current.append(held)
             else:
-                self._on_dropped(held)
+                message = "lease revoked before its result was sent: dropped"
+                self._settle(held, DROPPED, logging.DEBUG, message)
         return current
 
     def _answered(self, todo: list[HeldLease], response: worker_pb2.CompleteResponse) -> None:
         answers = {answer.dispatch_id: answer.outcome for answer in response.answers}
         for held in todo:
-            self._on_answer(
-                held, answers.get(held.dispatch_id, worker_pb2.COMPLETE_OUTCOME_UNSPECIFIED)
+            outcome = answers.get(held.dispatch_id, worker_pb2.COMPLETE_OUTCOME_UNSPECIFIED)
+            name, level, message = _ANSWERS.get(
+                outcome,
+                (
+                    UNSPECIFIED,
+                    logging.WARNING,
+                    f"the server gave no usable answer for this result ({outcome})",
+                ),
             )
+            self._settle(held, name, level, message)
 
     async def _rejected(self, todo: list[HeldLease], exc: Exception) -> None:
         if len(todo) > 1:
@@ -172,7 +194,18 @@ class ResultFlusher:
             for held in todo:
                 await self.deliver([held])
             return
-        self._on_rejected(todo[0], describe(exc))
+        self._settle(
+            todo[0],
+            REJECTED,
+            logging.ERROR,
+            f"the server rejected this result ({describe(exc)}); giving the lease up so it "
+            "is retried",
+        )
+
+    def _settle(self, held: HeldLease, outcome: str, level: int, message: str) -> None:
+        self._owner.metrics.completes.labels(outcome).inc()
+        LeaseLog(log, held.log_fields).log(level, "%s", message)
+        self._owner.settled(held, outcome)
 
 
 def _result_size(held: HeldLease) -> int:

@@ -118,11 +118,18 @@ class HeldLease:
 
 
 class LeaseTable:
-    """The leases this session holds. ``len()`` is the number of occupied slots."""
+    """The leases this session holds (``len()`` is the number of occupied slots), and
+    those it gave up locally that the server may still count as held."""
 
     def __init__(self, on_release: Callable[[], None]) -> None:
         self._leases: dict[int, HeldLease] = {}
         self._on_release = on_release
+        # Counts every release, so a waiter can tell that a slot freed since it looked.
+        self.releases = 0
+        # Given up locally (safety deadline, rejected result): dispatch id -> (ref, local
+        # lease expiry). Handed back in the last Drain; forgotten once the server has
+        # surely settled them.
+        self._abandoned: dict[int, tuple[worker_pb2.LeaseRef, float]] = {}
 
     def add(self, held: HeldLease) -> None:
         self._leases[held.dispatch_id] = held
@@ -138,8 +145,27 @@ class LeaseTable:
         if not self.holds(held):
             return False
         del self._leases[held.dispatch_id]
+        self.releases += 1
         self._on_release()
         return True
+
+    def abandon(self, held: HeldLease) -> None:
+        """Stop holding a lease the worker can no longer vouch for (no report); the
+        last Drain hands it back so that it is retried at once."""
+        if not self.release(held):
+            return
+        now = asyncio.get_running_loop().time()
+        # The reaper settles expired leases within seconds; a minute later a hand-back
+        # of them would be a no-op, so the list stays small on a long-lived worker.
+        stale = [d for d, (_, expiry) in self._abandoned.items() if expiry < now - 60.0]
+        for dispatch_id in stale:
+            del self._abandoned[dispatch_id]
+        self._abandoned[held.dispatch_id] = (held.ref(), held.clock.lease_expiry)
+
+    def abandoned_refs(self) -> list[worker_pb2.LeaseRef]:
+        # The server settles only leases still held by this session; stale refs are
+        # ignored, so every abandoned one can go.
+        return [ref for ref, _ in self._abandoned.values()]
 
     def refs(self) -> list[worker_pb2.LeaseRef]:
         return [held.ref() for held in self._leases.values()]

@@ -1,11 +1,11 @@
 """Side tasks under one supervisor: the first unexpected failure is recorded and
-signalled, so the runtime can stop the others (STYLE.md habit 7)."""
+reported to ``on_failure``, so the runtime can stop the others (STYLE.md habit 7)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 log = logging.getLogger("awp_worker.supervisor")
@@ -13,11 +13,11 @@ T = TypeVar("T")
 
 
 class Supervisor:
-    def __init__(self) -> None:
+    def __init__(self, on_failure: Callable[[BaseException], None]) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._on_failure = on_failure
         self.failure: BaseException | None = None
         self.failed_task: str | None = None
-        self.failed = asyncio.Event()
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         task = asyncio.create_task(coro, name=name)
@@ -35,13 +35,9 @@ class Supervisor:
         if self.failure is None:
             self.failure = error
             self.failed_task = task.get_name()
-            self.failed.set()
+            self._on_failure(error)
         else:
             log.debug("task %s also failed: %r", task.get_name(), error)
-
-    @property
-    def tasks(self) -> frozenset[asyncio.Task[Any]]:
-        return frozenset(self._tasks)
 
     async def cancel(self, tasks: Iterable[asyncio.Task[Any]], within: float | None = None) -> bool:
         """Cancel ``tasks`` and wait for them to end; False if some outlived ``within`` s."""

@@ -1,0 +1,198 @@
+"""One lease's attempt: from the lease a Claim returned to a result for the flusher.
+
+A claimed lease becomes a ``HeldLease`` (its local deadlines, the action's context,
+its log fields) and one executor task under the supervisor. The executor runs inside
+a timeout at the lease's local safety deadline, which renewals move
+(``HeldLease.reschedule``); past it the worker may no longer own the lease, so the
+work is cancelled and nothing is reported: the lease is given up, and handed back in
+the last Drain. A result goes to the flusher unless the lease was revoked meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from awp.v1 import worker_pb2
+from awp_protocol.jsonvalue import struct_to_dict
+from awp_worker._completer import DROPPED, ResultFlusher
+from awp_worker._executors import (
+    Executor,
+    failure,
+    failure_from_exception,
+    output_struct,
+    success,
+)
+from awp_worker._lease import HeldLease, LeaseClock, Phase, seconds
+from awp_worker._logging import LeaseLog, bind
+from awp_worker._owner import Owner
+from awp_worker._sdk import ActionContext
+from awp_worker._supervisor import Supervisor
+
+log = logging.getLogger("awp_worker.attempt")
+
+
+class Attempts:
+    def __init__(
+        self,
+        owner: Owner,
+        executors: Mapping[str, Executor],
+        flusher: ResultFlusher,
+        supervisor: Supervisor,
+    ) -> None:
+        self._owner = owner
+        self._executors = executors
+        self._flusher = flusher
+        self._supervisor = supervisor
+
+    def start(self, leases: Sequence[worker_pb2.Lease]) -> None:
+        """Hold each claimed lease and start executing it."""
+        owner = self._owner
+        now = asyncio.get_running_loop().time()
+        for lease in leases:
+            owner.metrics.claimed_leases.inc()
+            if owner.leases.get(lease.dispatch_id) is not None:
+                log.error(
+                    "Claim returned dispatch %d twice; ignoring the repeat", lease.dispatch_id
+                )
+                continue
+            held = self._hold(lease, now)
+            owner.leases.add(held)
+            held.task = self._supervisor.spawn(self._execute(held), f"lease-{lease.dispatch_id}")
+        owner.metrics.leases_held.set(len(owner.leases))
+
+    def _hold(self, lease: worker_pb2.Lease, now: float) -> HeldLease:
+        session = self._owner.session
+        lease_remaining = (
+            seconds(lease.lease_remaining)
+            if lease.HasField("lease_remaining")
+            else session.lease_ttl
+        )
+        attempt_remaining = (
+            seconds(lease.attempt_remaining) if lease.HasField("attempt_remaining") else math.inf
+        )
+        clock = LeaseClock.start(
+            now, lease_remaining, attempt_remaining, self._owner.config.safety_margin
+        )
+        fields: dict[str, Any] = {
+            "run_id": lease.run_id,
+            "task_key": lease.task_key,
+            "attempt": lease.attempt,
+            "worker_id": session.worker_id,
+            "dispatch_id": lease.dispatch_id,
+            "action": lease.action,
+        }
+        ctx = ActionContext(
+            run_id=lease.run_id,
+            task_key=lease.task_key,
+            action=lease.action,
+            attempt=lease.attempt,
+            max_attempts=lease.max_attempts,
+            idempotency_key=lease.idempotency_key,
+            fencing_token=lease.fencing_token,
+            deadline=clock.attempt_safety_deadline,
+            worker_id=session.worker_id or "",
+            run_input=struct_to_dict(lease.run_input),
+            upstream={key: struct_to_dict(out) for key, out in lease.upstream_outputs.items()},
+        )
+        return HeldLease(lease=lease, clock=clock, ctx=ctx, log_fields=fields)
+
+    async def _execute(self, held: HeldLease) -> None:
+        bind(**held.log_fields)  # this task's context only: user log lines carry them too
+        metrics = self._owner.metrics
+        lease = held.lease
+        kind = lease.executor_kind
+        lease_log = LeaseLog(log, held.log_fields)
+        executor = self._executors.get(kind)
+        started = time.monotonic()
+        lease_log.debug("executing %s (%s)", lease.action, kind)
+        try:
+            if executor is None:
+                result: worker_pb2.TaskResult | None = failure(
+                    lease, f"this worker has no executor for kind {kind!r}", retryable=False
+                )
+            else:
+                result = await self._run_executor(held, executor, lease_log)
+        except asyncio.CancelledError:
+            held.ctx._cancel()
+            metrics.executions.labels(kind, "cancelled").inc()
+            lease_log.info("execution cancelled (%s)", held.cancel_reason or "worker stopping")
+            raise
+        finally:
+            held.timeout = None
+            metrics.execution_seconds.labels(kind).observe(time.monotonic() - started)
+        if result is None:
+            metrics.executions.labels(kind, "safety_deadline").inc()
+            self._owner.leases.abandon(held)
+            return
+        succeeded = result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED
+        metrics.executions.labels(kind, "succeeded" if succeeded else "failed").inc()
+        self._report(held, result, lease_log)
+
+    async def _run_executor(
+        self, held: HeldLease, executor: Executor, lease_log: LeaseLog
+    ) -> worker_pb2.TaskResult | None:
+        """The attempt's result, or None if the local safety deadline cut it off."""
+        lease = held.lease
+        try:
+            async with asyncio.timeout_at(held.clock.safety_deadline) as timeout:
+                held.timeout = timeout
+                output = await executor.execute(held.ctx, struct_to_dict(lease.input))
+            if timeout.expired():  # the action swallowed the cancellation and returned
+                self._safety_deadline_passed(held, lease_log)
+                return None
+            return success(lease, output_struct(output))
+        except TimeoutError as exc:
+            if held.timeout is not None and held.timeout.expired():
+                self._safety_deadline_passed(held, lease_log)
+                return None
+            return failure_from_exception(lease, exc)  # the action's own timeout
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or held.cancel_reason is not None:
+                raise
+            # The action raised CancelledError by itself (nobody cancelled this task).
+            return failure(lease, "the action raised CancelledError", retryable=True)
+        except Exception as exc:
+            return failure_from_exception(lease, exc)
+
+    def _safety_deadline_passed(self, held: HeldLease, lease_log: LeaseLog) -> None:
+        held.ctx._cancel()
+        self._owner.metrics.safety_cancellations.inc()
+        lease_log.warning(
+            "safety deadline passed (the lease could no longer be confirmed): "
+            "execution cancelled, nothing reported"
+        )
+
+    def _report(self, held: HeldLease, result: worker_pb2.TaskResult, lease_log: LeaseLog) -> None:
+        if result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED:
+            lease_log.debug("succeeded")
+        else:
+            lease_log.info(
+                "failed (%s): %s",
+                "retryable" if result.error.retryable else "permanent",
+                result.error.message,
+            )
+        if not self._owner.leases.holds(held):
+            # Revoked while the action ran: the server no longer wants this result.
+            self._owner.metrics.completes.labels(DROPPED).inc()
+            return
+        held.result = result
+        held.phase = Phase.REPORTING
+        self._flusher.submit(held)
+
+
+def revoke(owner: Owner, held: HeldLease, status: str) -> None:
+    """The server no longer counts ``held`` as this session's: stop it, report nothing."""
+    owner.metrics.revocations.labels(status).inc()
+    LeaseLog(log, held.log_fields).warning(
+        "lease %s by the server (%s): stopping it, reporting nothing",
+        status,
+        held.phase.value,
+    )
+    owner.leases.release(held)
+    held.cancel("revoked")
