@@ -23,15 +23,14 @@ from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict
-from awp_protocol.jsonvalue import JsonInvalid, dict_to_struct, json_size, struct_to_dict
+from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.limits import (
-    MAX_ERROR_MESSAGE_CHARS,
     MAX_LEASES_PER_CLAIM,
-    MAX_OUTPUT_BYTES,
     MAX_RESULTS_PER_COMPLETE,
     SUPPORTED_PROTOCOL_VERSIONS,
 )
 from awp_protocol.names import check_register
+from awp_protocol.results import check_result
 from awp_server import metrics
 from awp_server.batching import ClaimBatcher, CompleteBatcher
 from awp_server.config import ServerConfig
@@ -341,30 +340,12 @@ def _now() -> timestamp_pb2.Timestamp:
 
 
 def _result_in(index: int, result: worker_pb2.TaskResult) -> leases.ResultIn:
-    where = f"results[{index}]"
-    if result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED:
-        if result.HasField("error"):
-            raise errors.invalid(f"{where}.error", "only a FAILED result carries an error")
-        try:
-            output = struct_to_dict(result.output)
-        except JsonInvalid as exc:
-            raise errors.invalid(f"{where}.output", str(exc)) from None
-        if json_size(output) > MAX_OUTPUT_BYTES:
-            raise errors.invalid(f"{where}.output", f"at most {MAX_OUTPUT_BYTES} bytes serialised")
-        return leases.ResultIn(result.dispatch_id, result.lease_token, "succeeded", output=output)
-    if result.outcome == worker_pb2.RESULT_OUTCOME_FAILED:
-        if result.HasField("output") and result.output.fields:
-            raise errors.invalid(f"{where}.output", "only a SUCCEEDED result carries an output")
-        message = result.error.message
-        if len(message) > MAX_ERROR_MESSAGE_CHARS:
-            raise errors.invalid(
-                f"{where}.error.message", f"at most {MAX_ERROR_MESSAGE_CHARS} characters"
-            )
-        return leases.ResultIn(
-            result.dispatch_id,
-            result.lease_token,
-            "failed",
-            error_message=message,
-            retryable=result.error.retryable,
-        )
-    raise errors.invalid(f"{where}.outcome", "must be SUCCEEDED or FAILED")
+    checked = check_result(f"results[{index}]", result)
+    return leases.ResultIn(
+        result.dispatch_id,
+        result.lease_token,
+        checked.outcome,
+        output=checked.output,
+        error_message=checked.error_message,
+        retryable=checked.retryable,
+    )

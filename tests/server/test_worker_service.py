@@ -294,3 +294,50 @@ async def test_complete_rejects_malformed_results(
     )
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT
     assert error.fields == [field]
+
+
+async def test_complete_refuses_a_nul_in_an_error_message_naming_it_and_writes_nothing(
+    stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
+) -> None:
+    """PostgreSQL text cannot hold NUL: the whole Complete is refused as bad input
+    (INVALID_ARGUMENT naming the result), never INTERNAL, and none of it is stored."""
+    run_id, worker, leases = await leased(stub, pool, spec(tasks=4), 4)
+    results = [
+        worker_pb2.TaskResult(
+            dispatch_id=lease.dispatch_id,
+            lease_token=lease.lease_token,
+            outcome=worker_pb2.RESULT_OUTCOME_FAILED,
+            error=types_pb2.TaskError(message="bad\x00byte" if i == 3 else "fine"),
+        )
+        for i, lease in enumerate(leases)
+    ]
+    before = await revision(pool, run_id)
+    error = await expect_error(
+        stub.Complete(worker_pb2.CompleteRequest(session=worker.session, results=results))
+    )
+    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+    assert error.fields == ["results[3].error.message"]
+    assert await revision(pool, run_id) == before
+    states = await pool.fetch("SELECT state FROM tasks WHERE run_id = $1", run_id)
+    assert {row["state"] for row in states} == {"running"}
+
+
+async def test_when_a_run_fails_a_running_sibling_is_canceled_and_an_unstarted_one_skipped(
+    stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
+) -> None:
+    """DESIGN.md §3: a task that had started is canceled (its attempt is stopped); one
+    that never ran is skipped."""
+    run_id, worker, (first, second) = await leased(
+        stub, pool, spec(tasks=3, max_attempts=1, depends={2: [0]}), 2
+    )
+    assert await worker.fail(first, "boom", retryable=False) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    states = dict(await pool.fetch("SELECT key, state FROM tasks WHERE run_id = $1", run_id))
+    assert states == {"t0": "failed", "t1": "canceled", "t2": "skipped"}
+    attempts = dict(
+        await pool.fetch(
+            "SELECT t.key, a.state FROM attempts a JOIN tasks t ON t.id = a.task_id"
+            " WHERE a.run_id = $1",
+            run_id,
+        )
+    )
+    assert attempts == {"t0": "failed", "t1": "canceled"}

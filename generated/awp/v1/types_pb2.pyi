@@ -70,7 +70,9 @@ class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     """Lifecycle of one task of one run.
     PENDING (dependencies not done) -> READY -> QUEUED (a dispatch exists, no attempt yet)
     -> RUNNING -> SUCCEEDED | FAILED | WAITING_RETRY (-> READY after backoff);
-    CANCELED when the run is canceled first; SKIPPED when the run failed first.
+    When the run is canceled, every unfinished task ends CANCELED. When the run fails, a
+    task that is RUNNING ends CANCELED (its attempt is stopped) and one that is not
+    running (PENDING, READY, QUEUED, WAITING_RETRY) ends SKIPPED: it will never run.
     """
 
 TASK_STATE_UNSPECIFIED: TaskState.ValueType  # 0
