@@ -13,10 +13,12 @@ from test_worker_executors import make_ctx, make_lease
 from test_worker_units import FakeRpcError
 
 from awp.v1 import worker_pb2
+from awp_protocol.errors import FieldsInvalid
+from awp_protocol.results import check_result
 from awp_worker._backoff import Backoff
-from awp_worker._completer import DROPPED, REJECTED, ResultFlusher
+from awp_worker._completer import DROPPED, MAX_SERVER_FAULTS, REJECTED, ResultFlusher
 from awp_worker._errors import SessionLost
-from awp_worker._executors import output_struct, success
+from awp_worker._executors import failure, output_struct, success
 from awp_worker._lease import HeldLease, LeaseClock, LeaseTable
 from awp_worker._metrics import Metrics
 from kit import poll_until as eventually
@@ -31,6 +33,31 @@ def make_held(dispatch_id: int, output: dict[str, Any] | None = None) -> HeldLea
     return held
 
 
+def make_failed(dispatch_id: int, message: str, *, retryable: bool) -> HeldLease:
+    held = make_held(dispatch_id)
+    held.result = failure(held.lease, message, retryable=retryable)
+    return held
+
+
+def as_the_server_refuses(
+    code: grpc.StatusCode,
+) -> Callable[[Sequence[worker_pb2.TaskResult]], Exception | None]:
+    """Refuses a Complete holding a result the server's own check refuses, with `code`
+    (INVALID_ARGUMENT as the server answers now, INTERNAL as it once did)."""
+
+    def refuse(results: Sequence[worker_pb2.TaskResult]) -> Exception | None:
+        try:
+            for index, result in enumerate(results):
+                check_result(f"results[{index}]", result)
+        except FieldsInvalid as exc:
+            # An INTERNAL answer comes from no handler of AWP's: it carries no reason.
+            reason = "INVALID_ARGUMENT" if code == grpc.StatusCode.INVALID_ARGUMENT else ""
+            return FakeRpcError(code, reason, str(exc))
+        return None
+
+    return refuse
+
+
 class Recorder:
     """The flusher's owner: a real lease table, a Complete that records its calls (and
     fails as told), and a record of how each result was settled."""
@@ -42,6 +69,10 @@ class Recorder:
         self.dropped: list[int] = []
         self.rejected: list[int] = []
         self.while_sending: Callable[[], None] = lambda: None
+        # A server's answer to what it cannot store: called with each Complete's results.
+        self.refuse: Callable[[Sequence[worker_pb2.TaskResult]], Exception | None] = (
+            lambda results: None
+        )
         self.metrics = Metrics()
         self.leases = LeaseTable(lambda: None)
         self.session = self  # the flusher's one call: complete()
@@ -62,6 +93,9 @@ class Recorder:
         self.while_sending()
         if self.errors:
             raise self.errors.pop(0)
+        refusal = self.refuse(results)
+        if refusal is not None:
+            raise refusal
         return worker_pb2.CompleteResponse(
             answers=[
                 worker_pb2.CompleteAnswer(
@@ -161,9 +195,11 @@ async def test_results_of_revoked_leases_are_dropped_before_sending() -> None:
     assert recorder.dropped == [1]
 
 
-async def test_a_rejected_batch_is_retried_one_by_one() -> None:
+async def test_a_result_refused_with_its_replacement_gives_its_lease_up() -> None:
     invalid = FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT)
-    recorder = Recorder(invalid, invalid)  # the batch, then the first single
+    # The batch, then the first half (result 1 alone), then the failure reported in
+    # its place: refused three times, its lease is given up; result 2 goes through.
+    recorder = Recorder(invalid, invalid, invalid)
     flusher = recorder.flusher()
     flusher.submit(recorder.hold(1))
     flusher.submit(recorder.hold(2))
@@ -205,3 +241,67 @@ async def test_batches_stay_under_the_message_size_limit() -> None:
     await _run_until(flusher, lambda: len(recorder.answers) == 5)
     assert len(recorder.calls) >= 2
     assert all(sum(r.ByteSize() for r in call) < 4 * 1024 * 1024 for call in recorder.calls)
+
+
+async def test_a_refused_result_is_isolated_by_bisection_and_reported_as_failed() -> None:
+    """Issue 13: one result the server refuses (a NUL in its error message) among 8.
+    The batch is split until that result is alone; it is reported as a failure with
+    the server's reason (retryable as the action's failure was), the 7 others are
+    recorded, and no refused Complete is ever sent again unchanged."""
+    recorder = Recorder()
+    recorder.refuse = as_the_server_refuses(grpc.StatusCode.INVALID_ARGUMENT)
+    flusher = recorder.flusher(flush_size=8, flush_interval=30.0)
+    for i in range(8):
+        if i == 5:
+            poison = make_failed(i, "bad\x00byte", retryable=False)
+            recorder.leases.add(poison)
+            flusher.submit(poison)
+        else:
+            flusher.submit(recorder.hold(i))
+    await _run_until(flusher, lambda: len(recorder.answers) == 8)
+    assert recorder.answers == dict.fromkeys(range(8), "accepted")
+    assert recorder.rejected == []
+    sent = [[r.dispatch_id for r in call] for call in recorder.calls]
+    assert sent == [
+        [0, 1, 2, 3, 4, 5, 6, 7],  # refused
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],  # refused
+        [4, 5],  # refused
+        [4],
+        [5],  # refused
+        [5],  # the failure in its place
+        [6, 7],
+    ]
+    refused = [i for i, call in enumerate(recorder.calls) if recorder.refuse(call) is not None]
+    assert refused == [0, 2, 3, 5]
+    for i in refused:
+        assert recorder.calls[i] not in recorder.calls[i + 1 :]
+    replacement = recorder.calls[6][0]
+    assert replacement.outcome == worker_pb2.RESULT_OUTCOME_FAILED
+    assert "\x00" not in replacement.error.message
+    assert replacement.error.message.startswith(
+        "the server refused this task's result: INVALID_ARGUMENT [INVALID_ARGUMENT]: "
+        "results[0].error.message: must not contain NUL characters"
+    )
+    assert replacement.error.message.endswith("the action's error began: bad\\x00byte")
+    assert replacement.error.retryable is False
+
+
+async def test_internal_answers_are_retried_a_bounded_number_of_times() -> None:
+    """A server that fails on a result with INTERNAL (as one did on a NUL) gets
+    MAX_SERVER_FAULTS tries per Complete, then the batch is split like a refused one."""
+    recorder = Recorder()
+    recorder.refuse = as_the_server_refuses(grpc.StatusCode.INTERNAL)
+    flusher = recorder.flusher(backoff=lambda: Backoff(0.001, 0.01))
+    flusher.submit(recorder.hold(1))
+    poison = make_failed(2, "bad\x00byte", retryable=True)
+    recorder.leases.add(poison)
+    flusher.submit(poison)
+    await _run_until(flusher, lambda: len(recorder.answers) == 2)
+    sent = [[r.dispatch_id for r in call] for call in recorder.calls]
+    tries = MAX_SERVER_FAULTS
+    assert sent == [[1, 2]] * tries + [[1]] + [[2]] * tries + [[2]]
+    replacement = recorder.calls[-1][0]
+    assert replacement.outcome == worker_pb2.RESULT_OUTCOME_FAILED
+    assert replacement.error.message.startswith("the server refused this task's result: INTERNAL")
+    assert replacement.error.retryable is True

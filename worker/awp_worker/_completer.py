@@ -8,7 +8,11 @@ results that finish meanwhile form the next batch.
 A Complete whose answer is lost is sent again with the same lease tokens and the same
 results (the server answers DUPLICATE for what it already recorded). Before every
 send, results whose lease the worker no longer holds (revoked meanwhile) are dropped.
-Each result ends with one call to the owner's ``settled()``.
+A Complete the server refuses (INVALID_ARGUMENT and the like, or INTERNAL again and
+again) is never sent again unchanged: it is bisected until the refused result is alone,
+which is then reported as a failure carrying the server's reason (issue 13: one bad
+result must not wedge the others). Each result ends with one call to the owner's
+``settled()``.
 """
 
 from __future__ import annotations
@@ -20,12 +24,20 @@ from collections.abc import Callable, Sequence
 from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
 from awp_worker._backoff import Backoff
-from awp_worker._errors import Kind, classify, describe, session_lost
+from awp_worker._errors import Kind, classify, describe, server_fault, session_lost
+from awp_worker._executors import failure
 from awp_worker._lease import HeldLease
 from awp_worker._logging import LeaseLog
 from awp_worker._owner import Owner
 
 log = logging.getLogger("awp_worker.complete")
+
+# INTERNAL or UNKNOWN answers to one Complete before it is treated as refused: enough
+# to ride out a broken connection (about 0.75 s with the default backoff), bounded so
+# that a result the server fails on cannot hold its batch forever.
+MAX_SERVER_FAULTS = 5
+# How much of a refused failure's own message its replacement quotes.
+REFUSED_EXCERPT_CHARS = 512
 
 # Stay well under the server's default 4 MiB receive limit (one result may be 1 MiB).
 MAX_BYTES_PER_CALL = 3 * 1024 * 1024
@@ -49,7 +61,7 @@ _ANSWERS = {
 UNSPECIFIED = "unspecified"
 # ...and the two endings without an answer.
 DROPPED = "dropped"  # the lease was revoked before the result was sent
-REJECTED = "rejected"  # the server refused the result itself (INVALID_ARGUMENT, ...)
+REJECTED = "rejected"  # the server refused the result and its failure in its place
 
 
 class ResultFlusher:
@@ -125,13 +137,42 @@ class ResultFlusher:
         return batch
 
     async def deliver(self, batch: Sequence[HeldLease]) -> None:
-        """Send one batch until it is answered (transient errors are retried)."""
+        """Send one batch until it is answered (transient errors are retried).
+
+        A batch the server refuses is never sent again as it was: it is split in halves
+        until each refused result stands alone, and that one is reported as failed
+        instead (``_replace``), so the others are recorded and the task follows its
+        retry rule.
+        """
+        sent = await self._send(list(batch))
+        if sent is None:
+            return
+        todo, answer = sent
+        if isinstance(answer, worker_pb2.CompleteResponse):
+            self._answered(todo, answer)
+        elif len(todo) > 1:
+            log.warning(
+                "Complete of %d results refused (%s); splitting it to isolate the refused result",
+                len(todo),
+                describe(answer),
+            )
+            half = len(todo) // 2
+            await self.deliver(todo[:half])
+            await self.deliver(todo[half:])
+        else:
+            await self._replace(todo[0], answer)
+
+    async def _send(
+        self, todo: list[HeldLease]
+    ) -> tuple[list[HeldLease], worker_pb2.CompleteResponse | Exception] | None:
+        """The results still held and the server's answer, or the error by which it
+        refused them; None once none of them is held any more."""
         backoff = self._new_backoff()
-        todo = list(batch)
+        faults = 0
         while True:
             todo = self._current(todo)
             if not todo:
-                return
+                return None
             try:
                 response = await self._owner.session.complete(
                     [held.result for held in todo if held.result]
@@ -142,11 +183,17 @@ class ResultFlusher:
                     if not self._current(todo):
                         # A session that ended after its Drain, for results it no
                         # longer holds: nothing is lost.
-                        return
+                        return None
                     raise session_lost(exc) from None
                 if kind is Kind.REJECTED:
-                    await self._rejected(todo, exc)
-                    return
+                    return todo, exc
+                if server_fault(exc):
+                    faults += 1
+                    if faults >= MAX_SERVER_FAULTS:
+                        # No longer believed to be a broken connection: the server
+                        # fails on these results. Resending them forever would wedge
+                        # every one of them behind the bad one.
+                        return todo, exc
                 level = logging.WARNING if backoff.failures % 10 == 0 else logging.DEBUG
                 log.log(
                     level,
@@ -156,8 +203,7 @@ class ResultFlusher:
                 )
                 await asyncio.sleep(backoff.next())
                 continue
-            self._answered(todo, response)
-            return
+            return todo, response
 
     def _current(self, todo: list[HeldLease]) -> list[HeldLease]:
         current = []
@@ -183,23 +229,27 @@ class ResultFlusher:
             )
             self._settle(held, name, level, message)
 
-    async def _rejected(self, todo: list[HeldLease], exc: Exception) -> None:
-        if len(todo) > 1:
-            # One bad result must not sink the others: try them one by one.
-            log.warning(
-                "Complete of %d results rejected (%s); retrying them one by one",
-                len(todo),
-                describe(exc),
-            )
-            for held in todo:
-                await self.deliver([held])
+    async def _replace(self, held: HeldLease, refusal: Exception) -> None:
+        """Reports a result the server refused alone as a failure of the task that
+        carries the server's reason. Refused too, the lease is given up instead."""
+        held.result = _refused_result(held, describe(refusal))
+        LeaseLog(log, held.log_fields).warning(
+            "the server refused this result (%s); reporting it as failed instead",
+            describe(refusal),
+        )
+        sent = await self._send([held])
+        if sent is None:
+            return
+        todo, answer = sent
+        if isinstance(answer, worker_pb2.CompleteResponse):
+            self._answered(todo, answer)
             return
         self._settle(
-            todo[0],
+            held,
             REJECTED,
             logging.ERROR,
-            f"the server rejected this result ({describe(exc)}); giving the lease up so it "
-            "is retried",
+            f"the server refused this result and its replacement ({describe(answer)}); "
+            "giving the lease up so it is retried",
         )
 
     def _settle(self, held: HeldLease, outcome: str, level: int, message: str) -> None:
@@ -210,3 +260,24 @@ class ResultFlusher:
 
 def _result_size(held: HeldLease) -> int:
     return held.result.ByteSize() + 16 if held.result is not None else 0
+
+
+def _refused_result(held: HeldLease, refusal: str) -> worker_pb2.TaskResult:
+    """A failure in place of a refused result: retryable as the action's own failure
+    was (a refused success is retryable: the task's retry rule bounds it), with the
+    server's reason and the start of the action's error, every character printable so
+    that this report cannot be refused for the same reason."""
+    original = held.result
+    message = f"the server refused this task's result: {_printable(refusal)}"
+    retryable = True
+    if original is not None and original.outcome == worker_pb2.RESULT_OUTCOME_FAILED:
+        retryable = original.error.retryable
+        excerpt = _printable(original.error.message[:REFUSED_EXCERPT_CHARS])
+        message += f"; the action's error began: {excerpt}"
+    return failure(held.lease, message, retryable=retryable)
+
+
+def _printable(text: str) -> str:
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )

@@ -68,6 +68,13 @@ def classify(exc: Exception) -> Kind:
     return Kind.REJECTED
 
 
+def server_fault(exc: BaseException) -> bool:
+    """INTERNAL or UNKNOWN: transient as far as ``classify`` goes (a broken connection
+    reads so), but also what a server answers when it fails on the request itself. A
+    caller that resends the same request retries these only a bounded number of times."""
+    return status_code(exc) in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+
+
 def is_transient(exc: BaseException) -> bool:
     """The retry predicate for tenacity. Only an ``Exception`` can be transient: a
     ``CancelledError`` (a BaseException) must end the retrying, never be retried."""
