@@ -175,3 +175,39 @@ async def test_shutdown_while_registering_exits_cleanly() -> None:
     worker = Running(WorkerRuntime(make_config(probe)))
     await asyncio.sleep(0.3)
     assert await worker.stop() == EXIT_OK
+
+
+async def test_a_result_the_server_refuses_does_not_wedge_its_batch(fake: FakeServer) -> None:
+    """Issue 13: an action's error holds a NUL, which the server refuses, among 8
+    coalesced results. The worker isolates it by bisection and reports it as failed
+    with the server's reason; the 7 others are recorded; nothing is resent forever."""
+    registry = ActionRegistry()
+
+    @registry.action("poison.maybe")
+    async def maybe(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        if input["poison"]:
+            raise RetryableError("bad\x00byte")
+        return {"ok": True}
+
+    service = fake.service
+    tasks = [await service.add("poison.maybe", {"poison": i == 3}, kind="python") for i in range(8)]
+    worker = Running(
+        WorkerRuntime(
+            make_config(fake, kinds=("python",), concurrency=8, flush_size=8, flush_interval=5.0),
+            executors={"python": PythonExecutor(registry)},
+        )
+    )
+    await eventually(lambda: len(service.results()) == 8)
+    assert await worker.stop() == EXIT_OK
+    results = service.results()
+    assert service.completes[0].results[3].error.message == "bad\x00byte"
+    assert len(service.completes[0].results) == 8
+    for i, task in enumerate(tasks):
+        result = results[task.dispatch_id]
+        if i != 3:
+            assert output(result) == {"ok": True}
+            continue
+        assert result.outcome == worker_pb2.RESULT_OUTCOME_FAILED
+        assert "must not contain NUL characters" in result.error.message
+        assert result.error.message.endswith("began: bad\\x00byte")
+        assert result.error.retryable is True

@@ -1,9 +1,9 @@
 """A scriptable in-memory WorkerService on a real grpc.aio server, for runtime tests.
 
 It follows the protocol's rules (fencing by lease token, DUPLICATE / RESULT_CONFLICT /
-LEASE_LOST, drain -> stopped once no lease remains, hand-back) without a database, and
-lets a test inject faults: errors before or after a call is processed, revocations,
-broken heartbeat streams, leases that are never renewed.
+LEASE_LOST, drain -> stopped once no lease remains, hand-back, the server's check of each
+result) without a database, and lets a test inject faults: errors before or after a call
+is processed, revocations, broken heartbeat streams, leases that are never renewed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import grpc
 
 from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
-from awp_protocol.errors import STATUS_DETAILS_KEY, Reason, encode_status
+from awp_protocol.errors import STATUS_DETAILS_KEY, FieldsInvalid, Reason, encode_status
+from awp_protocol.results import check_result
 from kit.proto import seconds, struct
 
 TOKEN = "fake-worker-token"
@@ -277,6 +278,22 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
             await abort(context, fault)
         if self._check_session(request.session) is None:
             await abort(context, Fault(grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID"))
+        try:
+            # The real server's own check: what it refuses, refused alike.
+            for index, result in enumerate(request.results):
+                check_result(f"results[{index}]", result)
+        except FieldsInvalid as exc:
+            status = encode_status(
+                grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                str(exc),
+                Reason.INVALID_ARGUMENT,
+                violations=exc.violations,
+            )
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                str(exc),
+                trailing_metadata=((STATUS_DETAILS_KEY, status.SerializeToString()),),
+            )
         answers = []
         for result in request.results:
             task = self.tasks.get(result.dispatch_id)
