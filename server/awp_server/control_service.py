@@ -24,7 +24,7 @@ from awp_db.listen import Listener
 from awp_db.signals import RUN_EVENTS_CHANNEL
 from awp_kernel.errors import AwpError, ErrorKind, invalid
 from awp_protocol.errors import Reason
-from awp_protocol.jsonvalue import JsonInvalid, json_size, struct_to_dict
+from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
 from awp_protocol.limits import (
     MAX_CANCEL_REASON_CHARS,
     MAX_INPUT_BYTES,
@@ -114,17 +114,15 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         async with self._pool.acquire() as conn:
             started = await runs.start(conn, workflow, run_input, request.request_id or None)
             run = await _load_run(conn, started.run_id)
-        if not started.created and (
-            run.workflow_name != request.workflow_name
-            or request.workflow_version not in (0, run.workflow_version)
-        ):
+        differs = None if started.created else _differs(request, run_input, run)
+        if differs is not None:
             # Same key, different request: not a retry. Returning the other run would
             # hide the client's bug.
             raise AwpError(
                 ErrorKind.ALREADY_EXISTS,
                 Reason.REQUEST_ID_CONFLICT,
                 f"request_id {request.request_id!r} already started run {run.id} of "
-                f"{run.workflow_name}@{run.workflow_version}",
+                f"{run.workflow_name}@{run.workflow_version} with another {differs}",
                 metadata={"run_id": run.id},
             )
         return control_pb2.StartRunResponse(run=run, created=started.created)
@@ -242,6 +240,25 @@ async def _load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:
     row = await runs.get(conn, run_id)
     counts = await runs.task_counts(conn, [run_id])
     return convert.run_to_proto(row, counts[run_id])
+
+
+def _differs(
+    request: control_pb2.StartRunRequest, run_input: dict[str, Any], run: control_pb2.Run
+) -> str | None:
+    """What of a StartRun differs from the run its request_id already started, if any.
+
+    Version 0 ("the latest") matches any version: a retry must still find its run after
+    a newer version was created. Inputs are compared as canonical JSON, both read
+    through the same Struct conversion, so key order and 1 vs 1.0 do not count.
+    """
+    if run.workflow_name != request.workflow_name or request.workflow_version not in (
+        0,
+        run.workflow_version,
+    ):
+        return "workflow"
+    if canonical_json(struct_to_dict(run.input)) != canonical_json(run_input):
+        return "input"
+    return None
 
 
 # ---------------------------------------------------------------- input checks

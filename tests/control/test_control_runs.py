@@ -74,6 +74,45 @@ async def test_start_run_request_id_reused_for_another_workflow(control: Stub) -
     )
 
 
+async def test_start_run_request_id_reused_with_another_input_or_version(
+    control: Stub, pool: Pool
+) -> None:
+    """Issue 13: a reused request_id with a different request is a clear conflict, not
+    silently the original run; the same request (key order, 1 vs 1.0 aside) still is."""
+    await create_workflow(control)
+    await create_workflow(control, version=2)
+    first = await control.StartRun(
+        control_pb2.StartRunRequest(
+            workflow_name="wf", workflow_version=1, input=struct({"a": 1, "b": "x"}),
+            request_id="key",
+        )
+    )  # fmt: skip
+    retried = await control.StartRun(
+        control_pb2.StartRunRequest(
+            workflow_name="wf", input=struct({"b": "x", "a": 1.0}), request_id="key"
+        )
+    )
+    assert (retried.run.id, retried.created) == (first.run.id, False)
+    for other in (
+        control_pb2.StartRunRequest(
+            workflow_name="wf", workflow_version=1, input=struct({"a": 2, "b": "x"}),
+            request_id="key",
+        ),
+        control_pb2.StartRunRequest(workflow_name="wf", input=struct({"a": True, "b": "x"}),
+                                    request_id="key"),
+        control_pb2.StartRunRequest(workflow_name="wf", request_id="key"),
+        control_pb2.StartRunRequest(
+            workflow_name="wf", workflow_version=2, input=struct({"a": 1, "b": "x"}),
+            request_id="key",
+        ),
+    ):  # fmt: skip
+        error = await expect_error(
+            control.StartRun(other), grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_CONFLICT"
+        )
+        assert first.run.id in error.message
+    assert await pool.fetchval("SELECT count(*) FROM runs") == 1
+
+
 @pytest.mark.parametrize(
     ("request_", "field"),
     [

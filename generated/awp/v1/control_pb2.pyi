@@ -203,7 +203,9 @@ class StartRunRequest(_message.Message):
     workflow_version: _builtins.int
     """0: the latest version."""
     request_id: _builtins.str
-    """Client-chosen idempotency key (at most 128 characters); empty: always a new run."""
+    """Client-chosen idempotency key (at most 128 characters); empty: always a new run. It
+    stands for this exact request: the same key with another request is a conflict.
+    """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """JSON object handed to every task of the run with its lease (Lease.run_input;

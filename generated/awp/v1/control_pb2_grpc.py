@@ -112,7 +112,9 @@ class ControlServiceServicer:
 
     def StartRun(self, request, context):
         """Starts a run: every task is created in one transaction (roots READY, the rest
-        PENDING). Retrying with the same request_id returns the same run (created = false).
+        PENDING). Retrying with the same request_id returns the same run (created = false);
+        reusing it with another workflow, version or input fails with ALREADY_EXISTS /
+        REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

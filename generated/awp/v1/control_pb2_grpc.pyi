@@ -47,7 +47,9 @@ class ControlServiceStub:
     ListWorkflows: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListWorkflowsRequest, _control_pb2.ListWorkflowsResponse]
     StartRun: _grpc.UnaryUnaryMultiCallable[_control_pb2.StartRunRequest, _control_pb2.StartRunResponse]
     """Starts a run: every task is created in one transaction (roots READY, the rest
-    PENDING). Retrying with the same request_id returns the same run (created = false).
+    PENDING). Retrying with the same request_id returns the same run (created = false);
+    reusing it with another workflow, version or input fails with ALREADY_EXISTS /
+    REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
     """
     GetRun: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetRunRequest, _control_pb2.GetRunResponse]
     """The run with all its tasks and attempts."""
@@ -77,7 +79,9 @@ class ControlServiceAsyncStub(ControlServiceStub):
     ListWorkflows: _aio.UnaryUnaryMultiCallable[_control_pb2.ListWorkflowsRequest, _control_pb2.ListWorkflowsResponse]  # type: ignore[assignment]
     StartRun: _aio.UnaryUnaryMultiCallable[_control_pb2.StartRunRequest, _control_pb2.StartRunResponse]  # type: ignore[assignment]
     """Starts a run: every task is created in one transaction (roots READY, the rest
-    PENDING). Retrying with the same request_id returns the same run (created = false).
+    PENDING). Retrying with the same request_id returns the same run (created = false);
+    reusing it with another workflow, version or input fails with ALREADY_EXISTS /
+    REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
     """
     GetRun: _aio.UnaryUnaryMultiCallable[_control_pb2.GetRunRequest, _control_pb2.GetRunResponse]  # type: ignore[assignment]
     """The run with all its tasks and attempts."""
@@ -128,7 +132,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.StartRunResponse, _abc.Awaitable[_control_pb2.StartRunResponse]]:
         """Starts a run: every task is created in one transaction (roots READY, the rest
-        PENDING). Retrying with the same request_id returns the same run (created = false).
+        PENDING). Retrying with the same request_id returns the same run (created = false);
+        reusing it with another workflow, version or input fails with ALREADY_EXISTS /
+        REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
         """
 
     @_abc_1.abstractmethod

@@ -43,7 +43,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_DEFINITION_CONFLICT: _ErrorReason.ValueType  # 5
     """ALREADY_EXISTS: workflows are immutable; this name and version hold another definition."""
     ERROR_REASON_REQUEST_ID_CONFLICT: _ErrorReason.ValueType  # 6
-    """ALREADY_EXISTS: the request id already started a run of another workflow."""
+    """ALREADY_EXISTS: the request id already started a run of another workflow, version
+    or input (ErrorInfo metadata run_id names that run).
+    """
     ERROR_REASON_TOKEN_INVALID: _ErrorReason.ValueType  # 7
     """UNAUTHENTICATED: the cluster's worker or admin token is missing or wrong."""
     ERROR_REASON_SESSION_INVALID: _ErrorReason.ValueType  # 8
@@ -74,7 +76,9 @@ ERROR_REASON_RUN_NOT_FOUND: ErrorReason.ValueType  # 4
 ERROR_REASON_DEFINITION_CONFLICT: ErrorReason.ValueType  # 5
 """ALREADY_EXISTS: workflows are immutable; this name and version hold another definition."""
 ERROR_REASON_REQUEST_ID_CONFLICT: ErrorReason.ValueType  # 6
-"""ALREADY_EXISTS: the request id already started a run of another workflow."""
+"""ALREADY_EXISTS: the request id already started a run of another workflow, version
+or input (ErrorInfo metadata run_id names that run).
+"""
 ERROR_REASON_TOKEN_INVALID: ErrorReason.ValueType  # 7
 """UNAUTHENTICATED: the cluster's worker or admin token is missing or wrong."""
 ERROR_REASON_SESSION_INVALID: ErrorReason.ValueType  # 8
