@@ -250,6 +250,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         try:
             while True:
                 receive = asyncio.ensure_future(anext(iterator))
+                receive.add_done_callback(_retrieved)
                 await asyncio.wait({receive, shutdown}, return_when=asyncio.FIRST_COMPLETED)
                 if not receive.done():
                     return
@@ -331,6 +332,14 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         return worker_pb2.DrainResponse(
             session_state=WORKER_STATES.proto(outcome.state), active_leases=outcome.active_leases
         )
+
+
+def _retrieved(receive: asyncio.Future[Any]) -> None:
+    """Reads a finished receive's exception. A worker killed mid-stream ends the request
+    stream (StopAsyncIteration) at the moment the handler is cancelled, so nobody else
+    may read it, and asyncio would log "Task exception was never retrieved"."""
+    if not receive.cancelled():
+        receive.exception()
 
 
 def _now() -> timestamp_pb2.Timestamp:

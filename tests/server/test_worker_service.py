@@ -327,7 +327,7 @@ async def test_when_a_run_fails_a_running_sibling_is_canceled_and_an_unstarted_o
 ) -> None:
     """DESIGN.md §3: a task that had started is canceled (its attempt is stopped); one
     that never ran is skipped."""
-    run_id, worker, (first, second) = await leased(
+    run_id, worker, (first, _second) = await leased(
         stub, pool, spec(tasks=3, max_attempts=1, depends={2: [0]}), 2
     )
     assert await worker.fail(first, "boom", retryable=False) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
