@@ -204,9 +204,6 @@ async def run_get(client: Client, args: argparse.Namespace) -> Exit:
     return Exit.OK
 
 
-RUN_STATES = ("running", "succeeded", "failed", "canceled")
-
-
 async def run_list(client: Client, args: argparse.Namespace) -> Exit:
     request = control_pb2.ListRunsRequest(workflow_name=args.workflow or "")
     if args.state:

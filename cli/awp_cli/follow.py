@@ -131,7 +131,7 @@ class ProgressView:
 
     def __init__(self, run: control_pb2.Run, recent: int = 6) -> None:
         self.run = run
-        self.total = max(1, sum(run.task_counts.values()))
+        self.total = max(1, sum(c.count for c in run.tasks_by_state))
         self.events: deque[Text] = deque(maxlen=recent)
         self.note = ""
 
@@ -148,7 +148,7 @@ class ProgressView:
         self.note = why
 
     def __rich__(self) -> RenderableType:
-        counts = dict(self.run.task_counts)
+        counts = render.task_counts(self.run)
         done = sum(n for state, n in counts.items() if state in TERMINAL_TASK_STATES)
         bar = Table.grid(padding=(0, 1))
         bar.add_row(

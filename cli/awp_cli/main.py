@@ -21,6 +21,7 @@ from awp_cli.client import Client, Target
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit
 from awp_common import flags
+from awp_protocol.states import RUN_STATES
 
 Handler = Callable[[Client, argparse.Namespace], Awaitable[Exit]]
 
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     get_run.add_argument("run_id", metavar="RUN_ID")
     list_runs = add(runs, "list", commands.run_list, "list runs, newest first")
     list_runs.add_argument("--workflow", help="only runs of this workflow")
-    list_runs.add_argument("--state", choices=commands.RUN_STATES, help="only runs in this state")
+    list_runs.add_argument("--state", choices=RUN_STATES, help="only runs in this state")
     list_runs.add_argument("--limit", type=_positive, default=50, help="at most this many")
     watch = add(runs, "watch", commands.run_watch, "print a run's events until it ends")
     watch.add_argument("run_id", metavar="RUN_ID")

@@ -84,8 +84,17 @@ def attempt_state(value: int) -> str:
     return _state(types_pb2.AttemptState, "ATTEMPT_STATE_", value)
 
 
+def dispatch_state(value: int) -> str:
+    return _state(types_pb2.DispatchState, "DISPATCH_STATE_", value)
+
+
 def worker_state(value: int) -> str:
     return _state(types_pb2.WorkerState, "WORKER_STATE_", value)
+
+
+def task_counts(run: control_pb2.Run) -> dict[str, int]:
+    """The run's tasks by state name, as counts_text shows them."""
+    return {task_state(c.state): c.count for c in run.tasks_by_state}
 
 
 def styled(state: str, text: str | None = None) -> Text:
@@ -219,7 +228,7 @@ def runs_table(found: Iterable[control_pb2.Run]) -> Table:
             run.id,
             workflow_ref(run.workflow_name, run.workflow_version),
             state_text,
-            counts_text(dict(run.task_counts)),
+            counts_text(task_counts(run)),
             local_time(run.created_at),
             took(run_duration(run)),
         )
@@ -302,7 +311,7 @@ def attempts_table(attempts: Sequence[control_pb2.Attempt]) -> Table:
 
 def run_view(answer: control_pb2.GetRunResponse) -> RenderableType:
     run = answer.run
-    parts: list[RenderableType] = [run_header(run), counts_text(dict(run.task_counts))]
+    parts: list[RenderableType] = [run_header(run), counts_text(task_counts(run))]
     parts += [Text(""), tasks_table(answer)]
     if answer.attempts:
         parts += [Text(""), Text("attempts", style="bold"), attempts_table(answer.attempts)]
@@ -324,7 +333,7 @@ def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:
             f" in {took(run_duration(run))}",
             ("  " + workflow_ref(run.workflow_name, run.workflow_version), "dim"),
         ),
-        Text.assemble(("  tasks:    ", "dim"), counts_text(dict(run.task_counts))),
+        Text.assemble(("  tasks:    ", "dim"), counts_text(task_counts(run))),
         Text.assemble(
             ("  attempts: ", "dim"),
             f"{len(answer.attempts)} (",
@@ -371,19 +380,27 @@ def stats_view(stats: control_pb2.GetStatsResponse) -> RenderableType:
     for column in ("OF", "STATE", "KIND"):
         table.add_column(column)
     table.add_column("COUNT", justify="right")
-    order = {state: i for i, state in enumerate(TASK_STATE_ORDER)}
-    for section, counts in (
-        ("runs", stats.runs),
-        ("tasks of running runs", stats.tasks),
-        ("dispatches", stats.dispatches),
-        ("workers", stats.workers),
-    ):
-        if not counts:
+    # The server lists each section in its enum's (lifecycle) order.
+    sections: list[tuple[str, list[tuple[str, str, int]]]] = [
+        ("runs", [(run_state(c.state), "", c.count) for c in stats.runs_by_state]),
+        (
+            "tasks of running runs",
+            [(task_state(c.state), c.executor_kind, c.count) for c in stats.tasks_by_state],
+        ),
+        (
+            "dispatches",
+            [
+                (dispatch_state(c.state), c.executor_kind, c.count)
+                for c in stats.dispatches_by_state
+            ],
+        ),
+        ("workers", [(worker_state(c.state), "", c.count) for c in stats.workers_by_state]),
+    ]
+    for section, rows in sections:
+        if not rows:
             table.add_row(section, Text("none", style="dim"), "", "0")
-        for count in sorted(
-            counts, key=lambda c: (order.get(c.state, 99), c.state, c.executor_kind)
-        ):
-            table.add_row(section, styled(count.state), count.executor_kind, str(count.count))
+        for state, kind, count in rows:
+            table.add_row(section, styled(state), kind, str(count))
     oldest = (
         format_duration(stats.oldest_pending.ToTimedelta().total_seconds())
         if stats.HasField("oldest_pending")

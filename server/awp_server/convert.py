@@ -247,8 +247,12 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
         created_at=timestamp(row.created_at),
         finished_at=timestamp(row.finished_at),
         cancel_requested_at=timestamp(row.cancel_requested_at),
-        task_counts=task_counts,
         last_seq=row.last_seq,
+        # In the enum's (lifecycle) order, as GetStats lists its counts.
+        tasks_by_state=[
+            control_pb2.TaskStateCount(state=TASK_STATES.proto(state), count=n)
+            for state, n in sorted(task_counts.items(), key=lambda item: TASK_STATES.proto(item[0]))
+        ],
     )
 
 
@@ -351,19 +355,36 @@ def worker_to_proto(row: WorkerInfo) -> control_pb2.WorkerInfo:
     )
 
 
-def _state_counts(counts: Iterable[StateCount]) -> list[control_pb2.StateCount]:
-    return [
-        control_pb2.StateCount(state=c.state, executor_kind=c.executor_kind or "", count=c.count)
-        for c in counts
-    ]
+def _by_state(counts: Iterable[StateCount], states: EnumMap[V]) -> list[StateCount]:
+    """The API lists counts in the enum's (lifecycle) order, then by executor kind."""
+    return sorted(counts, key=lambda c: (states.proto(c.state), c.executor_kind or ""))
 
 
 def stats_to_proto(stats: Stats) -> control_pb2.GetStatsResponse:
-    return control_pb2.GetStatsResponse(
-        tasks=_state_counts(stats.tasks),
-        dispatches=_state_counts(stats.dispatches),
-        runs=_state_counts(stats.runs),
-        workers=_state_counts(stats.workers),
+    answer = control_pb2.GetStatsResponse
+    return answer(
+        tasks_by_state=[
+            answer.TaskCount(
+                state=TASK_STATES.proto(c.state), executor_kind=c.executor_kind or "", count=c.count
+            )
+            for c in _by_state(stats.tasks, TASK_STATES)
+        ],
+        dispatches_by_state=[
+            answer.DispatchCount(
+                state=DISPATCH_STATES.proto(c.state),
+                executor_kind=c.executor_kind or "",
+                count=c.count,
+            )
+            for c in _by_state(stats.dispatches, DISPATCH_STATES)
+        ],
+        runs_by_state=[
+            answer.RunCount(state=RUN_STATES.proto(c.state), count=c.count)
+            for c in _by_state(stats.runs, RUN_STATES)
+        ],
+        workers_by_state=[
+            answer.WorkerCount(state=WORKER_STATES.proto(c.state), count=c.count)
+            for c in _by_state(stats.workers, WORKER_STATES)
+        ],
         active_leases=stats.active_leases,
         # Unset when nothing is pending: "no queue", not "a queue of age zero".
         oldest_pending=(

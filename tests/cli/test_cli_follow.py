@@ -50,7 +50,9 @@ async def test_following_survives_a_server_restart(start_server: ServerFactory, 
     assert [e.seq for e in events] == list(range(1, final.run.last_seq + 1))
     assert "resuming after seq" in notes[0]
     # The display's counts came from GetRun, and its last one is the final state.
-    assert dict(snapshots[-1].run.task_counts) == {"succeeded": 3}
+    assert [(c.state, c.count) for c in snapshots[-1].run.tasks_by_state] == [
+        (types_pb2.TASK_STATE_SUCCEEDED, 3)
+    ]
     view = ProgressView(final.run)
     view.on_snapshot(final)
     assert view.total == 3

@@ -175,7 +175,7 @@ def test_run_start_wait_follows_a_retry_to_success(stack: DevStack, tmp_path: Pa
 
     final = stack.awp("run", "start", "cli-ok", "--wait", "--json").json()
     assert final["run"]["state"] == "RUN_STATE_SUCCEEDED"
-    assert final["run"]["taskCounts"] == {"succeeded": 3}
+    assert final["run"]["tasksByState"] == [{"state": "TASK_STATE_SUCCEEDED", "count": 3}]
     tasks = {t["key"]: t for t in final["tasks"]}
     assert tasks["flaky"]["attempts"] == 2
     assert tasks["summarize"]["output"]["sources"] == 2
@@ -223,9 +223,11 @@ def test_run_get_list_watch_and_request_ids(stack: DevStack, tmp_path: Path) -> 
 
     got = stack.awp("run", "get", run_id, "--json").json()
     assert got["run"]["state"] == "RUN_STATE_SUCCEEDED"
+    assert got["run"]["tasksByState"] == [{"state": "TASK_STATE_SUCCEEDED", "count": 3}]
     assert {a["taskKey"] for a in got["attempts"]} == {"first", "flaky", "summarize"}
     shown = stack.awp("run", "get", run_id)
     assert shown.code == 0 and "mock retryable failure" in shown.out
+    assert "3 succeeded" in shown.out
 
     listed = stack.awp("run", "list", "--workflow", "cli-watch", "--state", "succeeded", "--json")
     assert [r["id"] for r in listed.json()["runs"]] == [run_id]
@@ -261,9 +263,10 @@ def test_workers_and_stats(stack: DevStack) -> None:
     table = stack.awp("workers", "--all")
     assert table.code == 0 and "dev-worker-1" in table.out
     stats = stack.awp("stats", "--json").json()
-    assert {c["state"] for c in stats["workers"]} >= {"active"}
+    assert {c["state"] for c in stats["workersByState"]} >= {"WORKER_STATE_ACTIVE"}
     shown = stack.awp("stats")
     assert shown.code == 0 and "active leases" in shown.out
+    assert re.search(r"workers\s+active\s+\d+", shown.out)
 
 
 def test_server_counters_move_during_a_run(stack: DevStack, tmp_path: Path) -> None:

@@ -1,16 +1,19 @@
-"""Client-side pieces without a server: exit codes of statuses, paging, argument types."""
+"""Client-side pieces without a server: exit codes of statuses, paging, argument types,
+how typed states are shown."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from rich.console import Console
 
-from awp.v1 import control_pb2
-from awp_cli import commands
+from awp.v1 import control_pb2, types_pb2
+from awp_cli import commands, render
 from awp_cli.client import failure
 from awp_cli.dev import command as dev
 from awp_cli.errors import Exit
@@ -99,3 +102,40 @@ def test_default_data_dir(
         monkeypatch.setenv("XDG_DATA_HOME", xdg)
     monkeypatch.setattr(dev.os, "geteuid", lambda: euid)
     assert dev.default_data_dir() == Path(expected).expanduser()
+
+
+def test_typed_counts_are_shown_by_state_name() -> None:
+    run = control_pb2.Run(
+        tasks_by_state=[
+            control_pb2.TaskStateCount(state=types_pb2.TASK_STATE_PENDING, count=2),
+            control_pb2.TaskStateCount(state=types_pb2.TASK_STATE_WAITING_RETRY, count=1),
+        ]
+    )
+    assert render.task_counts(run) == {"pending": 2, "waiting_retry": 1}
+    assert render.counts_text(render.task_counts(run)).plain == "2 pending · 1 waiting_retry"
+
+    answer = control_pb2.GetStatsResponse
+    stats = answer(
+        tasks_by_state=[
+            answer.TaskCount(state=types_pb2.TASK_STATE_QUEUED, executor_kind="python", count=3)
+        ],
+        dispatches_by_state=[
+            answer.DispatchCount(
+                state=types_pb2.DISPATCH_STATE_LEASED, executor_kind="mock", count=1
+            )
+        ],
+        runs_by_state=[answer.RunCount(state=types_pb2.RUN_STATE_CANCELED, count=4)],
+        # A state a newer server knows and this CLI does not stays visible.
+        workers_by_state=[answer.WorkerCount(state=types_pb2.WorkerState.ValueType(9), count=5)],
+        active_leases=1,
+    )
+    console = Console(record=True, width=120)
+    console.print(render.stats_view(stats))
+    shown = console.export_text()
+    for row in (
+        r"runs\s+canceled\s+4",
+        r"tasks of running runs\s+queued\s+python\s+3",
+        r"dispatches\s+leased\s+mock\s+1",
+        r"workers\s+unknown\(9\)\s+5",
+    ):
+        assert re.search(row, shown), (row, shown)

@@ -281,10 +281,10 @@ async def test_every_rpc_through_reflection(awp_server: ServerHandle, pool: Pool
             ("reflector", {"via": "reflection"})
         ]
         stats = await call(client.unary, CONTROL, "GetStats", {})
-        assert {(c["state"], c["count"]) for c in stats["runs"]} == {
-            ("succeeded", "1"),
-            ("running", "1"),
-        }
+        assert [(c["state"], c["count"]) for c in stats["runsByState"]] == [
+            ("RUN_STATE_RUNNING", "1"),
+            ("RUN_STATE_SUCCEEDED", "1"),
+        ]
 
         drained = await call(client.unary, WORKER, "Drain", {"session": session})
         assert drained["sessionState"] == "WORKER_STATE_STOPPED"

@@ -90,3 +90,8 @@ async def expect_error(
     if field is not None:
         assert field in error.fields, (field, error.fields)
     return error
+
+
+def tasks_by_state(run: control_pb2.Run) -> list[tuple[int, int]]:
+    """(TaskState, count) pairs in the order the server sends them."""
+    return [(c.state, c.count) for c in run.tasks_by_state]

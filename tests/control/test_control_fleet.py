@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from uuid import UUID
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
@@ -49,10 +48,6 @@ async def test_stats_of_an_empty_system(control: Stub) -> None:
     assert not stats.HasField("oldest_pending")  # no queue, not a queue of age zero
 
 
-def counts(items: Iterable[control_pb2.StateCount]) -> dict[tuple[str, str], int]:
-    return {(c.state, c.executor_kind): c.count for c in items}
-
-
 async def test_stats_count_queues_runs_workers_and_leases(control: Stub, pool: Pool) -> None:
     await create_workflow(
         control,
@@ -77,17 +72,26 @@ async def test_stats_count_queues_runs_workers_and_leases(control: Stub, pool: P
         await dispatching.create_dispatches(conn)
 
     stats = await control.GetStats(control_pb2.GetStatsRequest())
-    # Only the running run's tasks: the canceled run's are history.
-    assert counts(stats.tasks) == {
-        ("running", "mock"): 1,
-        ("queued", "mock"): 1,
-        ("ready", "mock"): 1,
-        ("ready", "python"): 1,
-        ("pending", "mock"): 1,
-    }
-    assert counts(stats.dispatches) == {("leased", "mock"): 1, ("pending", "mock"): 1}
-    assert counts(stats.runs) == {("running", ""): 1, ("canceled", ""): 1}
-    assert counts(stats.workers) == {("active", ""): 2}
+    # Only the running run's tasks: the canceled run's are history. Each list comes in
+    # its enum's (lifecycle) order, then by executor kind.
+    assert [(c.state, c.executor_kind, c.count) for c in stats.tasks_by_state] == [
+        (types_pb2.TASK_STATE_PENDING, "mock", 1),
+        (types_pb2.TASK_STATE_READY, "mock", 1),
+        (types_pb2.TASK_STATE_READY, "python", 1),
+        (types_pb2.TASK_STATE_QUEUED, "mock", 1),
+        (types_pb2.TASK_STATE_RUNNING, "mock", 1),
+    ]
+    assert [(c.state, c.executor_kind, c.count) for c in stats.dispatches_by_state] == [
+        (types_pb2.DISPATCH_STATE_PENDING, "mock", 1),
+        (types_pb2.DISPATCH_STATE_LEASED, "mock", 1),
+    ]
+    assert [(c.state, c.count) for c in stats.runs_by_state] == [
+        (types_pb2.RUN_STATE_RUNNING, 1),
+        (types_pb2.RUN_STATE_CANCELED, 1),
+    ]
+    assert [(c.state, c.count) for c in stats.workers_by_state] == [
+        (types_pb2.WORKER_STATE_ACTIVE, 2)
+    ]
     assert stats.active_leases == 1
     assert stats.HasField("oldest_pending")
     assert stats.oldest_pending.ToMilliseconds() >= 0

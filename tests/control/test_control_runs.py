@@ -15,7 +15,7 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.limits import MAX_INPUT_BYTES
-from control.helpers import create_workflow, expect_error, start_run, task
+from control.helpers import create_workflow, expect_error, start_run, task, tasks_by_state
 from kit.db import converge_cancel, drive_to_end, register
 from kit.proto import struct
 
@@ -37,7 +37,10 @@ async def test_start_run_creates_every_task(control: Stub) -> None:
     assert run.state == types_pb2.RUN_STATE_RUNNING
     assert run.revision == 1  # one transaction created the run and all its tasks
     assert run.last_seq == 4  # run.created + one task.state per task
-    assert dict(run.task_counts) == {"ready": 1, "pending": 2}
+    assert tasks_by_state(run) == [
+        (types_pb2.TASK_STATE_PENDING, 2),
+        (types_pb2.TASK_STATE_READY, 1),
+    ]
     assert struct_to_dict(run.input) == {"who": "me", "n": 3}
     assert run.request_id == "req-1"
     assert run.HasField("created_at")
@@ -195,7 +198,10 @@ async def test_get_run_has_tasks_and_attempts(control: Stub, pool: Pool) -> None
     assert a.HasField("finished_at") and not a.HasField("error")
     assert b.state == types_pb2.TASK_STATE_READY and list(b.depends_on) == ["a"]
     assert after.attempts[0].state == types_pb2.ATTEMPT_STATE_SUCCEEDED
-    assert dict(after.run.task_counts) == {"succeeded": 1, "ready": 1}
+    assert tasks_by_state(after.run) == [
+        (types_pb2.TASK_STATE_READY, 1),
+        (types_pb2.TASK_STATE_SUCCEEDED, 1),
+    ]
     assert after.run.revision == 4  # start, dispatch, claim, complete
     assert after.run.last_seq == during.run.last_seq + 3  # attempt, task a, task b ready
 
@@ -280,10 +286,13 @@ async def test_list_runs_filters_by_state_and_counts_tasks(control: Stub, pool: 
         control_pb2.ListRunsRequest(state=types_pb2.RUN_STATE_SUCCEEDED)
     )
     assert [r.id for r in succeeded.runs] == [done.id]
-    assert dict(succeeded.runs[0].task_counts) == {"succeeded": 2}
+    assert tasks_by_state(succeeded.runs[0]) == [(types_pb2.TASK_STATE_SUCCEEDED, 2)]
     still = await control.ListRuns(control_pb2.ListRunsRequest(state=types_pb2.RUN_STATE_RUNNING))
     assert [r.id for r in still.runs] == [running.id]
-    assert dict(still.runs[0].task_counts) == {"ready": 1, "pending": 1}
+    assert tasks_by_state(still.runs[0]) == [
+        (types_pb2.TASK_STATE_PENDING, 1),
+        (types_pb2.TASK_STATE_READY, 1),
+    ]
 
 
 async def test_list_runs_page_size_is_capped(control: Stub, pool: Pool) -> None:
@@ -357,7 +366,7 @@ async def test_cancel_run_records_the_intent_once(control: Stub, pool: Pool) -> 
     await converge_cancel(pool, UUID(run.id))
     got = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
     assert got.run.state == types_pb2.RUN_STATE_CANCELED
-    assert dict(got.run.task_counts) == {"canceled": 2}
+    assert tasks_by_state(got.run) == [(types_pb2.TASK_STATE_CANCELED, 2)]
 
 
 async def test_cancel_finished_run_is_a_no_op(control: Stub, pool: Pool) -> None:

@@ -229,68 +229,32 @@ class StartRunRequest(_message.Message):
 Global___StartRunRequest: _TypeAlias = StartRunRequest  # noqa: Y015
 
 @_typing.final
-class TaskCounts(_message.Message):
+class TaskStateCount(_message.Message):
+    """How many of a run's tasks are in one state."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    @_typing.final
-    class ByStateEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.int
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.int = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    BY_STATE_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def by_state(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    STATE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    state: _types_pb2.TaskState.ValueType
+    count: _builtins.int
     def __init__(
         self,
         *,
-        by_state: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        state: _types_pb2.TaskState.ValueType = ...,
+        count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_state", b"by_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___TaskCounts: _TypeAlias = TaskCounts  # noqa: Y015
+Global___TaskStateCount: _TypeAlias = TaskStateCount  # noqa: Y015
 
 @_typing.final
 class Run(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
-
-    @_typing.final
-    class TaskCountsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.int
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.int = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     ID_FIELD_NUMBER: _builtins.int
     WORKFLOW_NAME_FIELD_NUMBER: _builtins.int
@@ -302,8 +266,8 @@ class Run(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_AT_FIELD_NUMBER: _builtins.int
-    TASK_COUNTS_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
+    TASKS_BY_STATE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     workflow_name: _builtins.str
     workflow_version: _builtins.int
@@ -322,8 +286,10 @@ class Run(_message.Message):
     @_builtins.property
     def cancel_requested_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
-    def task_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
-        """Lower-case task state -> count."""
+    def tasks_by_state(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskStateCount]:
+        """One entry per state the run's tasks are in, in the enum's (lifecycle) order; states
+        no task is in are left out.
+        """
 
     def __init__(
         self,
@@ -338,12 +304,12 @@ class Run(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         cancel_requested_at: _timestamp_pb2.Timestamp | None = ...,
-        task_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         last_seq: _builtins.int = ...,
+        tasks_by_state: _abc.Iterable[Global___TaskStateCount] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "revision", b"revision", "state", b"state", "task_counts", b"task_counts", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "revision", b"revision", "state", b"state", "tasks_by_state", b"tasks_by_state", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -798,55 +764,118 @@ class GetStatsRequest(_message.Message):
 Global___GetStatsRequest: _TypeAlias = GetStatsRequest  # noqa: Y015
 
 @_typing.final
-class StateCount(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    STATE_FIELD_NUMBER: _builtins.int
-    EXECUTOR_KIND_FIELD_NUMBER: _builtins.int
-    COUNT_FIELD_NUMBER: _builtins.int
-    state: _builtins.str
-    """Lower-case state name."""
-    executor_kind: _builtins.str
-    """Empty where the count is not per kind."""
-    count: _builtins.int
-    def __init__(
-        self,
-        *,
-        state: _builtins.str = ...,
-        executor_kind: _builtins.str = ...,
-        count: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "executor_kind", b"executor_kind", "state", b"state"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___StateCount: _TypeAlias = StateCount  # noqa: Y015
-
-@_typing.final
 class GetStatsResponse(_message.Message):
+    """Each list holds one entry per state (and executor kind, for tasks and dispatches)
+    with a non-zero count, in the enum's (lifecycle) order, then by executor kind.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    TASKS_FIELD_NUMBER: _builtins.int
-    DISPATCHES_FIELD_NUMBER: _builtins.int
-    RUNS_FIELD_NUMBER: _builtins.int
-    WORKERS_FIELD_NUMBER: _builtins.int
+    @_typing.final
+    class TaskCount(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        STATE_FIELD_NUMBER: _builtins.int
+        EXECUTOR_KIND_FIELD_NUMBER: _builtins.int
+        COUNT_FIELD_NUMBER: _builtins.int
+        state: _types_pb2.TaskState.ValueType
+        executor_kind: _builtins.str
+        count: _builtins.int
+        def __init__(
+            self,
+            *,
+            state: _types_pb2.TaskState.ValueType = ...,
+            executor_kind: _builtins.str = ...,
+            count: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "executor_kind", b"executor_kind", "state", b"state"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class DispatchCount(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        STATE_FIELD_NUMBER: _builtins.int
+        EXECUTOR_KIND_FIELD_NUMBER: _builtins.int
+        COUNT_FIELD_NUMBER: _builtins.int
+        state: _types_pb2.DispatchState.ValueType
+        executor_kind: _builtins.str
+        count: _builtins.int
+        def __init__(
+            self,
+            *,
+            state: _types_pb2.DispatchState.ValueType = ...,
+            executor_kind: _builtins.str = ...,
+            count: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "executor_kind", b"executor_kind", "state", b"state"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class RunCount(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        STATE_FIELD_NUMBER: _builtins.int
+        COUNT_FIELD_NUMBER: _builtins.int
+        state: _types_pb2.RunState.ValueType
+        count: _builtins.int
+        def __init__(
+            self,
+            *,
+            state: _types_pb2.RunState.ValueType = ...,
+            count: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "state", b"state"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class WorkerCount(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        STATE_FIELD_NUMBER: _builtins.int
+        COUNT_FIELD_NUMBER: _builtins.int
+        state: _types_pb2.WorkerState.ValueType
+        count: _builtins.int
+        def __init__(
+            self,
+            *,
+            state: _types_pb2.WorkerState.ValueType = ...,
+            count: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "state", b"state"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TASKS_BY_STATE_FIELD_NUMBER: _builtins.int
+    DISPATCHES_BY_STATE_FIELD_NUMBER: _builtins.int
+    RUNS_BY_STATE_FIELD_NUMBER: _builtins.int
+    WORKERS_BY_STATE_FIELD_NUMBER: _builtins.int
     ACTIVE_LEASES_FIELD_NUMBER: _builtins.int
     OLDEST_PENDING_FIELD_NUMBER: _builtins.int
     active_leases: _builtins.int
     @_builtins.property
-    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateCount]:
-        """Tasks of running runs by state and executor kind."""
+    def tasks_by_state(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetStatsResponse.TaskCount]:
+        """Tasks of running runs."""
 
     @_builtins.property
-    def dispatches(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateCount]:
-        """Pending and leased dispatches by state and executor kind."""
+    def dispatches_by_state(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetStatsResponse.DispatchCount]:
+        """Pending and leased dispatches."""
 
     @_builtins.property
-    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateCount]: ...
+    def runs_by_state(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetStatsResponse.RunCount]: ...
     @_builtins.property
-    def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateCount]: ...
+    def workers_by_state(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetStatsResponse.WorkerCount]: ...
     @_builtins.property
     def oldest_pending(self) -> _duration_pb2.Duration:
         """Age of the oldest pending dispatch."""
@@ -854,16 +883,16 @@ class GetStatsResponse(_message.Message):
     def __init__(
         self,
         *,
-        tasks: _abc.Iterable[Global___StateCount] | None = ...,
-        dispatches: _abc.Iterable[Global___StateCount] | None = ...,
-        runs: _abc.Iterable[Global___StateCount] | None = ...,
-        workers: _abc.Iterable[Global___StateCount] | None = ...,
+        tasks_by_state: _abc.Iterable[Global___GetStatsResponse.TaskCount] | None = ...,
+        dispatches_by_state: _abc.Iterable[Global___GetStatsResponse.DispatchCount] | None = ...,
+        runs_by_state: _abc.Iterable[Global___GetStatsResponse.RunCount] | None = ...,
+        workers_by_state: _abc.Iterable[Global___GetStatsResponse.WorkerCount] | None = ...,
         active_leases: _builtins.int = ...,
         oldest_pending: _duration_pb2.Duration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_pending", b"oldest_pending"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "dispatches", b"dispatches", "oldest_pending", b"oldest_pending", "runs", b"runs", "tasks", b"tasks", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "dispatches_by_state", b"dispatches_by_state", "oldest_pending", b"oldest_pending", "runs_by_state", b"runs_by_state", "tasks_by_state", b"tasks_by_state", "workers_by_state", b"workers_by_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
