@@ -174,11 +174,15 @@ async def test_cancelling_a_run_revokes_its_running_lease(
     worker = start_worker(worker_config(server))
     await cancel_once_held(worker, pool, run_id)
 
+    metrics = worker.runtime.metrics
+
     async def released() -> bool:
-        return worker.runtime.held_leases == 0
+        # The lease is released at the revocation; the executor's cancellation is
+        # counted when its task has ended, a moment later: wait for both.
+        cancelled = metrics.executions.labels("mock", "cancelled")._value.get()
+        return worker.runtime.held_leases == 0 and cancelled > 0
 
     await poll_until(released, within=20)
-    metrics = worker.runtime.metrics
     assert metrics.revocations.labels("revoked")._value.get() == 1
     assert metrics.executions.labels("mock", "cancelled")._value.get() == 1
     assert metrics.complete_calls.labels("ok")._value.get() == 0  # nothing reported
