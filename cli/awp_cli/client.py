@@ -15,6 +15,7 @@ import grpc
 
 from awp.v1 import control_pb2_grpc
 from awp_cli.errors import CliError, Exit
+from awp_common import tls as tls_flags
 from awp_common.flags import flag, positive_duration
 from awp_protocol import errors
 from awp_protocol.errors import Reason
@@ -64,6 +65,11 @@ class Target:
             "--token", "AWP_TOKEN", "admin token, sent as 'authorization: Bearer'", secret=True
         ),
     )
+    tls: bool = field(default=False, metadata=tls_flags.TLS)
+    tls_ca_file: str | None = field(default=None, metadata=tls_flags.TLS_CA_FILE)
+    tls_cert_file: str | None = field(default=None, metadata=tls_flags.TLS_CERT_FILE)
+    tls_key_file: str | None = field(default=None, metadata=tls_flags.TLS_KEY_FILE)
+    tls_server_name: str | None = field(default=None, metadata=tls_flags.TLS_SERVER_NAME)
     # Deadline of each unary call, seconds.
     timeout: float = field(
         default=30.0,
@@ -126,8 +132,10 @@ class Client:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self._channel = grpc.aio.insecure_channel(
-            target.address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        self._channel = tls_flags.channel(
+            target.address,
+            tls_flags.client_tls(target),
+            [("grpc.max_receive_message_length", 64 * 1024 * 1024)],
         )
         self.control = control_pb2_grpc.ControlServiceStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (

@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
+from awp_common.tls import server_credentials
 from awp_db.connect import Pool, create_pool
 from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
@@ -134,7 +135,11 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     )
     await _set_health(health_servicer, False)
-    port = server.add_insecure_port(config.listen)
+    tls = config.tls
+    if tls is None:
+        port = server.add_insecure_port(config.listen)
+    else:
+        port = server.add_secure_port(config.listen, server_credentials(tls))
     if port == 0:
         raise OSError(f"could not listen on {config.listen}")
     await server.start()

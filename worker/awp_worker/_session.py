@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 
 import grpc
 from google.protobuf import duration_pb2
@@ -22,6 +21,7 @@ from tenacity import (
 )
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
+from awp_common import tls
 from awp_protocol.limits import PROTOCOL_VERSION
 from awp_worker._config import WorkerConfig
 from awp_worker._errors import Kind, Metadata, classify, describe, is_transient, session_lost
@@ -51,7 +51,7 @@ class Session:
         self.lease_ttl = 15.0
 
     def open(self) -> None:
-        """Create the channel; OSError if the TLS CA file cannot be read."""
+        """Create the channel; OSError if a TLS file cannot be read."""
         options = [
             ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
             # gRPC's own reconnect backoff starts at 1 s and grows to 2 min; a restarted
@@ -61,13 +61,7 @@ class Session:
             ("grpc.max_reconnect_backoff_ms", 1000),
             ("grpc.primary_user_agent", "awp-worker"),
         ]
-        config = self._config
-        if config.tls:
-            ca = Path(config.tls_ca_file).read_bytes() if config.tls_ca_file else None
-            credentials = grpc.ssl_channel_credentials(root_certificates=ca)
-            self._channel = grpc.aio.secure_channel(config.server, credentials, options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(config.server, options=options)
+        self._channel = tls.channel(self._config.server, self._config.client_tls, options)
         # An aio channel makes the generated stub asynchronous (its .pyi says so).
         self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
 

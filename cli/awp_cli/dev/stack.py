@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import ipaddress
 import os
 import re
 import secrets
@@ -32,7 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_cli.dev.children import Child, LogEcho, command, stop_group
 from awp_cli.errors import CliError, Exit, usage
-from awp_common.flags import host_port
+from awp_common.flags import host_port, is_loopback
 from awp_db.migrate import migrate_when_reachable
 
 with warnings.catch_warnings():
@@ -311,11 +310,7 @@ def _loopback(listen: str) -> tuple[str, int]:
         host, port = host_port(listen)
     except ValueError as exc:
         raise usage(f"--listen: {exc}") from None
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(listen):
         raise usage(
             f"--listen {listen}: awp dev runs without tokens, so it listens on loopback only"
         )
