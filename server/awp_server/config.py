@@ -34,6 +34,14 @@ class ServerConfig:
             "--admin-token", "AWP_ADMIN_TOKEN", "token ControlService callers present", secret=True
         ),
     )
+    credentials_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "--credentials-file",
+            "AWP_CREDENTIALS_FILE",
+            "YAML/JSON file of named credentials with roles (docs/security.md)",
+        ),
+    )
     tls_cert_file: str | None = field(
         default=None,
         metadata=flag(
@@ -157,10 +165,12 @@ def parse(
 
 def _check(config: ServerConfig) -> None:
     """What production refuses (tests build looser configs directly)."""
-    if not config.insecure and not (config.worker_token and config.admin_token):
+    if not config.insecure and not (
+        config.credentials_file or config.worker_token or config.admin_token
+    ):
         raise ValueError(
-            "refusing to start without --worker-token and --admin-token "
-            "(AWP_WORKER_TOKEN / AWP_ADMIN_TOKEN, or their _FILE variants); "
+            "refusing to start without credentials: give --credentials-file, or "
+            "--worker-token and --admin-token (AWP_* variables, or their _FILE variants); "
             "pass --insecure for local development"
         )
     if bool(config.tls_cert_file) != bool(config.tls_key_file):

@@ -249,6 +249,8 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
         cancel_requested_at=timestamp(row.cancel_requested_at),
         task_counts=task_counts,
         last_seq=row.last_seq,
+        started_by=row.started_by or "",
+        cancel_requested_by=row.cancel_requested_by or "",
     )
 
 

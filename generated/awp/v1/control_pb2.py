@@ -28,7 +28,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61wp/v1/control.proto\x12\x06\x61wp.v1\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n\x08Workflow\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\x12.\n\ncreated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"G\n\x15\x43reateWorkflowRequest\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\"M\n\x16\x43reateWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"3\n\x12GetWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"9\n\x13GetWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\"K\n\x14ListWorkflowsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x15ListWorkflowsResponse\x12#\n\tworkflows\x18\x01 \x03(\x0b\x32\x10.awp.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"~\n\x0fStartRunRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x18\n\x10workflow_version\x18\x02 \x01(\r\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"o\n\nTaskCounts\x12\x31\n\x08\x62y_state\x18\x01 \x03(\x0b\x32\x1f.awp.v1.TaskCounts.ByStateEntry\x1a.\n\x0c\x42yStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xc2\x03\n\x03Run\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12\x18\n\x10workflow_version\x18\x03 \x01(\r\x12\x1f\n\x05state\x18\x04 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13\x63\x61ncel_requested_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0btask_counts\x18\x0b \x03(\x0b\x32\x1b.awp.v1.Run.TaskCountsEntry\x12\x10\n\x08last_seq\x18\x0c \x01(\x04\x1a\x31\n\x0fTaskCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"=\n\x10StartRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xc2\x02\n\x04Task\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\r\x12\'\n\x06output\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\t \x01(\x0b\x32\x11.awp.v1.TaskError\x12,\n\x08retry_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x02\n\x07\x41ttempt\x12\x10\n\x08task_key\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.awp.v1.AttemptState\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64ispatch_id\x18\x05 \x01(\x03\x12\x15\n\rfencing_token\x18\x06 \x01(\x03\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x05\x65rror\x18\n \x01(\x0b\x32\x11.awp.v1.TaskError\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"j\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x1b\n\x05tasks\x18\x02 \x03(\x0b\x32\x0c.awp.v1.Task\x12!\n\x08\x61ttempts\x18\x03 \x03(\x0b\x32\x0f.awp.v1.Attempt\"p\n\x0fListRunsRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x1f\n\x05state\x18\x02 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.awp.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"-\n\x11\x43\x61ncelRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"5\n\x10WatchRunResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x12.awp.v1.StateEvent\"\xa5\x03\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x16\n\x0e\x65xecutor_kinds\x18\x04 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x15\n\ractive_leases\x18\x06 \x01(\r\x12.\n\x06labels\x18\x07 \x03(\x0b\x32\x1e.awp.v1.WorkerInfo.LabelsEntry\x12\x18\n\x10protocol_version\x18\x08 \x01(\r\x12\x31\n\rregistered_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstopped_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\".\n\x12ListWorkersRequest\x12\x18\n\x10include_inactive\x18\x01 \x01(\x08\":\n\x13ListWorkersResponse\x12#\n\x07workers\x18\x01 \x03(\x0b\x32\x12.awp.v1.WorkerInfo\"\x11\n\x0fGetStatsRequest\"A\n\nStateCount\x12\r\n\x05state\x18\x01 \x01(\t\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"\xee\x01\n\x10GetStatsResponse\x12!\n\x05tasks\x18\x01 \x03(\x0b\x32\x12.awp.v1.StateCount\x12&\n\ndispatches\x18\x02 \x03(\x0b\x32\x12.awp.v1.StateCount\x12 \n\x04runs\x18\x03 \x03(\x0b\x32\x12.awp.v1.StateCount\x12#\n\x07workers\x18\x04 \x03(\x0b\x32\x12.awp.v1.StateCount\x12\x15\n\ractive_leases\x18\x05 \x01(\x04\x12\x31\n\x0eoldest_pending\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration2\xb8\x05\n\x0e\x43ontrolService\x12O\n\x0e\x43reateWorkflow\x12\x1d.awp.v1.CreateWorkflowRequest\x1a\x1e.awp.v1.CreateWorkflowResponse\x12\x46\n\x0bGetWorkflow\x12\x1a.awp.v1.GetWorkflowRequest\x1a\x1b.awp.v1.GetWorkflowResponse\x12L\n\rListWorkflows\x12\x1c.awp.v1.ListWorkflowsRequest\x1a\x1d.awp.v1.ListWorkflowsResponse\x12=\n\x08StartRun\x12\x17.awp.v1.StartRunRequest\x1a\x18.awp.v1.StartRunResponse\x12\x37\n\x06GetRun\x12\x15.awp.v1.GetRunRequest\x1a\x16.awp.v1.GetRunResponse\x12=\n\x08ListRuns\x12\x17.awp.v1.ListRunsRequest\x1a\x18.awp.v1.ListRunsResponse\x12@\n\tCancelRun\x12\x18.awp.v1.CancelRunRequest\x1a\x19.awp.v1.CancelRunResponse\x12?\n\x08WatchRun\x12\x17.awp.v1.WatchRunRequest\x1a\x18.awp.v1.WatchRunResponse0\x01\x12\x46\n\x0bListWorkers\x12\x1a.awp.v1.ListWorkersRequest\x1a\x1b.awp.v1.ListWorkersResponse\x12=\n\x08GetStats\x12\x17.awp.v1.GetStatsRequest\x1a\x18.awp.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61wp/v1/control.proto\x12\x06\x61wp.v1\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n\x08Workflow\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\x12.\n\ncreated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"G\n\x15\x43reateWorkflowRequest\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\"M\n\x16\x43reateWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"3\n\x12GetWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"9\n\x13GetWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\"K\n\x14ListWorkflowsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x15ListWorkflowsResponse\x12#\n\tworkflows\x18\x01 \x03(\x0b\x32\x10.awp.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"~\n\x0fStartRunRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x18\n\x10workflow_version\x18\x02 \x01(\r\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"o\n\nTaskCounts\x12\x31\n\x08\x62y_state\x18\x01 \x03(\x0b\x32\x1f.awp.v1.TaskCounts.ByStateEntry\x1a.\n\x0c\x42yStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xf3\x03\n\x03Run\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12\x18\n\x10workflow_version\x18\x03 \x01(\r\x12\x1f\n\x05state\x18\x04 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13\x63\x61ncel_requested_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0btask_counts\x18\x0b \x03(\x0b\x32\x1b.awp.v1.Run.TaskCountsEntry\x12\x10\n\x08last_seq\x18\x0c \x01(\x04\x12\x12\n\nstarted_by\x18\x14 \x01(\t\x12\x1b\n\x13\x63\x61ncel_requested_by\x18\x15 \x01(\t\x1a\x31\n\x0fTaskCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"=\n\x10StartRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xc2\x02\n\x04Task\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\r\x12\'\n\x06output\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\t \x01(\x0b\x32\x11.awp.v1.TaskError\x12,\n\x08retry_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x02\n\x07\x41ttempt\x12\x10\n\x08task_key\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.awp.v1.AttemptState\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64ispatch_id\x18\x05 \x01(\x03\x12\x15\n\rfencing_token\x18\x06 \x01(\x03\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x05\x65rror\x18\n \x01(\x0b\x32\x11.awp.v1.TaskError\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"j\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x1b\n\x05tasks\x18\x02 \x03(\x0b\x32\x0c.awp.v1.Task\x12!\n\x08\x61ttempts\x18\x03 \x03(\x0b\x32\x0f.awp.v1.Attempt\"p\n\x0fListRunsRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x1f\n\x05state\x18\x02 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.awp.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"-\n\x11\x43\x61ncelRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"5\n\x10WatchRunResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x12.awp.v1.StateEvent\"\xa5\x03\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x16\n\x0e\x65xecutor_kinds\x18\x04 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x15\n\ractive_leases\x18\x06 \x01(\r\x12.\n\x06labels\x18\x07 \x03(\x0b\x32\x1e.awp.v1.WorkerInfo.LabelsEntry\x12\x18\n\x10protocol_version\x18\x08 \x01(\r\x12\x31\n\rregistered_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstopped_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\".\n\x12ListWorkersRequest\x12\x18\n\x10include_inactive\x18\x01 \x01(\x08\":\n\x13ListWorkersResponse\x12#\n\x07workers\x18\x01 \x03(\x0b\x32\x12.awp.v1.WorkerInfo\"\x11\n\x0fGetStatsRequest\"A\n\nStateCount\x12\r\n\x05state\x18\x01 \x01(\t\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"\xee\x01\n\x10GetStatsResponse\x12!\n\x05tasks\x18\x01 \x03(\x0b\x32\x12.awp.v1.StateCount\x12&\n\ndispatches\x18\x02 \x03(\x0b\x32\x12.awp.v1.StateCount\x12 \n\x04runs\x18\x03 \x03(\x0b\x32\x12.awp.v1.StateCount\x12#\n\x07workers\x18\x04 \x03(\x0b\x32\x12.awp.v1.StateCount\x12\x15\n\ractive_leases\x18\x05 \x01(\x04\x12\x31\n\x0eoldest_pending\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration2\xb8\x05\n\x0e\x43ontrolService\x12O\n\x0e\x43reateWorkflow\x12\x1d.awp.v1.CreateWorkflowRequest\x1a\x1e.awp.v1.CreateWorkflowResponse\x12\x46\n\x0bGetWorkflow\x12\x1a.awp.v1.GetWorkflowRequest\x1a\x1b.awp.v1.GetWorkflowResponse\x12L\n\rListWorkflows\x12\x1c.awp.v1.ListWorkflowsRequest\x1a\x1d.awp.v1.ListWorkflowsResponse\x12=\n\x08StartRun\x12\x17.awp.v1.StartRunRequest\x1a\x18.awp.v1.StartRunResponse\x12\x37\n\x06GetRun\x12\x15.awp.v1.GetRunRequest\x1a\x16.awp.v1.GetRunResponse\x12=\n\x08ListRuns\x12\x17.awp.v1.ListRunsRequest\x1a\x18.awp.v1.ListRunsResponse\x12@\n\tCancelRun\x12\x18.awp.v1.CancelRunRequest\x1a\x19.awp.v1.CancelRunResponse\x12?\n\x08WatchRun\x12\x17.awp.v1.WatchRunRequest\x1a\x18.awp.v1.WatchRunResponse0\x01\x12\x46\n\x0bListWorkers\x12\x1a.awp.v1.ListWorkersRequest\x1a\x1b.awp.v1.ListWorkersResponse\x12=\n\x08GetStats\x12\x17.awp.v1.GetStatsRequest\x1a\x18.awp.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -62,45 +62,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASKCOUNTS_BYSTATEENTRY']._serialized_start=876
   _globals['_TASKCOUNTS_BYSTATEENTRY']._serialized_end=922
   _globals['_RUN']._serialized_start=925
-  _globals['_RUN']._serialized_end=1375
-  _globals['_RUN_TASKCOUNTSENTRY']._serialized_start=1326
-  _globals['_RUN_TASKCOUNTSENTRY']._serialized_end=1375
-  _globals['_STARTRUNRESPONSE']._serialized_start=1377
-  _globals['_STARTRUNRESPONSE']._serialized_end=1438
-  _globals['_TASK']._serialized_start=1441
-  _globals['_TASK']._serialized_end=1763
-  _globals['_ATTEMPT']._serialized_start=1766
-  _globals['_ATTEMPT']._serialized_end=2087
-  _globals['_GETRUNREQUEST']._serialized_start=2089
-  _globals['_GETRUNREQUEST']._serialized_end=2120
-  _globals['_GETRUNRESPONSE']._serialized_start=2122
-  _globals['_GETRUNRESPONSE']._serialized_end=2228
-  _globals['_LISTRUNSREQUEST']._serialized_start=2230
-  _globals['_LISTRUNSREQUEST']._serialized_end=2342
-  _globals['_LISTRUNSRESPONSE']._serialized_start=2344
-  _globals['_LISTRUNSRESPONSE']._serialized_end=2414
-  _globals['_CANCELRUNREQUEST']._serialized_start=2416
-  _globals['_CANCELRUNREQUEST']._serialized_end=2466
-  _globals['_CANCELRUNRESPONSE']._serialized_start=2468
-  _globals['_CANCELRUNRESPONSE']._serialized_end=2513
-  _globals['_WATCHRUNREQUEST']._serialized_start=2515
-  _globals['_WATCHRUNREQUEST']._serialized_end=2567
-  _globals['_WATCHRUNRESPONSE']._serialized_start=2569
-  _globals['_WATCHRUNRESPONSE']._serialized_end=2622
-  _globals['_WORKERINFO']._serialized_start=2625
-  _globals['_WORKERINFO']._serialized_end=3046
-  _globals['_WORKERINFO_LABELSENTRY']._serialized_start=3001
-  _globals['_WORKERINFO_LABELSENTRY']._serialized_end=3046
-  _globals['_LISTWORKERSREQUEST']._serialized_start=3048
-  _globals['_LISTWORKERSREQUEST']._serialized_end=3094
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=3096
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=3154
-  _globals['_GETSTATSREQUEST']._serialized_start=3156
-  _globals['_GETSTATSREQUEST']._serialized_end=3173
-  _globals['_STATECOUNT']._serialized_start=3175
-  _globals['_STATECOUNT']._serialized_end=3240
-  _globals['_GETSTATSRESPONSE']._serialized_start=3243
-  _globals['_GETSTATSRESPONSE']._serialized_end=3481
-  _globals['_CONTROLSERVICE']._serialized_start=3484
-  _globals['_CONTROLSERVICE']._serialized_end=4180
+  _globals['_RUN']._serialized_end=1424
+  _globals['_RUN_TASKCOUNTSENTRY']._serialized_start=1375
+  _globals['_RUN_TASKCOUNTSENTRY']._serialized_end=1424
+  _globals['_STARTRUNRESPONSE']._serialized_start=1426
+  _globals['_STARTRUNRESPONSE']._serialized_end=1487
+  _globals['_TASK']._serialized_start=1490
+  _globals['_TASK']._serialized_end=1812
+  _globals['_ATTEMPT']._serialized_start=1815
+  _globals['_ATTEMPT']._serialized_end=2136
+  _globals['_GETRUNREQUEST']._serialized_start=2138
+  _globals['_GETRUNREQUEST']._serialized_end=2169
+  _globals['_GETRUNRESPONSE']._serialized_start=2171
+  _globals['_GETRUNRESPONSE']._serialized_end=2277
+  _globals['_LISTRUNSREQUEST']._serialized_start=2279
+  _globals['_LISTRUNSREQUEST']._serialized_end=2391
+  _globals['_LISTRUNSRESPONSE']._serialized_start=2393
+  _globals['_LISTRUNSRESPONSE']._serialized_end=2463
+  _globals['_CANCELRUNREQUEST']._serialized_start=2465
+  _globals['_CANCELRUNREQUEST']._serialized_end=2515
+  _globals['_CANCELRUNRESPONSE']._serialized_start=2517
+  _globals['_CANCELRUNRESPONSE']._serialized_end=2562
+  _globals['_WATCHRUNREQUEST']._serialized_start=2564
+  _globals['_WATCHRUNREQUEST']._serialized_end=2616
+  _globals['_WATCHRUNRESPONSE']._serialized_start=2618
+  _globals['_WATCHRUNRESPONSE']._serialized_end=2671
+  _globals['_WORKERINFO']._serialized_start=2674
+  _globals['_WORKERINFO']._serialized_end=3095
+  _globals['_WORKERINFO_LABELSENTRY']._serialized_start=3050
+  _globals['_WORKERINFO_LABELSENTRY']._serialized_end=3095
+  _globals['_LISTWORKERSREQUEST']._serialized_start=3097
+  _globals['_LISTWORKERSREQUEST']._serialized_end=3143
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=3145
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=3203
+  _globals['_GETSTATSREQUEST']._serialized_start=3205
+  _globals['_GETSTATSREQUEST']._serialized_end=3222
+  _globals['_STATECOUNT']._serialized_start=3224
+  _globals['_STATECOUNT']._serialized_end=3289
+  _globals['_GETSTATSRESPONSE']._serialized_start=3292
+  _globals['_GETSTATSRESPONSE']._serialized_end=3530
+  _globals['_CONTROLSERVICE']._serialized_start=3533
+  _globals['_CONTROLSERVICE']._serialized_end=4229
 # @@protoc_insertion_point(module_scope)
