@@ -13,32 +13,16 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final
+from typing import Any
 
 import grpc
 
 from awp_kernel.errors import AwpError, ErrorKind
 from awp_protocol.errors import Reason
-from awp_server.credentials import Credential, CredentialStore, Role, token_digest
+from awp_protocol.roles import ROLES_OF, token_digest
+from awp_server.credentials import Credential, CredentialStore
 from awp_server.errors import to_status
 
-READ: Final = frozenset({Role.VIEWER, Role.SUBMITTER, Role.ADMIN})
-SUBMIT: Final = frozenset({Role.SUBMITTER, Role.ADMIN})
-ADMIN: Final = frozenset({Role.ADMIN})
-# Every RPC that needs a credential, and the roles that may make it.
-ROLES_OF: Final[dict[str, frozenset[Role]]] = {
-    "/awp.v1.WorkerService/Register": frozenset({Role.WORKER, Role.ADMIN}),
-    "/awp.v1.ControlService/CreateWorkflow": ADMIN,
-    "/awp.v1.ControlService/GetWorkflow": READ,
-    "/awp.v1.ControlService/ListWorkflows": READ,
-    "/awp.v1.ControlService/StartRun": SUBMIT,
-    "/awp.v1.ControlService/GetRun": READ,
-    "/awp.v1.ControlService/ListRuns": READ,
-    "/awp.v1.ControlService/CancelRun": SUBMIT,
-    "/awp.v1.ControlService/WatchRun": READ,
-    "/awp.v1.ControlService/ListWorkers": READ,
-    "/awp.v1.ControlService/GetStats": READ,
-}
 # Who made the call being served (None: a server without credentials, i.e. --insecure).
 _CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("awp_caller", default=None)
 

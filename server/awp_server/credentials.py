@@ -10,11 +10,8 @@ the previous credentials and logs why.
 
 from __future__ import annotations
 
-import enum
-import hashlib
 import logging
 import os
-import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +19,9 @@ from typing import Any
 
 import yaml
 
+from awp_protocol.roles import Role, file_entry
+
 log = logging.getLogger("awp.server.credentials")
-
-
-class Role(enum.StrEnum):
-    WORKER = "worker"  # Register (the session then authenticates the worker's other calls)
-    VIEWER = "viewer"  # read workflows, runs, events, workers, stats
-    SUBMITTER = "submitter"  # viewer, and start and cancel runs
-    ADMIN = "admin"  # everything, including creating workflows
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,18 +32,6 @@ class Credential:
 
 class CredentialsInvalid(ValueError):
     """The credential set cannot be used; the message names the entry and the problem."""
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def mint_token() -> str:
-    return secrets.token_urlsafe(32)
-
-
-def file_entry(name: str, token: str, roles: Iterable[Role]) -> dict[str, Any]:
-    return {"name": name, "token_sha256": token_digest(token), "roles": sorted(roles)}
 
 
 @dataclass(frozen=True, slots=True)
