@@ -66,7 +66,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.CreateWorkflowResponse:
         spec = convert.spec_from_proto(request.definition)
         stored, created = await workflows.create(self._pool, spec)
-        _audit("CreateWorkflow", workflow=spec.name, version=spec.version, created=created)
+        _audit("CreateWorkflow", workflow=spec.name, version=spec.version, new=created)
         return control_pb2.CreateWorkflowResponse(
             workflow=convert.workflow_to_proto(stored), created=created
         )
@@ -121,7 +121,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 conn, workflow, run_input, request.request_id or None, caller()
             )
             run = await _load_run(conn, started.run_id)
-        _audit("StartRun", run_id=str(started.run_id), created=started.created)
+        _audit("StartRun", run_id=str(started.run_id), new=started.created)
         if not started.created and (
             run.workflow_name != request.workflow_name
             or request.workflow_version not in (0, run.workflow_version)

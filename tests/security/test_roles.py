@@ -5,6 +5,7 @@ a credential, and every ControlService write names its caller (the audit trail).
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,10 @@ async def test_a_client_certificate_stands_for_its_credential(
     assert await register("someone-else") == grpc.StatusCode.UNAUTHENTICATED
 
 
-async def test_control_writes_record_their_caller(server: ServerHandle, pool: Any) -> None:
+async def test_control_writes_record_their_caller(
+    server: ServerHandle, pool: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="awp.audit")
     run_id = await db_start_run(pool, spec("audited", 1))
     async with grpc.aio.insecure_channel(server.address) as chan:
         stub = control_pb2_grpc.ControlServiceStub(chan)
@@ -232,3 +236,9 @@ async def test_control_writes_record_their_caller(server: ServerHandle, pool: An
         ("run.cancel_requested", f"the-{Role.ADMIN}"),
     ]
     assert run_id  # the workflow existed before the calls above
+    audit = [(r.call, r.by) for r in caplog.records if r.name == "awp.audit"]  # type: ignore[attr-defined]
+    assert audit == [
+        ("CreateWorkflow", f"the-{Role.ADMIN}"),
+        ("StartRun", f"the-{Role.SUBMITTER}"),
+        ("CancelRun", f"the-{Role.ADMIN}"),
+    ]
