@@ -98,8 +98,8 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def failure(error: grpc.aio.AioRpcError, address: str) -> CliError:
-    """The CliError a failed call stands for."""
+def failure(error: grpc.aio.AioRpcError, address: str, tls_on: bool = False) -> CliError:
+    """The CliError a failed call stands for (tls_on: whether the call went over TLS)."""
     decoded = decode(error)
     message = _one_line(decoded.message)
     if decoded.reason:
@@ -118,7 +118,8 @@ def failure(error: grpc.aio.AioRpcError, address: str) -> CliError:
         )
     # No ErrorInfo: the answer did not come from AWP's handlers (transport, proxy, crash).
     if decoded.code == grpc.StatusCode.UNAVAILABLE:
-        return CliError(Exit.SERVER, f"cannot reach awp-server at {address}: {message}")
+        reason = tls_flags.mismatch(decoded.message, tls_on) or message
+        return CliError(Exit.SERVER, f"cannot reach awp-server at {address}: {reason}")
     if decoded.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return CliError(Exit.SERVER, f"awp-server at {address} did not answer in time")
     if decoded.code == grpc.StatusCode.UNIMPLEMENTED:
@@ -132,9 +133,10 @@ class Client:
 
     def __init__(self, target: Target) -> None:
         self.target = target
+        self._tls = tls_flags.client_tls(target)
         self._channel = tls_flags.channel(
             target.address,
-            tls_flags.client_tls(target),
+            self._tls,
             [("grpc.max_receive_message_length", 64 * 1024 * 1024)],
         )
         self.control = control_pb2_grpc.ControlServiceStub(self._channel)
@@ -157,7 +159,7 @@ class Client:
                 timeout=self.target.timeout,
             )
         except grpc.aio.AioRpcError as error:
-            raise failure(error, self.target.address) from None
+            raise failure(error, self.target.address, self._tls.on) from None
 
     def stream(
         self, method: Callable[..., grpc.aio.UnaryStreamCall[Req, Resp]], request: Req

@@ -101,6 +101,30 @@ def channel(
     return grpc.aio.secure_channel(address, credentials, options=opts)
 
 
+# How gRPC words a connection the two ends disagree about: a TLS client meeting a
+# plaintext server fails its handshake; a plaintext client meeting a TLS server sees the
+# connection closed at once.
+_HANDSHAKE_FAILED: Final = "handshake failed"
+_CLOSED_AT_ONCE: Final = "socket closed"
+
+
+def mismatch(details: str, tls_on: bool) -> str | None:
+    """What an UNAVAILABLE call's details say about TLS on the two ends, in one line
+    that names the flags to fix; None when they say nothing about it."""
+    text = details.lower()
+    if tls_on and _HANDSHAKE_FAILED in text:
+        return (
+            "the TLS handshake failed: the server does not speak TLS, or its certificate is "
+            "not signed by --tls-ca-file or not for this name (--tls-server-name)"
+        )
+    if not tls_on and _CLOSED_AT_ONCE in text:
+        return (
+            "the server closed the connection at once: if it serves TLS, connect with "
+            "--tls-ca-file (or --tls)"
+        )
+    return None
+
+
 def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 

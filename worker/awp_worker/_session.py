@@ -33,6 +33,14 @@ HeartbeatCall = grpc.aio.StreamStreamCall[worker_pb2.HeartbeatRequest, worker_pb
 _MAX_RECEIVE_BYTES = 128 * 1024 * 1024  # a Claim may carry 1,000 inputs of 64 KiB
 
 
+# How many answers in a row must say "plaintext meets TLS" before registering gives up.
+TLS_MISMATCH_ANSWERS = 3
+
+
+class TlsMismatch(Exception):
+    """The worker and the server disagree about TLS: no retry can fix the settings."""
+
+
 class Session:
     """``open()`` inside the running loop, then ``register()``; ``close()`` at the end."""
 
@@ -93,14 +101,28 @@ class Session:
             labels=dict(config.labels),
         )
 
+        tls_on = config.client_tls.on
+        # The same answer a few times in a row: a server restarting closes connections
+        # too, but not every time for a second.
+        mismatches: list[str] = []
+
         async def call() -> worker_pb2.RegisterResponse:
-            response: worker_pb2.RegisterResponse = await self.stub.Register(
-                request, timeout=config.rpc_timeout, metadata=self._metadata
-            )
+            try:
+                response: worker_pb2.RegisterResponse = await self.stub.Register(
+                    request, timeout=config.rpc_timeout, metadata=self._metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                found = tls.mismatch(exc.details() or "", tls_on)
+                mismatches[:] = [*mismatches, found] if found else []
+                if found and (tls_on or len(mismatches) >= TLS_MISMATCH_ANSWERS):
+                    raise TlsMismatch(f"cannot register with {config.server}: {found}") from exc
+                raise
             return response
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(
+                lambda exc: is_transient(exc) and not isinstance(exc, TlsMismatch)
+            ),
             wait=wait_exponential(multiplier=0.25, max=5.0) + wait_random(0, 0.25),
             before_sleep=_log_retry("Register"),
             reraise=True,
