@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from certs import client_leaf, server_leaf, write_ca
 from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2
 from awp_common.tls import ClientTls, channel
 from awp_protocol.errors import Reason, decode_details
-from awp_protocol.roles import ROLES_OF, Role, file_entry
+from awp_protocol.roles import ROLES_OF, Role, file_entry, token_digest
 from awp_server.credentials import CredentialsInvalid, CredentialStore, shorthand
 from kit import ServerFactory, ServerHandle, poll_until, spec
 from kit import start_run as db_start_run
@@ -242,3 +244,23 @@ async def test_control_writes_record_their_caller(
         ("StartRun", f"the-{Role.SUBMITTER}"),
         ("CancelRun", f"the-{Role.ADMIN}"),
     ]
+
+
+def test_minted_tokens_are_the_ones_their_file_entries_grant(tmp_path: Path) -> None:
+    path = tmp_path / "credentials.yaml"
+    awp = [sys.executable, "-m", "awp_cli", "credentials", "mint", "--file", str(path)]
+    tokens = {
+        name: subprocess.run(
+            [*awp, "--name", name, "--role", role],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+        for name, role in (("fleet", "worker"), ("ops", "admin"))
+    }
+    known = CredentialStore(str(path), []).current()
+    for name, role in (("fleet", Role.WORKER), ("ops", Role.ADMIN)):
+        credential = known.by_digest[token_digest(tokens[name])]
+        assert (credential.name, credential.roles) == (name, frozenset({role}))
+    assert tokens["fleet"] not in path.read_text()  # only hashes are stored

@@ -5,34 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 import trustme
 from certs import Pem, client_leaf, server_leaf, write_ca
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from awp_common.tls import ClientTls, channel
-from awp_coordinator import Coordinator, CoordinatorConfig
 from awp_db import runs
 from awp_db.connect import Pool
 from awp_worker._config import WorkerConfig
 from awp_worker._runtime import WorkerRuntime
 from kit import WORKER_TOKEN, ServerFactory, ServerHandle, poll_until, spec, start_run
-
-
-@pytest.fixture
-async def coordinator(pool: Pool, database_dsn: str) -> AsyncIterator[None]:
-    config = CoordinatorConfig(database_url=database_dsn, scan_interval_s=0.1, metrics_listen=None)
-    stop = asyncio.Event()
-    task = asyncio.create_task(Coordinator(pool, config).run(stop))
-    yield
-    stop.set()
-    async with asyncio.timeout(10):
-        await task
 
 
 async def serving(address: str, tls: ClientTls) -> bool:
