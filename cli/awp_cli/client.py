@@ -15,6 +15,7 @@ import grpc
 
 from awp.v1 import control_pb2_grpc
 from awp_cli.errors import CliError, Exit
+from awp_common import tls as tls_flags
 from awp_common.flags import flag, positive_duration
 from awp_protocol import errors
 from awp_protocol.errors import Reason
@@ -64,6 +65,11 @@ class Target:
             "--token", "AWP_TOKEN", "admin token, sent as 'authorization: Bearer'", secret=True
         ),
     )
+    tls: bool = field(default=False, metadata=tls_flags.TLS)
+    tls_ca_file: str | None = field(default=None, metadata=tls_flags.TLS_CA_FILE)
+    tls_cert_file: str | None = field(default=None, metadata=tls_flags.TLS_CERT_FILE)
+    tls_key_file: str | None = field(default=None, metadata=tls_flags.TLS_KEY_FILE)
+    tls_server_name: str | None = field(default=None, metadata=tls_flags.TLS_SERVER_NAME)
     # Deadline of each unary call, seconds.
     timeout: float = field(
         default=30.0,
@@ -92,8 +98,8 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def failure(error: grpc.aio.AioRpcError, address: str) -> CliError:
-    """The CliError a failed call stands for."""
+def failure(error: grpc.aio.AioRpcError, address: str, tls_on: bool = False) -> CliError:
+    """The CliError a failed call stands for (tls_on: whether the call went over TLS)."""
     decoded = decode(error)
     message = _one_line(decoded.message)
     if decoded.reason:
@@ -112,7 +118,8 @@ def failure(error: grpc.aio.AioRpcError, address: str) -> CliError:
         )
     # No ErrorInfo: the answer did not come from AWP's handlers (transport, proxy, crash).
     if decoded.code == grpc.StatusCode.UNAVAILABLE:
-        return CliError(Exit.SERVER, f"cannot reach awp-server at {address}: {message}")
+        reason = tls_flags.mismatch(decoded.message, tls_on) or message
+        return CliError(Exit.SERVER, f"cannot reach awp-server at {address}: {reason}")
     if decoded.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return CliError(Exit.SERVER, f"awp-server at {address} did not answer in time")
     if decoded.code == grpc.StatusCode.UNIMPLEMENTED:
@@ -126,8 +133,11 @@ class Client:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self._channel = grpc.aio.insecure_channel(
-            target.address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        self._tls = tls_flags.client_tls(target)
+        self._channel = tls_flags.channel(
+            target.address,
+            self._tls,
+            [("grpc.max_receive_message_length", 64 * 1024 * 1024)],
         )
         self.control = control_pb2_grpc.ControlServiceStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (
@@ -149,7 +159,7 @@ class Client:
                 timeout=self.target.timeout,
             )
         except grpc.aio.AioRpcError as error:
-            raise failure(error, self.target.address) from None
+            raise failure(error, self.target.address, self._tls.on) from None
 
     def stream(
         self, method: Callable[..., grpc.aio.UnaryStreamCall[Req, Resp]], request: Req

@@ -58,6 +58,8 @@ def event_line(event: types_pb2.StateEvent) -> Text:
             text.append(styled(before))
             text.append(" -> ", style="dim")
         text.append(styled(after))
+    if by := payload.get("by"):
+        text.append(f"  by {by}", style="dim")
     error = payload.get("error")
     if isinstance(error, dict):
         error = error.get("message")

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from rich.text import Text
 
-from awp_cli import commands, render
+from awp_cli import commands, credentials, render
 from awp_cli.client import Client, Target
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit
@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(commands_, "stats", commands.stats, "queue depth, leases and workers by state")
 
     dev.add_commands(commands_)
+    credentials.add_commands(commands_)
     return parser
 
 

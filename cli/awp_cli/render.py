@@ -309,9 +309,21 @@ def attempts_table(attempts: Sequence[control_pb2.Attempt]) -> Table:
     return table
 
 
+def audit_text(run: control_pb2.Run) -> Text:
+    """Who started the run and who asked for its cancellation (the audit trail)."""
+    text = Text.assemble(("started by ", "dim"), run.started_by or "?")
+    if run.cancel_requested_by:
+        text.append_text(Text.assemble(("  cancel requested by ", "dim"), run.cancel_requested_by))
+    return text
+
+
 def run_view(answer: control_pb2.GetRunResponse) -> RenderableType:
     run = answer.run
-    parts: list[RenderableType] = [run_header(run), counts_text(task_counts(run))]
+    parts: list[RenderableType] = [
+        run_header(run),
+        audit_text(run),
+        counts_text(task_counts(run)),
+    ]
     parts += [Text(""), tasks_table(answer)]
     if answer.attempts:
         parts += [Text(""), Text("attempts", style="bold"), attempts_table(answer.attempts)]

@@ -23,10 +23,21 @@ FAST_UNSAFE_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    (port,) = free_ports(1, host)
+    return port
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct free ports: each socket stays bound until all are chosen, so the kernel
+    cannot hand the same port out twice (one released port is the next one's favourite)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @dataclass

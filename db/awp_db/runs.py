@@ -38,6 +38,8 @@ class RunInfo:
     cancel_requested_at: datetime | None
     cancel_reason: str | None
     concurrency: int
+    started_by: str | None
+    cancel_requested_by: str | None
     workflow_name: str
     workflow_version: int
 
@@ -83,12 +85,13 @@ async def start(
     workflow: StoredWorkflow,
     run_input: dict[str, Any],
     request_id: str | None,
+    started_by: str,
 ) -> StartedRun:
     """Creates the run and all its tasks (roots ready, the rest pending) atomically."""
     spec = workflow.spec
     async with conn.transaction():
         run_id = await conn.fetchval(
-            Q["insert"], workflow.id, run_input, spec.concurrency, request_id or None
+            Q["insert"], workflow.id, run_input, spec.concurrency, request_id or None, started_by
         )
         if run_id is None:
             existing = await conn.fetchval(Q["by_request_id"], request_id)
@@ -117,7 +120,7 @@ async def start(
                 run_id,
                 "run.created",
                 to_state="running",
-                payload={"workflow": spec.name, "version": spec.version},
+                payload={"workflow": spec.name, "version": spec.version, "by": started_by},
             )
         )
         for row in rows:
@@ -149,16 +152,16 @@ async def attempts(conn: Conn | Pool, run_id: UUID) -> list[AttemptInfo]:
     return await rows_as(AttemptInfo, conn, Q["attempts"], run_id)
 
 
-async def request_cancel(conn: Conn, run_id: UUID, reason: str) -> bool:
+async def request_cancel(conn: Conn, run_id: UUID, reason: str, by: str) -> bool:
     """Persists the intent (the coordinator converges it). False if already final/requested."""
     events = EventBatch()
     async with conn.transaction():
         locked = await locks.runs(conn, [run_id])
         if not locked:
             raise not_found(Reason.RUN_NOT_FOUND, f"run {run_id}")
-        changed = await conn.fetchval(Q["request_cancel"], run_id, reason or None) is not None
+        changed = await conn.fetchval(Q["request_cancel"], run_id, reason or None, by) is not None
         if changed:
-            events.add(Event(run_id, "run.cancel_requested", payload={"reason": reason}))
+            events.add(Event(run_id, "run.cancel_requested", payload={"reason": reason, "by": by}))
             await events.flush(conn)
             await settle.notify_coordinator(conn, "cancel")
     return changed

@@ -97,6 +97,8 @@ CREATE TABLE public.runs (
     cancel_requested_at timestamp with time zone,
     cancel_reason text,
     last_dispatched_at timestamp with time zone,
+    started_by text,
+    cancel_requested_by text,
     CONSTRAINT runs_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
     CONSTRAINT runs_concurrency_check CHECK ((concurrency >= 0)),
     CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
@@ -118,6 +120,10 @@ COMMENT ON COLUMN public.runs.request_id IS 'The client''s idempotency key: Star
 COMMENT ON COLUMN public.runs.cancel_requested_at IS 'Cancellation intent, persisted first; the coordinator converges the run afterwards.';
 
 COMMENT ON COLUMN public.runs.last_dispatched_at IS 'Fairness lives here so that it survives coordinator restarts: runs never dispatched (NULL) first, then least-recently dispatched.';
+
+COMMENT ON COLUMN public.runs.started_by IS 'Credential name of the StartRun caller (NULL for runs started before it was recorded).';
+
+COMMENT ON COLUMN public.runs.cancel_requested_by IS 'Credential name of the CancelRun caller whose request was recorded.';
 
 CREATE TABLE public.schema_migrations (
     version integer NOT NULL,

@@ -31,7 +31,7 @@
 'use strict';
 
 const grpc = require('@grpc/grpc-js');
-const { config, log, EXIT_OK, EXIT_FAILURE, EXIT_SESSION_LOST } = require('./config');
+const { config, channel, log, EXIT_OK, EXIT_FAILURE, EXIT_SESSION_LOST } = require('./config');
 const {
   awp,
   PROTOCOL_VERSION,
@@ -48,7 +48,9 @@ const { sleep, PermanentError, mockExecute } = require('./mock');
 class Worker {
   constructor(cfg) {
     this.cfg = cfg;
-    this.client = new awp.WorkerService(cfg.server, grpc.credentials.createInsecure(), {
+    const { credentials, options } = channel(cfg);
+    this.client = new awp.WorkerService(cfg.server, credentials, {
+      ...options,
       // Find a restarted server quickly (the defaults back off to minutes).
       'grpc.initial_reconnect_backoff_ms': 100,
       'grpc.max_reconnect_backoff_ms': 1000,

@@ -14,13 +14,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
+from awp_common.tls import server_credentials
 from awp_db.connect import Pool, create_pool
 from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
 from awp_server import metrics
-from awp_server.auth import TokenInterceptor
+from awp_server.auth import RoleInterceptor
 from awp_server.config import ServerConfig
 from awp_server.control_service import ControlService
+from awp_server.credentials import CredentialStore, shorthand
 from awp_server.observe import MetricsInterceptor
 from awp_server.worker_service import WorkerService
 
@@ -43,6 +45,8 @@ class RunningServer:
     listener: Listener
     health: health.aio.HealthServicer
     shutting_down: asyncio.Event
+    # None without credentials (--insecure).
+    credentials: CredentialStore | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def stop(self, grace: float) -> None:
@@ -99,7 +103,13 @@ async def _watch_database(
 
 
 async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer:
-    """Starts serving on config.listen (port 0 picks a free one)."""
+    """Starts serving on config.listen (port 0 picks a free one); CredentialsInvalid
+    before anything starts when the credentials cannot be used."""
+    credentials = None
+    if not config.insecure:
+        credentials = CredentialStore(
+            config.credentials_file, shorthand(config.worker_token, config.admin_token)
+        )
     if pool is None:
         pool = await create_pool(
             config.database_url,
@@ -112,8 +122,8 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
     shutting_down = asyncio.Event()
     # Metrics first, so that calls refused for a bad token are counted too.
     interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
-    if not config.insecure:
-        interceptors.append(TokenInterceptor(config.worker_token, config.admin_token))
+    if credentials is not None:
+        interceptors.append(RoleInterceptor(credentials))
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -134,11 +144,17 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     )
     await _set_health(health_servicer, False)
-    port = server.add_insecure_port(config.listen)
+    tls = config.tls
+    if tls is None:
+        port = server.add_insecure_port(config.listen)
+    else:
+        port = server.add_secure_port(config.listen, server_credentials(tls))
     if port == 0:
         raise OSError(f"could not listen on {config.listen}")
     await server.start()
-    running = RunningServer(server, port, pool, listener, health_servicer, shutting_down)
+    running = RunningServer(
+        server, port, pool, listener, health_servicer, shutting_down, credentials
+    )
     running.tasks.append(
         asyncio.create_task(
             _watch_database(pool, health_servicer, config.health_check_interval_s),

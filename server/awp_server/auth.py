@@ -1,65 +1,84 @@
-"""Bearer-token checks: the worker token for Register, the admin token for ControlService.
+"""Who may call what: every RPC's roles in one table, checked before the handler runs.
 
-Other WorkerService calls are authenticated by their session; health and reflection
-are open so that probes and grpcurl work.
+A caller proves a credential with `authorization: Bearer <token>` (the scheme matched
+without regard to case, RFC 7235) or, under mutual TLS, with a client certificate whose
+common name a credential names. Unknown or missing → UNAUTHENTICATED; known but without
+a role the call needs → PERMISSION_DENIED naming the roles that would do. WorkerService
+calls after Register are authenticated by their session token instead; health and
+reflection are open so that probes and grpcurl work. The caller's credential name is
+available to the handler (`caller()`) for the audit trail.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from awp_kernel.errors import AwpError, ErrorKind
 from awp_protocol.errors import Reason
+from awp_protocol.roles import ROLES_OF, token_digest
+from awp_server.credentials import Credential, CredentialStore
 from awp_server.errors import to_status
 
-REGISTER = "/awp.v1.WorkerService/Register"
-CONTROL_PREFIX = "/awp.v1.ControlService/"
+# Who made the call being served (None: a server without credentials, i.e. --insecure).
+_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("awp_caller", default=None)
 
 
-def _bearer(metadata: Any) -> str:
+def caller() -> str:
+    """The credential name of the call being served, for the audit trail."""
+    return _CALLER.get() or "anonymous"
+
+
+def _bearer(metadata: Any) -> str | None:
     for key, value in metadata or ():
-        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-            return value[len("Bearer ") :]
-    return ""
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
 
 
-def _denied(
-    handler: grpc.RpcMethodHandler[Any, Any], which: str
-) -> grpc.RpcMethodHandler[Any, Any]:
-    status = to_status(
-        AwpError(
-            ErrorKind.UNAUTHENTICATED,
-            Reason.TOKEN_INVALID,
-            f"missing or wrong {which} token (authorization: Bearer <token>)",
-        )
-    )
-
-    async def deny_unary(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort_with_status(status)
-
-    async def deny_stream(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort_with_status(status)
-        yield  # pragma: no cover - marks this an async generator
-
-    deserializer = handler.request_deserializer
-    serializer = handler.response_serializer
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(deny_unary, deserializer, serializer)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(deny_stream, deserializer, serializer)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(deny_unary, deserializer, serializer)
-    return grpc.stream_stream_rpc_method_handler(deny_stream, deserializer, serializer)
+def _certificate_name(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    for name in context.auth_context().get("x509_common_name") or ():
+        return name.decode()
+    return None
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, worker_token: str, admin_token: str) -> None:
-        self._worker_token = worker_token
-        self._admin_token = admin_token
+class RoleInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, store: CredentialStore) -> None:
+        self._store = store
+
+    def _identify(self, context: grpc.aio.ServicerContext[Any, Any]) -> Credential:
+        known = self._store.current()
+        token = _bearer(context.invocation_metadata())
+        if token is not None:
+            credential = known.by_digest.get(token_digest(token))
+        else:
+            name = _certificate_name(context)
+            credential = known.by_common_name.get(name) if name else None
+        if credential is None:
+            raise AwpError(
+                ErrorKind.UNAUTHENTICATED,
+                Reason.TOKEN_INVALID,
+                "missing or unknown credential (authorization: Bearer <token>, or a client "
+                "certificate a credential names)",
+            )
+        return credential
+
+    def _admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        credential = self._identify(context)
+        needed = ROLES_OF[method]
+        if not credential.roles & needed:
+            raise AwpError(
+                ErrorKind.PERMISSION_DENIED,
+                Reason.PERMISSION_DENIED,
+                f"credential {credential.name!r} may not call {method.rsplit('/', 1)[-1]}: "
+                f"it needs one of the roles {', '.join(sorted(needed))}",
+            )
+        return credential.name
 
     async def intercept_service(
         self,
@@ -70,13 +89,50 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if method == REGISTER:
-            expected, which = self._worker_token, "worker"
-        elif method.startswith(CONTROL_PREFIX):
-            expected, which = self._admin_token, "admin"
-        else:
+        if handler is None or method not in ROLES_OF:
             return handler
-        presented = _bearer(handler_call_details.invocation_metadata)
-        if handler is None or hmac.compare_digest(presented.encode(), expected.encode()):
-            return handler
-        return _denied(handler, which)
+        return _guarded(handler, lambda context: self._admit(method, context))
+
+
+Admit = Callable[[grpc.aio.ServicerContext[Any, Any]], str]
+
+
+def _guarded(
+    handler: grpc.RpcMethodHandler[Any, Any], admit: Admit
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, run only once `admit` names the caller (else the call aborts).
+
+    The check needs the call's context (for the peer's certificate), which only the
+    handler gets; so it wraps the handler rather than deciding in the interceptor."""
+
+    async def enter(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        try:
+            _CALLER.set(admit(context))
+        except AwpError as error:
+            await context.abort_with_status(to_status(error))
+
+    def unary(behavior: Any) -> Any:
+        async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await enter(context)
+            return await behavior(request, context)
+
+        return run
+
+    def streaming(behavior: Any) -> Any:
+        async def run(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            await enter(context)
+            async for response in behavior(request, context):
+                yield response
+
+        return run
+
+    decode, encode = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), decode, encode)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), decode, encode)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), decode, encode)
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), decode, encode)

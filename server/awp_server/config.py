@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from awp_common import flags, logs
-from awp_common.flags import flag
+from awp_common.flags import flag, is_loopback
+from awp_common.tls import ServerTls
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,32 @@ class ServerConfig:
         repr=False,
         metadata=flag(
             "--admin-token", "AWP_ADMIN_TOKEN", "token ControlService callers present", secret=True
+        ),
+    )
+    credentials_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "--credentials-file",
+            "AWP_CREDENTIALS_FILE",
+            "YAML/JSON file of named credentials with roles (docs/security.md)",
+        ),
+    )
+    tls_cert_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "--tls-cert-file", "AWP_TLS_CERT_FILE", "PEM certificate: serve gRPC over TLS"
+        ),
+    )
+    tls_key_file: str | None = field(
+        default=None,
+        metadata=flag("--tls-key-file", "AWP_TLS_KEY_FILE", "PEM private key of --tls-cert-file"),
+    )
+    tls_client_ca_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "--tls-client-ca-file",
+            "AWP_TLS_CLIENT_CA_FILE",
+            "PEM CA: require client certificates it signed (mutual TLS)",
         ),
     )
     insecure: bool = field(
@@ -105,6 +132,12 @@ class ServerConfig:
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
 
     @property
+    def tls(self) -> ServerTls | None:
+        if not (self.tls_cert_file and self.tls_key_file):
+            return None
+        return ServerTls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file or None)
+
+    @property
     def lease_ttl_ms(self) -> int:
         return int(self.lease_ttl_s * 1000)
 
@@ -132,11 +165,24 @@ def parse(
 
 def _check(config: ServerConfig) -> None:
     """What production refuses (tests build looser configs directly)."""
-    if not config.insecure and not (config.worker_token and config.admin_token):
+    if not config.insecure and not (
+        config.credentials_file or config.worker_token or config.admin_token
+    ):
         raise ValueError(
-            "refusing to start without --worker-token and --admin-token "
-            "(AWP_WORKER_TOKEN / AWP_ADMIN_TOKEN, or their _FILE variants); "
+            "refusing to start without credentials: give --credentials-file, or "
+            "--worker-token and --admin-token (AWP_* variables, or their _FILE variants); "
             "pass --insecure for local development"
+        )
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    if config.tls_client_ca_file and not config.tls_cert_file:
+        raise ValueError(
+            "--tls-client-ca-file (mutual TLS) needs --tls-cert-file and --tls-key-file"
+        )
+    if not config.insecure and config.tls is None and not is_loopback(config.listen):
+        raise ValueError(
+            f"refusing to serve plaintext on {config.listen}, beyond this machine: give "
+            "--tls-cert-file and --tls-key-file, or pass --insecure"
         )
     if config.lease_ttl_s <= config.heartbeat_interval_s:
         raise ValueError("--lease-ttl must be longer than --heartbeat-interval")

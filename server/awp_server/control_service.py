@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any, Final
@@ -36,10 +37,13 @@ from awp_protocol.limits import (
 from awp_protocol.names import NAME_PATTERN, NAME_RULE
 from awp_protocol.states import TERMINAL_RUN_STATES
 from awp_server import convert
+from awp_server.auth import caller
 from awp_server.errors import server_stream, unary
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
+# One logger for the audit trail, so that it can be routed on its own.
+audit = logging.getLogger("awp.audit")
 WORKFLOWS_PAGE: Final = (100, MAX_PAGE_SIZE)  # (default, max) page size
 RUNS_PAGE: Final = (50, MAX_PAGE_SIZE)
 # Events read per query while catching a watcher up.
@@ -62,6 +66,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.CreateWorkflowResponse:
         spec = convert.spec_from_proto(request.definition)
         stored, created = await workflows.create(self._pool, spec)
+        _audit("CreateWorkflow", workflow=spec.name, version=spec.version, new=created)
         return control_pb2.CreateWorkflowResponse(
             workflow=convert.workflow_to_proto(stored), created=created
         )
@@ -112,7 +117,9 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         _check_no_nul("request_id", request.request_id)
         workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
         async with self._pool.acquire() as conn:
-            started = await runs.start(conn, workflow, run_input, request.request_id or None)
+            started = await runs.start(
+                conn, workflow, run_input, request.request_id or None, caller()
+            )
             run = await _load_run(conn, started.run_id)
         differs = None if started.created else _differs(request, run_input, run)
         if differs is not None:
@@ -125,6 +132,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 f"{run.workflow_name}@{run.workflow_version} with another {differs}",
                 metadata={"run_id": run.id},
             )
+        _audit("StartRun", run_id=run.id, new=started.created)
         return control_pb2.StartRunResponse(run=run, created=started.created)
 
     @unary
@@ -189,8 +197,9 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         _check_no_nul("reason", request.reason)
         async with self._pool.acquire() as conn:
             # False for a finished (or already canceling) run: nothing to do, not an error.
-            await runs.request_cancel(conn, run_id, request.reason)
+            recorded = await runs.request_cancel(conn, run_id, request.reason, caller())
             run = await _load_run(conn, run_id)
+        _audit("CancelRun", run_id=str(run_id), recorded=recorded)
         return control_pb2.CancelRunResponse(run=run)
 
     @server_stream
@@ -262,6 +271,11 @@ def _differs(
 
 
 # ---------------------------------------------------------------- input checks
+
+
+def _audit(call: str, **fields: object) -> None:
+    """The audit trail's log line of a ControlService write: who, what, on what."""
+    audit.info("audit", extra={"call": call, "by": caller(), **fields})
 
 
 def _check_name(field: str, name: str) -> None:

@@ -253,6 +253,8 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
             control_pb2.TaskStateCount(state=TASK_STATES.proto(state), count=n)
             for state, n in sorted(task_counts.items(), key=lambda item: TASK_STATES.proto(item[0]))
         ],
+        started_by=row.started_by or "",
+        cancel_requested_by=row.cancel_requested_by or "",
     )
 
 

@@ -15,6 +15,7 @@ from awp_common.flags import host_port
 from awp_db.migrate import migrate_when_reachable
 from awp_server import app
 from awp_server.config import ServerConfig, parse
+from awp_server.credentials import CredentialsInvalid
 
 log = logging.getLogger("awp.server")
 
@@ -34,6 +35,8 @@ async def serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if running.credentials is not None:
+        loop.add_signal_handler(signal.SIGHUP, running.credentials.reload)
     await stop.wait()
     log.info("awp-server shutting down", extra={"grace_s": config.shutdown_grace_s})
     await running.stop(config.shutdown_grace_s)
@@ -44,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs.setup(config.log_format, config.log_level)
     try:
         asyncio.run(serve(config))
-    except OSError as exc:
+    except (OSError, CredentialsInvalid) as exc:
         log.error("awp-server cannot start", extra={"error": str(exc)})
+        print(f"awp-server: {exc}", file=sys.stderr)
         sys.exit(2)

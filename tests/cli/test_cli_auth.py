@@ -32,7 +32,8 @@ async def test_the_admin_token_is_sent(awp_server: ServerHandle) -> None:
     refused = await awp_async("--address", address, "workers")
     assert refused.code == 2
     assert refused.err.splitlines() == [
-        "awp: TOKEN_INVALID: missing or wrong admin token (authorization: Bearer <token>)",
+        "awp: TOKEN_INVALID: missing or unknown credential (authorization: Bearer "
+        "<token>, or a client certificate a credential names)",
         "  hint: pass the admin token with --token or AWP_TOKEN",
     ]
     flag = await awp_async("workers", "--address", address, "--token", ADMIN_TOKEN, "--json")

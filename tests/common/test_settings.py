@@ -160,7 +160,7 @@ def test_levels_and_switches_read_the_same_from_either_side() -> None:
     assert parse_config([], {"AWP_LOG_LEVEL": "Warning"}).log_level == "warning"
     assert parse_config([], {"AWP_TLS": "yes"}).tls and parse_config(["--tls"], {}).tls
     assert not parse_config([], {"AWP_TLS": "0"}).tls
-    assert parse_config(["--tls-ca", "ca.pem"], {}).tls  # a CA implies TLS
+    assert parse_config(["--tls-ca-file", "ca.pem"], {}).tls  # a CA implies TLS
 
 
 def test_secrets_come_from_files_and_never_show(

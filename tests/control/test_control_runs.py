@@ -357,7 +357,12 @@ async def test_cancel_run_records_the_intent_once(control: Stub, pool: Pool) -> 
         UUID(run.id),
         canceled.run.last_seq,
     )
-    assert (event["type"], event["payload"]) == ("run.cancel_requested", {"reason": "oops"})
+    # The caller is recorded too: this servicer runs without credentials.
+    assert (event["type"], event["payload"]) == (
+        "run.cancel_requested",
+        {"reason": "oops", "by": "anonymous"},
+    )
+    assert canceled.run.cancel_requested_by == "anonymous"
 
     again = await control.CancelRun(control_pb2.CancelRunRequest(run_id=run.id))
     assert again.run.revision == canceled.run.revision  # a repeat changes nothing

@@ -228,7 +228,7 @@ async def test_revision_and_seq_stay_contiguous_under_concurrent_writers(
     assert row.last_seq == run.last_seq + WRITERS * EVENTS_PER_WRITER
 
     async with pool.acquire() as conn:
-        await runs.request_cancel(conn, run_id, "end the watch")
+        await runs.request_cancel(conn, run_id, "end the watch", "test")
     await converge_cancel(pool, run_id)
     events = await watch.read_to_end()
 

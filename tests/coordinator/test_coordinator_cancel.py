@@ -24,7 +24,7 @@ async def test_a_cancel_committed_while_no_coordinator_runs_converges_when_one_s
     # Now: one task of the run running, one queued (a pending dispatch), one ready, one
     # pending. No coordinator is running when the cancel is committed.
     async with pool.acquire() as conn:
-        assert await runs.request_cancel(conn, run_id, "user asked")
+        assert await runs.request_cancel(conn, run_id, "user asked", "test")
     before = await task_states(pool, run_id)
     assert sorted(before.values()) == ["pending", "queued", "ready", "running"]
 
@@ -63,7 +63,7 @@ async def test_a_run_being_canceled_gets_no_new_dispatch(pool: Pool) -> None:
     run_id = await start_run(pool, spec("stopping", 3))
     await register(pool)
     async with pool.acquire() as conn:
-        await runs.request_cancel(conn, run_id, "")
+        await runs.request_cancel(conn, run_id, "", "test")
 
     coord = coordinator(pool)
     # Cancellation comes first in a pass, so dispatch never sees the run as live.
@@ -87,7 +87,7 @@ async def test_concurrent_convergence_cancels_once(pool: Pool) -> None:
     await worker.claim(6)
     for run_id in run_ids:
         async with pool.acquire() as conn:
-            await runs.request_cancel(conn, run_id, "")
+            await runs.request_cancel(conn, run_id, "", "test")
 
     first, second = coordinator(pool), coordinator(pool)
     counts = await asyncio.gather(first.converge_cancels(), second.converge_cancels())

@@ -47,7 +47,7 @@ async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> Non
         await check_committed(pool, global_limit=global_limit)
         if round_ == 5:
             async with pool.acquire() as conn:
-                await runs.request_cancel(conn, canceled, "test")
+                await runs.request_cancel(conn, canceled, "test", "test")
         held = []
         for worker in fleet:
             ttl = 30 if worker is fleet[2] else 60_000

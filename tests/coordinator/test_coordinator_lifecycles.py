@@ -50,7 +50,7 @@ async def test_recorded_moves_follow_the_design_lifecycles(pool: Pool) -> None:
     assert await worker.complete(first[str(flaky)], "failed", retryable=True) == "ACCEPTED"
     assert await worker.complete(first[str(doomed)], "failed", retryable=False) == "ACCEPTED"
     async with pool.acquire() as conn:
-        assert await runs.request_cancel(conn, canceled, "lifecycle test")
+        assert await runs.request_cancel(conn, canceled, "lifecycle test", "test")
     # The expiring run's lease was claimed with a long TTL; shorten it to expire now.
     await pool.execute(
         "UPDATE dispatches SET lease_expires_at = now() WHERE id = $1",

@@ -142,7 +142,7 @@ async def start_run(
 ) -> UUID:
     stored, _ = await workflows.create(pool, workflow)
     async with pool.acquire() as conn:
-        started = await runs.start(conn, stored, run_input or {}, request_id)
+        started = await runs.start(conn, stored, run_input or {}, request_id, "test")
     return started.run_id
 
 

@@ -88,7 +88,7 @@ async def cancel_once_held(worker: Running, pool: Pool, run_id: UUID) -> None:
 
     await poll_until(running, within=20)
     async with pool.acquire() as conn:
-        await runs.request_cancel(conn, run_id, "test")
+        await runs.request_cancel(conn, run_id, "test", "test")
     assert await run_state(pool, run_id, "canceled") == "canceled"
 
 

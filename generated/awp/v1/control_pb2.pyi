@@ -268,6 +268,8 @@ class Run(_message.Message):
     CANCEL_REQUESTED_AT_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     TASKS_BY_STATE_FIELD_NUMBER: _builtins.int
+    STARTED_BY_FIELD_NUMBER: _builtins.int
+    CANCEL_REQUESTED_BY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     workflow_name: _builtins.str
     workflow_version: _builtins.int
@@ -277,6 +279,11 @@ class Run(_message.Message):
     request_id: _builtins.str
     last_seq: _builtins.int
     """Seq of the run's newest event."""
+    started_by: _builtins.str
+    """The audit trail: the credential names that started the run and that asked for its
+    cancellation ("anonymous" on a server without credentials; empty when unknown).
+    """
+    cancel_requested_by: _builtins.str
     @_builtins.property
     def input(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -306,10 +313,12 @@ class Run(_message.Message):
         cancel_requested_at: _timestamp_pb2.Timestamp | None = ...,
         last_seq: _builtins.int = ...,
         tasks_by_state: _abc.Iterable[Global___TaskStateCount] | None = ...,
+        started_by: _builtins.str = ...,
+        cancel_requested_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "revision", b"revision", "state", b"state", "tasks_by_state", b"tasks_by_state", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "cancel_requested_by", b"cancel_requested_by", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "revision", b"revision", "started_by", b"started_by", "state", b"state", "tasks_by_state", b"tasks_by_state", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

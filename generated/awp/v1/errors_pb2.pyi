@@ -60,6 +60,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the session is draining; it may not claim new work."""
     ERROR_REASON_DATABASE_UNAVAILABLE: _ErrorReason.ValueType  # 11
     """UNAVAILABLE: the server cannot reach its database; retry."""
+    ERROR_REASON_PERMISSION_DENIED: _ErrorReason.ValueType  # 12
+    """PERMISSION_DENIED: the caller's credential is known but lacks the role this call
+    needs (the message names the roles that would do).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -93,4 +97,8 @@ ERROR_REASON_WORKER_DRAINING: ErrorReason.ValueType  # 10
 """FAILED_PRECONDITION: the session is draining; it may not claim new work."""
 ERROR_REASON_DATABASE_UNAVAILABLE: ErrorReason.ValueType  # 11
 """UNAVAILABLE: the server cannot reach its database; retry."""
+ERROR_REASON_PERMISSION_DENIED: ErrorReason.ValueType  # 12
+"""PERMISSION_DENIED: the caller's credential is known but lacks the role this call
+needs (the message names the roles that would do).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

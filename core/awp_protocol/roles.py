@@ -1,0 +1,53 @@
+"""Roles, which RPCs each may call, and the credentials file's entries (docs/security.md).
+
+Shared by the server, which enforces them, and the CLI, which mints credentials.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import secrets
+from collections.abc import Iterable
+from typing import Any, Final
+
+
+class Role(enum.StrEnum):
+    WORKER = "worker"  # Register (the session then authenticates the worker's other calls)
+    VIEWER = "viewer"  # read workflows, runs, events, workers, stats
+    SUBMITTER = "submitter"  # what a viewer may, and start and cancel runs
+    ADMIN = "admin"  # everything, including creating workflows
+
+
+READ: Final = frozenset({Role.VIEWER, Role.SUBMITTER, Role.ADMIN})
+SUBMIT: Final = frozenset({Role.SUBMITTER, Role.ADMIN})
+ADMIN: Final = frozenset({Role.ADMIN})
+# Every RPC that needs a credential, and the roles that may make it. WorkerService calls
+# after Register carry the session instead; health and reflection are open.
+ROLES_OF: Final[dict[str, frozenset[Role]]] = {
+    "/awp.v1.WorkerService/Register": frozenset({Role.WORKER, Role.ADMIN}),
+    "/awp.v1.ControlService/CreateWorkflow": ADMIN,
+    "/awp.v1.ControlService/GetWorkflow": READ,
+    "/awp.v1.ControlService/ListWorkflows": READ,
+    "/awp.v1.ControlService/StartRun": SUBMIT,
+    "/awp.v1.ControlService/GetRun": READ,
+    "/awp.v1.ControlService/ListRuns": READ,
+    "/awp.v1.ControlService/CancelRun": SUBMIT,
+    "/awp.v1.ControlService/WatchRun": READ,
+    "/awp.v1.ControlService/ListWorkers": READ,
+    "/awp.v1.ControlService/GetStats": READ,
+}
+
+
+def token_digest(token: str) -> str:
+    """What the credentials file stores of a token: its SHA-256, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def mint_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def file_entry(name: str, token: str, roles: Iterable[Role]) -> dict[str, Any]:
+    """One entry of the credentials file's `credentials:` list."""
+    return {"name": name, "token_sha256": token_digest(token), "roles": sorted(map(str, roles))}

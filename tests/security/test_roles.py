@@ -1,0 +1,266 @@
+"""Named credentials with roles: every RPC admits exactly its roles, unknown callers are
+unauthenticated, the file is re-read when it changes, a client certificate can stand for
+a credential, and every ControlService write names its caller (the audit trail)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import trustme
+import yaml
+from certs import client_leaf, server_leaf, write_ca
+
+from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2
+from awp_common.tls import ClientTls, channel
+from awp_protocol.errors import Reason, decode_details
+from awp_protocol.roles import ROLES_OF, Role, file_entry, token_digest
+from awp_server.credentials import CredentialsInvalid, CredentialStore, shorthand
+from kit import ServerFactory, ServerHandle, poll_until, spec
+from kit import start_run as db_start_run
+
+TOKENS = {role: f"token-of-{role}" for role in Role}
+DENIED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+# The policy of docs/security.md, written out independently of the server's table.
+READS = (
+    "GetWorkflow",
+    "ListWorkflows",
+    "GetRun",
+    "ListRuns",
+    "WatchRun",
+    "ListWorkers",
+    "GetStats",
+)
+MAY_CALL = {
+    Role.WORKER: {"Register"},
+    Role.VIEWER: set(READS),
+    Role.SUBMITTER: {*READS, "StartRun", "CancelRun"},
+    Role.ADMIN: {*READS, "StartRun", "CancelRun", "CreateWorkflow", "Register"},
+}
+
+
+def credentials_file(path: Path, entries: list[dict[str, Any]]) -> str:
+    path.write_text(yaml.safe_dump({"credentials": entries}))
+    return str(path)
+
+
+def one_per_role() -> list[dict[str, Any]]:
+    return [file_entry(f"the-{role}", TOKENS[role], [role]) for role in Role]
+
+
+@pytest.fixture
+async def server(start_server: ServerFactory, tmp_path: Path) -> ServerHandle:
+    path = credentials_file(tmp_path / "credentials.yaml", one_per_role())
+    return await start_server(worker_token="", admin_token="", credentials_file=path)
+
+
+async def call(address: str, method: str, token: str | None, scheme: str = "Bearer") -> Any:
+    """Calls a method with an empty request; the status code and ErrorInfo reason."""
+    metadata = (("authorization", f"{scheme} {token}"),) if token is not None else ()
+    async with grpc.aio.insecure_channel(address) as chan:
+        identity = {"request_serializer": None, "response_deserializer": None}
+        try:
+            if method.endswith("/WatchRun"):
+                stream = chan.unary_stream(method, **identity)(b"", metadata=metadata, timeout=10)
+                async for _ in stream:
+                    break
+            else:
+                await chan.unary_unary(method, **identity)(b"", metadata=metadata, timeout=10)
+        except grpc.aio.AioRpcError as error:
+            return error.code(), decode_details(error.trailing_metadata()).reason
+    return grpc.StatusCode.OK, ""
+
+
+def test_every_control_rpc_and_register_has_its_roles() -> None:
+    control = control_pb2.DESCRIPTOR.services_by_name["ControlService"]
+    expected = {f"/awp.v1.ControlService/{m.name}" for m in control.methods}
+    expected.add("/awp.v1.WorkerService/Register")
+    assert set(ROLES_OF) == expected
+
+
+@pytest.mark.parametrize("method", sorted(ROLES_OF))
+async def test_each_role_may_make_exactly_its_calls(server: ServerHandle, method: str) -> None:
+    for role, token in TOKENS.items():
+        code, reason = await call(server.address, method, token)
+        if method.rsplit("/", 1)[-1] in MAY_CALL[role]:
+            # Past the check: the empty request is the handler's to judge.
+            assert code not in DENIED, (role, method, code)
+        else:
+            assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, Reason.PERMISSION_DENIED)
+    assert (await call(server.address, method, "not-a-token"))[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert (await call(server.address, method, None))[0] == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_the_bearer_scheme_is_matched_without_regard_to_case(server: ServerHandle) -> None:
+    method = "/awp.v1.ControlService/ListWorkflows"
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        assert await call(server.address, method, TOKENS[Role.VIEWER], scheme) == (
+            grpc.StatusCode.OK,
+            "",
+        )
+
+
+async def test_the_credentials_file_is_read_again_when_it_changes(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "credentials.yaml"
+    credentials_file(path, [file_entry("old", "old-token", [Role.VIEWER])])
+    server = await start_server(worker_token="", admin_token="", credentials_file=str(path))
+    method = "/awp.v1.ControlService/ListRuns"
+    assert (await call(server.address, method, "old-token"))[0] == grpc.StatusCode.OK
+    # Rotation: the new key in, the old one out.
+    credentials_file(path, [file_entry("new", "new-token", [Role.VIEWER])])
+
+    async def rotated() -> bool:
+        return (await call(server.address, method, "new-token"))[0] == grpc.StatusCode.OK
+
+    await poll_until(rotated, within=10)
+    assert (await call(server.address, method, "old-token"))[0] == grpc.StatusCode.UNAUTHENTICATED
+    # A broken file keeps the credentials that work.
+    path.write_text("credentials: [{name: broken}]")
+    await asyncio.sleep(0)  # the next call sees the new mtime; nothing to wait for
+    assert await rotated()
+
+
+@pytest.mark.parametrize(
+    ("entries", "problem"),
+    [
+        (
+            [file_entry("a", "same", [Role.VIEWER]), file_entry("b", "same", [Role.ADMIN])],
+            "is also credential 'a'",
+        ),
+        (shorthand("same", "same"), "is also credential 'worker'"),
+        ([{"name": "x", "token_sha256": "0" * 64, "roles": ["root"]}], "unknown role"),
+        ([{"name": "x", "roles": ["viewer"]}], "exactly one of token_sha256"),
+        ([], "no credentials"),
+    ],
+)
+def test_a_credential_set_that_cannot_be_used_is_refused(
+    tmp_path: Path, entries: list[dict[str, Any]], problem: str
+) -> None:
+    path = credentials_file(tmp_path / "credentials.yaml", entries)
+    with pytest.raises(CredentialsInvalid, match=problem):
+        CredentialStore(path, [])
+
+
+async def test_a_client_certificate_stands_for_its_credential(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    ca_file = write_ca(ca, tmp_path / "ca.pem")
+    served = server_leaf(ca, tmp_path)
+    path = credentials_file(
+        tmp_path / "credentials.yaml",
+        [{"name": "fleet", "certificate_common_name": "fleet-worker", "roles": ["worker"]}],
+    )
+    server = await start_server(
+        worker_token="",
+        admin_token="",
+        credentials_file=path,
+        tls_cert_file=served.cert,
+        tls_key_file=served.key,
+        tls_client_ca_file=ca_file,
+    )
+
+    async def register(common_name: str) -> grpc.StatusCode:
+        pem = client_leaf(ca, tmp_path, common_name)
+        async with channel(server.address, ClientTls(True, ca_file, pem.cert, pem.key)) as chan:
+            stub = control_pb2_grpc.ControlServiceStub(chan)
+            try:
+                await stub.ListRuns(control_pb2.ListRunsRequest(), timeout=10)
+            except grpc.aio.AioRpcError as error:
+                listed = error.code()
+            else:
+                listed = grpc.StatusCode.OK
+            assert listed in DENIED  # a worker's certificate is no viewer
+            register = chan.unary_unary(
+                "/awp.v1.WorkerService/Register",
+                request_serializer=worker_pb2.RegisterRequest.SerializeToString,
+                response_deserializer=worker_pb2.RegisterResponse.FromString,
+            )
+            request = worker_pb2.RegisterRequest(
+                name="cert-worker", protocol_version=1, executor_kinds=["mock"], max_concurrency=1
+            )
+            try:
+                await register(request, timeout=10)
+            except grpc.aio.AioRpcError as error:
+                return error.code()
+        return grpc.StatusCode.OK
+
+    assert await register("fleet-worker") == grpc.StatusCode.OK
+    assert await register("someone-else") == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_control_writes_record_their_caller(
+    server: ServerHandle, pool: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="awp.audit")
+    run_id = await db_start_run(pool, spec("audited", 1))
+    async with grpc.aio.insecure_channel(server.address) as chan:
+        stub = control_pb2_grpc.ControlServiceStub(chan)
+
+        def auth(role: Role) -> tuple[tuple[str, str], ...]:
+            return (("authorization", f"Bearer {TOKENS[role]}"),)
+
+        created = await stub.CreateWorkflow(
+            control_pb2.CreateWorkflowRequest(
+                definition=(
+                    await stub.GetWorkflow(
+                        control_pb2.GetWorkflowRequest(name="audited"), metadata=auth(Role.VIEWER)
+                    )
+                ).workflow.definition
+            ),
+            metadata=auth(Role.ADMIN),
+        )
+        assert not created.created  # the same definition again: idempotent
+        started = await stub.StartRun(
+            control_pb2.StartRunRequest(workflow_name="audited"), metadata=auth(Role.SUBMITTER)
+        )
+        assert started.run.started_by == f"the-{Role.SUBMITTER}"
+        canceled = await stub.CancelRun(
+            control_pb2.CancelRunRequest(run_id=started.run.id, reason="audit"),
+            metadata=auth(Role.ADMIN),
+        )
+        assert canceled.run.cancel_requested_by == f"the-{Role.ADMIN}"
+    events = await pool.fetch(
+        "SELECT type, payload->>'by' AS by FROM state_events WHERE run_id = $1::uuid "
+        "AND type IN ('run.created', 'run.cancel_requested') ORDER BY seq",
+        started.run.id,
+    )
+    assert [(e["type"], e["by"]) for e in events] == [
+        ("run.created", f"the-{Role.SUBMITTER}"),
+        ("run.cancel_requested", f"the-{Role.ADMIN}"),
+    ]
+    assert run_id  # the workflow existed before the calls above
+    audit = [(r.call, r.by) for r in caplog.records if r.name == "awp.audit"]  # type: ignore[attr-defined]
+    assert audit == [
+        ("CreateWorkflow", f"the-{Role.ADMIN}"),
+        ("StartRun", f"the-{Role.SUBMITTER}"),
+        ("CancelRun", f"the-{Role.ADMIN}"),
+    ]
+
+
+def test_minted_tokens_are_the_ones_their_file_entries_grant(tmp_path: Path) -> None:
+    path = tmp_path / "credentials.yaml"
+    awp = [sys.executable, "-m", "awp_cli", "credentials", "mint", "--file", str(path)]
+    tokens = {
+        name: subprocess.run(
+            [*awp, "--name", name, "--role", role],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+        for name, role in (("fleet", "worker"), ("ops", "admin"))
+    }
+    known = CredentialStore(str(path), []).current()
+    for name, role in (("fleet", Role.WORKER), ("ops", Role.ADMIN)):
+        credential = known.by_digest[token_digest(tokens[name])]
+        assert (credential.name, credential.roles) == (name, frozenset({role}))
+    assert tokens["fleet"] not in path.read_text()  # only hashes are stored
