@@ -1,0 +1,56 @@
+"""What production refuses at start-up, and the audit trail as `awp run get` shows it."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from awp.v1 import control_pb2
+from awp_cli import render
+from awp_server.config import parse
+
+BASE = [
+    "--database-url",
+    "postgresql://db.example/awp",
+    "--worker-token",
+    "w",
+    "--admin-token",
+    "a",
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--listen", "0.0.0.0:50051"], "refusing to serve plaintext on 0.0.0.0:50051"),
+        (["--listen", "10.1.2.3:50051"], "refusing to serve plaintext"),
+        (["--tls-cert-file", "c.pem"], "--tls-cert-file and --tls-key-file go together"),
+        (["--tls-client-ca-file", "ca.pem"], "needs --tls-cert-file and --tls-key-file"),
+    ],
+)
+def test_the_server_refuses_what_would_expose_it(
+    argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse([*BASE, *argv], environ={})
+    assert exited.value.code == 2
+    assert problem in capsys.readouterr().err
+
+
+def test_plaintext_beyond_loopback_is_allowed_only_when_told_insecure() -> None:
+    assert parse([*BASE, "--listen", "0.0.0.0:50051", "--insecure"], environ={}).insecure
+    assert parse([*BASE, "--listen", "127.0.0.1:50051"], environ={}).tls is None
+    served = parse(
+        [*BASE, "--listen", "0.0.0.0:50051", "--tls-cert-file", "c", "--tls-key-file", "k"],
+        environ={},
+    )
+    assert served.tls is not None and served.tls.client_ca_file is None
+
+
+def test_run_get_shows_who_started_and_who_canceled() -> None:
+    run = control_pb2.Run(id="r", workflow_name="w", workflow_version=1, started_by="ci")
+    run.cancel_requested_by = "ops"
+    console = Console(width=200, record=True)
+    console.print(render.run_view(control_pb2.GetRunResponse(run=run)))
+    text = console.export_text()
+    assert "started by ci" in text and "cancel requested by ops" in text
