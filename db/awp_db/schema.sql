@@ -4,6 +4,35 @@
 -- is a constraint, so a bug cannot commit a bad state. The COMMENT ON statements say
 -- why the rest exists; the lock order is stated in db/awp_db/locks.py.
 
+CREATE FUNCTION public.heartbeat_silence_from() RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RETURN (
+        WITH clock AS (SELECT clock_timestamp() AS now),
+             spans AS (
+                 SELECT serving_since AS since,
+                        last_seen_at + stale_after_ms * interval '1 millisecond' AS until
+                   FROM servers),
+             stretches AS (
+                 -- A span starts a stretch when it begins after every earlier span ended.
+                 SELECT since,
+                        since > max(until) OVER (ORDER BY since
+                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                            AS after_a_gap
+                   FROM spans)
+        SELECT CASE
+                   WHEN NOT EXISTS (SELECT 1 FROM spans) THEN '-infinity'::timestamptz
+                   WHEN NOT EXISTS (SELECT 1 FROM spans, clock WHERE until > clock.now)
+                       THEN (SELECT now FROM clock)
+                   -- A live span reaches the present, so it lies in the newest stretch.
+                   ELSE (SELECT max(since) FROM stretches WHERE after_a_gap IS NOT FALSE)
+               END);
+END
+$$;
+
+COMMENT ON FUNCTION public.heartbeat_silence_from() IS 'When a live session''s silence starts counting: the start of the current unbroken stretch with a live server (offline rule, DESIGN.md §7).';
+
 CREATE TABLE public.attempts (
     id bigint NOT NULL,
     task_id bigint NOT NULL,
@@ -130,6 +159,21 @@ CREATE TABLE public.schema_migrations (
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
+
+CREATE TABLE public.servers (
+    id uuid NOT NULL,
+    serving_since timestamp with time zone NOT NULL,
+    last_seen_at timestamp with time zone NOT NULL,
+    stale_after_ms integer NOT NULL,
+    CONSTRAINT servers_check CHECK ((serving_since <= last_seen_at)),
+    CONSTRAINT servers_stale_after_ms_check CHECK ((stale_after_ms > 0))
+);
+
+COMMENT ON TABLE public.servers IS 'One row per awp-server process: the stretch of time it has been serving without a gap (awp_db.workers.record_liveness).';
+
+COMMENT ON COLUMN public.servers.serving_since IS 'Start of the current unbroken stretch: reset to the write''s time when a write finds the previous one stale (the server or the database was away).';
+
+COMMENT ON COLUMN public.servers.stale_after_ms IS 'The server is live until last_seen_at plus this (two of its liveness intervals).';
 
 CREATE TABLE public.state_events (
     run_id uuid NOT NULL,
@@ -290,6 +334,9 @@ ALTER TABLE ONLY public.runs
 
 ALTER TABLE ONLY public.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY public.servers
+    ADD CONSTRAINT servers_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY public.state_events
     ADD CONSTRAINT state_events_pkey PRIMARY KEY (run_id, seq);

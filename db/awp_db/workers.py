@@ -1,4 +1,5 @@
-"""Worker sessions: registration, authentication, heartbeats, drain, offline detection."""
+"""Worker sessions: registration, authentication, heartbeats, drain, offline detection,
+and the servers' own liveness, which offline detection counts silence against."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ class Registration:
 @dataclass(frozen=True, slots=True)
 class OfflineRule:
     """A live session is offline once silent for `intervals` of its own heartbeat
-    interval (the one its server gave it at Register) and for at least `floor_ms`."""
+    interval (the one its server gave it at Register) and for at least `floor_ms`,
+    silence counting only from when a server could record its heartbeat
+    (heartbeat_silence_from(), migration 0005)."""
 
     intervals: int
     floor_ms: int = 0
@@ -191,6 +194,19 @@ async def set_state(conn: Conn, worker_id: UUID, state: str) -> str:
 async def mark_offline(conn: Conn, worker_ids: list[UUID]) -> list[UUID]:
     rows = await conn.fetch(Q["mark_offline"], worker_ids)
     return [row["id"] for row in rows]
+
+
+# A server is live until it misses this many of its liveness writes (DESIGN.md §7).
+SERVER_STALE_AFTER_WRITES = 2
+
+
+async def record_liveness(conn: Conn | Pool, server_id: UUID, every_ms: int) -> datetime:
+    """Records that server_id serves now, writing every `every_ms`; returns the start of
+    its current unbroken stretch (heartbeat_silence_from() counts silence from these)."""
+    since: datetime = await conn.fetchval(
+        Q["record_liveness"], server_id, SERVER_STALE_AFTER_WRITES * every_ms
+    )
+    return since
 
 
 async def list_workers(conn: Conn | Pool, include_inactive: bool) -> list[WorkerInfo]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -15,6 +16,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
 from awp_common.tls import server_credentials
+from awp_db import workers
 from awp_db.connect import Pool, create_pool
 from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
@@ -102,6 +104,22 @@ async def _watch_database(
         await asyncio.sleep(interval_s)
 
 
+async def _record_liveness(pool: Pool, interval_s: float) -> None:
+    """Tells the coordinator this server serves, every heartbeat interval: a worker's
+    silence counts only while some server could have recorded its heartbeat (DESIGN.md
+    §7). A write that fails (the database is away) is simply missed; the next one after
+    a gap starts a new serving stretch."""
+    server_id = uuid.uuid4()
+    every_ms = round(interval_s * 1000)
+    while True:
+        try:
+            async with asyncio.timeout(interval_s * workers.SERVER_STALE_AFTER_WRITES):
+                await workers.record_liveness(pool, server_id, every_ms)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            log.debug("liveness not recorded", extra={"error": repr(exc)})
+        await asyncio.sleep(interval_s)
+
+
 async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer:
     """Starts serving on config.listen (port 0 picks a free one); CredentialsInvalid
     before anything starts when the credentials cannot be used."""
@@ -159,6 +177,11 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         asyncio.create_task(
             _watch_database(pool, health_servicer, config.health_check_interval_s),
             name="awp-health",
+        )
+    )
+    running.tasks.append(
+        asyncio.create_task(
+            _record_liveness(pool, config.heartbeat_interval_s), name="awp-liveness"
         )
     )
     return running

@@ -54,6 +54,14 @@ TASKS = st.lists(
     ),
     max_size=6,
 )
+# Servers' serving stretches (heartbeat_silence_from): live (last seen now) or stale for
+# an hour, begun one or two hours ago; none at all is the rule without server rows.
+SERVERS = st.lists(
+    st.fixed_dictionaries(
+        {"since": st.sampled_from([-7200.0, -3600.0]), "seen": st.sampled_from([-3600.0, 0.0])}
+    ),
+    max_size=3,
+)
 RUNS = st.lists(
     st.fixed_dictionaries(
         {
@@ -91,13 +99,27 @@ BETWEEN_THE_MARKS = {
         }
     ],
     "prefetch": 1.0,
+    "servers": [],
 }
 
 COORDINATION = queries("coordination")
 DISPATCHING = queries("dispatching")
 
 
-async def _insert(conn: asyncpg.Connection, fleet: list[dict[str, Any]], runs: list[Any]) -> None:
+async def _insert(
+    conn: asyncpg.Connection,
+    fleet: list[dict[str, Any]],
+    runs: list[Any],
+    servers: list[dict[str, float]],
+) -> None:
+    for server in servers:
+        await conn.execute(
+            """INSERT INTO servers (id, serving_since, last_seen_at, stale_after_ms)
+               VALUES (gen_random_uuid(), now() + $1 * interval '1 second',
+                       now() + $2 * interval '1 second', 60000)""",
+            server["since"],
+            server["seen"],
+        )
     worker_ids = [
         await conn.fetchval(
             """INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency,
@@ -193,15 +215,19 @@ async def _exists(conn: asyncpg.Connection, query: str, *args: Any) -> bool:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(fleet=WORKERS, runs=RUNS, prefetch=st.sampled_from([0.0, 0.5, 1.0]))
+@given(fleet=WORKERS, runs=RUNS, prefetch=st.sampled_from([0.0, 0.5, 1.0]), servers=SERVERS)
 @example(**BETWEEN_THE_MARKS)
 async def test_due_agrees_with_every_step_and_its_python_twin(
-    conn: asyncpg.Connection, fleet: list[dict[str, Any]], runs: list[Any], prefetch: float
+    conn: asyncpg.Connection,
+    fleet: list[dict[str, Any]],
+    runs: list[Any],
+    prefetch: float,
+    servers: list[dict[str, float]],
 ) -> None:
     transaction = conn.transaction()
     await transaction.start()
     try:
-        await _insert(conn, fleet, runs)
+        await _insert(conn, fleet, runs, servers)
         due = await coordination.due(conn, OFFLINE, prefetch)
 
         assert due.cancels == await _exists(conn, COORDINATION["cancel_requested"], 1)

@@ -81,14 +81,16 @@ SELECT r.id FROM runs r
 -- condition of that step's candidate query; the steps re-check under their locks),
 -- whether any task is ready, and the seconds until the earliest lease expiry, attempt
 -- deadline, retry timer or worker silence threshold ($1 of a session's own heartbeat
--- intervals and at least $2 ms, as locks.silent_sessions), NULL when none is pending.
+-- intervals and at least $2 ms, counted from the later of its last heartbeat and
+-- heartbeat_silence_from(), as locks.silent_sessions), NULL when none is pending.
 -- The difference is taken on the database clock, so the coordinator's clock never
 -- matters. Unlocked, index-only work.
 SELECT EXISTS (SELECT 1 FROM runs
                 WHERE state = 'running' AND cancel_requested_at IS NOT NULL) AS cancels,
        EXISTS (SELECT 1 FROM workers
                 WHERE state IN ('active', 'draining')
-                  AND last_heartbeat_at < clock_timestamp()
+                  AND greatest(last_heartbeat_at, (SELECT heartbeat_silence_from()))
+                      < clock_timestamp()
                       - greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond')
            AS silent_workers,
        (EXISTS (SELECT 1 FROM dispatches
@@ -123,7 +125,7 @@ SELECT EXISTS (SELECT 1 FROM runs
            (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),
            (SELECT min(attempt_deadline) FROM dispatches WHERE state = 'leased'),
            (SELECT min(retry_at) FROM tasks WHERE state = 'waiting_retry'),
-           (SELECT min(last_heartbeat_at
+           (SELECT min(greatest(last_heartbeat_at, (SELECT heartbeat_silence_from()))
                        + greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond')
               FROM workers WHERE state IN ('active', 'draining'))
        ) - clock_timestamp())::float8 AS next_due_in

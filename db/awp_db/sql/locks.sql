@@ -18,11 +18,13 @@ SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_ep
 
 -- name: silent_sessions
 -- Sessions silent for longer than the offline threshold: $1 of the session's own
--- heartbeat intervals, and at least $2 ms (workers.OfflineRule). Busy ones are skipped
--- (a heartbeat holds them): the next pass sees them again.
+-- heartbeat intervals, and at least $2 ms (workers.OfflineRule), counted from their last
+-- heartbeat or from heartbeat_silence_from() (migration 0005: when the platform could
+-- record heartbeats again), whichever is later. Busy ones are skipped (a heartbeat holds
+-- them): the next pass sees them again.
 SELECT id FROM workers
  WHERE state IN ('active', 'draining')
-   AND last_heartbeat_at < clock_timestamp()
+   AND greatest(last_heartbeat_at, (SELECT heartbeat_silence_from())) < clock_timestamp()
        - greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond'
  ORDER BY id
    FOR UPDATE SKIP LOCKED

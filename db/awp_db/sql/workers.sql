@@ -56,3 +56,20 @@ SELECT w.id, w.name, w.state, w.executor_kinds, w.max_concurrency, w.labels, w.p
  WHERE $1 OR w.state IN ('active', 'draining')
  ORDER BY w.registered_at DESC, w.id
  LIMIT 1000
+
+-- name: record_liveness
+-- Server $1 is serving (DESIGN.md §7, migration 0005). A write that finds the previous
+-- one stale starts a new stretch: the server or the database was away in between, so no
+-- heartbeat could be recorded through it. Rows of servers gone for a day are pruned.
+WITH pruned AS (
+    DELETE FROM servers WHERE id <> $1 AND last_seen_at < now() - interval '1 day'
+)
+INSERT INTO servers AS s (id, serving_since, last_seen_at, stale_after_ms)
+VALUES ($1, now(), now(), $2)
+ON CONFLICT (id) DO UPDATE
+   SET serving_since = CASE
+           WHEN s.last_seen_at + s.stale_after_ms * interval '1 millisecond' < now() THEN now()
+           ELSE s.serving_since END,
+       last_seen_at = now(),
+       stale_after_ms = $2
+RETURNING serving_since
