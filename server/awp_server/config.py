@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from awp_common import flags, logs
 from awp_common.flags import flag
+from awp_db.connect import SessionLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +102,27 @@ class ServerConfig:
             read=flags.positive_duration,
         ),
     )
+    # How long a stalled process may hold row locks before PostgreSQL drops its session;
+    # every database timeout follows from it (awp_db.connect.SessionLimits).
+    db_stall_timeout_s: float | None = field(
+        default=None,
+        metadata=flag(
+            "--db-stall-timeout",
+            "AWP_DB_STALL_TIMEOUT",
+            "how long a session may sit idle inside a transaction before PostgreSQL ends "
+            "it; lock waits may last twice, statements three times as long",
+            read=flags.positive_duration,
+            shown="a fifth of --lease-ttl, within 1s-5s",
+        ),
+    )
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
+
+    @property
+    def session_limits(self) -> SessionLimits:
+        if self.db_stall_timeout_s is not None:
+            return SessionLimits(self.db_stall_timeout_s)
+        return SessionLimits.for_lease_ttl(self.lease_ttl_s)
 
     @property
     def lease_ttl_ms(self) -> int:
