@@ -89,6 +89,7 @@ class _Batcher(Generic[C, R]):
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # transactions run (for tests)
+        self.straggled = 0  # transactions that gave up their lane (for tests)
         self.abandoned = 0  # transactions given up at their deadline (for tests)
 
     async def _submit(self, call: C, size: int, ids: frozenset[int] = frozenset()) -> R:
@@ -209,6 +210,7 @@ class _Batcher(Generic[C, R]):
         """The lane's transaction is slow: the next batch need not wait for it."""
         if not lane.straggling:
             lane.straggling = True
+            self.straggled += 1
             self._busy -= 1
             self._stragglers += 1
             self._start()
