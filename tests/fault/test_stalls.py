@@ -1,0 +1,80 @@
+"""A stalled awp-server never halts the cluster (DESIGN.md §6, docs/liveness.md): two
+replicas serve one busy run; one is stopped while it holds a transaction the others
+wait for. Each ends with the invariant check (kit.invariants).
+
+13 SIGSTOP a replica inside a transaction (a GC pause, a frozen VM)
+14 partition a replica from PostgreSQL inside a transaction (a TCP proxy goes dark)
+
+The bound: results are accepted again within the stall bound (what PostgreSQL allows a
+session idle in a transaction; 1 s at these timings, a fifth of the lease TTL) plus one
+second, however long the replica stays stopped -- the other replica must accept
+ACCEPTED_DURING_STALL results before the stalled one is let go. Without the session
+limits nothing would be accepted until it was.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import stalls
+from cluster import Cluster
+from figures import report_figure
+from probes import wait_run
+
+from kit.invariants import Expect
+
+pytestmark = pytest.mark.fault
+
+# What the stall may cost beyond the stall bound: the waiting transactions' own work and
+# this test's polling, on a busy two-core machine.
+SLACK_S = 1.0
+
+
+async def test_a_replica_stopped_inside_a_transaction_does_not_halt_the_cluster(
+    cluster: Cluster,
+) -> None:
+    replicas = await stalls.start(cluster, "sigstop")
+    stalled = cluster.process("server")
+    try:
+        since = await stalls.catch_in_transaction(
+            replicas,
+            lambda: stalled.signal(signal.SIGSTOP),
+            lambda: stalled.signal(signal.SIGCONT),
+        )
+        resume_s, stalled_s = await stalls.measure_resume(replicas, since)
+        assert stalled.alive  # still stopped: the others went on without it
+    finally:
+        stalled.signal(signal.SIGCONT)
+        await replicas.proxy.close()
+    bound = replicas.limits.stall_s
+    report_figure(
+        f"STALL server SIGSTOP in a transaction->results accepted again={resume_s:.2f}s "
+        f"(stall bound {bound:.1f}s; stopped {stalled_s:.1f}s+, "
+        f"{stalls.ACCEPTED_DURING_STALL} accepted meanwhile)"
+    )
+    assert resume_s < bound + SLACK_S
+    await wait_run(cluster, replicas.run_id)
+    await cluster.check_invariants({replicas.run_id: Expect()})
+
+
+async def test_a_replica_partitioned_from_postgres_does_not_halt_the_cluster(
+    cluster: Cluster,
+) -> None:
+    replicas = await stalls.start(cluster, "partition")
+    proxy = replicas.proxy
+    try:
+        since = await stalls.catch_in_transaction(replicas, proxy.partition, proxy.heal)
+        resume_s, stalled_s = await stalls.measure_resume(replicas, since)
+        proxy.heal()
+        bound = replicas.limits.stall_s
+        report_figure(
+            f"STALL server partitioned from PostgreSQL->results accepted again={resume_s:.2f}s "
+            f"(stall bound {bound:.1f}s; partitioned {stalled_s:.1f}s+, "
+            f"{stalls.ACCEPTED_DURING_STALL} accepted meanwhile)"
+        )
+        assert resume_s < bound + SLACK_S
+        await wait_run(cluster, replicas.run_id)
+        await cluster.check_invariants({replicas.run_id: Expect()})
+    finally:
+        await proxy.close()
