@@ -5,11 +5,14 @@ wait for. Each ends with the invariant check (kit.invariants).
 13 SIGSTOP a replica inside a transaction (a GC pause, a frozen VM)
 14 partition a replica from PostgreSQL inside a transaction (a TCP proxy goes dark)
 
-The bound: results are accepted again within the stall bound (what PostgreSQL allows a
-session idle in a transaction; 1 s at these timings, a fifth of the lease TTL) plus one
-second, however long the replica stays stopped -- the other replica must accept
-ACCEPTED_DURING_STALL results before the stalled one is let go. Without the session
-limits nothing would be accepted until it was.
+The bound: results are accepted again within twice the stall bound S (what PostgreSQL
+allows a session idle in a transaction; 1 s at these timings, a fifth of the lease TTL)
+plus one second, however long the replica stays stopped -- the other replica must
+accept ACCEPTED_DURING_STALL results before the stalled one is let go. Twice: the
+stalled replica's other lane (Claim or Complete) may be queued for the same run lock;
+it gets the lock when the first holder is dropped, and holds it, idle, for one more S.
+Measured: mostly S, sometimes 1.7 S. Without the session limits nothing would be
+accepted until the replica was let go.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault
 
-# What the stall may cost beyond the stall bound: the waiting transactions' own work and
-# this test's polling, on a busy two-core machine.
+# What the stall may cost beyond twice the stall bound: the waiting transactions' own
+# work and this test's polling, on a busy two-core machine.
 SLACK_S = 1.0
 
 
@@ -37,25 +40,27 @@ async def test_a_replica_stopped_inside_a_transaction_does_not_halt_the_cluster(
     replicas = await stalls.start(cluster, "sigstop")
     stalled = cluster.process("server")
     try:
-        since = await stalls.catch_in_transaction(
-            replicas,
-            lambda: stalled.signal(signal.SIGSTOP),
-            lambda: stalled.signal(signal.SIGCONT),
+        try:
+            since = await stalls.catch_in_transaction(
+                replicas,
+                lambda: stalled.signal(signal.SIGSTOP),
+                lambda: stalled.signal(signal.SIGCONT),
+            )
+            resume_s, stalled_s = await stalls.measure_resume(replicas, since)
+            assert stalled.alive  # still stopped: the others went on without it
+        finally:
+            stalled.signal(signal.SIGCONT)
+        bound = replicas.limits.stall_s
+        report_figure(
+            f"STALL server SIGSTOP in a transaction->results accepted again={resume_s:.2f}s "
+            f"(stall bound {bound:.1f}s; stopped {stalled_s:.1f}s+, "
+            f"{stalls.ACCEPTED_DURING_STALL} accepted meanwhile)"
         )
-        resume_s, stalled_s = await stalls.measure_resume(replicas, since)
-        assert stalled.alive  # still stopped: the others went on without it
+        assert resume_s < 2 * bound + SLACK_S
+        await wait_run(cluster, replicas.run_id)
+        await cluster.check_invariants({replicas.run_id: Expect()})
     finally:
-        stalled.signal(signal.SIGCONT)
         await replicas.proxy.close()
-    bound = replicas.limits.stall_s
-    report_figure(
-        f"STALL server SIGSTOP in a transaction->results accepted again={resume_s:.2f}s "
-        f"(stall bound {bound:.1f}s; stopped {stalled_s:.1f}s+, "
-        f"{stalls.ACCEPTED_DURING_STALL} accepted meanwhile)"
-    )
-    assert resume_s < bound + SLACK_S
-    await wait_run(cluster, replicas.run_id)
-    await cluster.check_invariants({replicas.run_id: Expect()})
 
 
 async def test_a_replica_partitioned_from_postgres_does_not_halt_the_cluster(
@@ -73,7 +78,7 @@ async def test_a_replica_partitioned_from_postgres_does_not_halt_the_cluster(
             f"(stall bound {bound:.1f}s; partitioned {stalled_s:.1f}s+, "
             f"{stalls.ACCEPTED_DURING_STALL} accepted meanwhile)"
         )
-        assert resume_s < bound + SLACK_S
+        assert resume_s < 2 * bound + SLACK_S
         await wait_run(cluster, replicas.run_id)
         await cluster.check_invariants({replicas.run_id: Expect()})
     finally:
