@@ -81,13 +81,7 @@ class CoordinatorConfig:
     # default one unless told (one AWP_DB_STALL_TIMEOUT can serve every process).
     db_stall_timeout_s: float = field(
         default=DEFAULT_LIMITS.stall_s,
-        metadata=flag(
-            "--db-stall-timeout",
-            "AWP_DB_STALL_TIMEOUT",
-            "how long a session may sit idle inside a transaction before PostgreSQL ends "
-            "it; lock waits may last twice, statements three times as long",
-            read=flags.positive_duration,
-        ),
+        metadata=flags.db_stall_timeout(),
     )
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)

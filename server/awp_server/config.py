@@ -106,14 +106,7 @@ class ServerConfig:
     # every database timeout follows from it (awp_db.connect.SessionLimits).
     db_stall_timeout_s: float | None = field(
         default=None,
-        metadata=flag(
-            "--db-stall-timeout",
-            "AWP_DB_STALL_TIMEOUT",
-            "how long a session may sit idle inside a transaction before PostgreSQL ends "
-            "it; lock waits may last twice, statements three times as long",
-            read=flags.positive_duration,
-            shown="a fifth of --lease-ttl, within 1s-5s",
-        ),
+        metadata=flags.db_stall_timeout(shown="a fifth of --lease-ttl, within 1s-5s"),
     )
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)

@@ -17,11 +17,13 @@ from uuid import UUID
 
 import workload
 from cluster import Cluster, wait_for
-from probes import seconds_between
+from figures import report_figure
+from probes import seconds_between, wait_run
 from proxy import TcpProxy
 
 from awp_db.connect import SessionLimits
 from awp_db.embedded import free_port
+from kit.invariants import Expect
 
 # A steady stream of short results, all of one run: every Claim and Complete takes that
 # run's row lock, so one transaction holding it stops everyone who reports.
@@ -31,6 +33,9 @@ TASK_MS = 20
 MAX_CATCHES = 400
 # Results the other replica must accept while the stalled one is still stopped.
 ACCEPTED_DURING_STALL = 40
+# What the stall may cost beyond twice the stall bound (test_stalls.py says why twice):
+# the waiting transactions' own work and this test's polling, on a busy two-core machine.
+SLACK_S = 1.0
 
 
 @dataclass
@@ -134,3 +139,16 @@ async def measure_resume(replicas: Replicas, since: datetime) -> tuple[float, fl
         lambda: progress(ACCEPTED_DURING_STALL), "the other replica to keep accepting"
     )
     return seconds_between(since, resumed), seconds_between(since, enough)
+
+
+async def finish(replicas: Replicas, stall: str, resume_s: float, stalled_s: float) -> None:
+    """Reports the figures, holds resume_s to the bound, and once the stalled replica
+    is back, waits for the run to finish and checks the invariants."""
+    bound = replicas.limits.stall_s
+    report_figure(
+        f"STALL server {stall}->results accepted again={resume_s:.2f}s (stall bound "
+        f"{bound:.1f}s; stalled {stalled_s:.1f}s+, {ACCEPTED_DURING_STALL} accepted meanwhile)"
+    )
+    assert resume_s < 2 * bound + SLACK_S
+    await wait_run(replicas.cluster, replicas.run_id)
+    await replicas.cluster.check_invariants({replicas.run_id: Expect()})

@@ -16,7 +16,7 @@ from awp_kernel.fencing import ResultVerdict
 from awp_server.batching import ClaimBatcher, CompleteBatcher
 from awp_server.errors import as_awp_error
 from kit import poll_until, spec, start_run
-from kit.db import dispatch_all, register
+from kit.db import DbWorker, dispatch_all, register
 
 
 def _ok(lease: claims.IssuedLease, value: object = 1) -> leases.ResultIn:
@@ -230,17 +230,20 @@ async def _hold_run_lock(dsn: str, run_id: UUID, limits: SessionLimits | None) -
     return holder
 
 
+async def _one_lease(pool: Pool, name: str) -> tuple[UUID, DbWorker, claims.IssuedLease]:
+    """A one-task run whose task is leased to a worker of its own."""
+    run_id = await start_run(pool, spec(name, 1))
+    worker = await register(pool, name=name)
+    await dispatch_all(pool)
+    (lease,) = await worker.claim(1)
+    return run_id, worker, lease
+
+
 async def test_a_stalled_lock_holder_is_dropped_and_other_calls_do_not_wait(
     pool: Pool, database_dsn: str
 ) -> None:
-    stuck_run = await start_run(pool, spec("stuck", 1))
-    a = await register(pool, name="a")
-    await dispatch_all(pool)
-    (behind,) = await a.claim(1)
-    await start_run(pool, spec("free", 1))
-    b = await register(pool, name="b")
-    await dispatch_all(pool)
-    (elsewhere,) = await b.claim(1)
+    stuck_run, a, behind = await _one_lease(pool, "stuck")
+    _, b, elsewhere = await _one_lease(pool, "free")
     limits = SessionLimits(1.0)
     holder = await _hold_run_lock(database_dsn, stuck_run, limits)
     batcher = CompleteBatcher(pool, max_size=500, limits=limits)
@@ -263,10 +266,7 @@ async def test_a_stalled_lock_holder_is_dropped_and_other_calls_do_not_wait(
 async def test_a_transaction_past_its_deadline_is_unavailable_and_loses_nothing(
     database_dsn: str, pool: Pool
 ) -> None:
-    run_id = await start_run(pool, spec("deadline", 1))
-    worker = await register(pool, name="w")
-    await dispatch_all(pool)
-    (lease,) = await worker.claim(1)
+    run_id, worker, lease = await _one_lease(pool, "deadline")
     # The database itself would let both sessions wait for minutes: the deadline is the
     # batcher's own (as when PostgreSQL cannot be reached at all).
     patient = await create_pool(database_dsn, min_size=1, max_size=4, limits=SessionLimits(100))
