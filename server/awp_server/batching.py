@@ -26,7 +26,6 @@ a Complete already written is then answered DUPLICATE, and nothing is lost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -182,28 +181,31 @@ class _Batcher(Generic[C, R]):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._limits.transaction_s
         conn = await self._pool.acquire(timeout=self._limits.transaction_s)
+        # A task of its own: cancelling a query waits for the server to answer the
+        # cancel, which a stalled or unreachable server never does.
+        work = asyncio.create_task(self._transaction(conn, batch))
+        work.add_done_callback(_retrieve)
         try:
-            # A task of its own: cancelling a query waits for the server to answer the
-            # cancel, which a stalled or unreachable server never does.
-            work = asyncio.create_task(self._transaction(conn, batch))
             done, _ = await asyncio.wait({work}, timeout=self._limits.straggler_s)
             if not done:
                 self._straggle(lane)
                 done, _ = await asyncio.wait({work}, timeout=max(0.0, deadline - loop.time()))
-            if not done:
-                # Closing the socket ends the work at once; PostgreSQL rolls it back.
-                conn.terminate()
-                with contextlib.suppress(Exception):
-                    await work
-                self.abandoned += 1
-                log.warning(
-                    "a %s transaction passed its deadline; its calls are answered UNAVAILABLE",
-                    self.kind,
-                    extra={"calls": len(batch), "deadline_s": self._limits.transaction_s},
-                )
-                raise TimeoutError(f"{self.kind} transaction deadline")
-            return work.result()
+            if done:
+                return work.result()
+            self.abandoned += 1
+            log.warning(
+                "a %s transaction passed its deadline; its calls are answered UNAVAILABLE",
+                self.kind,
+                extra={"calls": len(batch), "deadline_s": self._limits.transaction_s},
+            )
+            raise TimeoutError(f"{self.kind} transaction deadline")
         finally:
+            if not work.done():
+                # Past the deadline (or this task cancelled): the work must not outlive
+                # its connection's return to the pool. Closing the socket ends it at
+                # once; PostgreSQL rolls it back.
+                conn.terminate()
+                await asyncio.wait({work})
             await self._pool.release(conn)
 
     def _straggle(self, lane: _Lane) -> None:
