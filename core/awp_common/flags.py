@@ -105,6 +105,18 @@ def metrics_listen(env: str) -> dict[str, Flag]:
     return flag("--metrics-listen", env, "Prometheus HOST:PORT, or 'off'", read=address_or_off)
 
 
+def db_stall_timeout(shown: str | None = None) -> dict[str, Flag]:
+    """--db-stall-timeout: one variable for every process (docs/liveness.md)."""
+    return flag(
+        "--db-stall-timeout",
+        "AWP_DB_STALL_TIMEOUT",
+        "how long a session may sit idle inside a transaction before PostgreSQL ends it; "
+        "lock waits may last twice, statements three times as long",
+        read=positive_duration,
+        shown=shown,
+    )
+
+
 # ---------------------------------------------------------------- readers
 
 

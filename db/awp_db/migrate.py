@@ -105,7 +105,7 @@ async def migrate_when_reachable(dsn: str, give_up_after_s: float = 120.0) -> li
         reraise=True,
     ):
         with attempt:
-            conn = await connect(dsn, application_name="awp-migrate")
+            conn = await connect(dsn, application_name="awp-migrate", limits=None)
             try:
                 return await migrate(conn)
             finally:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from awp_common import flags, logs
 from awp_common.flags import flag
+from awp_db.connect import DEFAULT_LIMITS, SessionLimits
 from awp_db.workers import OfflineRule
 
 # How many of its own heartbeat intervals of silence make a worker offline (DESIGN.md
@@ -76,6 +77,12 @@ class CoordinatorConfig:
     metrics_listen: str | None = field(
         default="127.0.0.1:9465", metadata=flags.metrics_listen("AWP_COORDINATOR_METRICS_LISTEN")
     )
+    # The coordinator does not know the servers' lease TTL: it takes the limits of the
+    # default one unless told (one AWP_DB_STALL_TIMEOUT can serve every process).
+    db_stall_timeout_s: float = field(
+        default=DEFAULT_LIMITS.stall_s,
+        metadata=flags.db_stall_timeout(),
+    )
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
     pool_size: int = field(
@@ -108,6 +115,10 @@ class CoordinatorConfig:
             shown="<pid>@<hostname>",
         ),
     )
+
+    @property
+    def session_limits(self) -> SessionLimits:
+        return SessionLimits(self.db_stall_timeout_s)
 
     @property
     def offline_rule(self) -> OfflineRule:

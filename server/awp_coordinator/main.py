@@ -57,6 +57,7 @@ async def serve(config: CoordinatorConfig) -> None:
         min_size=0,
         max_size=config.pool_size,
         application_name=f"awp-coordinator {config.instance}"[:63],
+        limits=config.session_limits,
     )
     log.info(
         "awp-coordinator started",

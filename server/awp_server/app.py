@@ -134,6 +134,7 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             min_size=0,
             max_size=config.pool_size,
             application_name="awp-server",
+            limits=config.session_limits,
         )
     listener = Listener(config.database_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
     await listener.start()

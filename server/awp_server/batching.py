@@ -13,6 +13,14 @@ Each call is served exactly as on its own, against its own session
 (`claims.claim_many`, `leases.complete_many`). If a shared transaction fails, each
 call is retried in a transaction of its own, so one call's bad data or session never
 fails another.
+
+No transaction can hold a server up (DESIGN.md §6). One that runs longer than
+`SessionLimits.straggler_s` (it waits for a lock some stalled process holds, or for a
+database it cannot reach) stops counting as the kind's lane: the next batch starts on
+another connection, up to SPARE_LANES such stragglers. One that reaches its deadline
+(`SessionLimits.transaction_s`) loses its connection, so PostgreSQL rolls it back, and
+its calls are answered UNAVAILABLE like any other database failure: workers retry them,
+a Complete already written is then answered DUPLICATE, and nothing is lost.
 """
 
 from __future__ import annotations
@@ -24,9 +32,10 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from awp_db import claims, leases
-from awp_db.connect import Pool
+from awp_db.connect import DEFAULT_LIMITS, Conn, Pool, SessionLimits
 from awp_kernel.errors import AwpError
 from awp_kernel.fencing import ResultVerdict
+from awp_server.errors import DATABASE_DOWN
 
 log = logging.getLogger("awp.server.batching")
 
@@ -35,6 +44,9 @@ log = logging.getLogger("awp.server.batching")
 # meanwhile joins the next batch instead (measured: single_run with 4 workers and
 # many_runs both ~20-35% faster than with two).
 LANES = 1
+# Transactions of one kind that may straggle past their lane at once: bounds the pool
+# connections a stuck database ties up (two kinds: 10 of the default 20).
+SPARE_LANES = 4
 
 C = TypeVar("C")  # one call
 R = TypeVar("R")  # its answer
@@ -48,20 +60,36 @@ class _Pending(Generic[C, R]):
     ids: frozenset[int]
 
 
+@dataclass(slots=True)
+class _Lane:
+    straggling: bool = False
+
+
 class _Batcher(Generic[C, R]):
     kind = "call"
     # Serve a call whose caller went away (Complete: its results are still written).
     serve_abandoned = True
 
-    def __init__(self, pool: Pool, *, max_size: int, lanes: int = LANES) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        max_size: int,
+        lanes: int = LANES,
+        limits: SessionLimits = DEFAULT_LIMITS,
+    ) -> None:
         self._pool = pool
         self._max_size = max_size
         self._lanes = lanes
+        self._limits = limits
         self._queue: list[_Pending[C, R]] = []
-        self._busy = 0
+        self._busy = 0  # transactions within their lane
+        self._stragglers = 0  # transactions past straggler_s, not yet at their deadline
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # transactions run (for tests)
+        self.straggled = 0  # transactions that gave up their lane (for tests)
+        self.abandoned = 0  # transactions given up at their deadline (for tests)
 
     async def _submit(self, call: C, size: int, ids: frozenset[int] = frozenset()) -> R:
         loop = asyncio.get_running_loop()
@@ -80,7 +108,11 @@ class _Batcher(Generic[C, R]):
 
     def _start(self) -> None:
         self._scheduled = False
-        while self._busy < self._lanes and self._queue:
+        while (
+            self._queue
+            and self._busy < self._lanes
+            and self._stragglers + self._busy < self._lanes + SPARE_LANES
+        ):
             batch = self._take()
             self._busy += 1
             task = asyncio.create_task(self._serve(batch), name=f"awp-{self.kind}-batch")
@@ -106,13 +138,16 @@ class _Batcher(Generic[C, R]):
         return batch
 
     async def _serve(self, batch: list[_Pending[C, R]]) -> None:
+        lane = _Lane()
         try:
             self.batches += 1
             try:
-                outcomes = await self._transaction(batch)
+                outcomes = await self._bounded(batch, lane)
             except Exception as exc:
-                if len(batch) == 1:
-                    _settle(batch[0], exc)
+                # Unavailable is no one call's fault: one by one would only wait longer.
+                if len(batch) == 1 or isinstance(exc, DATABASE_DOWN):
+                    for pending in batch:
+                        _settle(pending, exc)
                     return
                 log.warning(
                     "a shared %s transaction failed; serving its calls one by one",
@@ -121,7 +156,7 @@ class _Batcher(Generic[C, R]):
                 )
                 for pending in batch:
                     try:
-                        (outcome,) = await self._transaction([pending])
+                        (outcome,) = await self._bounded([pending], lane)
                     except Exception as single:
                         _settle(pending, single)
                     else:
@@ -135,10 +170,54 @@ class _Batcher(Generic[C, R]):
                     pending.answer.set_exception(exc)
             raise
         finally:
-            self._busy -= 1
+            if lane.straggling:
+                self._stragglers -= 1
+            else:
+                self._busy -= 1
             self._start()
 
-    async def _transaction(self, batch: list[_Pending[C, R]]) -> Sequence[R | AwpError]:
+    async def _bounded(self, batch: list[_Pending[C, R]], lane: _Lane) -> Sequence[R | AwpError]:
+        """The batch's transaction, on a connection of its own, within its deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._limits.transaction_s
+        conn = await self._pool.acquire(timeout=self._limits.transaction_s)
+        # A task of its own: cancelling a query waits for the server to answer the
+        # cancel, which a stalled or unreachable server never does.
+        work = asyncio.create_task(self._transaction(conn, batch))
+        work.add_done_callback(_retrieve)
+        try:
+            done, _ = await asyncio.wait({work}, timeout=self._limits.straggler_s)
+            if not done:
+                self._straggle(lane)
+                done, _ = await asyncio.wait({work}, timeout=max(0.0, deadline - loop.time()))
+            if done:
+                return work.result()
+            self.abandoned += 1
+            log.warning(
+                "a %s transaction passed its deadline; its calls are answered UNAVAILABLE",
+                self.kind,
+                extra={"calls": len(batch), "deadline_s": self._limits.transaction_s},
+            )
+            raise TimeoutError(f"{self.kind} transaction deadline")
+        finally:
+            if not work.done():
+                # Past the deadline (or this task cancelled): the work must not outlive
+                # its connection's return to the pool. Closing the socket ends it at
+                # once; PostgreSQL rolls it back.
+                conn.terminate()
+                await asyncio.wait({work})
+            await self._pool.release(conn)
+
+    def _straggle(self, lane: _Lane) -> None:
+        """The lane's transaction is slow: the next batch need not wait for it."""
+        if not lane.straggling:
+            lane.straggling = True
+            self.straggled += 1
+            self._busy -= 1
+            self._stragglers += 1
+            self._start()
+
+    async def _transaction(self, conn: Conn, batch: list[_Pending[C, R]]) -> Sequence[R | AwpError]:
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -165,18 +244,25 @@ class CompleteBatcher(_Batcher[leases.Completion, list[ResultVerdict]]):
         )
 
     async def _transaction(
-        self, batch: list[_Pending[leases.Completion, list[ResultVerdict]]]
+        self, conn: Conn, batch: list[_Pending[leases.Completion, list[ResultVerdict]]]
     ) -> Sequence[list[ResultVerdict] | AwpError]:
-        async with self._pool.acquire() as conn:
-            return await leases.complete_many(conn, [p.call for p in batch])
+        return await leases.complete_many(conn, [p.call for p in batch])
 
 
 class ClaimBatcher(_Batcher[claims.ClaimCall, list[claims.IssuedLease]]):
     kind = "Claim"
     serve_abandoned = False
 
-    def __init__(self, pool: Pool, *, max_size: int, lease_ttl_ms: int, lanes: int = LANES):
-        super().__init__(pool, max_size=max_size, lanes=lanes)
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        max_size: int,
+        lease_ttl_ms: int,
+        lanes: int = LANES,
+        limits: SessionLimits = DEFAULT_LIMITS,
+    ):
+        super().__init__(pool, max_size=max_size, lanes=lanes, limits=limits)
         self._lease_ttl_ms = lease_ttl_ms
 
     async def claim(
@@ -192,17 +278,16 @@ class ClaimBatcher(_Batcher[claims.ClaimCall, list[claims.IssuedLease]]):
         )
 
     async def _transaction(
-        self, batch: list[_Pending[claims.ClaimCall, list[claims.IssuedLease]]]
+        self, conn: Conn, batch: list[_Pending[claims.ClaimCall, list[claims.IssuedLease]]]
     ) -> Sequence[list[claims.IssuedLease] | AwpError]:
         while True:
             try:
-                async with self._pool.acquire() as conn:
-                    return await claims.claim_many(
-                        conn,
-                        [p.call for p in batch],
-                        self._lease_ttl_ms,
-                        still_wanted=lambda index: not batch[index].answer.done(),
-                    )
+                return await claims.claim_many(
+                    conn,
+                    [p.call for p in batch],
+                    self._lease_ttl_ms,
+                    still_wanted=lambda index: not batch[index].answer.done(),
+                )
             except claims.ClaimAbandoned:
                 # Rolled back: serve the others again (the departed get nothing).
                 gone = [p for p in batch if p.answer.done()]

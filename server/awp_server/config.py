@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from awp_common import flags, logs
 from awp_common.flags import flag, is_loopback
 from awp_common.tls import ServerTls
+from awp_db.connect import SessionLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,12 @@ class ServerConfig:
             read=flags.positive_duration,
         ),
     )
+    # How long a stalled process may hold row locks before PostgreSQL drops its session;
+    # every database timeout follows from it (awp_db.connect.SessionLimits).
+    db_stall_timeout_s: float | None = field(
+        default=None,
+        metadata=flags.db_stall_timeout(shown="a fifth of --lease-ttl, within 1s-5s"),
+    )
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
 
@@ -136,6 +143,12 @@ class ServerConfig:
         if not (self.tls_cert_file and self.tls_key_file):
             return None
         return ServerTls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file or None)
+
+    @property
+    def session_limits(self) -> SessionLimits:
+        if self.db_stall_timeout_s is not None:
+            return SessionLimits(self.db_stall_timeout_s)
+        return SessionLimits.for_lease_ttl(self.lease_ttl_s)
 
     @property
     def lease_ttl_ms(self) -> int:

@@ -17,6 +17,7 @@ import grpc
 from google.rpc import code_pb2
 from grpc_status import rpc_status
 
+from awp_db.connect import TIMEOUT_ERRORS
 from awp_kernel.errors import AwpError, database_unavailable, invalid_many
 from awp_protocol.errors import FieldsInvalid, encode_status
 
@@ -32,6 +33,8 @@ DATABASE_DOWN: Final = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     TimeoutError,
+    # A lock, statement or idle-in-transaction timeout: rolled back, worth retrying.
+    *TIMEOUT_ERRORS,
 )
 
 

@@ -85,9 +85,14 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         # Concurrent Claims and Completes share transactions (one run lock and commit
         # for many workers' calls).
         self.claims = ClaimBatcher(
-            pool, max_size=MAX_LEASES_PER_CLAIM, lease_ttl_ms=config.lease_ttl_ms
+            pool,
+            max_size=MAX_LEASES_PER_CLAIM,
+            lease_ttl_ms=config.lease_ttl_ms,
+            limits=config.session_limits,
         )
-        self.completes = CompleteBatcher(pool, max_size=MAX_RESULTS_PER_COMPLETE)
+        self.completes = CompleteBatcher(
+            pool, max_size=MAX_RESULTS_PER_COMPLETE, limits=config.session_limits
+        )
 
     @unary
     async def Register(

@@ -200,18 +200,21 @@ class Cluster:
 
     # --- awp-server -------------------------------------------------------------------
 
-    async def start_server(self, name: str = "server", *, within: float = 20.0) -> Process:
+    async def start_server(
+        self, name: str = "server", *, within: float = 20.0, port: int = 0, database_url: str = ""
+    ) -> Process:
         """Starts (or restarts, on the same port) the server; returns once it serves."""
-        self._starters[name] = lambda: self.start_server(name, within=within)
+        self._starters[name] = lambda: self.start_server(name, within=within, port=port,
+                                                         database_url=database_url)  # fmt: skip
         t = self.timings
         process = self.add(
             name,
             [
                 str(BIN_DIR / "awp-server"),
                 "--database-url",
-                self.dsn,
+                database_url or self.dsn,
                 "--listen",
-                self.server_address,
+                f"127.0.0.1:{port or self.server_port}",
                 "--metrics-listen",
                 "off",
                 "--worker-token",
@@ -233,7 +236,8 @@ class Cluster:
         return process
 
     async def wait_server_ready(self, process: Process, *, within: float = 20.0) -> None:
-        line = f"awp-server listening on {self.server_address}"
+        address = process.argv[process.argv.index("--listen") + 1]  # replicas have their own
+        line = f"awp-server listening on {address}"
 
         async def listening() -> bool:
             if not process.alive:
@@ -242,7 +246,7 @@ class Cluster:
 
         await wait_for(listening, f"{process.name} to print {line!r}", within=within)
         # Listening is not serving: health turns SERVING once PostgreSQL answers.
-        async with grpc.aio.insecure_channel(self.server_address) as channel:
+        async with grpc.aio.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
 
             async def serving() -> bool:

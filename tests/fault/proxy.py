@@ -4,6 +4,11 @@ Network loss as a worker sees it: its HTTP/2 connection to the server dies mid-c
 kernel would answer a reset), every stream on it with it, and the next connection
 attempt must be made from scratch. The proxy keeps listening, so the worker's
 reconnect succeeds; only what was in flight is lost.
+
+A partition (partition() .. heal()) is the other kind of loss: nothing is reset, bytes
+simply stop arriving either way -- on open connections and on new ones -- as when a
+link or a switch goes dark. Whatever was sent meanwhile is delivered on heal(), like
+TCP retransmissions after the link is back (if the other end is still there).
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._pipes: set[asyncio.Task[None]] = set()
+        self._upstream: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     @property
     def port(self) -> int:
@@ -43,6 +51,18 @@ class TcpProxy:
         count = len(writers) // 2
         self.dropped += count
         return count
+
+    def partition(self) -> None:
+        """From now on nothing crosses the proxy, either way, until heal()."""
+        self._flowing.clear()
+
+    def heal(self) -> None:
+        self._flowing.set()
+
+    def upstream_ports(self) -> list[int]:
+        """The local ports of the proxy's connections to the target: how the target
+        (e.g. PostgreSQL's pg_stat_activity.client_port) sees the proxied clients."""
+        return [writer.get_extra_info("sockname")[1] for writer in self._upstream]
 
     @property
     def open_connections(self) -> int:
@@ -68,6 +88,7 @@ class TcpProxy:
             return
         self.accepted += 1
         self._writers.update((writer, up_writer))
+        self._upstream.add(up_writer)
         pipes = [
             asyncio.create_task(self._pipe(reader, up_writer)),
             asyncio.create_task(self._pipe(up_reader, writer)),
@@ -80,13 +101,14 @@ class TcpProxy:
             for task in pipes:
                 task.cancel()
             self._pipes.difference_update(pipes)
+            self._upstream.discard(up_writer)
             for side in (writer, up_writer):
                 self._writers.discard(side)
                 side.transport.abort()
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(65536):
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from uuid import UUID
 
 import pytest
+from asyncpg import Connection
+from asyncpg.exceptions import LockNotAvailableError
 
 from awp_db import claims, dispatching, leases
-from awp_db.connect import Pool
-from awp_kernel.errors import AwpError
+from awp_db.connect import Pool, SessionLimits, connect, create_pool
+from awp_kernel.errors import AwpError, ErrorKind
 from awp_kernel.fencing import ResultVerdict
 from awp_server.batching import ClaimBatcher, CompleteBatcher
-from kit import spec, start_run
-from kit.db import dispatch_all, register
+from awp_server.errors import as_awp_error
+from kit import poll_until, spec, start_run
+from kit.db import DbWorker, dispatch_all, register
 
 
 def _ok(lease: claims.IssuedLease, value: object = 1) -> leases.ResultIn:
@@ -213,3 +217,95 @@ async def test_a_claim_cancelled_while_queued_is_left_out(pool: Pool) -> None:
             )
             == 0
         )
+
+
+# --- bounded waits (DESIGN.md §6) ----------------------------------------------------
+
+
+async def _hold_run_lock(dsn: str, run_id: UUID, limits: SessionLimits | None) -> Connection:
+    """A session that locks a run row and then stalls inside its transaction."""
+    holder = await connect(dsn, application_name="stalled-holder", limits=limits)
+    await holder.execute("BEGIN")
+    await holder.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", run_id)
+    return holder
+
+
+async def _one_lease(pool: Pool, name: str) -> tuple[UUID, DbWorker, claims.IssuedLease]:
+    """A one-task run whose task is leased to a worker of its own."""
+    run_id = await start_run(pool, spec(name, 1))
+    worker = await register(pool, name=name)
+    await dispatch_all(pool)
+    (lease,) = await worker.claim(1)
+    return run_id, worker, lease
+
+
+async def test_a_stalled_lock_holder_is_dropped_and_other_calls_do_not_wait(
+    pool: Pool, database_dsn: str
+) -> None:
+    stuck_run, a, behind = await _one_lease(pool, "stuck")
+    _, b, elsewhere = await _one_lease(pool, "free")
+    limits = SessionLimits(1.0)
+    holder = await _hold_run_lock(database_dsn, stuck_run, limits)
+    batcher = CompleteBatcher(pool, max_size=500, limits=limits)
+    stuck = asyncio.create_task(batcher.complete(str(a.worker_id), a.session_token, [_ok(behind)]))
+    await poll_until(lambda: batcher.straggled == 1, "the stuck batch to give up its lane")
+    # The one lane is taken by a transaction that waits: another run's call goes on.
+    assert await batcher.complete(str(b.worker_id), b.session_token, [_ok(elsewhere)]) == [
+        ResultVerdict.ACCEPTED
+    ]
+    assert not stuck.done()
+    # PostgreSQL ends the stalled holder's session after the stall bound; its lock goes
+    # with it and the waiting call is served, within its deadline.
+    assert await asyncio.wait_for(stuck, limits.transaction_s) == [ResultVerdict.ACCEPTED]
+    assert batcher.abandoned == 0
+    sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'stalled-holder'"
+    assert await pool.fetchval(sessions) == 0
+    holder.terminate()
+
+
+async def test_a_transaction_past_its_deadline_is_unavailable_and_loses_nothing(
+    database_dsn: str, pool: Pool
+) -> None:
+    run_id, worker, lease = await _one_lease(pool, "deadline")
+    # The database itself would let both sessions wait for minutes: the deadline is the
+    # batcher's own (as when PostgreSQL cannot be reached at all).
+    patient = await create_pool(database_dsn, min_size=1, max_size=4, limits=SessionLimits(100))
+    holder = await _hold_run_lock(database_dsn, run_id, None)
+    try:
+        batcher = CompleteBatcher(patient, max_size=500, limits=SessionLimits(0.4))
+        call = (str(worker.worker_id), worker.session_token, [_ok(lease)])
+        with pytest.raises(TimeoutError) as raised:
+            await asyncio.wait_for(batcher.complete(*call), 10)
+        error = as_awp_error(raised.value)
+        assert error is not None and error.kind is ErrorKind.UNAVAILABLE
+        assert batcher.abandoned == 1
+        assert await pool.fetchval("SELECT state FROM attempts") == "running"
+        await holder.execute("ROLLBACK")
+        # The worker's retry is served as the first call would have been.
+        assert await batcher.complete(*call) == [ResultVerdict.ACCEPTED]
+    finally:
+        holder.terminate()
+        await asyncio.wait_for(patient.close(), 10)
+
+
+async def test_a_lock_timeout_is_unavailable_and_issues_nothing(
+    database_dsn: str, pool: Pool
+) -> None:
+    run_id = await start_run(pool, spec("locked", 2))
+    worker = await register(pool, name="w")
+    await dispatch_all(pool)
+    limits = SessionLimits(0.3)  # lock_timeout 0.6 s, before the 0.9 s deadline
+    short = await create_pool(database_dsn, min_size=1, max_size=4, limits=limits)
+    holder = await _hold_run_lock(database_dsn, run_id, None)
+    try:
+        batcher = ClaimBatcher(short, max_size=1000, lease_ttl_ms=60_000, limits=limits)
+        with pytest.raises(LockNotAvailableError) as raised:
+            await batcher.claim(str(worker.worker_id), worker.session_token, 2)
+        error = as_awp_error(raised.value)
+        assert error is not None and error.kind is ErrorKind.UNAVAILABLE
+        assert await pool.fetchval("SELECT count(*) FROM attempts") == 0
+        await holder.execute("ROLLBACK")
+        assert len(await batcher.claim(str(worker.worker_id), worker.session_token, 2)) == 2
+    finally:
+        holder.terminate()
+        await asyncio.wait_for(short.close(), 10)
