@@ -36,6 +36,9 @@ TIMEOUT_ERRORS: Final = (
     asyncpg.exceptions.QueryCanceledError,  # statement_timeout (or a cancel)
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
 )
+# transaction_timeout exists from PostgreSQL 17; an older server refuses the unknown
+# setting at connection time, so it is set after connecting, where the server has it.
+TRANSACTION_TIMEOUT_SINCE: Final = 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,16 @@ class SessionLimits:
         """The deadline of one batched transaction, end to end; after it the client gives
         the connection up, whatever the server is doing (e.g. it is unreachable)."""
         return self.statement_s
+
+    @property
+    def held_s(self) -> float:
+        """The longest one transaction may hold its locks, whatever it is doing. A client
+        stopped in the middle of a command (asyncpg prepares a statement before it
+        executes it, without a Sync between) leaves its backend active and waiting for
+        input: neither the idle nor the statement limit applies, this one does. A
+        transaction that waited for a stalled holder to be dropped (stall_s) still has
+        a stall's time to finish."""
+        return 2 * self.stall_s
 
     @property
     def straggler_s(self) -> float:
@@ -119,6 +132,11 @@ def keep_alive(conn: asyncpg.Connection) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
+async def _bound_transactions(conn: asyncpg.Connection, limits: SessionLimits | None) -> None:
+    if limits is not None and conn.get_server_version().major >= TRANSACTION_TIMEOUT_SINCE:
+        await conn.execute(f"SET transaction_timeout = {_ms(limits.held_s)}")
+
+
 async def init_connection(conn: asyncpg.Connection) -> None:
     keep_alive(conn)
     # jsonb travels as Python objects; json.dumps/loads are the C-accelerated codecs.
@@ -151,11 +169,15 @@ async def create_pool(
     limits: SessionLimits = DEFAULT_LIMITS,
     **kwargs: Any,
 ) -> Pool:
+    async def init(conn: asyncpg.Connection) -> None:
+        await init_connection(conn)
+        await _bound_transactions(conn, limits)
+
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        init=init_connection,
+        init=init,
         reset=_keep_session,
         server_settings=_settings(application_name, limits),
         **kwargs,
@@ -174,4 +196,5 @@ async def connect(
         dsn, server_settings=_settings(application_name, limits)
     )
     await init_connection(conn)
+    await _bound_transactions(conn, limits)
     return conn
