@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61wp/v1/errors.proto\x12\x06\x61wp.v1*\xb6\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x01\x12#\n\x1f\x45RROR_REASON_INVALID_DEFINITION\x10\x02\x12#\n\x1f\x45RROR_REASON_WORKFLOW_NOT_FOUND\x10\x03\x12\x1e\n\x1a\x45RROR_REASON_RUN_NOT_FOUND\x10\x04\x12$\n ERROR_REASON_DEFINITION_CONFLICT\x10\x05\x12$\n ERROR_REASON_REQUEST_ID_CONFLICT\x10\x06\x12\x1e\n\x1a\x45RROR_REASON_TOKEN_INVALID\x10\x07\x12 \n\x1c\x45RROR_REASON_SESSION_INVALID\x10\x08\x12%\n!ERROR_REASON_PROTOCOL_UNSUPPORTED\x10\t\x12 \n\x1c\x45RROR_REASON_WORKER_DRAINING\x10\n\x12%\n!ERROR_REASON_DATABASE_UNAVAILABLE\x10\x0b\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61wp/v1/errors.proto\x12\x06\x61wp.v1*\xfe\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x01\x12#\n\x1f\x45RROR_REASON_INVALID_DEFINITION\x10\x02\x12#\n\x1f\x45RROR_REASON_WORKFLOW_NOT_FOUND\x10\x03\x12\x1e\n\x1a\x45RROR_REASON_RUN_NOT_FOUND\x10\x04\x12$\n ERROR_REASON_DEFINITION_CONFLICT\x10\x05\x12$\n ERROR_REASON_REQUEST_ID_CONFLICT\x10\x06\x12\x1e\n\x1a\x45RROR_REASON_TOKEN_INVALID\x10\x07\x12 \n\x1c\x45RROR_REASON_SESSION_INVALID\x10\x08\x12%\n!ERROR_REASON_PROTOCOL_UNSUPPORTED\x10\t\x12 \n\x1c\x45RROR_REASON_WORKER_DRAINING\x10\n\x12%\n!ERROR_REASON_DATABASE_UNAVAILABLE\x10\x0b\x12\"\n\x1e\x45RROR_REASON_MALFORMED_REQUEST\x10\x0c\x12\"\n\x1e\x45RROR_REASON_REQUEST_TOO_LARGE\x10\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'awp.v1.errors_pb2', _global
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=32
-  _globals['_ERRORREASON']._serialized_end=470
+  _globals['_ERRORREASON']._serialized_end=542
 # @@protoc_insertion_point(module_scope)

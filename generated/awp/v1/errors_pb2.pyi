@@ -58,6 +58,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the session is draining; it may not claim new work."""
     ERROR_REASON_DATABASE_UNAVAILABLE: _ErrorReason.ValueType  # 11
     """UNAVAILABLE: the server cannot reach its database; retry."""
+    ERROR_REASON_MALFORMED_REQUEST: _ErrorReason.ValueType  # 12
+    """INVALID_ARGUMENT: the request's bytes do not decode as its message (malformed
+    protobuf, text that is not UTF-8, or JSON nested deeper than protobuf decodes);
+    BadRequest names the field that does not decode.
+    """
+    ERROR_REASON_REQUEST_TOO_LARGE: _ErrorReason.ValueType  # 13
+    """INVALID_ARGUMENT: the request is larger than 16 MiB serialised; BadRequest names its
+    largest field. Send its items in several calls.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -89,4 +98,13 @@ ERROR_REASON_WORKER_DRAINING: ErrorReason.ValueType  # 10
 """FAILED_PRECONDITION: the session is draining; it may not claim new work."""
 ERROR_REASON_DATABASE_UNAVAILABLE: ErrorReason.ValueType  # 11
 """UNAVAILABLE: the server cannot reach its database; retry."""
+ERROR_REASON_MALFORMED_REQUEST: ErrorReason.ValueType  # 12
+"""INVALID_ARGUMENT: the request's bytes do not decode as its message (malformed
+protobuf, text that is not UTF-8, or JSON nested deeper than protobuf decodes);
+BadRequest names the field that does not decode.
+"""
+ERROR_REASON_REQUEST_TOO_LARGE: ErrorReason.ValueType  # 13
+"""INVALID_ARGUMENT: the request is larger than 16 MiB serialised; BadRequest names its
+largest field. Send its items in several calls.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
