@@ -53,7 +53,7 @@ def _walk(msg: message.Message, prefix: str, found: list[FieldViolation]) -> Non
             if limit is not None and len(value) > limit:
                 found.append(FieldViolation(path, f"at most {limit} items, got {len(value)}"))
                 continue  # a huge list is not worth walking to report more
-            if _is_map(field):
+            if field.message_type is not None and _is_map(field):
                 key_field, value_field = field.message_type.fields
                 for key, item in value.items():
                     where = f"{path}[{quote(str(key))}]"
@@ -74,7 +74,7 @@ def _element(
     elif isinstance(value, duration_pb2.Duration):
         if not _valid_duration(value):
             found.append(FieldViolation(path, "is not a valid google.protobuf.Duration"))
-    elif isinstance(value, message.Message) and _own(value.DESCRIPTOR):
+    elif isinstance(value, message.Message) and _own(field.message_type):
         # google.protobuf.Struct is checked where it is converted (jsonvalue).
         _walk(value, path + ".", found)
 
@@ -87,9 +87,7 @@ def _check_text(
         found.append(FieldViolation(path, "must not contain NUL characters"))
     limit = TEXT_LIMITS.get(field.full_name)
     if limit is not None and len(value) > limit:
-        found.append(
-            FieldViolation(path, f"must be at most {limit} characters, got {len(value)}")
-        )
+        found.append(FieldViolation(path, f"must be at most {limit} characters, got {len(value)}"))
 
 
 def _valid_duration(value: duration_pb2.Duration) -> bool:
@@ -105,8 +103,8 @@ def _is_map(field: descriptor.FieldDescriptor) -> bool:
     return field.message_type is not None and field.message_type.GetOptions().map_entry
 
 
-def _own(message_type: descriptor.Descriptor) -> bool:
-    return message_type.full_name.startswith(OWN_PACKAGE)
+def _own(message_type: descriptor.Descriptor | None) -> bool:
+    return message_type is not None and message_type.full_name.startswith(OWN_PACKAGE)
 
 
 # ---------------------------------------------------------------- bytes that do not decode

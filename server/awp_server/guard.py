@@ -98,9 +98,7 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(checked_unary, deserializer, serializer)
         # grpc's stubs type these handlers as sync; under grpc.aio they are async generators.
         if handler.unary_stream is not None:
-            server_stream = cast(
-                Callable[[Any, Context], AsyncIterator[Any]], handler.unary_stream
-            )
+            server_stream = cast(Callable[[Any, Context], AsyncIterator[Any]], handler.unary_stream)
 
             async def checked_server_stream(request: Any, context: Context) -> AsyncIterator[Any]:
                 await _refuse(request, context)

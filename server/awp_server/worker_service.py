@@ -1,6 +1,7 @@
 """WorkerService: the transport of the lease protocol (DESIGN.md §4).
 
-Handlers validate input and translate between protobuf and the storage layer; the
+Handlers validate input (text, counts and durations of every request are checked before
+them: awp_server.guard) and translate between protobuf and the storage layer; the
 rules themselves live in awp_kernel (fencing, retry) and their transactions in
 awp_db.leases.
 """
@@ -25,7 +26,7 @@ from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict
 from awp_protocol.jsonvalue import JsonInvalid, dict_to_struct, json_size, struct_to_dict
 from awp_protocol.limits import (
-    MAX_ERROR_MESSAGE_CHARS,
+    MAX_CLAIM_WAIT_MS,
     MAX_LEASES_PER_CLAIM,
     MAX_OUTPUT_BYTES,
     MAX_RESULTS_PER_COMPLETE,
@@ -139,7 +140,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         worker_id, token = _session(request.session)
         if not 1 <= request.max_leases <= MAX_LEASES_PER_CLAIM:
             raise errors.invalid("max_leases", f"must be 1 to {MAX_LEASES_PER_CLAIM}")
-        wait_s = min(request.wait.ToMilliseconds() / 1000, self._config.claim_max_wait_s)
+        wait_ms = request.wait.ToMilliseconds()
+        if not 0 <= wait_ms <= MAX_CLAIM_WAIT_MS:
+            raise errors.invalid("wait", f"must be 0 to {MAX_CLAIM_WAIT_MS // 1000} s")
+        wait_s = min(wait_ms / 1000, self._config.claim_max_wait_s)
         remaining = context.time_remaining()
         if remaining is not None:
             # Answer (empty) before the client's own deadline cuts the call off.
@@ -355,16 +359,11 @@ def _result_in(index: int, result: worker_pb2.TaskResult) -> leases.ResultIn:
     if result.outcome == worker_pb2.RESULT_OUTCOME_FAILED:
         if result.HasField("output") and result.output.fields:
             raise errors.invalid(f"{where}.output", "only a SUCCEEDED result carries an output")
-        message = result.error.message
-        if len(message) > MAX_ERROR_MESSAGE_CHARS:
-            raise errors.invalid(
-                f"{where}.error.message", f"at most {MAX_ERROR_MESSAGE_CHARS} characters"
-            )
         return leases.ResultIn(
             result.dispatch_id,
             result.lease_token,
             "failed",
-            error_message=message,
+            error_message=result.error.message,
             retryable=result.error.retryable,
         )
     raise errors.invalid(f"{where}.outcome", "must be SUCCEEDED or FAILED")

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from awp.v1 import worker_pb2
-from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
+from awp_protocol.limits import MAX_REQUEST_BYTES, MAX_RESULTS_PER_COMPLETE
 from awp_worker._backoff import Backoff
 from awp_worker._errors import Kind, classify, describe, session_lost
 from awp_worker._lease import HeldLease
@@ -27,8 +27,9 @@ from awp_worker._owner import Owner
 
 log = logging.getLogger("awp_worker.complete")
 
-# Stay well under the server's default 4 MiB receive limit (one result may be 1 MiB).
-MAX_BYTES_PER_CALL = 3 * 1024 * 1024
+# A batch's results fill at most the protocol's request size, less room for the session
+# (two short strings). One result alone always fits (awp_protocol.limits).
+MAX_BYTES_PER_CALL = MAX_REQUEST_BYTES - 1024
 
 # How a result ended, as the metrics and the owner name it, and what the log says:
 # the server's answers...
