@@ -18,13 +18,16 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_server.control_service import ControlService
+from awp_server.guard import RequestGuard
 
 
 @contextlib.asynccontextmanager
 async def control_server(
     pool: Pool, listener: Listener, **options: Any
 ) -> AsyncIterator[control_pb2_grpc.ControlServiceStub]:
-    server = grpc.aio.server()
+    # The request guard as awp-server installs it: every request is checked before its
+    # handler (text, counts, durations, undecodable bytes).
+    server = grpc.aio.server(interceptors=[RequestGuard()])
     control_pb2_grpc.add_ControlServiceServicer_to_server(
         ControlService(pool, listener, **options), server
     )
