@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from awp.v1 import worker_pb2
-from awp_protocol.limits import MAX_REQUEST_BYTES, MAX_RESULTS_PER_COMPLETE
+from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
 from awp_worker._backoff import Backoff
 from awp_worker._errors import Kind, classify, describe, session_lost
 from awp_worker._lease import HeldLease
@@ -27,9 +27,10 @@ from awp_worker._owner import Owner
 
 log = logging.getLogger("awp_worker.complete")
 
-# A batch's results fill at most the protocol's request size, less room for the session
-# (two short strings). One result alone always fits (awp_protocol.limits).
-MAX_BYTES_PER_CALL = MAX_REQUEST_BYTES - 1024
+# Results are batched up to gRPC's default 4 MiB receive limit, which any proxy on the
+# way accepts too; a larger result goes alone, and one result always fits the server's
+# MAX_REQUEST_BYTES (awp_protocol.limits).
+MAX_BYTES_PER_CALL = 3 * 1024 * 1024
 
 # How a result ended, as the metrics and the owner name it, and what the log says:
 # the server's answers...
