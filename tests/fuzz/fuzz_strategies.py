@@ -156,21 +156,6 @@ def _scalar(
 # ---------------------------------------------------------------- bytes
 
 
-def length_delimited(number: int, payload: bytes) -> bytes:
-    return encoder.TagBytes(number, 2) + encoder._VarintBytes(len(payload)) + payload  # type: ignore[attr-defined]
-
-
-def deep_struct_bytes(depth: int) -> bytes:
-    """A Struct `depth` levels deep, encoded by hand: protobuf refuses to build one past
-    its own decoding limit, and such bytes are exactly what a hostile client sends."""
-    inner = struct_pb2.Struct(fields={"x": struct_pb2.Value(number_value=1)}).SerializeToString()
-    for _ in range(depth - 1):
-        value = length_delimited(5, inner)  # Value.struct_value
-        entry = length_delimited(1, b"a") + length_delimited(2, value)  # FieldsEntry
-        inner = length_delimited(1, entry)  # Struct.fields
-    return inner
-
-
 Mutation = Callable[[bytes, st.DataObject], bytes]
 
 
