@@ -25,6 +25,14 @@ from awp_server.guard import RequestGuard
 async def control_server(
     pool: Pool, listener: Listener, **options: Any
 ) -> AsyncIterator[control_pb2_grpc.ControlServiceStub]:
+    async with control_channel(pool, listener, **options) as channel:
+        yield control_pb2_grpc.ControlServiceStub(channel)
+
+
+@contextlib.asynccontextmanager
+async def control_channel(
+    pool: Pool, listener: Listener, **options: Any
+) -> AsyncIterator[grpc.aio.Channel]:
     # The request guard as awp-server installs it: every request is checked before its
     # handler (text, counts, durations, undecodable bytes).
     server = grpc.aio.server(interceptors=[RequestGuard()])
@@ -35,7 +43,7 @@ async def control_server(
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield control_pb2_grpc.ControlServiceStub(channel)
+        yield channel
     finally:
         await channel.close()
         await server.stop(None)
