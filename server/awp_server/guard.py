@@ -24,6 +24,10 @@ from awp_protocol.wire import request_violations, too_large, undecodable
 from awp_server.errors import to_status
 
 Context = grpc.aio.ServicerContext[Any, Any]
+# Quoted: grpc's handler type is generic only to the type checker.
+Continuation = Callable[
+    [grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Any, Any] | None"]
+]
 # A bad workflow definition is refused as INVALID_DEFINITION, whichever check finds it.
 _DEFINITION_REQUESTS = frozenset({control_pb2.CreateWorkflowRequest.DESCRIPTOR.full_name})
 
@@ -77,11 +81,7 @@ async def _refuse(request: Any, context: Context) -> None:
 
 class RequestGuard(grpc.aio.ServerInterceptor):
     async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:

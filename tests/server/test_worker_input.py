@@ -4,6 +4,7 @@ nothing."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -12,7 +13,8 @@ from google.protobuf import duration_pb2, struct_pb2
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_db.connect import Pool
-from awp_protocol.limits import MAX_CLAIM_WAIT_MS, MAX_REQUEST_BYTES
+from awp_protocol.limits import MAX_CLAIM_WAIT_MS, MAX_REQUEST_BYTES, TRANSPORT_RECEIVE_BYTES
+from awp_worker._errors import Kind, classify
 from kit import WORKER_TOKEN, ServerHandle, expect_error, spec, start_run
 from kit.db import dispatch_all
 from kit.proto import deep_struct_bytes, length_delimited
@@ -76,16 +78,20 @@ async def test_claim_wait_is_validated(
     assert (error.code, error.fields) == (INVALID, ["wait"]), why
 
 
+@pytest.fixture
+async def channel(awp_server: ServerHandle) -> AsyncIterator[grpc.aio.Channel]:
+    async with awp_server.channel() as opened:
+        yield opened
+
+
 async def test_a_struct_nested_200_deep_is_malformed_not_unknown(
-    awp_server: ServerHandle,
+    channel: grpc.aio.Channel,
 ) -> None:
-    async with awp_server.channel() as channel:
-        stub = worker_pb2_grpc.WorkerServiceStub(channel)
-        worker = await register(stub)
-        result = length_delimited(4, deep_struct_bytes(200))  # TaskResult.output
-        request = worker_pb2.CompleteRequest(session=worker.session).SerializeToString()
-        raw = channel.unary_unary("/awp.v1.WorkerService/Complete")
-        error = await expect_error(raw(request + length_delimited(2, result)))
+    worker = await register(worker_pb2_grpc.WorkerServiceStub(channel))
+    result = length_delimited(4, deep_struct_bytes(200))  # TaskResult.output
+    request = worker_pb2.CompleteRequest(session=worker.session).SerializeToString()
+    raw = channel.unary_unary("/awp.v1.WorkerService/Complete")
+    error = await expect_error(raw(request + length_delimited(2, result)))
     assert (error.code, error.reason) == (INVALID, "MALFORMED_REQUEST"), error
     assert error.fields == ["results[0].output"]
 
@@ -139,24 +145,22 @@ async def test_a_20000_character_token_gets_its_error_not_resource_exhausted(
 
 
 async def test_a_request_over_the_size_limit_is_too_large_naming_its_largest_field(
-    awp_server: ServerHandle,
+    stub: worker_pb2_grpc.WorkerServiceStub,
 ) -> None:
-    async with awp_server.channel() as channel:
-        stub = worker_pb2_grpc.WorkerServiceStub(channel)
-        worker = await register(stub)
-        blob = "x" * (1024 * 1024 - 100)
-        results = [
-            worker_pb2.TaskResult(
-                dispatch_id=i,
-                lease_token="t",
-                outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
-                output={"blob": blob},
-            )
-            for i in range(MAX_REQUEST_BYTES // len(blob) + 1)
-        ]
-        request = worker_pb2.CompleteRequest(session=worker.session, results=results)
-        assert request.ByteSize() > MAX_REQUEST_BYTES
-        error = await expect_error(stub.Complete(request))
+    worker = await register(stub)
+    blob = "x" * (1024 * 1024 - 100)
+    results = [
+        worker_pb2.TaskResult(
+            dispatch_id=i,
+            lease_token="t",
+            outcome=worker_pb2.RESULT_OUTCOME_SUCCEEDED,
+            output={"blob": blob},
+        )
+        for i in range(MAX_REQUEST_BYTES // len(blob) + 1)
+    ]
+    request = worker_pb2.CompleteRequest(session=worker.session, results=results)
+    assert request.ByteSize() > MAX_REQUEST_BYTES
+    error = await expect_error(stub.Complete(request))
     assert (error.code, error.reason, error.fields) == (INVALID, "REQUEST_TOO_LARGE", ["results"])
 
 
@@ -176,3 +180,24 @@ async def test_one_result_of_the_largest_output_always_fits(
         worker_pb2.CompleteRequest(session=worker.session, results=[result])
     )
     assert [a.outcome for a in answer.answers] == [worker_pb2.COMPLETE_OUTCOME_LEASE_LOST]
+
+
+async def test_beyond_the_transport_limit_a_worker_gives_the_request_up(
+    stub: worker_pb2_grpc.WorkerServiceStub,
+) -> None:
+    # Past TRANSPORT_RECEIVE_BYTES gRPC itself refuses, RESOURCE_EXHAUSTED without details:
+    # a worker must not resend that request forever as if the server were overloaded.
+    worker = await register(stub)
+    result = worker_pb2.TaskResult(
+        dispatch_id=1,
+        lease_token="t",
+        outcome=worker_pb2.RESULT_OUTCOME_FAILED,
+        error={"message": "x" * (TRANSPORT_RECEIVE_BYTES + 1)},
+    )
+    try:
+        await stub.Complete(worker_pb2.CompleteRequest(session=worker.session, results=[result]))
+    except grpc.aio.AioRpcError as error:
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert classify(error) is Kind.REJECTED
+    else:
+        raise AssertionError("gRPC accepted a request over its receive limit")
