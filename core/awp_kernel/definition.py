@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from awp_kernel.retry import RetryPolicy
-from awp_protocol.errors import FieldsInvalid, FieldViolation, Reason
+from awp_protocol.errors import FieldsInvalid, FieldViolation, Reason, quote
 from awp_protocol.jsonvalue import canonical_json, json_size
 from awp_protocol.limits import (
     DEFAULT_TIMEOUT_MS,
@@ -32,6 +32,7 @@ from awp_protocol.names import (
 )
 
 KNOWN_EXECUTOR_KINDS: Final[frozenset[str]] = frozenset({"mock", "python"})
+_CYCLE_KEYS_SHOWN: Final = 8
 
 
 class DefinitionInvalid(FieldsInvalid):
@@ -149,7 +150,7 @@ def validate(
         if task.key in first_index:
             bad(
                 f"definition.tasks[{index}].key",
-                f"duplicate key {task.key!r} (also tasks[{first_index[task.key]}])",
+                f"duplicate key {quote(task.key)} (also tasks[{first_index[task.key]}])",
             )
         else:
             first_index[task.key] = index
@@ -160,11 +161,11 @@ def validate(
         for dep_index, dependency in enumerate(task.depends_on):
             where = f"definition.tasks[{index}].depends_on[{dep_index}]"
             if dependency == task.key:
-                bad(where, f"task {task.key!r} depends on itself")
+                bad(where, f"task {quote(task.key)} depends on itself")
             elif dependency not in first_index:
-                bad(where, f"unknown task {dependency!r}")
+                bad(where, f"unknown task {quote(dependency)}")
             elif dependency in seen:
-                bad(where, f"{dependency!r} is listed twice")
+                bad(where, f"{quote(dependency)} is listed twice")
             seen.add(dependency)
 
     if not violations:
@@ -172,7 +173,7 @@ def validate(
         if cycle is not None:
             bad(
                 f"definition.tasks[{first_index[cycle[0]]}].depends_on",
-                "dependency cycle: " + " -> ".join([*cycle, cycle[0]]),
+                "dependency cycle: " + _cycle_text(cycle),
             )
     if violations:
         raise DefinitionInvalid(violations)
@@ -192,7 +193,7 @@ def _task_violations(
     if task.executor_kind not in known_kinds:
         bad(
             "executor_kind",
-            f"unknown executor kind {task.executor_kind!r}; known: "
+            f"unknown executor kind {quote(task.executor_kind)}; known: "
             + ", ".join(sorted(known_kinds)),
         )
     if not ACTION_PATTERN.fullmatch(task.action):
@@ -217,6 +218,13 @@ def _task_violations(
     if not 1.0 <= retry.multiplier <= MAX_BACKOFF_MULTIPLIER:
         bad("retry.backoff_multiplier", f"must be between 1 and {MAX_BACKOFF_MULTIPLIER:g}")
     return found
+
+
+def _cycle_text(cycle: list[str]) -> str:
+    # A cycle may run through thousands of tasks: the error names the first few.
+    if len(cycle) <= _CYCLE_KEYS_SHOWN:
+        return " -> ".join([*cycle, cycle[0]])
+    return " -> ".join([*cycle[:_CYCLE_KEYS_SHOWN], f"... ({len(cycle)} tasks)"])
 
 
 def find_cycle(tasks: Iterable[TaskSpec]) -> list[str] | None:

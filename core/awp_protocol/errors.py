@@ -18,6 +18,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from awp.v1 import errors_pb2
+from awp_protocol.limits import MAX_REPORTED_VIOLATIONS, QUOTE_CHARS
 
 ERROR_DOMAIN: Final = "awp.dev"
 STATUS_DETAILS_KEY: Final = "grpc-status-details-bin"
@@ -44,6 +45,8 @@ class Reason(StrEnum):
     PROTOCOL_UNSUPPORTED = _reason(errors_pb2.ERROR_REASON_PROTOCOL_UNSUPPORTED)
     WORKER_DRAINING = _reason(errors_pb2.ERROR_REASON_WORKER_DRAINING)
     DATABASE_UNAVAILABLE = _reason(errors_pb2.ERROR_REASON_DATABASE_UNAVAILABLE)
+    MALFORMED_REQUEST = _reason(errors_pb2.ERROR_REASON_MALFORMED_REQUEST)
+    REQUEST_TOO_LARGE = _reason(errors_pb2.ERROR_REASON_REQUEST_TOO_LARGE)
 
 
 # A worker's session is over for good: retrying the same call cannot help; the process
@@ -87,7 +90,19 @@ class FieldsInvalid(ValueError):
 
 
 def join_violations(violations: Iterable[FieldViolation]) -> str:
-    return "; ".join(f"{v.field}: {v.description}" for v in violations)
+    found = list(violations)
+    text = "; ".join(f"{v.field}: {v.description}" for v in found[:MAX_REPORTED_VIOLATIONS])
+    if len(found) > MAX_REPORTED_VIOLATIONS:
+        text += f"; and {len(found) - MAX_REPORTED_VIOLATIONS} more"
+    return text
+
+
+def quote(value: str) -> str:
+    """User input as an error message may show it: its repr, cut to a short prefix, so that
+    no input can make an error too large to deliver."""
+    if len(value) <= QUOTE_CHARS:
+        return repr(value)
+    return f"{value[:QUOTE_CHARS]!r}... ({len(value)} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +126,8 @@ def encode_status(
     details = [
         error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata or {})
     ]
-    found = list(violations)
+    # The first ones only: the status must fit in the call's trailing metadata.
+    found = list(violations)[:MAX_REPORTED_VIOLATIONS]
     if found:
         details.append(
             error_details_pb2.BadRequest(

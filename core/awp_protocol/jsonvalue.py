@@ -18,6 +18,8 @@ from typing import Any, Final
 
 from google.protobuf import struct_pb2
 
+from awp_protocol.limits import MAX_JSON_DEPTH
+
 # Larger integral doubles are not exact integers any more: they stay floats.
 _MAX_EXACT_INT: Final = 2**53
 
@@ -39,21 +41,24 @@ def json_size(value: Any) -> int:
     return len(canonical_json(value))
 
 
-def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
+def struct_to_dict(struct: struct_pb2.Struct, depth: int = 1) -> dict[str, Any]:
     """The JSON object a Struct carries, numbers normalised (see the module docstring).
 
     Raises JsonInvalid for NaN/Infinity and for NUL characters, which jsonb rejects:
-    they must be refused as bad input, not fail as a storage error.
+    they must be refused as bad input, not fail as a storage error; and for nesting
+    deeper than MAX_JSON_DEPTH, which a worker could not decode in its lease.
     """
+    if depth > MAX_JSON_DEPTH:
+        raise JsonInvalid(f"must not be nested deeper than {MAX_JSON_DEPTH} levels")
     result: dict[str, Any] = {}
     for key, value in struct.fields.items():
         if "\x00" in key:
             raise JsonInvalid("keys must not contain NUL characters")
-        result[key] = _value(value)
+        result[key] = _value(value, depth)
     return result
 
 
-def _value(value: struct_pb2.Value) -> Any:
+def _value(value: struct_pb2.Value, depth: int) -> Any:
     kind = value.WhichOneof("kind")
     if kind == "number_value":
         number = value.number_value
@@ -69,9 +74,11 @@ def _value(value: struct_pb2.Value) -> Any:
     if kind == "bool_value":
         return value.bool_value
     if kind == "struct_value":
-        return struct_to_dict(value.struct_value)
+        return struct_to_dict(value.struct_value, depth + 1)
     if kind == "list_value":
-        return [_value(item) for item in value.list_value.values]
+        if depth + 1 > MAX_JSON_DEPTH:
+            raise JsonInvalid(f"must not be nested deeper than {MAX_JSON_DEPTH} levels")
+        return [_value(item, depth + 1) for item in value.list_value.values]
     return None  # null_value, or a Value with nothing set
 
 

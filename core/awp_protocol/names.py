@@ -9,8 +9,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from awp_protocol.errors import FieldsInvalid, FieldViolation
+from awp_protocol.errors import FieldsInvalid, FieldViolation, quote
 from awp_protocol.limits import (
+    MAX_EXECUTOR_KINDS,
     MAX_LABEL_VALUE_CHARS,
     MAX_LABELS,
     MAX_WORKER_CONCURRENCY,
@@ -74,12 +75,20 @@ def check_register(
         )
     if not executor_kinds:
         found.append(FieldViolation("executor_kinds", "at least one executor kind is required"))
+    if len(executor_kinds) > MAX_EXECUTOR_KINDS:
+        found.append(
+            FieldViolation(
+                "executor_kinds",
+                f"at most {MAX_EXECUTOR_KINDS} executor kinds, got {len(executor_kinds)}",
+            )
+        )
+        executor_kinds = ()  # not worth walking to report more
     for index, kind in enumerate(executor_kinds):
         if not EXECUTOR_KIND_PATTERN.fullmatch(kind):
             found.append(
                 FieldViolation(
                     f"executor_kinds[{index}]",
-                    f"{kind!r} is not an executor kind name ({EXECUTOR_KIND_RULE})",
+                    f"{quote(kind)} is not an executor kind name ({EXECUTOR_KIND_RULE})",
                 )
             )
     if len(set(executor_kinds)) != len(executor_kinds):
@@ -92,8 +101,11 @@ def check_register(
         )
     if len(labels) > MAX_LABELS:
         found.append(FieldViolation("labels", f"at most {MAX_LABELS} labels, got {len(labels)}"))
+        labels = {}  # not worth walking to report more
     for key, value in labels.items():
         if not LABEL_KEY_PATTERN.fullmatch(key) or len(value) > MAX_LABEL_VALUE_CHARS:
-            found.append(FieldViolation(f"labels[{key!r}]", f"label {key!r}: {LABEL_RULE}"))
+            found.append(
+                FieldViolation(f"labels[{quote(key)}]", f"label {quote(key)}: {LABEL_RULE}")
+            )
     if found:
         raise RegisterInvalid(found, settings or {})

@@ -14,7 +14,7 @@ from awp_db.events import Event, EventBatch
 from awp_db.queries import queries, row_as, rows_as
 from awp_db.workflows import StoredWorkflow
 from awp_kernel.errors import invalid, not_found
-from awp_protocol.errors import Reason
+from awp_protocol.errors import Reason, quote
 
 Q = queries("runs")
 
@@ -77,7 +77,7 @@ def parse_run_id(run_id: str, field: str = "run_id") -> UUID:
     try:
         return UUID(run_id)
     except ValueError:
-        raise invalid(field, f"{run_id!r} is not a run id (a UUID)") from None
+        raise invalid(field, f"{quote(run_id)} is not a run id (a UUID)") from None
 
 
 async def start(

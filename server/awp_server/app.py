@@ -20,11 +20,13 @@ from awp_db import workers
 from awp_db.connect import Pool, create_pool
 from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
+from awp_protocol.limits import TRANSPORT_RECEIVE_BYTES
 from awp_server import metrics
 from awp_server.auth import RoleInterceptor
 from awp_server.config import ServerConfig
 from awp_server.control_service import ControlService
 from awp_server.credentials import CredentialStore, shorthand
+from awp_server.guard import RequestGuard
 from awp_server.observe import MetricsInterceptor
 from awp_server.worker_service import WorkerService
 
@@ -139,10 +141,12 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
     listener = Listener(config.database_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
     await listener.start()
     shutting_down = asyncio.Event()
-    # Metrics first, so that calls refused for a bad token are counted too.
+    # Metrics first, so that calls refused for a bad token are counted too; the request
+    # guard last, so that it wraps the service's own handlers.
     interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
     if credentials is not None:
         interceptors.append(RoleInterceptor(credentials))
+    interceptors.append(RequestGuard())
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -150,7 +154,7 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ("grpc.max_receive_message_length", TRANSPORT_RECEIVE_BYTES),
         ],
     )
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(

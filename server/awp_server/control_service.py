@@ -1,6 +1,7 @@
 """ControlService: workflows, runs, their events, workers and stats (DESIGN.md §5).
 
-Handlers validate input, call the storage layer (awp_db) and convert rows to
+Handlers validate input (text, counts and durations of every request are checked before
+them: awp_server.guard), call the storage layer (awp_db) and convert rows to
 messages (awp_server.convert); no SQL and no lifecycle rule lives here.
 """
 
@@ -27,10 +28,8 @@ from awp_kernel.errors import AwpError, ErrorKind, invalid
 from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
 from awp_protocol.limits import (
-    MAX_CANCEL_REASON_CHARS,
     MAX_INPUT_BYTES,
     MAX_PAGE_SIZE,
-    MAX_REQUEST_ID_CHARS,
     MAX_SEQ,
     MAX_VERSION,
 )
@@ -112,9 +111,6 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         _check_name("workflow_name", request.workflow_name)
         _check_version("workflow_version", request.workflow_version)
         run_input = _json_object("input", request.input)
-        if len(request.request_id) > MAX_REQUEST_ID_CHARS:
-            raise invalid("request_id", f"must be at most {MAX_REQUEST_ID_CHARS} characters")
-        _check_no_nul("request_id", request.request_id)
         workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
         async with self._pool.acquire() as conn:
             started = await runs.start(
@@ -192,9 +188,6 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self, request: control_pb2.CancelRunRequest, context: Context
     ) -> control_pb2.CancelRunResponse:
         run_id = runs.parse_run_id(request.run_id)
-        if len(request.reason) > MAX_CANCEL_REASON_CHARS:
-            raise invalid("reason", f"must be at most {MAX_CANCEL_REASON_CHARS} characters")
-        _check_no_nul("reason", request.reason)
         async with self._pool.acquire() as conn:
             # False for a finished (or already canceling) run: nothing to do, not an error.
             recorded = await runs.request_cancel(conn, run_id, request.reason, caller())
@@ -287,12 +280,6 @@ def _check_version(field: str, version: int) -> None:
     # 0 means "the latest"; the column is a PostgreSQL integer.
     if version > MAX_VERSION:
         raise invalid(field, f"must be 0 (latest) to {MAX_VERSION}")
-
-
-def _check_no_nul(field: str, text: str) -> None:
-    # PostgreSQL text cannot hold NUL: refuse it as bad input, not as a storage failure.
-    if "\x00" in text:
-        raise invalid(field, "must not contain NUL characters")
 
 
 def _json_object(field: str, value: struct_pb2.Struct) -> dict[str, Any]:

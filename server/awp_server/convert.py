@@ -140,10 +140,6 @@ def spec_from_proto(
             ]
         )
     violations: list[FieldViolation] = []
-    if "\x00" in definition.description:
-        violations.append(
-            FieldViolation("definition.description", "must not contain NUL characters")
-        )
     tasks = []
     for index, task in enumerate(definition.tasks):
         try:

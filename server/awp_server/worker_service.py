@@ -1,6 +1,7 @@
 """WorkerService: the transport of the lease protocol (DESIGN.md §4).
 
-Handlers validate input and translate between protobuf and the storage layer; the
+Handlers validate input (text, counts and durations of every request are checked before
+them: awp_server.guard) and translate between protobuf and the storage layer; the
 rules themselves live in awp_kernel (fencing, retry) and their transactions in
 awp_db.leases.
 """
@@ -25,6 +26,7 @@ from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.limits import (
+    MAX_CLAIM_WAIT_MS,
     MAX_LEASES_PER_CLAIM,
     MAX_RESULTS_PER_COMPLETE,
     SUPPORTED_PROTOCOL_VERSIONS,
@@ -143,7 +145,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         worker_id, token = _session(request.session)
         if not 1 <= request.max_leases <= MAX_LEASES_PER_CLAIM:
             raise errors.invalid("max_leases", f"must be 1 to {MAX_LEASES_PER_CLAIM}")
-        wait_s = min(request.wait.ToMilliseconds() / 1000, self._config.claim_max_wait_s)
+        wait_ms = request.wait.ToMilliseconds()
+        if not 0 <= wait_ms <= MAX_CLAIM_WAIT_MS:
+            raise errors.invalid("wait", f"must be 0 to {MAX_CLAIM_WAIT_MS // 1000} s")
+        wait_s = min(wait_ms / 1000, self._config.claim_max_wait_s)
         remaining = context.time_remaining()
         if remaining is not None:
             # Answer (empty) before the client's own deadline cuts the call off.

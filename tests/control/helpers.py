@@ -18,13 +18,24 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_server.control_service import ControlService
+from awp_server.guard import RequestGuard
 
 
 @contextlib.asynccontextmanager
 async def control_server(
     pool: Pool, listener: Listener, **options: Any
 ) -> AsyncIterator[control_pb2_grpc.ControlServiceStub]:
-    server = grpc.aio.server()
+    async with control_channel(pool, listener, **options) as channel:
+        yield control_pb2_grpc.ControlServiceStub(channel)
+
+
+@contextlib.asynccontextmanager
+async def control_channel(
+    pool: Pool, listener: Listener, **options: Any
+) -> AsyncIterator[grpc.aio.Channel]:
+    # The request guard as awp-server installs it: every request is checked before its
+    # handler (text, counts, durations, undecodable bytes).
+    server = grpc.aio.server(interceptors=[RequestGuard()])
     control_pb2_grpc.add_ControlServiceServicer_to_server(
         ControlService(pool, listener, **options), server
     )
@@ -32,7 +43,7 @@ async def control_server(
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield control_pb2_grpc.ControlServiceStub(channel)
+        yield channel
     finally:
         await channel.close()
         await server.stop(None)

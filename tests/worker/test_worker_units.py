@@ -247,3 +247,11 @@ def test_bound_fields_and_lease_fields_appear_on_json_lines() -> None:
         "worker_id": "w-1",
     }
     assert "worker_id" not in lines[2]
+
+
+def test_a_claim_wait_the_server_would_refuse_is_a_usage_error() -> None:
+    # The server refuses a Claim.wait above MAX_CLAIM_WAIT_MS (5 minutes).
+    assert parse_config(["--claim-wait", "5m"], {}).claim_wait == 300
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--claim-wait", "6m"], {})
+    assert exit_info.value.code == 2

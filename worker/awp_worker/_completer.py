@@ -39,7 +39,9 @@ MAX_SERVER_FAULTS = 5
 # How much of a refused failure's own message its replacement quotes.
 REFUSED_EXCERPT_CHARS = 512
 
-# Stay well under the server's default 4 MiB receive limit (one result may be 1 MiB).
+# Results are batched up to gRPC's default 4 MiB receive limit, which any proxy on the
+# way accepts too; a larger result goes alone, and one result always fits the server's
+# MAX_REQUEST_BYTES (awp_protocol.limits).
 MAX_BYTES_PER_CALL = 3 * 1024 * 1024
 
 # How a result ended, as the metrics and the owner name it, and what the log says:

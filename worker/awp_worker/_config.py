@@ -10,7 +10,11 @@ from dataclasses import dataclass, field, replace
 from awp_common import flags, logs
 from awp_common import tls as tls_flags
 from awp_common.flags import flag
-from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE, MAX_WORKER_NAME_CHARS
+from awp_protocol.limits import (
+    MAX_CLAIM_WAIT_MS,
+    MAX_RESULTS_PER_COMPLETE,
+    MAX_WORKER_NAME_CHARS,
+)
 from awp_protocol.names import check_register
 
 # The flag each RegisterRequest field comes from, for start-up errors.
@@ -235,8 +239,10 @@ class WorkerConfig:
             raise ValueError(f"metrics port must be 0 to 65535, got {self.metrics_port}")
         if self.log_format not in logs.FORMATS:
             raise ValueError(f"log format must be json or text, got {self.log_format!r}")
-        if self.claim_wait < 0 or self.claim_backoff_initial <= 0:
-            raise ValueError("claim wait must be >= 0 and the claim backoff > 0")
+        if not 0 <= self.claim_wait * 1000 <= MAX_CLAIM_WAIT_MS or self.claim_backoff_initial <= 0:
+            raise ValueError(
+                f"claim wait must be 0 to {MAX_CLAIM_WAIT_MS // 1000} s and the claim backoff > 0"
+            )
         if self.claim_backoff_max < self.claim_backoff_initial:
             raise ValueError("claim backoff maximum must be >= its initial delay")
         if not 1 <= self.flush_size <= MAX_RESULTS_PER_COMPLETE or self.flush_interval < 0:

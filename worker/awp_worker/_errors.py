@@ -63,6 +63,10 @@ def classify(exc: Exception) -> Kind:
     # wrong cluster worker token (TOKEN_INVALID); neither heals by retrying.
     if reason in PERMANENT_REASONS or code == grpc.StatusCode.UNAUTHENTICATED:
         return Kind.PERMANENT
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _oversized(exc):
+        # gRPC refused the message's size (ours to the server, or its answer to us):
+        # sending the same request again can only fail the same way.
+        return Kind.REJECTED
     if code is None or code.value[0] in TRANSIENT_CODES:
         return Kind.TRANSIENT
     return Kind.REJECTED
@@ -73,6 +77,15 @@ def server_fault(exc: BaseException) -> bool:
     reads so), but also what a server answers when it fails on the request itself. A
     caller that resends the same request retries these only a bounded number of times."""
     return status_code(exc) in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+
+
+def _oversized(exc: grpc.RpcError) -> bool:
+    try:
+        details = exc.details() or ""
+    except Exception:
+        return False
+    # gRPC's own wording: "Received message larger than max (N vs. M)" / "Sent message ...".
+    return "larger than max" in details
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -8,6 +8,11 @@ Needs the admin token as "authorization: Bearer <token>" metadata (unless the
 server runs without auth). Errors carry a google.rpc.ErrorInfo (domain "awp.dev")
 with a stable reason, e.g. WORKFLOW_NOT_FOUND, DEFINITION_CONFLICT, RUN_NOT_FOUND,
 and bad input a google.rpc.BadRequest naming each offending field.
+
+Every request: at most 16 MiB serialised (REQUEST_TOO_LARGE beyond); text without NUL
+characters and within the length its comment states (names at most 128, run ids 64,
+page tokens 512 characters); bytes that do not decode are MALFORMED_REQUEST (all
+INVALID_ARGUMENT, the BadRequest naming the field).
 """
 
 from awp.v1 import types_pb2 as _types_pb2
@@ -209,7 +214,7 @@ class StartRunRequest(_message.Message):
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """JSON object handed to every task of the run with its lease (Lease.run_input;
-        at most 64 KiB).
+        at most 64 KiB, nested at most 32 levels deep).
         """
 
     def __init__(
@@ -562,6 +567,7 @@ class CancelRunRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     reason: _builtins.str
+    """At most 1,024 characters."""
     def __init__(
         self,
         *,

@@ -8,6 +8,11 @@ Needs the admin token as "authorization: Bearer <token>" metadata (unless the
 server runs without auth). Errors carry a google.rpc.ErrorInfo (domain "awp.dev")
 with a stable reason, e.g. WORKFLOW_NOT_FOUND, DEFINITION_CONFLICT, RUN_NOT_FOUND,
 and bad input a google.rpc.BadRequest naming each offending field.
+
+Every request: at most 16 MiB serialised (REQUEST_TOO_LARGE beyond); text without NUL
+characters and within the length its comment states (names at most 128, run ids 64,
+page tokens 512 characters); bytes that do not decode are MALFORMED_REQUEST (all
+INVALID_ARGUMENT, the BadRequest naming the field).
 """
 
 from awp.v1 import control_pb2 as _control_pb2

@@ -64,6 +64,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """PERMISSION_DENIED: the caller's credential is known but lacks the role this call
     needs (the message names the roles that would do).
     """
+    ERROR_REASON_MALFORMED_REQUEST: _ErrorReason.ValueType  # 13
+    """INVALID_ARGUMENT: the request's bytes do not decode as its message (malformed
+    protobuf, text that is not UTF-8, or JSON nested deeper than protobuf decodes);
+    BadRequest names the field that does not decode.
+    """
+    ERROR_REASON_REQUEST_TOO_LARGE: _ErrorReason.ValueType  # 14
+    """INVALID_ARGUMENT: the request is larger than 16 MiB serialised; BadRequest names its
+    largest field. Send its items in several calls.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -100,5 +109,14 @@ ERROR_REASON_DATABASE_UNAVAILABLE: ErrorReason.ValueType  # 11
 ERROR_REASON_PERMISSION_DENIED: ErrorReason.ValueType  # 12
 """PERMISSION_DENIED: the caller's credential is known but lacks the role this call
 needs (the message names the roles that would do).
+"""
+ERROR_REASON_MALFORMED_REQUEST: ErrorReason.ValueType  # 13
+"""INVALID_ARGUMENT: the request's bytes do not decode as its message (malformed
+protobuf, text that is not UTF-8, or JSON nested deeper than protobuf decodes);
+BadRequest names the field that does not decode.
+"""
+ERROR_REASON_REQUEST_TOO_LARGE: ErrorReason.ValueType  # 14
+"""INVALID_ARGUMENT: the request is larger than 16 MiB serialised; BadRequest names its
+largest field. Send its items in several calls.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -262,18 +262,20 @@ class TaskDefinition(_message.Message):
     key: _builtins.str
     """Unique within the workflow: [A-Za-z0-9_.-]{1,64}."""
     executor_kind: _builtins.str
-    """Which worker executors may run it, e.g. "mock" or "python"."""
+    """Which worker executors may run it, e.g. "mock" or "python" (at most 32 characters)."""
     action: _builtins.str
     """An identifier the executor resolves (e.g. "reports.summarize"); never a shell
     command, path or URL: [A-Za-z_][A-Za-z0-9_.:-]{0,127}.
     """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
-        """JSON object handed to the executor (at most 64 KiB serialised)."""
+        """JSON object handed to the executor (at most 64 KiB serialised, nested at most 32
+        levels deep).
+        """
 
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Keys of tasks that must succeed before this one may start."""
+        """Keys of tasks that must succeed before this one may start (at most 1,000)."""
 
     @_builtins.property
     def retry(self) -> Global___RetryPolicy:
@@ -318,11 +320,12 @@ class WorkflowDefinition(_message.Message):
     version: _builtins.int
     """>= 1."""
     description: _builtins.str
+    """At most 1,024 characters."""
     concurrency: _builtins.int
     """Max tasks of one run queued or running at once; 0 means unlimited."""
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskDefinition]:
-        """1 to 10,000 tasks."""
+        """1 to 10,000 tasks. The whole CreateWorkflowRequest is at most 16 MiB serialised."""
 
     def __init__(
         self,
@@ -350,6 +353,7 @@ class TaskError(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
     message: _builtins.str
+    """At most 8,192 characters, no NUL characters."""
     retryable: _builtins.bool
     """True: the failure may succeed if tried again (the retry rule applies)."""
     def __init__(

@@ -12,6 +12,12 @@ Errors are gRPC status codes with a google.rpc.ErrorInfo detail (domain
 "awp.dev") whose reason is stable. Permanent for a worker session:
 SESSION_INVALID (UNAUTHENTICATED) and PROTOCOL_UNSUPPORTED (FAILED_PRECONDITION):
 stop and register anew. UNAVAILABLE / DEADLINE_EXCEEDED are transient: retry.
+
+Every request: at most 16 MiB serialised (REQUEST_TOO_LARGE beyond; the transport
+itself refuses beyond 32 MiB with RESOURCE_EXHAUSTED); text without NUL characters and
+within the length its comment states; repeated fields and maps within the count their
+comment states; bytes that do not decode are MALFORMED_REQUEST (all INVALID_ARGUMENT,
+the BadRequest naming the field).
 """
 
 from awp.v1 import types_pb2 as _types_pb2
@@ -114,8 +120,9 @@ class Session(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     SESSION_TOKEN_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
+    """At most 64 characters."""
     session_token: _builtins.str
-    """Returned once by Register; the server stores only its SHA-256."""
+    """Returned once by Register; the server stores only its SHA-256. At most 128 characters."""
     def __init__(
         self,
         *,
@@ -167,10 +174,14 @@ class RegisterRequest(_message.Message):
     """Leases the worker may hold at once, 1 to 1,000."""
     @_builtins.property
     def executor_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Executor kinds this worker can run, e.g. ["mock", "python"]. At least one."""
+        """Executor kinds this worker can run, e.g. ["mock", "python"]. 1 to 32 kinds, each
+        [a-z][a-z0-9_-]{0,31}.
+        """
 
     @_builtins.property
-    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """At most 64 labels; keys [A-Za-z0-9_./-]{1,63}, values at most 256 characters."""
+
     def __init__(
         self,
         *,
@@ -243,7 +254,9 @@ class ClaimRequest(_message.Message):
     def session(self) -> Global___Session: ...
     @_builtins.property
     def wait(self) -> _duration_pb2.Duration:
-        """Long-poll: how long the server may wait for work (capped by the server)."""
+        """Long-poll: how long the server may wait for work, 0 to 5 minutes (the server may
+        cap it lower).
+        """
 
     def __init__(
         self,
@@ -395,6 +408,7 @@ class LeaseRef(_message.Message):
     LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
     lease_token: _builtins.str
+    """At most 128 characters."""
     def __init__(
         self,
         *,
@@ -419,7 +433,7 @@ class HeartbeatRequest(_message.Message):
     def session(self) -> Global___Session: ...
     @_builtins.property
     def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRef]:
-        """Every lease the worker still holds (may be empty)."""
+        """Every lease the worker still holds (may be empty; at most 1,000)."""
 
     def __init__(
         self,
@@ -509,10 +523,13 @@ class TaskResult(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
     lease_token: _builtins.str
+    """At most 128 characters."""
     outcome: Global___ResultOutcome.ValueType
     @_builtins.property
     def output(self) -> _struct_pb2.Struct:
-        """JSON object, at most 1 MiB serialised. Only with SUCCEEDED."""
+        """JSON object, at most 1 MiB serialised as JSON and nested at most 32 levels deep.
+        Only with SUCCEEDED.
+        """
 
     @_builtins.property
     def error(self) -> _types_pb2.TaskError:
@@ -545,7 +562,10 @@ class CompleteRequest(_message.Message):
     def session(self) -> Global___Session: ...
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskResult]:
-        """1 to 500 results, at most one per dispatch."""
+        """1 to 500 results, at most one per dispatch, and at most 16 MiB serialised in all:
+        send more in several calls. One result alone always fits (its output's protobuf
+        encoding is at most ~5.5x its JSON).
+        """
 
     def __init__(
         self,
@@ -616,7 +636,7 @@ class DrainRequest(_message.Message):
     @_builtins.property
     def hand_back(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRef]:
         """Leases the worker gives up unfinished (its shutdown deadline passed): they are
-        settled at once as interrupted and retried under the task's retry rule.
+        settled at once as interrupted and retried under the task's retry rule. At most 1,000.
         """
 
     def __init__(

@@ -12,6 +12,12 @@ Errors are gRPC status codes with a google.rpc.ErrorInfo detail (domain
 "awp.dev") whose reason is stable. Permanent for a worker session:
 SESSION_INVALID (UNAUTHENTICATED) and PROTOCOL_UNSUPPORTED (FAILED_PRECONDITION):
 stop and register anew. UNAVAILABLE / DEADLINE_EXCEEDED are transient: retry.
+
+Every request: at most 16 MiB serialised (REQUEST_TOO_LARGE beyond; the transport
+itself refuses beyond 32 MiB with RESOURCE_EXHAUSTED); text without NUL characters and
+within the length its comment states; repeated fields and maps within the count their
+comment states; bytes that do not decode are MALFORMED_REQUEST (all INVALID_ARGUMENT,
+the BadRequest naming the field).
 """
 
 from awp.v1 import worker_pb2 as _worker_pb2
