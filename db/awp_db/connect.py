@@ -62,8 +62,9 @@ class SessionLimits:
     @property
     def lock_s(self) -> float:
         # Longer than a stalled holder can keep a lock: a waiter behind one gets the lock
-        # when PostgreSQL drops that holder, instead of failing first.
-        return 2 * self.stall_s
+        # when PostgreSQL drops that holder, instead of failing first. Shorter than
+        # held_s, so that a wait that does fail ends in its own clear error.
+        return 1.5 * self.stall_s
 
     @property
     def statement_s(self) -> float:

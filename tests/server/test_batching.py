@@ -294,7 +294,7 @@ async def test_a_lock_timeout_is_unavailable_and_issues_nothing(
     run_id = await start_run(pool, spec("locked", 2))
     worker = await register(pool, name="w")
     await dispatch_all(pool)
-    limits = SessionLimits(0.3)  # lock_timeout 0.6 s, before the 0.9 s deadline
+    limits = SessionLimits(0.3)  # lock_timeout 0.45 s, before the 0.9 s deadline
     short = await create_pool(database_dsn, min_size=1, max_size=4, limits=limits)
     holder = await _hold_run_lock(database_dsn, run_id, None)
     try:
