@@ -111,7 +111,7 @@ SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.re
 -- the newest version) and the transaction writes nothing. So that a stalled leader
 -- cannot hold a takeover off for long, the transaction may then sit idle for at most
 -- $3 ms (the lease length) before PostgreSQL ends its session.
-SELECT set_config('idle_in_transaction_session_timeout', $3::text, true) AS idle_limit
+SELECT set_config('idle_in_transaction_session_timeout', $3::int::text, true) AS idle_limit
   FROM coordinator_leader
  WHERE holder = $1 AND epoch = $2
    FOR KEY SHARE
