@@ -6,7 +6,6 @@ transactions, which a stalled leader cannot keep open for longer than the lease.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -28,16 +27,6 @@ async def _term(pool: Pool, holder: str, ttl_ms: int = TTL_MS) -> Term:
     attempt = await leadership.acquire(pool, holder, ttl_ms)
     assert attempt.epoch is not None, f"{holder} did not get the lease: {attempt}"
     return Term(holder, attempt.epoch, ttl_ms)
-
-
-@pytest.fixture
-async def other(database_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    """A second connection, for what another coordinator does at the same time."""
-    conn = await connect(database_dsn)
-    try:
-        yield conn
-    finally:
-        conn.terminate()
 
 
 async def test_acquire_renew_expire_resign_each_acquisition_a_new_epoch(pool: Pool) -> None:
@@ -132,34 +121,34 @@ async def _waiting_for_a_lock(pool: Pool, conn: asyncpg.Connection) -> bool:
 
 
 async def test_a_takeover_waits_for_the_old_terms_open_transaction_and_fences_it(
-    pool: Pool, other: asyncpg.Connection
+    pool: Pool, conn: asyncpg.Connection
 ) -> None:
     a = await _term(pool, "a")
-    async with pool.acquire() as conn:
-        transaction = conn.transaction()
+    async with pool.acquire() as leader:
+        transaction = leader.transaction()
         await transaction.start()
-        assert await locks.leader_term(conn, a.holder, a.epoch, a.ttl_ms)
+        assert await locks.leader_term(leader, a.holder, a.epoch, a.ttl_ms)
         # Its own renewals never wait for a leader's transactions...
         async with asyncio.timeout(5):
-            assert await leadership.renew(other, a)
+            assert await leadership.renew(conn, a)
         # ...a takeover does, once the lease has expired.
         await _expire(pool)
-        takeover = asyncio.create_task(leadership.acquire(other, "b", TTL_MS))
-        await poll_until(lambda: _waiting_for_a_lock(pool, other), "the takeover to wait")
+        takeover = asyncio.create_task(leadership.acquire(conn, "b", TTL_MS))
+        await poll_until(lambda: _waiting_for_a_lock(pool, conn), "the takeover to wait")
         assert not takeover.done()
         # What the old term wrote before the takeover committed is the old term's.
-        await conn.execute("CREATE TABLE written (term text)")
+        await leader.execute("CREATE TABLE written (term text)")
         await transaction.commit()
         assert (await asyncio.wait_for(takeover, 10)).epoch == 2
         # From now on the old term's transactions write nothing.
         with pytest.raises(Superseded):
-            async with leadership.transaction(conn, a):
-                await conn.execute("INSERT INTO written VALUES ('a')")
+            async with leadership.transaction(leader, a):
+                await leader.execute("INSERT INTO written VALUES ('a')")
     assert await pool.fetchval("SELECT count(*) FROM written") == 0
 
 
 async def test_a_stalled_leader_cannot_hold_a_takeover_off_past_the_lease(
-    pool: Pool, database_dsn: str, other: asyncpg.Connection
+    pool: Pool, database_dsn: str, conn: asyncpg.Connection
 ) -> None:
     a = await _term(pool, "a", ttl_ms=300)
     stalled = await connect(database_dsn)
@@ -173,7 +162,7 @@ async def test_a_stalled_leader_cannot_hold_a_takeover_off_past_the_lease(
         async def taken() -> leadership.Attempt | None:
             # Waits behind the stalled transaction: bounded, so a failure cannot hang.
             async with asyncio.timeout(2):
-                attempt = await leadership.acquire(other, "b", TTL_MS)
+                attempt = await leadership.acquire(conn, "b", TTL_MS)
             return attempt if attempt.epoch is not None else None
 
         # ...until PostgreSQL ends the session after the lease length; then b leads.

@@ -48,13 +48,12 @@ async def test_a_stopped_leader_is_replaced_and_steps_down_when_resumed(
     scan = cluster.timings.scan_s
     await cluster.start_server()
     old = await cluster.start_coordinator("coordinator-a")
-    standby = await cluster.start_coordinator("coordinator-b", expect_leader=False)
-    await cluster.start_worker("w1", concurrency=2)
-    await cluster.start_worker("w2", concurrency=2)
+    await cluster.start_worker("w1", concurrency=4)
     run_id = await workload.start(
         cluster.control(),
         workload.definition("stuck-leader", workload.layers(5, 4, sleep_ms=250)),
     )
+    standby = await cluster.start_coordinator("coordinator-b", expect_leader=False)
     await wait_succeeded(cluster, run_id, "the first layer to succeed", tasks=4)
     before = await _lease(cluster)
     assert before is not None and before.holder == "coordinator-a"
