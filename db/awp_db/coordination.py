@@ -1,10 +1,12 @@
 """The coordinator's transactions: cancel convergence, reaping, offline workers, retry
-timers, the completion sweep and leadership (DESIGN.md §6, §7).
+timers and the completion sweep (DESIGN.md §6, §7).
 
 Each function is one short transaction on the connection it is given (a savepoint when
-the caller already holds one). None relies on the leader lock: candidates are read
-without locks, then every change re-checks its condition under the lock (awp_db.locks),
-so two coordinators running the same pass at once settle each item exactly once.
+the caller already holds one). None relies on leadership: candidates are read without
+locks, then every change re-checks its condition under the lock (awp_db.locks), so two
+coordinators running the same pass at once settle each item exactly once. Given a
+leader's term, the transaction writes only while that term holds
+(awp_db.leadership.transaction).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from uuid import UUID
 from awp_db import dispatching, leases, locks, settle, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
+from awp_db.leadership import Term, transaction
 from awp_db.queries import queries, row_as
-from awp_db.signals import LEADER_LOCK_KEY
 from awp_kernel.retry import AttemptEnd
 
 Q = queries("coordination")
@@ -40,14 +42,6 @@ class Offline:
 
 
 @dataclass(frozen=True, slots=True)
-class Leader:
-    """The backend holding the leader lock."""
-
-    pid: int
-    application_name: str
-
-
-@dataclass(frozen=True, slots=True)
 class Due:
     """Which kinds of work have candidates now, and seconds until the next timer."""
 
@@ -62,28 +56,6 @@ class Due:
     next_due_in: float | None
 
 
-# --- leadership (a session lock: only on a dedicated, never pooled, connection) ----------
-
-
-async def try_lead(conn: Conn, key: int = LEADER_LOCK_KEY) -> bool:
-    acquired: bool = await conn.fetchval(Q["try_lead"], key)
-    return acquired
-
-
-async def still_leading(conn: Conn, key: int = LEADER_LOCK_KEY) -> bool:
-    held: bool = await conn.fetchval(Q["still_leading"], key)
-    return held
-
-
-async def resign(conn: Conn, key: int = LEADER_LOCK_KEY) -> bool:
-    released: bool = await conn.fetchval(Q["resign"], key)
-    return released
-
-
-async def leader(conn: Conn, key: int = LEADER_LOCK_KEY) -> Leader | None:
-    return await row_as(Leader, conn, Q["leader_pid"], key)
-
-
 # --- passes ----------------------------------------------------------------------------
 
 
@@ -94,7 +66,9 @@ async def due(conn: Conn, offline: workers.OfflineRule, prefetch: float) -> Due:
     return due
 
 
-async def converge_cancels(conn: Conn, limit: int = 100) -> dict[UUID, str]:
+async def converge_cancels(
+    conn: Conn, limit: int = 100, *, term: Term | None = None
+) -> dict[UUID, str]:
     """Stops every run whose cancellation was requested; returns {run: final state}.
 
     Live dispatches are canceled, running attempts and tasks `canceled`, untouched
@@ -104,7 +78,7 @@ async def converge_cancels(conn: Conn, limit: int = 100) -> dict[UUID, str]:
     if not candidates:
         return {}
     events = EventBatch()
-    async with conn.transaction():
+    async with transaction(conn, term):
         locked = await locks.runs(conn, candidates)
         # Re-read under the lock: another coordinator may have converged it already.
         live = [run.id for run in locked if run.state == "running" and run.cancel_requested_at]
@@ -116,13 +90,13 @@ async def converge_cancels(conn: Conn, limit: int = 100) -> dict[UUID, str]:
     return finished
 
 
-async def reap_expired(conn: Conn, limit: int = 500) -> Reaped:
+async def reap_expired(conn: Conn, limit: int = 500, *, term: Term | None = None) -> Reaped:
     """Settles leases whose expiry or attempt deadline passed, with the retry rule."""
     candidates = await conn.fetch(Q["expired_leases"], limit)
     if not candidates:
         return Reaped()
     events = EventBatch()
-    async with conn.transaction():
+    async with transaction(conn, term):
         await locks.runs(conn, {row["run_id"] for row in candidates})
         expired = await locks.expired_dispatches(conn, [row["id"] for row in candidates])
         # The same row-to-Ending mapping every other settlement path uses.
@@ -144,11 +118,13 @@ _REAPED_BECAUSE: dict[AttemptEnd, str] = {
 }
 
 
-async def mark_silent_offline(conn: Conn, rule: workers.OfflineRule) -> Offline:
+async def mark_silent_offline(
+    conn: Conn, rule: workers.OfflineRule, *, term: Term | None = None
+) -> Offline:
     """Workers silent for longer than the rule allows go `offline`; their leases are
     settled at once as `interrupted` (the retry rule decides what happens next)."""
     events = EventBatch()
-    async with conn.transaction():
+    async with transaction(conn, term):
         # Session rows first (skipping any a heartbeat holds): awp_db.locks' order.
         silent = await locks.silent_sessions(conn, rule.intervals, rule.floor_ms)
         if not silent:
@@ -162,13 +138,13 @@ async def mark_silent_offline(conn: Conn, rule: workers.OfflineRule) -> Offline:
     return Offline(gone, interrupted)
 
 
-async def release_retries(conn: Conn, limit: int = 1000) -> int:
+async def release_retries(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:
     """Tasks whose retry backoff has passed: waiting_retry -> ready."""
     candidates = await conn.fetch(Q["due_retries"], limit)
     if not candidates:
         return 0
     events = EventBatch()
-    async with conn.transaction():
+    async with transaction(conn, term):
         locked = await locks.runs(conn, {row["run_id"] for row in candidates})
         running = [run.id for run in locked if run.state == "running"]
         moved = await conn.fetch(Q["release_retries"], [row["id"] for row in candidates], running)
@@ -178,14 +154,16 @@ async def release_retries(conn: Conn, limit: int = 1000) -> int:
     return len(moved)
 
 
-async def sweep_finished(conn: Conn, limit: int = 1000) -> dict[UUID, str]:
+async def sweep_finished(
+    conn: Conn, limit: int = 1000, *, term: Term | None = None
+) -> dict[UUID, str]:
     """Finishes running runs whose tasks are all terminal (a safety net: settlement
     already finishes runs in the transaction that ends their last task)."""
     candidates = [row["id"] for row in await conn.fetch(Q["finishable_runs"], limit)]
     if not candidates:
         return {}
     events = EventBatch()
-    async with conn.transaction():
+    async with transaction(conn, term):
         await locks.runs(conn, candidates)
         finished = await settle.finish_runs(conn, candidates, events)
         await events.flush(conn)

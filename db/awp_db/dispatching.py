@@ -11,6 +11,7 @@ from uuid import UUID
 from awp_db import locks
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
+from awp_db.leadership import Term, transaction
 from awp_db.queries import queries
 from awp_db.signals import DISPATCH_CHANNEL, DISPATCH_LOCK_KEY
 
@@ -27,7 +28,7 @@ class DispatchPass:
 
 
 async def create_dispatches(
-    conn: Conn, global_limit: int = 0, prefetch: float = 0.0
+    conn: Conn, global_limit: int = 0, prefetch: float = 0.0, *, term: Term | None = None
 ) -> DispatchPass:
     """One set-based pass: dispatches for ready tasks while compatible workers have room.
 
@@ -45,7 +46,7 @@ async def create_dispatches(
     a worker's free slots.
     """
     events = EventBatch()
-    async with conn.transaction():
+    async with transaction(conn, term):
         await conn.execute(Q["serialise"], DISPATCH_LOCK_KEY)
         budget: dict[str, int] = {}
         rows = await conn.fetch(Q["capacity"])
@@ -89,7 +90,7 @@ async def create_dispatches(
                 row["key"],
                 "ready",
                 "queued",
-                payload={"dispatch_id": row["dispatch_id"]},
+                payload=_dispatched(row["dispatch_id"], term),
             )
             by_kind[row["executor_kind"]] += 1
         # Servers parking long-poll claims hear which kinds have new work.
@@ -97,6 +98,14 @@ async def create_dispatches(
             events.notify(DISPATCH_CHANNEL, kind)
         await events.flush(conn)
     return DispatchPass(by_kind.total(), by_kind, len(run_ids - locked))
+
+
+def _dispatched(dispatch_id: int, term: Term | None) -> dict[str, int]:
+    """The payload of a task's ready -> queued event: its dispatch, and the leader epoch
+    that created it (an audit trail: no dispatch is ever created under a superseded one)."""
+    if term is None:
+        return {"dispatch_id": dispatch_id}
+    return {"dispatch_id": dispatch_id, "leader_epoch": term.epoch}
 
 
 def refill_due(free: int, slots: int, pending: int, prefetch: float) -> bool:
@@ -112,10 +121,10 @@ def refill_due(free: int, slots: int, pending: int, prefetch: float) -> bool:
     return pending < free + math.ceil(prefetch * slots / 2)
 
 
-async def withdraw_unservable(conn: Conn, limit: int = 1000) -> int:
+async def withdraw_unservable(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:
     """Queued tasks whose kind no active worker runs go back to ready, nothing spent."""
     events = EventBatch()
-    async with conn.transaction():
+    async with transaction(conn, term):
         rows = await conn.fetch(Q["unservable"], limit)
         if not rows:
             return 0

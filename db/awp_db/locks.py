@@ -5,6 +5,10 @@ run rows, then dispatch rows, each in ascending id (DESIGN.md §6). A transactio
 that needs several kinds takes them in that order; one that skips locked rows (SKIP
 LOCKED) never waits, so it cannot break the order. Task rows are only written under
 their run's lock. Every other comment about locking points here.
+
+A leading coordinator's transactions take the leader row before all of these
+(`leader_term`); nothing else locks that row but the lease's own one-statement updates
+(awp_db.leadership), which hold no other lock.
 """
 
 from __future__ import annotations
@@ -125,3 +129,14 @@ async def dispatches_for_settlement(
 async def expired_dispatches(conn: Conn, dispatch_ids: Sequence[int]) -> list[ExpiredDispatch]:
     """The leases among these that are still past their expiry or deadline, locked."""
     return await rows_as(ExpiredDispatch, conn, Q["expired_dispatches"], list(dispatch_ids))
+
+
+# --- the leader row --------------------------------------------------------------------
+
+
+async def leader_term(conn: Conn, holder: str, epoch: int, idle_limit_ms: int) -> bool:
+    """Whether (holder, epoch) still leads, holding that term until the transaction ends
+    (see locks.sql: a takeover waits for it, and the transaction may idle for at most
+    idle_limit_ms)."""
+    row = await conn.fetchrow(Q["leader_term"], holder, epoch, idle_limit_ms)
+    return row is not None

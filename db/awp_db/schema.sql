@@ -63,6 +63,28 @@ CREATE SEQUENCE public.attempts_id_seq
 
 ALTER SEQUENCE public.attempts_id_seq OWNED BY public.attempts.id;
 
+CREATE TABLE public.coordinator_leader (
+    singleton boolean DEFAULT true NOT NULL,
+    holder text NOT NULL,
+    epoch bigint NOT NULL,
+    acquired_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT coordinator_leader_epoch_check CHECK ((epoch >= 0)),
+    CONSTRAINT coordinator_leader_singleton_check CHECK (singleton)
+);
+
+COMMENT ON TABLE public.coordinator_leader IS 'The coordinator leader''s lease: one row; a standby takes it once expires_at has passed, with the next epoch.';
+
+COMMENT ON COLUMN public.coordinator_leader.singleton IS 'Always true: the key that keeps this table to one row.';
+
+COMMENT ON COLUMN public.coordinator_leader.holder IS 'The leading coordinator''s --instance name ('''' before anyone led).';
+
+COMMENT ON COLUMN public.coordinator_leader.epoch IS 'Incremented by every acquisition; each leader transaction checks it (FOR KEY SHARE), so a superseded leader writes nothing.';
+
+COMMENT ON COLUMN public.coordinator_leader.acquired_at IS 'When the current epoch began (database clock).';
+
+COMMENT ON COLUMN public.coordinator_leader.expires_at IS 'The lease ends here unless renewed (database clock); a clean stop sets it to now.';
+
 CREATE TABLE public.dispatches (
     id bigint NOT NULL,
     run_id uuid NOT NULL,
@@ -319,6 +341,12 @@ ALTER TABLE ONLY public.attempts
 
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_task_id_attempt_key UNIQUE (task_id, attempt);
+
+ALTER TABLE ONLY public.coordinator_leader
+    ADD CONSTRAINT coordinator_leader_epoch_key UNIQUE (epoch);
+
+ALTER TABLE ONLY public.coordinator_leader
+    ADD CONSTRAINT coordinator_leader_pkey PRIMARY KEY (singleton);
 
 ALTER TABLE ONLY public.dispatches
     ADD CONSTRAINT dispatches_fencing_token_key UNIQUE (fencing_token);

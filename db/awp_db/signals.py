@@ -21,7 +21,5 @@ RUN_EVENTS_CHANNEL: Final = "awp_run_events"
 
 # Session lock held while migrating, so processes starting together migrate once.
 MIGRATION_LOCK_KEY: Final = 0x415750_0001
-# Session lock of the coordinator leader, on a dedicated connection.
-LEADER_LOCK_KEY: Final = 0x415750_0002
 # Transaction lock serialising dispatch creation (dispatching.create_dispatches).
 DISPATCH_LOCK_KEY: Final = 4281170

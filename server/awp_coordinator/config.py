@@ -16,6 +16,10 @@ from awp_db.workers import OfflineRule
 # §3). The interval is the servers' (--heartbeat-interval), stored with each session at
 # Register, so it is never configured here a second time.
 OFFLINE_AFTER_INTERVALS = 3
+# The leader lease's default length, in scan intervals (docs/leadership.md): a standby
+# takes over at most this long after the leader last renewed, plus its own wake-up, so
+# within 2 intervals; renewals come three times per lease, so one late one loses nothing.
+LEADER_TTL_INTERVALS = 1.5
 
 
 def default_instance() -> str:
@@ -31,8 +35,19 @@ class CoordinatorConfig:
         metadata=flag(
             "--scan-interval",
             "AWP_SCAN_INTERVAL",
-            "time between periodic passes; standbys try for the lock twice as often",
+            "time between periodic passes; the leader lease lasts 1.5 of them by default",
             read=flags.positive_duration,
+        ),
+    )
+    leader_ttl_s: float | None = field(
+        default=None,
+        metadata=flag(
+            "--leader-ttl",
+            "AWP_LEADER_TTL",
+            "how long the leader lease lasts unrenewed: a standby takes over this long "
+            "after a stuck, cut-off or dead leader last renewed it (renewed 3 times per ttl)",
+            read=flags.positive_duration,
+            shown=f"{LEADER_TTL_INTERVALS} x --scan-interval",
         ),
     )
     # Only ever lengthens the rule of OFFLINE_AFTER_INTERVALS: a shorter threshold than a
@@ -90,7 +105,7 @@ class CoordinatorConfig:
         metadata=flag(
             "--pool-size",
             "AWP_COORDINATOR_POOL_SIZE",
-            "database connections for passes (plus one for the lock, one for LISTEN)",
+            "database connections for passes and the leader lease (plus one for LISTEN)",
             read=flags.whole(1),
         ),
     )
@@ -121,6 +136,10 @@ class CoordinatorConfig:
         return SessionLimits(self.db_stall_timeout_s)
 
     @property
+    def leader_ttl(self) -> float:
+        return self.leader_ttl_s or LEADER_TTL_INTERVALS * self.scan_interval_s
+
+    @property
     def offline_rule(self) -> OfflineRule:
         floor_s = self.offline_after_s or 0.0
         return OfflineRule(OFFLINE_AFTER_INTERVALS, round(floor_s * 1000))
@@ -137,8 +156,8 @@ def parse(
         description=(
             "Creates dispatches within the limits, reaps expired leases and timed-out "
             "attempts, marks silent workers offline, converges cancellations and releases "
-            "retry timers. Run several: one leads (a PostgreSQL advisory lock), the others "
-            "stand by and take over. Behind pgbouncer, point it at a session-mode pool: the "
-            "leader lock and LISTEN need session state."
+            "retry timers. Run several: one leads (a lease in the database), the others "
+            "stand by and take over. Behind pgbouncer, point it at a session-mode pool: "
+            "LISTEN needs session state."
         ),
     )

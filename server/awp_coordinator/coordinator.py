@@ -1,9 +1,10 @@
 """The coordinator: passes over the database, and the leader loop that drives them.
 
 `run_pass()` works without leadership (tests drive passes directly, and two coordinators
-running passes at once stay correct); `run()` is the process loop: contend for the
-leader lock, and while leading run a pass on every notification, on every scan tick and
-at the next known deadline.
+running passes at once stay correct); given a leader's term, each of its transactions
+writes only while that term holds. `run()` is the process loop: contend for the leader
+lease, and while leading run a pass on every notification, on every scan tick and at
+the next known deadline.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from awp_coordinator.leadership import Leadership
 from awp_coordinator.metrics import Metrics
 from awp_db import coordination
 from awp_db.connect import Pool
+from awp_db.leadership import Superseded, Term
 from awp_db.listen import Listener, Waiter
 from awp_db.signals import COORDINATOR_CHANNEL
 
@@ -32,6 +34,7 @@ MIN_SLEEP_S: Final = 0.05
 # A deadline is acted on a little after it, never just before (the database's checks
 # are strict inequalities against its live clock).
 DUE_MARGIN_S: Final = 0.005
+# The LISTEN connection's keepalive: a silently dead connection is noticed within this.
 KEEPALIVE_MAX_S: Final = 5.0
 
 
@@ -80,7 +83,7 @@ class Coordinator:
 
     # --- one pass --------------------------------------------------------------------
 
-    async def run_pass(self) -> PassReport:
+    async def run_pass(self, term: Term | None = None) -> PassReport:
         """Every kind of work that is due, each in its own short transaction, in an order
         where each step feeds the next: cancellations first (nothing is dispatched for a
         run being canceled), then what frees capacity or makes tasks ready, then dispatch.
@@ -91,6 +94,9 @@ class Coordinator:
         selects and re-checks its own candidates under its locks; anything that becomes
         due after that read is found by the next pass, which starts at once after a pass
         that did work, on the next notification, or at the next known deadline.
+
+        With a term, a transaction that finds the term over writes nothing and raises
+        Superseded, ending the pass (what it committed before that was the term's).
         """
         config = self.config
         batch = config.batch_size
@@ -100,30 +106,36 @@ class Coordinator:
             due = await coordination.due(conn, config.offline_rule, config.dispatch_prefetch)
             report.next_due_in = due.next_due_in
             if due.cancels:
-                report.canceled_runs = len(await coordination.converge_cancels(conn, batch))
+                report.canceled_runs = len(
+                    await coordination.converge_cancels(conn, batch, term=term)
+                )
 
             if due.silent_workers:
-                offline = await coordination.mark_silent_offline(conn, config.offline_rule)
+                offline = await coordination.mark_silent_offline(
+                    conn, config.offline_rule, term=term
+                )
                 report.offline_workers = len(offline.workers)
                 report.offline_leases = offline.leases
 
             if due.expired_leases:
-                reaped = await coordination.reap_expired(conn, batch)
+                reaped = await coordination.reap_expired(conn, batch, term=term)
                 report.interrupted = reaped.interrupted
                 report.timed_out = reaped.timed_out
                 report.runs_finished += len(reaped.settled.runs_finished)
 
             # Settling attempts just now may have started retry timers of 0 ms.
             if due.retries or report.offline_leases or report.interrupted or report.timed_out:
-                report.retries_released = await coordination.release_retries(conn, batch)
+                report.retries_released = await coordination.release_retries(conn, batch, term=term)
             if due.unservable or report.offline_workers:
-                report.withdrawn = await coordination.withdraw_unservable(conn, batch)
+                report.withdrawn = await coordination.withdraw_unservable(conn, batch, term=term)
 
             # Settlement finishes runs itself; the sweep is a safety net, so once per
             # scan interval is enough, not once per notification.
             if time.monotonic() - self._last_sweep >= config.scan_interval_s:
                 self._last_sweep = time.monotonic()
-                report.runs_finished += len(await coordination.sweep_finished(conn, batch))
+                report.runs_finished += len(
+                    await coordination.sweep_finished(conn, batch, term=term)
+                )
 
             # Dispatching needs ready tasks and offers running short (most passes woken
             # by results find the prefetch still covering the free slots); what
@@ -137,7 +149,7 @@ class Coordinator:
             )
             if report.retries_released or (due.ready and (due.short or freed)):
                 dispatched = await coordination.create_dispatches(
-                    conn, config.global_dispatch_limit, config.dispatch_prefetch
+                    conn, config.global_dispatch_limit, config.dispatch_prefetch, term=term
                 )
                 report.dispatched = dispatched.created
                 if dispatched.skipped_runs and not dispatched.created:
@@ -173,18 +185,13 @@ class Coordinator:
     # --- the process loop ------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Contends for leadership until stop is set; leads while it holds the lock."""
+        """Contends for leadership until stop is set; leads while its term holds."""
         config = self.config
-        # Keepalives are capped: a silently dead connection must not go unnoticed for a
-        # whole (possibly long) scan interval.
-        keepalive_s = min(config.scan_interval_s, KEEPALIVE_MAX_S)
-        leadership = Leadership(
-            config.database_url,
-            keepalive_s=keepalive_s,
-            application_name=f"awp-coordinator-lock {config.instance}"[:63],
-        )
+        leadership = Leadership(self._pool, config.instance, config.leader_ttl)
         listener = Listener(
-            config.database_url, [COORDINATOR_CHANNEL], keepalive_s=max(keepalive_s, 1.0)
+            config.database_url,
+            [COORDINATOR_CHANNEL],
+            keepalive_s=max(min(config.scan_interval_s, KEEPALIVE_MAX_S), 1.0),
         )
         await listener.start()
         standing_by = False
@@ -195,25 +202,34 @@ class Coordinator:
                         if not standing_by:
                             standing_by = True
                             log.info("standing by", extra={"instance": config.instance})
-                        # Twice per interval: a dead leader's lock is taken over well
-                        # within two intervals even when this process is slow to wake.
-                        await _wait(stop, config.scan_interval_s / 2)
+                        # Until the lease seen expires, or a renewal interval at most.
+                        await _wait(stop, leadership.retry_in)
                         continue
                     standing_by = False
-                    self._set_leading(True)
+                    term = leadership.term
+                    assert term is not None
+                    self._set_leading(True, term=term, previous=leadership.previous_holder)
                     try:
-                        await self._lead(stop, leadership, waiter)
+                        await self._lead(stop, leadership, term, waiter)
                     finally:
-                        self._set_leading(False, leadership.lost_reason)
+                        self._set_leading(False, why=leadership.lost_reason)
         finally:
             await leadership.release()
             await listener.stop()
 
-    def _set_leading(self, leading: bool, why: str = "") -> None:
+    def _set_leading(
+        self, leading: bool, *, term: Term | None = None, previous: str = "", why: str = ""
+    ) -> None:
         self._leading = leading
         self.metrics.leader.set(1 if leading else 0)
         self.metrics.leadership_changes.labels("acquired" if leading else "released").inc()
         extra: dict[str, object] = {"leader": leading, "instance": self.config.instance}
+        if term is not None:
+            self.metrics.leader_epoch.set(term.epoch)
+            extra["epoch"] = term.epoch
+            if previous and previous != term.holder:
+                self.metrics.takeovers.inc()
+                extra["previous"] = previous
         if why:
             extra["why"] = why
         if leading:
@@ -223,9 +239,13 @@ class Coordinator:
         else:
             log.info("leadership released", extra=extra)
 
-    async def _lead(self, stop: asyncio.Event, leadership: Leadership, waiter: Waiter) -> None:
-        """Runs passes until stop is set or the lock is lost; either ends them at once."""
-        work = asyncio.create_task(self._passes(waiter), name="awp-coordinator-passes")
+    async def _lead(
+        self, stop: asyncio.Event, leadership: Leadership, term: Term, waiter: Waiter
+    ) -> None:
+        """Runs passes until stop is set or the term is over; either ends them at once."""
+        work = asyncio.create_task(
+            self._passes(leadership, term, waiter), name="awp-coordinator-passes"
+        )
         stopped = asyncio.create_task(stop.wait())
         lost = asyncio.create_task(leadership.wait_lost())
         try:
@@ -237,10 +257,15 @@ class Coordinator:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def _passes(self, waiter: Waiter) -> None:
+    async def _passes(self, leadership: Leadership, term: Term, waiter: Waiter) -> None:
         while True:
             try:
-                report = await self.run_pass()
+                report = await self.run_pass(term)
+            except Superseded as exc:
+                # Another coordinator took over while this one was stalled or cut off:
+                # this pass wrote nothing more, and the process goes back to standing by.
+                leadership.lose(f"superseded: {exc}")
+                return
             except Exception:
                 # A daemon outlives one bad pass (a deadlock victim, a database restart):
                 # everything is re-read from the database next time.
@@ -250,7 +275,7 @@ class Coordinator:
                 continue
             delay = self.sleep_after(report)
             if delay <= 0:
-                # Let a stop or a lost lock be seen between back-to-back passes.
+                # Let a stop or a lost term be seen between back-to-back passes.
                 await asyncio.sleep(0)
                 continue
             await waiter.wait(delay)

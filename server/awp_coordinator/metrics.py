@@ -31,7 +31,17 @@ class Metrics:
         )
         self.leader = Gauge(
             "awp_coordinator_leader",
-            "1 while this process holds the leader lock",
+            "1 while this process holds the leader lease",
+            registry=self.registry,
+        )
+        self.leader_epoch = Gauge(
+            "awp_coordinator_leader_epoch",
+            "The epoch of the leader lease this process last acquired",
+            registry=self.registry,
+        )
+        self.takeovers = Counter(
+            "awp_coordinator_takeovers_total",
+            "Leader leases this process took from another coordinator (expired or released)",
             registry=self.registry,
         )
         self.leadership_changes = Counter(

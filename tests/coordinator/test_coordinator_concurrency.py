@@ -1,5 +1,5 @@
 """Two coordinators at once (no leadership): every pass stays correct, nothing is done
-twice and no limit is exceeded. The leader lock is for efficiency only."""
+twice and no limit is exceeded. Leadership (the leader lease) is for efficiency only."""
 
 from __future__ import annotations
 

@@ -87,3 +87,17 @@ def test_bad_settings_are_clear_errors(
         parse(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_leader_lease_lasts_one_and_a_half_scan_intervals_unless_set(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("AWP_LEADER_TTL", raising=False)
+    assert parse(["--database-url", "x"]).leader_ttl == 1.5
+    assert parse(["--database-url", "x", "--scan-interval", "250ms"]).leader_ttl == 0.375
+    monkeypatch.setenv("AWP_LEADER_TTL", "10s")
+    assert parse(["--database-url", "x", "--scan-interval", "250ms"]).leader_ttl == 10.0
+    assert parse(["--database-url", "x", "--leader-ttl", "3"]).leader_ttl == 3.0
+    with pytest.raises(SystemExit):
+        parse(["--database-url", "x", "--leader-ttl", "0s"])
+    assert "must be > 0, got '0s'" in capsys.readouterr().err

@@ -1,6 +1,7 @@
-"""Leadership and the process loop: one leader per database, standbys take over, a lost
-lock stops the leader at once, wake-ups at the next deadline; the real binary under
-kill -9 and SIGTERM."""
+"""Leadership and the process loop: one leader per database, standbys take over, a
+superseded term stops the leader at once and its passes write nothing, wake-ups at the
+next deadline; the real binary under kill -9 and SIGTERM. (The lease itself:
+tests/db/test_leader_lease.py; SIGSTOP of a leader: tests/fault/test_faults_leader.py.)"""
 
 from __future__ import annotations
 
@@ -18,24 +19,27 @@ from pathlib import Path
 import pytest
 from coordinator_support import Coordinator, coordinator
 
-from awp_db import claims, coordination, leases, workers
+from awp_db import claims, leadership, leases, workers
 from awp_db.connect import Pool
+from awp_db.leadership import Superseded, Term
 from kit import poll_until, spec, start_run
 from kit.db import register
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _leader_backend(pool: Pool) -> coordination.Leader | None:
-    async with pool.acquire() as conn:
-        return await coordination.leader(conn)
+async def _lease(pool: Pool) -> leadership.Lease | None:
+    return await leadership.current(pool)
 
 
-async def test_one_leads_and_a_standby_takes_over_when_the_lock_connection_dies(
+async def test_one_leads_and_a_standby_takes_over_when_the_leader_is_superseded(
     pool: Pool, database_dsn: str
 ) -> None:
-    first = coordinator(pool, database_dsn, scan_interval_s=0.2, instance="first")
-    second = coordinator(pool, database_dsn, scan_interval_s=0.2, instance="second")
+    # A lease far longer than the scan: a busy machine never makes leadership flap here.
+    first = coordinator(pool, database_dsn, scan_interval_s=0.2, leader_ttl_s=2.0, instance="first")
+    second = coordinator(
+        pool, database_dsn, scan_interval_s=0.2, leader_ttl_s=2.0, instance="second"
+    )
     stops = [asyncio.Event(), asyncio.Event()]
     loops = [
         asyncio.create_task(first.run(stops[0])),
@@ -48,12 +52,20 @@ async def test_one_leads_and_a_standby_takes_over_when_the_lock_connection_dies(
             return leading[0] if len(leading) == 1 else None
 
         leader = await poll_until(one_leader)
-        backend = await poll_until(lambda: _leader_backend(pool))
-        assert backend.application_name == f"awp-coordinator-lock {leader.config.instance}"
+        lease = await poll_until(lambda: _lease(pool))
+        assert lease.holder == leader.config.instance
+        assert leader.metrics.registry.get_sample_value("awp_coordinator_leader_epoch") == (
+            lease.epoch
+        )
 
-        # The lock's connection dies: the leader stops acting at once (it may win the
-        # lock back on a new connection right after: it contends again like the standby).
-        await pool.execute("SELECT pg_terminate_backend($1)", backend.pid)
+        # Its term is taken over (as by a coordinator that found the lease expired): the
+        # leader stops acting at once (it may win a later term right after: it contends
+        # again like the standby).
+        await pool.execute(
+            """UPDATE coordinator_leader
+                  SET holder = 'elsewhere', epoch = epoch + 1,
+                      expires_at = clock_timestamp() + interval '300 milliseconds'"""
+        )
 
         async def stepped_down() -> bool:
             released = leader.metrics.registry.get_sample_value(
@@ -63,19 +75,66 @@ async def test_one_leads_and_a_standby_takes_over_when_the_lock_connection_dies(
 
         await poll_until(stepped_down, within=5)
 
-        async def new_leader() -> tuple[int, str] | None:
-            now = await _leader_backend(pool)
-            return now if now is not None and now.pid != backend.pid else None
+        async def new_leader() -> leadership.Lease | None:
+            now = await _lease(pool)
+            return now if now is not None and now.epoch == lease.epoch + 2 else None
 
-        await poll_until(new_leader)
+        taken = await poll_until(new_leader)
+        assert taken.holder in ("first", "second")
         await poll_until(one_leader)
+        took_over = sum(
+            c.metrics.registry.get_sample_value("awp_coordinator_takeovers_total") or 0
+            for c in (first, second)
+        )
+        assert took_over == 1  # from 'elsewhere'
     finally:
         for stop in stops:
             stop.set()
         await asyncio.wait_for(asyncio.gather(*loops), 20)
-    # A clean stop gives the lock back.
-    assert await _leader_backend(pool) is None
+    # A clean stop gives the lease back.
+    assert await _lease(pool) is None
     assert not first.leading and not second.leading
+
+
+async def _written(pool: Pool) -> tuple[int, int, list[str]]:
+    """What a pass could have written: dispatches, events, the tasks' states."""
+    return (
+        await pool.fetchval("SELECT count(*) FROM dispatches"),
+        await pool.fetchval("SELECT count(*) FROM state_events"),
+        [row["state"] for row in await pool.fetch("SELECT state FROM tasks ORDER BY id")],
+    )
+
+
+async def test_a_superseded_leaders_pass_writes_nothing(pool: Pool) -> None:
+    await register(pool)
+    run_id = await start_run(pool, spec("stale", 2))
+    coord = coordinator(pool)
+    ttl_ms = 60_000
+    old = await leadership.acquire(pool, "old", ttl_ms)
+    assert old.epoch is not None
+    stale = Term("old", old.epoch, ttl_ms)
+    # The old leader stalls past its lease and another coordinator takes over.
+    await pool.execute("UPDATE coordinator_leader SET expires_at = clock_timestamp()")
+    new = await leadership.acquire(pool, "new", ttl_ms)
+    assert new.epoch == old.epoch + 1
+
+    # Resumed, the old leader runs the pass it was about to run: two ready tasks and a
+    # free worker, so it would dispatch both. Its term is checked first: nothing written.
+    before = await _written(pool)
+    assert before[2] == ["ready", "ready"]
+    with pytest.raises(Superseded):
+        await coord.run_pass(stale)
+    assert await _written(pool) == before
+
+    # The current leader's pass does the work, and each dispatch names its epoch.
+    report = await coord.run_pass(Term("new", new.epoch, ttl_ms))
+    assert report.dispatched == 2
+    epochs = await pool.fetch(
+        """SELECT (payload->>'leader_epoch')::bigint AS epoch FROM state_events
+            WHERE run_id = $1 AND to_state = 'queued'""",
+        run_id,
+    )
+    assert [row["epoch"] for row in epochs] == [new.epoch, new.epoch]
 
 
 async def test_the_leader_wakes_at_the_next_lease_expiry_not_the_next_scan(
@@ -87,7 +146,7 @@ async def test_the_leader_wakes_at_the_next_lease_expiry_not_the_next_scan(
     stop = asyncio.Event()
     loop = asyncio.create_task(coord.run(stop))
     try:
-        await poll_until(lambda: _leader_backend(pool))
+        await poll_until(lambda: _lease(pool))
         await start_run(pool, spec("woken", 1, backoff_ms=60_000))  # NOTIFY: dispatched
 
         async def claimed() -> list[claims.IssuedLease]:
@@ -120,7 +179,7 @@ async def test_a_registering_worker_wakes_the_leader(pool: Pool, database_dsn: s
     stop = asyncio.Event()
     loop = asyncio.create_task(coord.run(stop))
     try:
-        await poll_until(lambda: _leader_backend(pool))
+        await poll_until(lambda: _lease(pool))
         await start_run(pool, spec("waiting", 1))
 
         async def passed_once() -> bool:
@@ -198,9 +257,9 @@ def processes(tmp_path: Path) -> Iterator[list[Process]]:
         sys.stderr.write(f"--- {process.name} ---\n{process.log.read_text(errors='replace')}\n")
 
 
-def _pid_of(application_name: str) -> int:
-    # "awp-coordinator-lock <pid>@<host>"
-    return int(application_name.split(" ", 1)[1].split("@", 1)[0])
+def _pid_of(holder: str) -> int:
+    # The default --instance, "<pid>@<host>", names the lease's holder.
+    return int(holder.split("@", 1)[0])
 
 
 @pytest.mark.fault
@@ -214,17 +273,13 @@ async def test_kill_9_of_the_leader_hands_over_to_the_standby_within_two_interva
     processes.append(Process("b", [*args, "127.0.0.1:0"], tmp_path))
     by_pid = {p.pid: p for p in processes}
 
-    async def both_contending() -> bool:
-        count: int = await pool.fetchval(
-            """SELECT count(*) FROM pg_stat_activity
-                WHERE datname = current_database()
-                  AND application_name LIKE 'awp-coordinator-lock %'"""
-        )
-        return count == 2
+    def both_contending() -> bool:
+        said = [{line.get("msg") for line in p.lines()} for p in processes]
+        return all(words & {"leadership acquired", "standing by"} for words in said)
 
     await poll_until(both_contending, within=60)
-    backend = await poll_until(lambda: _leader_backend(pool), within=60)
-    leader = by_pid[_pid_of(backend.application_name)]
+    lease = await poll_until(lambda: _lease(pool), within=60)
+    leader = by_pid[_pid_of(lease.holder)]
     standby = next(p for p in processes if p is not leader)
     assert any(line.get("msg") == "leadership acquired" for line in leader.lines())
 
@@ -232,8 +287,8 @@ async def test_kill_9_of_the_leader_hands_over_to_the_standby_within_two_interva
     killed_at = time.monotonic()
 
     async def standby_leads() -> bool:
-        now = await _leader_backend(pool)
-        return now is not None and _pid_of(now.application_name) == standby.pid
+        now = await _lease(pool)
+        return now is not None and _pid_of(now.holder) == standby.pid
 
     # Bounded generously for a loaded machine; the requirement itself is asserted below.
     await poll_until(standby_leads, within=30, interval=0.01)
@@ -258,10 +313,10 @@ async def test_kill_9_of_the_leader_hands_over_to_the_standby_within_two_interva
     assert "awp_coordinator_passes_total" in body
     assert "awp_coordinator_leader 1.0" in body
 
-    # SIGTERM: a clean stop that gives the lock back and exits 0.
+    # SIGTERM: a clean stop that gives the lease back and exits 0.
     standby.popen.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(standby.popen.wait, 30) == 0
-    assert await _leader_backend(pool) is None
+    assert await _lease(pool) is None
     messages = [line.get("msg") for line in standby.lines()]
     assert "leadership released" in messages
     assert messages[-1] == "awp-coordinator stopped"

@@ -25,11 +25,11 @@ import asyncpg
 import grpc
 from figures import FIGURES
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from process import Process, socket_owners
+from process import Process
 
 from awp.v1 import control_pb2_grpc, worker_pb2_grpc
+from awp_db import leadership
 from awp_db.embedded import EmbeddedPostgres, free_port
-from awp_db.signals import LEADER_LOCK_KEY
 from kit import poll_until
 from kit.invariants import Expect, RunCost, check_invariants
 
@@ -263,7 +263,8 @@ class Cluster:
     async def start_coordinator(
         self, name: str = "coordinator", *, expect_leader: bool = True, within: float = 20.0
     ) -> Process:
-        """Starts a coordinator; with expect_leader, returns once it holds the leader lock."""
+        """Starts a coordinator (named `name` in the leader lease); with expect_leader,
+        returns once it leads."""
         self._starters[name] = lambda: self.start_coordinator(
             name, expect_leader=expect_leader, within=within
         )
@@ -274,6 +275,8 @@ class Cluster:
                 str(BIN_DIR / "awp-coordinator"),
                 "--database-url",
                 self.dsn,
+                "--instance",
+                name,
                 "--scan-interval",
                 str(t.scan_s),
                 "--offline-after",
@@ -288,7 +291,7 @@ class Cluster:
         if expect_leader:
             await wait_for(
                 lambda: self._leads(process),
-                f"{name} to hold the leader lock",
+                f"{name} to hold the leader lease",
                 within=within,
             )
         else:
@@ -305,24 +308,10 @@ class Cluster:
         return await process.logged(message)
 
     async def leader_pid(self) -> int | None:
-        """The OS pid of the coordinator holding the leader lock, if any."""
-        row = await self.fetch(
-            """
-            SELECT a.application_name, a.client_port
-              FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-             WHERE l.locktype = 'advisory' AND l.granted
-               AND l.classid = ($1::bigint >> 32)::oid
-               AND l.objid = ($1::bigint & 4294967295)::oid
-               AND l.objsubid = 1
-            """,
-            LEADER_LOCK_KEY,
-        )
-        if not row:
-            return None
-        # The application_name need not name the process; the TCP port of its end of the
-        # connection always does (every process runs here, over loopback).
-        owners = await asyncio.to_thread(socket_owners, {p.pid for p in self.live()})
-        return owners.get(row[0]["client_port"])
+        """The OS pid of the coordinator holding the live leader lease, if any."""
+        lease = await leadership.current(await self.pool())
+        process = None if lease is None else self.processes.get(lease.holder)
+        return process.pid if process is not None and process.alive else None
 
     async def _leads(self, process: Process) -> bool:
         if not process.alive:

@@ -1,7 +1,7 @@
 """One OS process of a fault scenario: spawned in its own session (so its process group
 can be signalled as a whole and a terminal's Ctrl-C does not reach it), its stdout and
 stderr in its own log file, killed however the test ends (the cluster's finalizer, and
-an atexit hook when pytest itself is interrupted); and which process owns a socket."""
+an atexit hook when pytest itself is interrupted)."""
 
 from __future__ import annotations
 
@@ -177,26 +177,3 @@ class Process:
             if self._log is not None:
                 self._log.close()
                 self._log = None
-
-
-def socket_owners(pids: set[int | None]) -> dict[int, int]:
-    """{local TCP port: pid} for the sockets of the given processes (Linux /proc)."""
-    inodes: dict[str, int] = {}
-    for pid in pids:
-        if pid is None:
-            continue
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if target.startswith("socket:["):
-                        inodes[target[8:-1]] = pid
-    owners: dict[int, int] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as lines:
-            next(lines, None)
-            for line in lines:
-                parts = line.split()
-                if len(parts) > 9 and parts[9] in inodes:
-                    owners[int(parts[1].rsplit(":", 1)[1], 16)] = inodes[parts[9]]
-    return owners

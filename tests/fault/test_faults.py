@@ -6,7 +6,8 @@ hold leases. Each ends with the invariant check (kit.invariants).
  3 a dead worker's replayed lease fenced
 
 The platform's own failures are in test_faults_platform.py (4, 5, 9, 10), stops on
-purpose in test_faults_stops.py (6, 7, 8).
+purpose in test_faults_stops.py (6, 7, 8), a stuck leading coordinator in
+test_faults_leader.py (13).
 
 Run with `pytest -m fault` (add -s to see figures as they are measured; they are also
 repeated under "awp fault figures" at the end). Waits poll database state with

@@ -3,7 +3,7 @@
 -- name: serialise
 -- Dispatch creation is the only thing that raises the number of queued + running tasks
 -- and live dispatches; serialising it makes every limit exact, even with two
--- coordinators at once (the leader lock is for efficiency only). $1: the key
+-- coordinators at once (leadership is for efficiency only). $1: the key
 -- (awp_db.signals).
 SELECT pg_advisory_xact_lock($1::bigint)
 

@@ -104,3 +104,16 @@ SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.re
    AND (d.lease_expires_at <= clock_timestamp() OR d.attempt_deadline <= clock_timestamp())
  ORDER BY d.id
    FOR UPDATE OF d SKIP LOCKED
+
+-- name: leader_term
+-- The first lock of every transaction a leading coordinator runs: the leader row, if
+-- ($1 holder, $2 epoch) still hold it. FOR KEY SHARE conflicts with a takeover (which
+-- changes the epoch, a key column) but not with a renewal: a takeover waits for this
+-- transaction, and once a takeover has committed this finds no row (the lock re-checks
+-- the newest version) and the transaction writes nothing. So that a stalled leader
+-- cannot hold a takeover off for long, the transaction may then sit idle for at most
+-- $3 ms (the lease length) before PostgreSQL ends its session.
+SELECT set_config('idle_in_transaction_session_timeout', $3::int::text, true) AS idle_limit
+  FROM coordinator_leader
+ WHERE holder = $1 AND epoch = $2
+   FOR KEY SHARE
