@@ -106,9 +106,11 @@ async def test_python_actions_run_through_the_runtime(fake: FakeServer) -> None:
         "key": f"run-1/t{ok.dispatch_id}",
         "fence": 1000 + ok.dispatch_id,
     }
-    assert results[bad.dispatch_id].error == types_pb2.TaskError(
-        message="try again", retryable=True
-    )
+    error = results[bad.dispatch_id].error
+    assert (error.message, error.retryable, error.type) == ("try again", True, "")
+    # The traceback starts at the action's frame: none of the worker's own.
+    assert error.traceback.startswith("Traceback (most recent call last):\n")
+    assert ", in flaky\n" in error.traceback and "awp_worker/_" not in error.traceback
     assert "unknown action 'nope'" in results[missing.dispatch_id].error.message
     assert results[missing.dispatch_id].error.retryable is False
 
