@@ -87,16 +87,24 @@ def keep_innermost(text: str, limit: int) -> str:
         return text
     head = _TRACEBACK_HEAD if text.startswith(_TRACEBACK_HEAD) else ""
     # Sized for the largest count, so the result never exceeds the limit.
-    room = limit - len(head) - len(_cut_line(len(text)))
-    tail = text[len(text) - room :]
-    newline = tail.find("\n")
-    if 0 <= newline < len(tail) - 1:
-        tail = tail[newline + 1 :]  # start on a whole line
+    tail = newest_lines(text, limit - len(head) - len(_cut_line(len(text))))
     return head + _cut_line(len(text) - len(head) - len(tail)) + tail
 
 
 def _cut_line(count: int) -> str:
     return f"  ... [{count} characters of outer frames cut]\n"
+
+
+def newest_lines(text: str, room: int) -> str:
+    """The last `room` characters of text at most, from the start of a line when a whole
+    line fits (a single line longer than `room` keeps its end)."""
+    if len(text) <= room:
+        return text
+    start = len(text) - room
+    if text[start - 1] == "\n":
+        return text[start:]
+    newline = text.find("\n", start)
+    return text[newline + 1 :] if 0 <= newline < len(text) - 1 else text[start:]
 
 
 def bounded_head(text: str, limit: int) -> str:
@@ -138,13 +146,7 @@ class LogTail:
             lines = list(self._lines)
             if self._partial:
                 lines.append(self._partial)
-        text = printable("\n".join(lines[-self._max_lines :]))
-        if len(text) <= self._max_chars:
-            return text
-        # The newest characters, starting on a whole line when one fits.
-        tail = text[len(text) - self._max_chars :]
-        newline = tail.find("\n")
-        return tail[newline + 1 :] if 0 <= newline < len(tail) - 1 else tail
+        return newest_lines(printable("\n".join(lines[-self._max_lines :])), self._max_chars)
 
 
 @contextlib.contextmanager
