@@ -241,19 +241,20 @@ def _print_retried(answer: control_pb2.RetryRunResponse) -> None:
 
 async def logs(client: Client, args: argparse.Namespace) -> Exit:
     request = control_pb2.ListAttemptsRequest(run_id=args.run_id, task_key=args.task or "")
+    # --json prints one answer holding every page; tables go out page by page.
     answer = control_pb2.ListAttemptsResponse()
     while True:
         page = await client.call(client.control.ListAttempts, request)
         answer.attempts.extend(page.attempts)
+        if not args.json:
+            for attempt in page.attempts:
+                render.stdout.print(render.attempt_log(attempt))
         if not page.next_page_token:
             break
         request.page_token = page.next_page_token
     if args.json:
         render.print_json(answer)
-        return Exit.OK
-    for attempt in answer.attempts:
-        render.stdout.print(render.attempt_log(attempt))
-    if not answer.attempts:
+    elif not answer.attempts:
         render.stdout.print(await _why_no_attempts(client, args.run_id, args.task))
     return Exit.OK
 
