@@ -37,7 +37,10 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
 SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GROUP BY run_id, state
 
 -- name: tasks
-SELECT key, state, executor_kind, action, depends_on, attempts, max_attempts, output, error,
+-- Outputs over $2 bytes of JSON text are left out (output_omitted): GetTaskOutput.
+SELECT key, state, executor_kind, action, depends_on, attempts, max_attempts,
+       CASE WHEN octet_length(output::text) <= $2 THEN output END AS output,
+       coalesce(octet_length(output::text) > $2, false) AS output_omitted, error,
        retry_at, finished_at, reused_from_run_id
   FROM tasks WHERE run_id = $1 ORDER BY id
 
