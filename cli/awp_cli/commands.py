@@ -210,7 +210,9 @@ async def run_output(client: Client, args: argparse.Namespace) -> Exit:
     request = control_pb2.GetTaskOutputRequest(run_id=args.run_id, task_key=args.task_key)
     answer = await client.call(client.control.GetTaskOutput, request)
     if not answer.output_json:
-        raise CliError(f"task {args.task_key} of run {args.run_id} has no output (yet)")
+        raise CliError(
+            Exit.RUN_NOT_SUCCEEDED, f"task {args.task_key} of run {args.run_id} has no output (yet)"
+        )
     sys.stdout.write(answer.output_json + "\n")
     return Exit.OK
 
