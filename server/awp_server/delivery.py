@@ -7,7 +7,7 @@ out; GetUpstreamOutputs and GetTaskOutput deliver the rest one budget at a time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from google.protobuf import struct_pb2
 
@@ -53,24 +53,33 @@ def trim_run(answer: control_pb2.GetRunResponse) -> None:
     """Leaves out of a GetRun answer, until it fits: the newest attempts, then outputs
     (last tasks first), then tracebacks, counting what it left out. The run and its
     tasks' own fields always stay (a definition is bounded by MAX_TASKS)."""
-    excess = answer.ByteSize() - MAX_RESPONSE_BYTES
-    if excess <= 0:
-        return
-    while excess > 0 and answer.attempts:
-        excess -= answer.attempts[-1].ByteSize() + _ELEMENT_OVERHEAD
+    left_out = _leave_out(answer)
+    # Sizes freed are estimates (a length prefix is 1 to 5 bytes): measure again.
+    while (excess := answer.ByteSize() - MAX_RESPONSE_BYTES) > 0:
+        for freed in left_out:
+            excess -= freed
+            if excess <= 0:
+                break
+        else:
+            return
+
+
+def _leave_out(answer: control_pb2.GetRunResponse) -> Iterator[int]:
+    """Leaves one more part out at each step; yields roughly the bytes it freed."""
+    while answer.attempts:
+        freed = answer.attempts[-1].ByteSize() + _ELEMENT_OVERHEAD
         del answer.attempts[-1]
         answer.attempts_omitted += 1
+        yield freed
     for task in reversed(answer.tasks):
-        if excess <= 0:
-            break
         if task.HasField("output"):
-            excess -= task.output.ByteSize() + _ELEMENT_OVERHEAD
+            freed = task.output.ByteSize() + _ELEMENT_OVERHEAD
             task.ClearField("output")
             task.output_omitted = True
+            yield freed
     for task in reversed(answer.tasks):
-        if excess <= 0:
-            break
         if task.error.traceback:
-            excess -= len(task.error.traceback.encode()) + _ELEMENT_OVERHEAD
+            freed = len(task.error.traceback.encode()) + _ELEMENT_OVERHEAD
             task.error.traceback = ""
             answer.tracebacks_omitted += 1
+            yield freed

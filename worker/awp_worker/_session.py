@@ -190,10 +190,7 @@ class Session:
                 keys=wanted,
             )
             response: worker_pb2.GetUpstreamOutputsResponse = await retrying(
-                self.stub.GetUpstreamOutputs,
-                request,
-                timeout=self._config.rpc_timeout,
-                metadata=self._metadata,
+                self._get_upstream_outputs, request
             )
             if not response.outputs:
                 raise RuntimeError("GetUpstreamOutputs answered no output")
@@ -201,6 +198,14 @@ class Session:
                 found[output.key] = parse_object(output.output_json)
             wanted = [key for key in wanted if key not in found]
         return found
+
+    async def _get_upstream_outputs(
+        self, request: worker_pb2.GetUpstreamOutputsRequest
+    ) -> worker_pb2.GetUpstreamOutputsResponse:
+        response: worker_pb2.GetUpstreamOutputsResponse = await self.stub.GetUpstreamOutputs(
+            request, timeout=self._config.rpc_timeout, metadata=self._metadata
+        )
+        return response
 
     def heartbeat(self) -> HeartbeatCall:
         """Open one heartbeat stream."""
