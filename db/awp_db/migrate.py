@@ -13,6 +13,8 @@ and never take away what an older release still uses.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -217,3 +219,22 @@ async def check_when_reachable(dsn: str, give_up_after_s: float = 120.0) -> Sche
     state = await when_reachable(dsn, schema_state, give_up_after_s=give_up_after_s)
     check(state)
     return state
+
+
+async def prepare(dsn: str, *, migrating: bool, stop: asyncio.Event) -> bool:
+    """What a process does with the schema before it serves, while PostgreSQL may still be
+    starting: migrates it, or (--no-migrate) checks it. False when stop came first (a
+    SIGTERM during the start ends the wait at once); SchemaError when it cannot serve."""
+    work = asyncio.create_task(
+        migrate_when_reachable(dsn) if migrating else check_when_reachable(dsn)
+    )
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not work.done():
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return False
+    work.result()
+    return True

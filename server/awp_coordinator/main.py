@@ -19,7 +19,7 @@ from awp_coordinator.coordinator import Coordinator
 from awp_coordinator.metrics import Metrics
 from awp_db import pooler
 from awp_db.connect import PoolMode, create_pool
-from awp_db.migrate import SchemaError, check_when_reachable, migrate_when_reachable
+from awp_db.migrate import SchemaError, prepare
 
 log = logging.getLogger("awp.coordinator")
 
@@ -30,22 +30,9 @@ async def serve(config: CoordinatorConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    # A stop during startup (the database may not be up yet) ends the wait at once.
-    migrating = asyncio.create_task(
-        check_when_reachable(config.session_url)
-        if config.no_migrate
-        else migrate_when_reachable(config.session_url)
-    )
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({migrating, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if not migrating.done():
-        migrating.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await migrating
+    if not await prepare(config.session_url, migrating=not config.no_migrate, stop=stop):
         log.info("awp-coordinator stopped before it started")
         return
-    migrating.result()
 
     metrics = Metrics()
     if config.metrics_listen:

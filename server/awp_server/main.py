@@ -17,9 +17,8 @@ from awp_db.connect import Conn
 from awp_db.migrate import (
     Migration,
     SchemaError,
-    check_when_reachable,
     migrate,
-    migrate_when_reachable,
+    prepare,
     schema_state,
     when_reachable,
 )
@@ -36,10 +35,15 @@ EXIT_MIGRATION_FAILED = 1
 
 
 async def serve(config: ServerConfig) -> None:
-    if config.no_migrate:
-        await check_when_reachable(config.session_url)
-    else:
-        await migrate_when_reachable(config.session_url)
+    # Before anything is announced: a SIGTERM right after the listening line (or during
+    # the start) is a clean stop, not the default action's abrupt exit.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if not await prepare(config.session_url, migrating=not config.no_migrate, stop=stop):
+        log.info("awp-server stopped before it started")
+        return
     if config.metrics_listen:
         host, port = host_port(config.metrics_listen)
         start_http_server(port, addr=host)
@@ -49,10 +53,6 @@ async def serve(config: ServerConfig) -> None:
     log.info("awp-server listening", extra={"address": address, "insecure": config.insecure})
     # One plain line on stdout: what scripts and `awp dev` wait for.
     print(f"awp-server listening on {address}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     if running.credentials is not None:
         loop.add_signal_handler(signal.SIGHUP, running.credentials.reload)
     await stop.wait()
