@@ -13,7 +13,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -124,7 +123,7 @@ class PgBouncer:
 
     def stop(self) -> None:
         if self._popen is not None and self._popen.poll() is None:
-            self._popen.send_signal(signal.SIGINT)  # immediate shutdown
+            self._popen.terminate()  # SIGTERM: immediate shutdown (SIGINT waits for clients)
             try:
                 self._popen.wait(timeout=10)
             except subprocess.TimeoutExpired:
