@@ -202,16 +202,10 @@ async def when_reachable(
     raise AssertionError("unreachable: tenacity re-raises")
 
 
-async def migrate_when_reachable(
-    dsn: str,
-    give_up_after_s: float = 120.0,
-    on_applied: Callable[[Migration, float], None] | None = None,
-) -> list[int]:
+async def migrate_when_reachable(dsn: str, give_up_after_s: float = 120.0) -> list[int]:
     """Migrates once PostgreSQL answers. Without limits: a migration queues on the
     advisory lock and may rewrite big tables."""
-    return await when_reachable(
-        dsn, lambda conn: migrate(conn, on_applied), limits=None, give_up_after_s=give_up_after_s
-    )
+    return await when_reachable(dsn, migrate, limits=None, give_up_after_s=give_up_after_s)
 
 
 async def check_when_reachable(dsn: str, give_up_after_s: float = 120.0) -> SchemaState:
