@@ -38,9 +38,12 @@ class PgBouncer:
     """pgbouncer for one database behind `dsn` (a postgresql:// URL without a password)."""
 
     dsn: str
-    # Server connections per pool: small, so that every client shares backends with the
+    # Backends of the transaction pool: few, so that every client shares them with the
     # others, which is what exposes session state relied on across transactions.
     pool_size: int = 4
+    # Backends of the session pool: one per client for its whole connection (each AWP
+    # process's LISTEN, and its migration at start), so enough for every process.
+    session_pool_size: int = 20
     port: int = 0
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="awp-pgbouncer-")))
     _popen: subprocess.Popen[bytes] | None = None
@@ -72,7 +75,7 @@ class PgBouncer:
             [
                 "[databases]",
                 f"{POOLED} = {backend} pool_mode=transaction",
-                f"{SESSION} = {backend} pool_mode=session",
+                f"{SESSION} = {backend} pool_mode=session pool_size={self.session_pool_size}",
                 "[pgbouncer]",
                 "listen_addr = 127.0.0.1",
                 f"listen_port = {self.port}",
