@@ -26,7 +26,13 @@ EXACT_RANGE: Final = f"-2**53 to 2**53 ({-MAX_EXACT_INT} to {MAX_EXACT_INT})"
 
 
 class JsonInvalid(ValueError):
-    """A value that is not strict JSON, or that PostgreSQL's jsonb cannot store."""
+    """A value that is not strict JSON, or that PostgreSQL's jsonb cannot store; `where`
+    (when known) is the path of the offending value, e.g. "input.items[2]"."""
+
+    def __init__(self, problem: str, where: str = "") -> None:
+        super().__init__(f"{where}: {problem}" if where else problem)
+        self.problem = problem
+        self.where = where
 
 
 def canonical_json(value: Any) -> bytes:
@@ -102,33 +108,34 @@ def to_struct(data: Mapping[str, Any], where: str = "value") -> struct_pb2.Struc
 
 def _check(value: Any, where: str, depth: int) -> None:
     if depth > MAX_JSON_DEPTH:
-        raise JsonInvalid(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
+        raise JsonInvalid(f"nested deeper than {MAX_JSON_DEPTH} levels", where)
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
         if abs(value) > MAX_EXACT_INT:
             raise JsonInvalid(
-                f"{where}: the integer {value} is outside {EXACT_RANGE}, the range a JSON "
-                "number keeps exactly on the wire; send it as a string"
+                f"the integer {value} is outside {EXACT_RANGE}, the range a JSON number "
+                "keeps exactly on the wire; send it as a string",
+                where,
             )
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise JsonInvalid(f"{where}: {value} is not a JSON number")
+            raise JsonInvalid(f"{value} is not a JSON number", where)
     elif isinstance(value, str):
         if "\x00" in value:
-            raise JsonInvalid(f"{where}: strings must not contain NUL characters")
+            raise JsonInvalid("strings must not contain NUL characters", where)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             _check(item, f"{where}[{index}]", depth + 1)
     elif isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise JsonInvalid(f"{where}: the key {key!r} is not a string")
+                raise JsonInvalid(f"the key {key!r} is not a string", where)
             if "\x00" in key:
-                raise JsonInvalid(f"{where}: keys must not contain NUL characters")
+                raise JsonInvalid("keys must not contain NUL characters", where)
             _check(item, f"{where}.{key}", depth + 1)
     else:
-        raise JsonInvalid(f"{where}: a {type(value).__name__} is not a JSON value")
+        raise JsonInvalid(f"a {type(value).__name__} is not a JSON value (make it a string)", where)
 
 
 def dict_to_struct(data: Mapping[str, Any] | None) -> struct_pb2.Struct | None:

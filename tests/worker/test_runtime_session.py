@@ -16,7 +16,7 @@ from awp_worker import ActionContext, RetryableError
 from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST
 from awp_worker._runtime import WorkerRuntime
-from awp_worker._sdk import ActionRegistry
+from awp_sdk.actions import ActionRegistry
 from kit import poll_until as eventually
 from kit.proto import output
 

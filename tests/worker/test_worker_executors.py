@@ -23,7 +23,7 @@ from awp_worker._executors import (
     output_struct,
 )
 from awp_worker._logging import bind, bound_fields, unbind
-from awp_worker._sdk import DEFAULT_REGISTRY, ActionRegistry
+from awp_sdk.actions import DEFAULT_REGISTRY, ActionRegistry
 
 
 def make_ctx(action: str = "a", attempt: int = 1) -> ActionContext:

@@ -20,7 +20,7 @@ from awp_worker._config import WorkerConfig
 from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST
 from awp_worker._runtime import WorkerRuntime
-from awp_worker._sdk import ActionRegistry
+from awp_sdk.actions import ActionRegistry
 from kit import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
 
 ServerFactory = Callable[..., Awaitable[ServerHandle]]

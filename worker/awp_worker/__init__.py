@@ -18,7 +18,7 @@ a failure may succeed when tried again; any other exception counts as retryable.
 
 from __future__ import annotations
 
-from awp_worker._sdk import (
+from awp_sdk.actions import (
     ActionCancelled,
     ActionContext,
     PermanentError,

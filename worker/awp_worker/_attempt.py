@@ -30,7 +30,7 @@ from awp_worker._executors import (
 from awp_worker._lease import HeldLease, LeaseClock, Phase, seconds
 from awp_worker._logging import LeaseLog, bind
 from awp_worker._owner import Owner
-from awp_worker._sdk import ActionContext
+from awp_sdk.actions import ActionContext
 from awp_worker._supervisor import Supervisor
 
 log = logging.getLogger("awp_worker.attempt")

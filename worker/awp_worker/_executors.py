@@ -20,7 +20,7 @@ from google.protobuf import struct_pb2
 from awp.v1 import types_pb2, worker_pb2
 from awp_protocol.jsonvalue import json_size, struct_to_dict, to_struct
 from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
-from awp_worker._sdk import (
+from awp_sdk.actions import (
     DEFAULT_REGISTRY,
     ActionContext,
     ActionRegistry,
