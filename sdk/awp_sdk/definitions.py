@@ -101,9 +101,7 @@ def definition(data: Any) -> types_pb2.WorkflowDefinition:
     """The definition the data describes; DefinitionInvalid lists every shape problem, each
     violation's field a path into the data (e.g. "tasks[1].retry.max_attempts")."""
     problems: list[FieldViolation] = []
-    root: Path_ = ()
-    if isinstance(data, Mapping) and "definition" in data and set(data) <= _WRAPPER_KEYS:
-        data, root = data["definition"], ("definition",)
+    data, root = unwrap(data)
     result = _definition(data, root, problems)
     if problems:
         count = len(problems)
@@ -114,6 +112,13 @@ def definition(data: Any) -> types_pb2.WorkflowDefinition:
             violations=problems,
         )
     return result
+
+
+def unwrap(data: Any) -> tuple[Any, Path_]:
+    """The definition inside a GetWorkflow answer's workflow, and the path to it."""
+    if isinstance(data, Mapping) and "definition" in data and set(data) <= _WRAPPER_KEYS:
+        return data["definition"], ("definition",)
+    return data, ()
 
 
 def validate(result: types_pb2.WorkflowDefinition) -> types_pb2.WorkflowDefinition:

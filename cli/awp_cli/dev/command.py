@@ -19,10 +19,11 @@ from rich.text import Text
 
 from awp.v1 import control_pb2
 from awp_cli import render, workflow_file
-from awp_cli.client import DEFAULT_ADDRESS, Client, Target
+from awp_cli.client import Client
 from awp_cli.commands import wait_for_run
 from awp_cli.errors import Exit, usage
 from awp_cli.follow import run_exit
+from awp_sdk.connection import DEFAULT_ADDRESS, Connection
 
 if TYPE_CHECKING:
     from awp_cli.dev.stack import Stack
@@ -244,7 +245,7 @@ def run_demo(args: argparse.Namespace) -> Exit:
 async def _demo_run(stack: Stack) -> Exit:
     say = stack.say
     loaded = workflow_file.load(demo_workflow())
-    async with Client(Target(address=stack.address)) as client:
+    async with Client(Connection(address=stack.address)) as client:
         created = await client.call(
             client.control.CreateWorkflow,
             control_pb2.CreateWorkflowRequest(definition=loaded.definition),
