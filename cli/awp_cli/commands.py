@@ -60,14 +60,19 @@ async def _all_pages(
 
 
 async def workflow_apply(client: Client, args: argparse.Namespace) -> Exit:
-    loaded = workflow_file.load(Path(args.file))
+    if workflow_file.is_code_reference(args.file):
+        definition = workflow_file.from_code(args.file)
+        loaded = None
+    else:
+        loaded = workflow_file.load(Path(args.file))
+        definition = loaded.definition
     try:
         answer = await client.call(
             client.control.CreateWorkflow,
-            control_pb2.CreateWorkflowRequest(definition=loaded.definition),
+            control_pb2.CreateWorkflowRequest(definition=definition),
         )
     except CliError as error:
-        if error.code != Exit.USAGE:
+        if error.code != Exit.USAGE or loaded is None:
             raise
         # The server names fields (definition.tasks[2].depends_on[0]); say where they are.
         raise CliError(

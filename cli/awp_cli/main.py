@@ -70,9 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     workflow = commands_.add_parser("workflow", help="create and inspect workflows")
     workflows = workflow.add_subparsers(dest="action", required=True, metavar="ACTION")
     apply = add(
-        workflows, "apply", commands.workflow_apply, "store a workflow from a YAML/JSON file"
+        workflows,
+        "apply",
+        commands.workflow_apply,
+        "store a workflow from a YAML/JSON file or an awp_sdk.Workflow in code",
     )
-    apply.add_argument("file", help="workflow file (.yaml, .yml or .json)")
+    apply.add_argument(
+        "file",
+        metavar="FILE|MODULE:ATTRIBUTE",
+        help="a workflow file (.yaml, .yml, .json) or a Workflow in code (my_app.flows:digest)",
+    )
     listing = add(workflows, "list", commands.workflow_list, "list workflows")
     listing.add_argument("--name", help="only this workflow's versions")
     listing.add_argument("--limit", type=_positive, default=100, help="at most this many")
@@ -129,9 +136,7 @@ def _positive(text: str) -> int:
     return value
 
 
-async def _with_client(
-    target: Connection, handler: Handler, args: argparse.Namespace
-) -> Exit:
+async def _with_client(target: Connection, handler: Handler, args: argparse.Namespace) -> Exit:
     async with Client(target) as client:
         return await handler(client, args)
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -20,6 +20,7 @@ from awp.v1 import control_pb2, types_pb2
 from awp_common.durations import format_duration
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import TERMINAL_RUN_STATES
+from awp_sdk.records import message_json
 
 # Piped output is not wrapped at 80 columns: a table row stays one line for grep and awk.
 _PIPED_WIDTH: Final = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 250
@@ -55,8 +56,8 @@ _STYLES: Final = {
 
 
 def print_json(message: Message, *, one_line: bool = False) -> None:
-    """The protobuf JSON mapping, exactly as grpcurl prints it (camelCase names)."""
-    text = json_format.MessageToJson(message, indent=None if one_line else 2)
+    """The protobuf JSON mapping as grpcurl prints it (camelCase names, `"version": 1`)."""
+    text = json.dumps(message_json(message), indent=None if one_line else 2, ensure_ascii=False)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 

@@ -9,19 +9,24 @@ mapped back to lines of the file here.
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from awp.v1 import types_pb2
-from awp_cli.errors import usage
+from awp_cli.errors import CliError, Exit, usage
 from awp_sdk import definitions
 from awp_sdk.definitions import Path_, canonical_key, parse_field, render_path
 from awp_sdk.errors import DefinitionInvalid
+from awp_sdk.workflow import Workflow
 
 # ---------------------------------------------------------------- loading
 
@@ -115,3 +120,47 @@ def _line(node: yaml.Node | None, path: Path_) -> int | None:
         node = child
         line = node.start_mark.line + 1
     return line
+
+
+# ---------------------------------------------------------------- workflows in code
+
+# MODULE:ATTRIBUTE, e.g. my_app.flows:digest (the attribute may be dotted).
+_CODE_REFERENCE: Final = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def is_code_reference(source: str) -> bool:
+    """Whether `awp workflow apply SOURCE` names a workflow in code, not a file."""
+    return bool(_CODE_REFERENCE.fullmatch(source)) and not Path(source).exists()
+
+
+def from_code(reference: str) -> types_pb2.WorkflowDefinition:
+    """The definition of the awp_sdk.Workflow at MODULE:ATTRIBUTE, checked with the server's
+    rules; the working directory is importable, as for `python -m` and awp-worker."""
+    module_name, _, attribute = reference.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise usage(f"{reference}: cannot import {module_name}: {exc}") from None
+    except Exception as exc:
+        raise usage(
+            f"{reference}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise usage(f"{reference}: {module_name} has no attribute {attribute!r}")
+        found = getattr(found, part)
+    if not isinstance(found, Workflow):
+        raise usage(f"{reference} is a {type(found).__name__}, not an awp_sdk.Workflow")
+    try:
+        return found.definition()
+    except DefinitionInvalid as error:
+        count = len(error.violations)
+        raise CliError(
+            Exit.USAGE,
+            f"{reference}: {error.reason}: {count} invalid field{'s' if count > 1 else ''}",
+            violations=tuple(error.violations),
+            reason=error.reason,
+        ) from None

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import Message
 
 from awp.v1 import control_pb2, types_pb2
-from awp_protocol.jsonvalue import struct_to_dict
+from awp_protocol.jsonvalue import exact_number, struct_to_dict
 from awp_protocol.states import TERMINAL_RUN_STATES
 
 if TYPE_CHECKING:
@@ -41,6 +42,22 @@ def task_state(value: int) -> str:
 
 def attempt_state(value: int) -> str:
     return enum_name(types_pb2.AttemptState, "ATTEMPT_STATE_", value)
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    """The protobuf JSON mapping of a message (camelCase names, as grpcurl prints it), its
+    numbers as JSON says them: a Struct's 1 is 1, not the 1.0 of its double."""
+    return _exact(json_format.MessageToDict(message))  # type: ignore[no-any-return]
+
+
+def _exact(value: Any) -> Any:
+    if isinstance(value, float):
+        return exact_number(value)
+    if isinstance(value, list):
+        return [_exact(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _exact(item) for key, item in value.items()}
+    return value
 
 
 def when(stamp: timestamp_pb2.Timestamp) -> datetime | None:
