@@ -6,34 +6,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
+from sdk_stack import Stack
 
 from awp_coordinator import Coordinator, CoordinatorConfig
 from awp_db.connect import Pool
-from awp_sdk import AsyncClient
 from awp_worker._config import WorkerConfig
 from awp_worker._runtime import WorkerRuntime
-from kit import ADMIN_TOKEN, WORKER_TOKEN, ServerFactory, ServerHandle
-
-
-@dataclass
-class Stack:
-    server: ServerHandle
-    start_server: ServerFactory
-
-    @property
-    def address(self) -> str:
-        return self.server.address
-
-    def client(self) -> AsyncClient:
-        return AsyncClient(self.address, token=ADMIN_TOKEN)
-
-    async def restart_server(self) -> None:
-        """Stops the server, then starts another on the same address."""
-        await self.server.running.stop(0)
-        self.server = await self.start_server(listen=self.address)
+from kit import WORKER_TOKEN, ServerFactory
 
 
 @pytest.fixture

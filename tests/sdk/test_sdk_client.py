@@ -8,6 +8,7 @@ import asyncio
 import grpc
 import pytest
 import sdk_flows
+from sdk_stack import Stack
 
 from awp.v1 import control_pb2, control_pb2_grpc
 from awp_protocol.errors import Reason, decode_details
@@ -27,7 +28,6 @@ from awp_sdk import (
     WorkflowNotFound,
 )
 from awp_sdk.client import definition_of
-from conftest import Stack
 from kit import ADMIN_TOKEN, poll_until
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import sdk_flows
+from sdk_stack import Stack
 
 from awp_sdk import Event
-from conftest import Stack
 from kit import poll_until
 
 
