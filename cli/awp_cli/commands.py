@@ -27,6 +27,7 @@ from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow, run_exit
 from awp_protocol.limits import MAX_PAGE_SIZE as MAX_PAGE  # the server's largest page
 from awp_protocol.states import TERMINAL_RUN_STATES
+from awp_sdk.records import run_state
 
 M = TypeVar("M", bound=Message)
 
@@ -154,7 +155,7 @@ def _print_started(answer: control_pb2.StartRunResponse) -> None:
     else:
         render.stdout.print(
             f"run [bold]{run.id}[/] of {ref} was already started with request id "
-            f"{escape(repr(run.request_id))} (state {render.run_state(run.state)})"
+            f"{escape(repr(run.request_id))} (state {run_state(run.state)})"
         )
 
 
@@ -244,11 +245,11 @@ async def run_cancel(client: Client, args: argparse.Namespace) -> Exit:
         control_pb2.CancelRunRequest(run_id=args.run_id, reason=args.reason or ""),
     )
     run = answer.run
-    state = render.run_state(run.state)
+    state = run_state(run.state)
     if args.wait:
         final = await follow(client, run.id)
         run = final.run
-        state = render.run_state(run.state)
+        state = run_state(run.state)
     if args.json:
         render.print_json(answer if not args.wait else control_pb2.CancelRunResponse(run=run))
     elif state in TERMINAL_RUN_STATES:
