@@ -25,6 +25,7 @@ _USER_ERRORS: Final = (
     errors.InvalidArgument,
     errors.NotFound,
     errors.Conflict,
+    errors.FailedPrecondition,
     errors.Unauthenticated,
     errors.PermissionDenied,
 )

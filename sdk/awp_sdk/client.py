@@ -170,6 +170,20 @@ class AsyncClient:
         answer = await self.call(self.control.StartRun, request)
         return AsyncRunHandle(self, answer.run.id, Run.from_proto(answer.run), answer.created)
 
+    async def retry(
+        self, run_id: str, *, from_task: str | None = None, request_id: str | None = None
+    ) -> AsyncRunHandle:
+        """Starts a new run of a finished run's workflow version and input that reuses the
+        outputs of the tasks that succeeded and runs only the rest (from_task: that task and
+        everything downstream of it too). RunNotFinished while the run still runs."""
+        answer = await self.call(
+            self.control.RetryRun,
+            control_pb2.RetryRunRequest(
+                run_id=run_id, from_task=from_task or "", request_id=request_id or ""
+            ),
+        )
+        return AsyncRunHandle(self, answer.run.id, Run.from_proto(answer.run), answer.created)
+
     def run(self, run_id: str) -> AsyncRunHandle:
         """A handle on a run started elsewhere."""
         return AsyncRunHandle(self, run_id)
@@ -294,7 +308,9 @@ def outcome(detail: RunDetail) -> dict[str, dict[str, Any]]:
         error=error.message if error is not None else None,
         attempt=failed.attempts or None,
         retryable=error.retryable if error is not None else None,
+        error_type=error.type if error is not None else None,
         traceback=error.traceback if error is not None else None,
+        log_tail=error.log_tail if error is not None else None,
     )
 
 

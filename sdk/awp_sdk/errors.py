@@ -93,10 +93,18 @@ class WaitTimeout(AwpError, TimeoutError):
     """``RunHandle.result(timeout=...)`` ran out of time; the run goes on."""
 
 
+class FailedPrecondition(AwpError):
+    """The request is valid but the state of what it names forbids it now."""
+
+
+class RunNotFinished(FailedPrecondition):
+    """Only a finished run can be retried (RUN_NOT_FINISHED)."""
+
+
 class RunFailed(AwpError):
     """The run failed. ``task_key`` is the task whose failure ended it, ``error`` its
-    error message, ``attempt`` the attempt that failed; ``traceback`` is the attempt's
-    traceback when the server recorded one (None otherwise)."""
+    error message, ``attempt`` the attempt that failed; ``error_type``, ``traceback`` and
+    ``log_tail`` are what the worker kept of the exception (None when it sent none)."""
 
     def __init__(
         self,
@@ -107,7 +115,9 @@ class RunFailed(AwpError):
         error: str | None,
         attempt: int | None,
         retryable: bool | None,
+        error_type: str | None = None,
         traceback: str | None = None,
+        log_tail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.run_id = run_id
@@ -115,7 +125,9 @@ class RunFailed(AwpError):
         self.error = error
         self.attempt = attempt
         self.retryable = retryable
+        self.error_type = error_type
         self.traceback = traceback
+        self.log_tail = log_tail
 
 
 class RunCanceled(AwpError):
@@ -139,6 +151,7 @@ _BY_REASON: Final[Mapping[str, type[AwpError]]] = {
     Reason.SESSION_INVALID: Unauthenticated,
     Reason.PERMISSION_DENIED: PermissionDenied,
     Reason.DATABASE_UNAVAILABLE: Unavailable,
+    Reason.RUN_NOT_FINISHED: RunNotFinished,
 }
 # A reason this SDK does not know yet (a newer server) falls back on the status code.
 _BY_CODE: Final[Mapping[grpc.StatusCode, type[AwpError]]] = {
@@ -146,6 +159,7 @@ _BY_CODE: Final[Mapping[grpc.StatusCode, type[AwpError]]] = {
     grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.ALREADY_EXISTS: Conflict,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.UNAVAILABLE: Unavailable,

@@ -85,6 +85,9 @@ class Run:
     started_by: str
     # How many tasks are in each state, in lifecycle order.
     task_counts: dict[str, int] = field(default_factory=dict)
+    # Set when Client.retry started this run: the run it retried, and its from_task.
+    retried_from_run_id: str | None = None
+    retry_from_task: str | None = None
 
     @property
     def done(self) -> bool:
@@ -106,29 +109,32 @@ class Run:
             cancel_requested_at=when(run.cancel_requested_at),
             started_by=run.started_by,
             task_counts={task_state(c.state): c.count for c in run.tasks_by_state},
+            retried_from_run_id=run.retried_from_run_id or None,
+            retry_from_task=run.retry_from_task or None,
         )
 
 
 @dataclass(frozen=True)
 class TaskError:
-    """Why a task or attempt failed. ``traceback`` is set when the server recorded one."""
+    """Why a task or attempt failed: the message, whether a retry may help, and what the
+    worker kept of the exception (its type, traceback and the action's last log lines;
+    None when it sent none, e.g. a lost lease or a worker in another language)."""
 
     message: str
     retryable: bool
+    type: str | None = None
     traceback: str | None = None
+    log_tail: str | None = None
 
     @classmethod
     def from_proto(cls, error: types_pb2.TaskError) -> TaskError:
-        return cls(error.message, error.retryable, _traceback(error))
-
-
-def _traceback(error: types_pb2.TaskError) -> str | None:
-    # Failed attempts gain a traceback in the protocol (issue 17); until this server's
-    # TaskError carries the field, there is none to read.
-    if "traceback" not in error.DESCRIPTOR.fields_by_name:
-        return None
-    text = getattr(error, "traceback", "")
-    return str(text) if text else None
+        return cls(
+            error.message,
+            error.retryable,
+            error.type or None,
+            error.traceback or None,
+            error.log_tail or None,
+        )
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,8 @@ class TaskStatus:
     error: TaskError | None
     retry_at: datetime | None
     finished_at: datetime | None
+    # Set when a retry reused this task's output instead of running it: the run it came from.
+    reused_from_run_id: str | None = None
 
     @classmethod
     def from_proto(cls, task: control_pb2.Task) -> TaskStatus:
@@ -161,6 +169,7 @@ class TaskStatus:
             error=TaskError.from_proto(task.error) if task.HasField("error") else None,
             retry_at=when(task.retry_at),
             finished_at=when(task.finished_at),
+            reused_from_run_id=task.reused_from_run_id or None,
         )
 
 
@@ -172,6 +181,7 @@ class Attempt:
     attempt: int
     state: str
     worker_id: str
+    worker_name: str
     fencing_token: int
     started_at: datetime | None
     finished_at: datetime | None
@@ -184,6 +194,7 @@ class Attempt:
             attempt=attempt.attempt,
             state=attempt_state(attempt.state),
             worker_id=attempt.worker_id,
+            worker_name=attempt.worker_name,
             fencing_token=attempt.fencing_token,
             started_at=when(attempt.started_at),
             finished_at=when(attempt.finished_at),

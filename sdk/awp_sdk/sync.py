@@ -137,6 +137,14 @@ class Client:
         )
         return RunHandle(self, started)
 
+    def retry(
+        self, run_id: str, *, from_task: str | None = None, request_id: str | None = None
+    ) -> RunHandle:
+        """A new run reusing what succeeded; see AsyncClient.retry."""
+        return RunHandle(
+            self, self._run(self._async.retry(run_id, from_task=from_task, request_id=request_id))
+        )
+
     def run(self, run_id: str) -> RunHandle:
         """A handle on a run started elsewhere."""
         return RunHandle(self, self._async.run(run_id))

@@ -75,3 +75,22 @@ overflow = Workflow("sdk-overflow", version=1)
 @overflow.task
 def too_big(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     return {"n": 2**53 + 1}
+
+
+# Retry from failure: `prepare` counts its executions; `publish` fails while BROKEN.
+EXECUTIONS: dict[str, int] = {}
+BROKEN = {"publish": True}
+pipeline = Workflow("sdk-pipeline", version=1)
+
+
+@pipeline.task
+def prepare(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    EXECUTIONS["prepare"] = EXECUTIONS.get("prepare", 0) + 1
+    return {"prepared": ctx.run_input["item"]}
+
+
+@pipeline.task(depends_on=[prepare], retry=1)
+def publish(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    if BROKEN["publish"]:
+        raise PermanentError("the channel is down")
+    return {"published": ctx.upstream["prepare"]["prepared"]}

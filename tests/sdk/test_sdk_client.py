@@ -77,8 +77,10 @@ async def test_result_raises_with_the_failed_task_and_its_error(stack: Stack) ->
         assert (error.run_id, error.task_key, error.attempt) == (run.id, "lookup", 2)
         assert error.error == "KeyError: 'missing'" and error.retryable is True
         assert "task 'lookup' failed after 2 attempts: KeyError: 'missing'" in str(error)
-        # The attempt's traceback is filled once the server records one (issue 17).
-        assert error.traceback is None or "KeyError" in error.traceback
+        assert error.error_type == "KeyError"
+        # The traceback starts at the action's own frame: the line that raised is in it.
+        assert error.traceback is not None and "sdk_flows.py" in error.traceback
+        assert 'table[ctx.run_input["key"]]' in error.traceback
         detail = await run.get()
         assert detail.tasks["after"].state == "skipped"
 
@@ -205,3 +207,25 @@ async def test_the_sync_client_does_the_same_from_plain_code(stack: Stack) -> No
     outputs, events = await asyncio.to_thread(use)
     assert outputs["total"]["sum"] == 14
     assert events[0] == "run_created" and events[-1] == "run_state"
+
+
+async def test_retry_reuses_what_succeeded_and_runs_the_rest(stack: Stack) -> None:
+    async with stack.client() as client:
+        await client.apply(sdk_flows.pipeline)
+        first = await client.start(sdk_flows.pipeline, input={"item": 7})
+        with pytest.raises(RunFailed) as failed:
+            await first.result(timeout=60)
+        assert failed.value.task_key == "publish"
+        ran = sdk_flows.EXECUTIONS["prepare"]
+        sdk_flows.BROKEN["publish"] = False
+        try:
+            second = await client.retry(first.id)
+            outputs = await second.result(timeout=60)
+        finally:
+            sdk_flows.BROKEN["publish"] = True
+        detail = await second.get()
+    assert outputs == {"prepare": {"prepared": 7}, "publish": {"published": 7}}
+    assert sdk_flows.EXECUTIONS["prepare"] == ran  # reused, not run again
+    assert detail.run.retried_from_run_id == first.id
+    assert detail.tasks["prepare"].reused_from_run_id == first.id
+    assert detail.tasks["publish"].reused_from_run_id is None
