@@ -28,6 +28,7 @@ from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow, run_exit
 from awp_protocol.limits import MAX_PAGE_SIZE as MAX_PAGE  # the server's largest page
 from awp_protocol.states import TERMINAL_RUN_STATES
+from awp_sdk.records import run_state, task_state
 
 M = TypeVar("M", bound=Message)
 
@@ -61,14 +62,19 @@ async def _all_pages(
 
 
 async def workflow_apply(client: Client, args: argparse.Namespace) -> Exit:
-    loaded = workflow_file.load(Path(args.file))
+    if workflow_file.is_code_reference(args.file):
+        definition = workflow_file.from_code(args.file)
+        loaded = None
+    else:
+        loaded = workflow_file.load(Path(args.file))
+        definition = loaded.definition
     try:
         answer = await client.call(
             client.control.CreateWorkflow,
-            control_pb2.CreateWorkflowRequest(definition=loaded.definition),
+            control_pb2.CreateWorkflowRequest(definition=definition),
         )
     except CliError as error:
-        if error.code != Exit.USAGE:
+        if error.code != Exit.USAGE or loaded is None:
             raise
         # The server names fields (definition.tasks[2].depends_on[0]); say where they are.
         raise CliError(
@@ -150,7 +156,7 @@ def _print_started(answer: control_pb2.StartRunResponse) -> None:
     else:
         render.stdout.print(
             f"run [bold]{run.id}[/] of {ref} was already started with request id "
-            f"{escape(repr(run.request_id))} (state {render.run_state(run.state)})"
+            f"{escape(repr(run.request_id))} (state {run_state(run.state)})"
         )
 
 
@@ -238,7 +244,7 @@ def _print_retried(answer: control_pb2.RetryRunResponse) -> None:
     if not answer.created:
         render.stdout.print(
             f"run [bold]{run.id}[/] was already started with request id "
-            f"{escape(repr(run.request_id))} (state {render.run_state(run.state)})"
+            f"{escape(repr(run.request_id))} (state {run_state(run.state)})"
         )
         return
     # Right after creation, the run's only succeeded tasks are the reused ones.
@@ -284,7 +290,7 @@ async def _why_no_attempts(client: Client, run_id: str, task_key: str | None) ->
             f"task {task_key} did not run in run {run_id}: it reused the output of run "
             f"{task.reused_from_run_id} (awp logs {task.reused_from_run_id} {task_key})"
         )
-    return f"task {task_key} has no attempts yet (it is {render.task_state(task.state)})"
+    return f"task {task_key} has no attempts yet (it is {task_state(task.state)})"
 
 
 async def run_list(client: Client, args: argparse.Namespace) -> Exit:
@@ -322,11 +328,11 @@ async def run_cancel(client: Client, args: argparse.Namespace) -> Exit:
         control_pb2.CancelRunRequest(run_id=args.run_id, reason=args.reason or ""),
     )
     run = answer.run
-    state = render.run_state(run.state)
+    state = run_state(run.state)
     if args.wait:
         final = await follow(client, run.id)
         run = final.run
-        state = render.run_state(run.state)
+        state = run_state(run.state)
     if args.json:
         render.print_json(answer if not args.wait else control_pb2.CancelRunResponse(run=run))
     elif state in TERMINAL_RUN_STATES:

@@ -1,21 +1,19 @@
 """Following a run to its end: WatchRun events as they happen, GetRun for the counts.
 
-The event stream is resumed from the last seq seen whenever it breaks (a server
-restart, a load balancer dropping the stream), with capped, jittered backoff; it gives
-up only after the server has been unreachable for `give_up_after` seconds.
+The events come from the SDK's stream (awp_sdk.watch), resumed from the last seq seen
+whenever it breaks; it gives up only after the server has been unreachable for
+`give_up_after` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-import grpc
 from rich.console import Group, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -23,18 +21,17 @@ from rich.text import Text
 
 from awp.v1 import control_pb2, types_pb2
 from awp_cli import event_view, render
-from awp_cli.client import TRANSIENT_CODES, Client, decode, failure, iterate
+from awp_cli.client import Client, cli_error
 from awp_cli.errors import CliError, Exit
 from awp_protocol.states import TERMINAL_TASK_STATES
+from awp_sdk.errors import AwpError
+from awp_sdk.watch import GIVE_UP_AFTER_S, run_events
 
 # Bursts of events (a fan-out finishing) are coalesced into one GetRun at most this often.
 REFRESH_INTERVAL_S: Final = 0.1
-RECONNECT_INITIAL_S: Final = 0.1
-RECONNECT_MAX_S: Final = 2.0
 
 EventHandler = Callable[[types_pb2.StateEvent], None]
 SnapshotHandler = Callable[[control_pb2.GetRunResponse], None]
-ReconnectHandler = Callable[[str], None]
 
 
 def run_exit(run: control_pb2.Run) -> Exit:
@@ -51,9 +48,9 @@ async def follow(
     *,
     on_event: EventHandler | None = None,
     on_snapshot: SnapshotHandler | None = None,
-    on_reconnect: ReconnectHandler | None = None,
+    on_reconnect: Callable[[str], None] | None = None,
     after_seq: int = 0,
-    give_up_after: float = 60.0,
+    give_up_after: float = GIVE_UP_AFTER_S,
 ) -> control_pb2.GetRunResponse:
     """Streams the run's events until it is terminal; returns its final state."""
     changed = asyncio.Event()
@@ -64,46 +61,23 @@ async def follow(
         else None
     )
     try:
-        last_seq = after_seq
-        failing_since: float | None = None
-        delay = RECONNECT_INITIAL_S
-        while True:
-            call = client.stream(
-                client.control.WatchRun,
-                control_pb2.WatchRunRequest(run_id=run_id, after_seq=last_seq),
-            )
-            try:
-                async for answer in iterate(call):
-                    failing_since, delay = None, RECONNECT_INITIAL_S
-                    last_seq = answer.event.seq
-                    if on_event is not None:
-                        on_event(answer.event)
-                    changed.set()
-            except grpc.aio.AioRpcError as error:
-                if error.code() not in TRANSIENT_CODES or decode(error).reason:
-                    # The server answered and said no (e.g. RUN_NOT_FOUND): not worth a retry.
-                    raise failure(error, client.target.address) from None
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since > give_up_after:
-                    raise failure(error, client.target.address) from None
-                if on_reconnect is not None:
-                    on_reconnect(
-                        f"stream lost ({error.code().name}); resuming after seq {last_seq}"
-                    )
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, RECONNECT_MAX_S)
-                continue
-            # The stream ends once the run is terminal; a server shutting down may also
-            # end it early, so the run's state decides whether to resume.
-            final = await get_run(client, run_id)
-            if final.run.state not in (
-                types_pb2.RUN_STATE_RUNNING,
-                types_pb2.RUN_STATE_UNSPECIFIED,
+        try:
+            async for event in run_events(
+                client.sdk.channel,
+                run_id,
+                after_seq=after_seq,
+                give_up_after=give_up_after,
+                on_reconnect=on_reconnect,
             ):
-                if on_snapshot is not None:
-                    on_snapshot(final)
-                return final
+                if on_event is not None:
+                    on_event(event)
+                changed.set()
+        except AwpError as error:
+            raise cli_error(error) from None
+        final = await get_run(client, run_id)
+        if on_snapshot is not None:
+            on_snapshot(final)
+        return final
     finally:
         if refresher is not None:
             refresher.cancel()

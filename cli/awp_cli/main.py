@@ -2,7 +2,7 @@
 
 Connection options (--address, --token, --timeout, --json) may be given before or
 after the command: `awp --json run list` and `awp run list --json` mean the same. The
-first three are settings (client.Target): each also an AWP_* environment variable.
+first three are settings (awp_sdk.Connection): each also an AWP_* environment variable.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import NoReturn
 from rich.text import Text
 
 from awp_cli import commands, credentials, render
-from awp_cli.client import Client, Target
+from awp_cli.client import Client
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit
 from awp_common import flags
 from awp_protocol.states import RUN_STATES
+from awp_sdk.connection import Connection
 
 Handler = Callable[[Client, argparse.Namespace], Awaitable[Exit]]
 
@@ -35,7 +36,7 @@ def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
     """The settings (--address, --token, --timeout) and --json; on subcommands not given
     they are suppressed, so that a value given before the command is not overwritten."""
     options = argparse.ArgumentParser(add_help=False)
-    flags.add_flags(options, Target, suppress=suppress)
+    flags.add_flags(options, Connection, suppress=suppress)
     options.add_argument(
         "--json",
         action="store_true",
@@ -69,9 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     workflow = commands_.add_parser("workflow", help="create and inspect workflows")
     workflows = workflow.add_subparsers(dest="action", required=True, metavar="ACTION")
     apply = add(
-        workflows, "apply", commands.workflow_apply, "store a workflow from a YAML/JSON file"
+        workflows,
+        "apply",
+        commands.workflow_apply,
+        "store a workflow from a YAML/JSON file or an awp_sdk.Workflow in code",
     )
-    apply.add_argument("file", help="workflow file (.yaml, .yml or .json)")
+    apply.add_argument(
+        "file",
+        metavar="FILE|MODULE:ATTRIBUTE",
+        help="a workflow file (.yaml, .yml, .json) or a Workflow in code (my_app.flows:digest)",
+    )
     listing = add(workflows, "list", commands.workflow_list, "list workflows")
     listing.add_argument("--name", help="only this workflow's versions")
     listing.add_argument("--limit", type=_positive, default=100, help="at most this many")
@@ -161,7 +169,7 @@ def _positive(text: str) -> int:
     return value
 
 
-async def _with_client(target: Target, handler: Handler, args: argparse.Namespace) -> Exit:
+async def _with_client(target: Connection, handler: Handler, args: argparse.Namespace) -> Exit:
     async with Client(target) as client:
         return await handler(client, args)
 
@@ -172,7 +180,7 @@ def run(argv: Sequence[str] | None = None) -> Exit:
     args = parser.parse_args(argv)
     try:
         if hasattr(args, "handler"):
-            target = flags.settings(Target, parser, args)
+            target = flags.settings(Connection, parser, args)
             return asyncio.run(_with_client(target, args.handler, args))
         code: Exit = args.run(args)
         return code

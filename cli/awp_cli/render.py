@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -20,6 +20,14 @@ from awp.v1 import control_pb2, types_pb2
 from awp_common.durations import format_duration
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import TERMINAL_RUN_STATES
+from awp_sdk.records import (
+    attempt_state,
+    enum_name,
+    message_json,
+    run_state,
+    task_state,
+    when,
+)
 
 # Piped output is not wrapped at 80 columns: a table row stays one line for grep and awk.
 _PIPED_WIDTH: Final = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 250
@@ -55,8 +63,8 @@ _STYLES: Final = {
 
 
 def print_json(message: Message, *, one_line: bool = False) -> None:
-    """The protobuf JSON mapping, exactly as grpcurl prints it (camelCase names)."""
-    text = json_format.MessageToJson(message, indent=None if one_line else 2)
+    """The protobuf JSON mapping as grpcurl prints it (camelCase names, `"version": 1`)."""
+    text = json.dumps(message_json(message), indent=None if one_line else 2, ensure_ascii=False)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
@@ -64,32 +72,15 @@ def print_json(message: Message, *, one_line: bool = False) -> None:
 # ---------------------------------------------------------------- small values
 
 
-def _state(enum: object, prefix: str, value: int) -> str:
-    try:
-        name: str = enum.Name(value)  # type: ignore[attr-defined]
-    except ValueError:
-        return f"unknown({value})"
-    return name.removeprefix(prefix).lower()
-
-
-def run_state(value: int) -> str:
-    return _state(types_pb2.RunState, "RUN_STATE_", value)
-
-
-def task_state(value: int) -> str:
-    return _state(types_pb2.TaskState, "TASK_STATE_", value)
-
-
-def attempt_state(value: int) -> str:
-    return _state(types_pb2.AttemptState, "ATTEMPT_STATE_", value)
+# run_state, task_state, attempt_state and when are the SDK's (awp_sdk.records).
 
 
 def dispatch_state(value: int) -> str:
-    return _state(types_pb2.DispatchState, "DISPATCH_STATE_", value)
+    return enum_name(types_pb2.DispatchState, "DISPATCH_STATE_", value)
 
 
 def worker_state(value: int) -> str:
-    return _state(types_pb2.WorkerState, "WORKER_STATE_", value)
+    return enum_name(types_pb2.WorkerState, "WORKER_STATE_", value)
 
 
 def task_counts(run: control_pb2.Run) -> dict[str, int]:
@@ -99,12 +90,6 @@ def task_counts(run: control_pb2.Run) -> dict[str, int]:
 
 def styled(state: str, text: str | None = None) -> Text:
     return Text(text if text is not None else state, style=_STYLES.get(state, ""))
-
-
-def when(stamp: timestamp_pb2.Timestamp) -> datetime | None:
-    if stamp.seconds == 0 and stamp.nanos == 0:
-        return None
-    return stamp.ToDatetime(tzinfo=UTC)
 
 
 def seconds_between(start: timestamp_pb2.Timestamp, end: timestamp_pb2.Timestamp) -> float | None:

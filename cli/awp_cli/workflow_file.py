@@ -1,104 +1,32 @@
-"""Workflow files: a readable YAML or JSON form of awp.v1.WorkflowDefinition.
+"""Workflow files: YAML or JSON holding a workflow definition as plain data (the format
+awp_sdk.definitions describes, which a workflow in code turns into as well).
 
-    name: research-digest
-    version: 1
-    concurrency: 4
-    tasks:
-      - key: fetch
-        kind: mock                 # or executor_kind
-        action: fetch.news
-        input: {sleep_ms: 200}
-        retry: {max_attempts: 3, initial_backoff: 250ms, max_backoff: 30s, multiplier: 2}
-        timeout: 30s
-      - key: summarize
-        kind: python
-        action: demo.summarize
-        depends_on: [fetch]
-
-Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations,
-the parser every duration flag uses too). The protobuf JSON
-names (`executorKind`, `dependsOn`, `backoffMultiplier`...) are accepted too, and so is
-a whole `awp workflow get --json` answer, so a stored workflow can be edited and
-re-applied under a new version.
-
-This module checks only the shape (keys, types, durations); the server checks the
-rules (names, limits, dependencies, cycles) and its field violations are mapped back
-to lines of the file here.
+This module reads the file and says where in it each problem is: the SDK checks the
+shape (keys, types, durations, exact JSON values), the server the rules (names, limits,
+dependencies, cycles), and both name fields (tasks[2].retry.max_attempts) that are
+mapped back to lines of the file here.
 """
 
 from __future__ import annotations
 
-import difflib
+import importlib
 import json
-import math
+import os
 import re
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
-from google.protobuf import duration_pb2, struct_pb2
 
 from awp.v1 import types_pb2
-from awp_cli.errors import usage
-from awp_common.durations import parse_duration
-
-Path_ = tuple[str | int, ...]
-
-MAX_UINT32: Final = 2**32 - 1
-
-# Other spellings of a key -> the name this file format uses. Applied at every level:
-# no spelling means two different things in two places.
-_ALIASES: Final = {
-    "executor_kind": "kind",
-    "executorKind": "kind",
-    "dependsOn": "depends_on",
-    "maxAttempts": "max_attempts",
-    "initialBackoff": "initial_backoff",
-    "maxBackoff": "max_backoff",
-    "backoff_multiplier": "multiplier",
-    "backoffMultiplier": "multiplier",
-}
-_WORKFLOW_KEYS: Final = ("name", "version", "description", "concurrency", "tasks")
-_TASK_KEYS: Final = ("key", "kind", "action", "input", "depends_on", "retry", "timeout")
-_RETRY_KEYS: Final = ("max_attempts", "initial_backoff", "max_backoff", "multiplier")
-# A `awp workflow get --json` answer wraps the definition; its other fields are ignored.
-_WRAPPER_KEYS: Final = frozenset({"definition", "createdAt", "created_at"})
-
-
-def canonical_key(key: str) -> str:
-    return _ALIASES.get(key, key)
-
-
-def render_path(path: Path_) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text or "(top level)"
-
-
-_FIELD_PART: Final = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
-
-
-def parse_field(field: str) -> Path_:
-    """'definition.tasks[2].retry.backoff_multiplier' -> ('tasks', 2, 'retry', 'multiplier')."""
-    parts: list[str | int] = []
-    for name, index in _FIELD_PART.findall(field):
-        parts.append(int(index) if index else canonical_key(name))
-    if parts[:1] == ["definition"]:
-        parts = parts[1:]
-    return tuple(parts)
-
-
-# ---------------------------------------------------------------- durations
-
-
-def to_duration(seconds: float) -> duration_pb2.Duration:
-    message = duration_pb2.Duration()
-    message.FromNanoseconds(round(seconds * 1e9))
-    return message
-
+from awp_cli.errors import CliError, Exit, usage
+from awp_sdk import definitions
+from awp_sdk.definitions import Path_, canonical_key, parse_field, render_path
+from awp_sdk.errors import DefinitionInvalid
+from awp_sdk.workflow import Workflow
 
 # ---------------------------------------------------------------- loading
 
@@ -124,20 +52,6 @@ class WorkflowFile:
         return tuple(lines)
 
 
-class _Problems:
-    """Collects every shape problem of a file, so one apply reports them all."""
-
-    def __init__(self, source: Path, line_of: Callable[[Path_], int | None]) -> None:
-        self.source = source
-        self.line_of = line_of
-        self.found: list[str] = []
-
-    def add(self, path: Path_, problem: str) -> None:
-        line = self.line_of(path)
-        where = f"{self.source}:{line}" if line else str(self.source)
-        self.found.append(f"{where}: {render_path(path)}: {problem}")
-
-
 def load(path: Path) -> WorkflowFile:
     """Reads and checks a workflow file; every problem raises a usage CliError naming it."""
     try:
@@ -147,18 +61,19 @@ def load(path: Path) -> WorkflowFile:
     except UnicodeDecodeError as exc:
         raise usage(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     data, line_of = _parse(path, text)
-    problems = _Problems(path, line_of)
-    root: Path_ = ()
-    if isinstance(data, Mapping) and "definition" in data and set(data) <= _WRAPPER_KEYS:
-        data, root = data["definition"], ("definition",)
-    definition = _definition(data, root, problems)
-    if problems.found:
-        count = len(problems.found)
+    if data is None:
+        raise usage(f"{path}: the file is empty")
+    _, root = definitions.unwrap(data)
+    loaded = WorkflowFile(path, types_pb2.WorkflowDefinition(), lambda p: line_of((*root, *p)))
+    try:
+        definition = definitions.definition(data)
+    except DefinitionInvalid as error:
+        count = len(error.violations)
         raise usage(
             f"{path}: {count} problem{'s' if count > 1 else ''} in the workflow file",
-            tuple(problems.found),
-        )
-    return WorkflowFile(path, definition, lambda p: line_of((*root, *p)))
+            loaded.explain(error.violations),
+        ) from None
+    return WorkflowFile(path, definition, loaded.line_of)
 
 
 def _parse(path: Path, text: str) -> tuple[Any, Callable[[Path_], int | None]]:
@@ -207,175 +122,45 @@ def _line(node: yaml.Node | None, path: Path_) -> int | None:
     return line
 
 
-# ---------------------------------------------------------------- shape checks
+# ---------------------------------------------------------------- workflows in code
+
+# MODULE:ATTRIBUTE, e.g. my_app.flows:digest (the attribute may be dotted).
+_CODE_REFERENCE: Final = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
-def _mapping(
-    value: Any, path: Path_, allowed: tuple[str, ...], problems: _Problems
-) -> dict[str, Any] | None:
-    """The mapping with canonical keys; unknown and repeated keys are reported."""
-    if not isinstance(value, Mapping):
-        problems.add(path, f"expected a mapping, got {_type_name(value)}")
-        return None
-    result: dict[str, Any] = {}
-    for raw_key, item in value.items():
-        key = canonical_key(str(raw_key))
-        if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.add((*path, str(raw_key)), f"unknown field {raw_key!r}{hint}")
-        elif key in result:
-            problems.add((*path, key), f"{raw_key!r} repeats a field given under another name")
-        else:
-            result[key] = item
-    return result
+def is_code_reference(source: str) -> bool:
+    """Whether `awp workflow apply SOURCE` names a workflow in code, not a file."""
+    return bool(_CODE_REFERENCE.fullmatch(source)) and not Path(source).exists()
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    return {
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a mapping",
-    }.get(type(value), type(value).__name__)
-
-
-def _string(fields: dict[str, Any], key: str, path: Path_, problems: _Problems) -> str:
-    value = fields.get(key, "")
-    if isinstance(value, str):
-        return value
-    problems.add((*path, key), f"expected a string, got {_type_name(value)}")
-    return ""
-
-
-def _whole(
-    fields: dict[str, Any], key: str, path: Path_, problems: _Problems, default: int = 0
-) -> int:
-    value = fields.get(key, default)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        problems.add((*path, key), f"expected a whole number, got {value!r}")
-        return default
-    if not 0 <= value <= MAX_UINT32:
-        problems.add((*path, key), f"must be 0 to {MAX_UINT32}, got {value}")
-        return default
-    return value
-
-
-def _json_value(value: Any, path: Path_, problems: _Problems) -> bool:
-    """True when value is plain JSON (YAML also has dates, sets, non-string keys...)."""
-    if value is None or isinstance(value, str | bool | int):
-        return True
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return True
-        problems.add(path, f"{value} is not a JSON number")
-        return False
-    if isinstance(value, list):
-        return all(_json_value(item, (*path, i), problems) for i, item in enumerate(value))
-    if isinstance(value, Mapping):
-        ok = True
-        for key, item in value.items():
-            if not isinstance(key, str):
-                problems.add(path, f"key {key!r} is not a string (quote it)")
-                ok = False
-            elif not _json_value(item, (*path, key), problems):
-                ok = False
-        return ok
-    problems.add(path, f"{_type_name(value)} is not a JSON value (quote it)")
-    return False
-
-
-def _definition(data: Any, root: Path_, problems: _Problems) -> types_pb2.WorkflowDefinition:
-    definition = types_pb2.WorkflowDefinition()
-    if data is None:
-        problems.add(root, "the file is empty")
-        return definition
-    fields = _mapping(data, root, _WORKFLOW_KEYS, problems)
-    if fields is None:
-        return definition
-    definition.name = _string(fields, "name", root, problems)
-    if not definition.name:
-        problems.add((*root, "name"), "a workflow needs a name")
-    # Version 1 unless told: a changed definition then fails loudly, asking for a new one.
-    definition.version = _whole(fields, "version", root, problems, default=1)
-    definition.description = _string(fields, "description", root, problems)
-    definition.concurrency = _whole(fields, "concurrency", root, problems)
-    tasks = fields.get("tasks")
-    if not isinstance(tasks, list) or not tasks:
-        problems.add((*root, "tasks"), "expected a non-empty list of tasks")
-        return definition
-    for index, task in enumerate(tasks):
-        _task(task, (*root, "tasks", index), definition.tasks.add(), problems)
-    return definition
-
-
-def _task(data: Any, path: Path_, task: types_pb2.TaskDefinition, problems: _Problems) -> None:
-    fields = _mapping(data, path, _TASK_KEYS, problems)
-    if fields is None:
-        return
-    for required in ("key", "kind", "action"):
-        if required not in fields:
-            spelled = "kind (or executor_kind)" if required == "kind" else required
-            problems.add(path, f"missing {spelled}")
-    task.key = _string(fields, "key", path, problems)
-    task.executor_kind = _string(fields, "kind", path, problems)
-    task.action = _string(fields, "action", path, problems)
-    task_input = fields.get("input", {})
-    if task_input is None:
-        task_input = {}
-    if not isinstance(task_input, Mapping):
-        problems.add(
-            (*path, "input"), f"expected a mapping (JSON object), got {_type_name(task_input)}"
-        )
-    elif _json_value(task_input, (*path, "input"), problems):
-        struct = struct_pb2.Struct()
-        struct.update(task_input)
-        task.input.CopyFrom(struct)
-    depends_on = fields.get("depends_on", [])
-    if isinstance(depends_on, str):
-        depends_on = [depends_on]
-    if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
-        problems.add((*path, "depends_on"), "expected a list of task keys")
-    else:
-        task.depends_on.extend(depends_on)
-    if "retry" in fields:
-        _retry(fields["retry"], (*path, "retry"), task.retry, problems)
-    if "timeout" in fields:
-        seconds = _duration(fields["timeout"], (*path, "timeout"), problems)
-        if seconds is not None:
-            task.timeout.CopyFrom(to_duration(seconds))
-
-
-def _retry(data: Any, path: Path_, retry: types_pb2.RetryPolicy, problems: _Problems) -> None:
-    retry.SetInParent()
-    fields = _mapping(data, path, _RETRY_KEYS, problems)
-    if fields is None:
-        return
-    retry.max_attempts = _whole(fields, "max_attempts", path, problems)
-    for key, target in (
-        ("initial_backoff", retry.initial_backoff),
-        ("max_backoff", retry.max_backoff),
-    ):
-        if key in fields:
-            seconds = _duration(fields[key], (*path, key), problems)
-            if seconds is not None:
-                target.CopyFrom(to_duration(seconds))
-    multiplier = fields.get("multiplier", 0)
-    if isinstance(multiplier, bool) or not isinstance(multiplier, int | float):
-        problems.add((*path, "multiplier"), f"expected a number, got {multiplier!r}")
-    else:
-        retry.backoff_multiplier = float(multiplier)
-
-
-def _duration(value: Any, path: Path_, problems: _Problems) -> float | None:
+def from_code(reference: str) -> types_pb2.WorkflowDefinition:
+    """The definition of the awp_sdk.Workflow at MODULE:ATTRIBUTE, checked with the server's
+    rules; the working directory is importable, as for `python -m` and awp-worker."""
+    module_name, _, attribute = reference.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
     try:
-        return parse_duration(value)
-    except ValueError as exc:
-        problems.add(path, str(exc))
-        return None
+        found: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise usage(f"{reference}: cannot import {module_name}: {exc}") from None
+    except Exception as exc:
+        raise usage(
+            f"{reference}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise usage(f"{reference}: {module_name} has no attribute {attribute!r}")
+        found = getattr(found, part)
+    if not isinstance(found, Workflow):
+        raise usage(f"{reference} is a {type(found).__name__}, not an awp_sdk.Workflow")
+    try:
+        return found.definition()
+    except DefinitionInvalid as error:
+        count = len(error.violations)
+        raise CliError(
+            Exit.USAGE,
+            f"{reference}: {error.reason}: {count} invalid field{'s' if count > 1 else ''}",
+            violations=tuple(error.violations),
+            reason=error.reason,
+        ) from None

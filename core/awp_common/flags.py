@@ -295,7 +295,7 @@ def _value(dest: str, spec: Flag, args: argparse.Namespace, env: Mapping[str, st
         return True if spec.switch else _read(spec, given, f"argument {spec.name}")
     path = getattr(args, f"{dest}_file", None) if spec.secret else None
     if path is not None:
-        return _read_file(path, f"argument {spec.name}-file")
+        return read_secret_file(path, f"argument {spec.name}-file")
     raw = env.get(spec.env, "")
     if raw:
         where = f"{spec.env}={raw!r} (for {spec.name})"
@@ -304,7 +304,7 @@ def _value(dest: str, spec: Flag, args: argparse.Namespace, env: Mapping[str, st
         return _read(spec, [raw] if spec.repeat else raw, where)
     path = env.get(f"{spec.env}_FILE", "") if spec.secret else ""
     if path:
-        return _read_file(path, f"{spec.env}_FILE")
+        return read_secret_file(path, f"{spec.env}_FILE")
     if spec.required:
         raise ValueError(f"{spec.name} (or {spec.env}) is required")
     return _DEFAULT
@@ -330,7 +330,7 @@ def _choice(choices: tuple[str, ...], text: str) -> str:
     raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(choices)})")
 
 
-def _read_file(path: str, where: str) -> str:
+def read_secret_file(path: str, where: str) -> str:
     try:
         return Path(path).read_text().strip()
     except OSError as exc:

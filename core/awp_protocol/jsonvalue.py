@@ -6,7 +6,9 @@ canonical encoding, compact and with sorted keys.
 Numbers: a Struct holds every number as a double, so `1` arrives as `1.0`. Integral
 doubles that are exact in a double are turned back into ints on the way in, so the same
 JSON gives the same canonical bytes (and hashes) whichever client produced it, jsonb
-stores `1`, not `1.0`, and an action is handed the `3` its JSON said.
+stores `1`, not `1.0`, and an action is handed the `3` its JSON said. The other way,
+`to_struct` refuses an integer beyond MAX_EXACT_INT rather than send it rounded: every
+client (SDK, CLI, worker outputs) converts through it.
 """
 
 from __future__ import annotations
@@ -18,14 +20,19 @@ from typing import Any, Final
 
 from google.protobuf import struct_pb2
 
-from awp_protocol.limits import MAX_JSON_DEPTH
+from awp_protocol.limits import MAX_EXACT_INT, MAX_JSON_DEPTH
 
-# Larger integral doubles are not exact integers any more: they stay floats.
-_MAX_EXACT_INT: Final = 2**53
+EXACT_RANGE: Final = f"-2**53 to 2**53 ({-MAX_EXACT_INT} to {MAX_EXACT_INT})"
 
 
 class JsonInvalid(ValueError):
-    """A value that is not strict JSON, or that PostgreSQL's jsonb cannot store."""
+    """A value that is not strict JSON, or that PostgreSQL's jsonb cannot store; `where`
+    (when known) is the path of the offending value, e.g. "input.items[2]"."""
+
+    def __init__(self, problem: str, where: str = "") -> None:
+        super().__init__(f"{where}: {problem}" if where else problem)
+        self.problem = problem
+        self.where = where
 
 
 def canonical_json(value: Any) -> bytes:
@@ -81,9 +88,7 @@ def _value(value: struct_pb2.Value, depth: int) -> Any:
         number = value.number_value
         if not math.isfinite(number):
             raise JsonInvalid("numbers must be finite (no NaN or Infinity)")
-        if number.is_integer() and abs(number) <= _MAX_EXACT_INT:
-            return int(number)
-        return number
+        return exact_number(number)
     if kind == "string_value":
         if "\x00" in value.string_value:
             raise JsonInvalid("strings must not contain NUL characters")
@@ -99,8 +104,64 @@ def _value(value: struct_pb2.Value, depth: int) -> Any:
     return None  # null_value, or a Value with nothing set
 
 
+def exact_number(number: float) -> int | float:
+    """A Struct number as the JSON it came from said it: an int when integral and within
+    MAX_EXACT_INT (larger integral doubles are not exact integers any more)."""
+    if number.is_integer() and abs(number) <= MAX_EXACT_INT:
+        return int(number)
+    return number
+
+
+def to_struct(data: Mapping[str, Any], where: str = "value") -> struct_pb2.Struct:
+    """A JSON object from a client as a Struct, carried exactly, or JsonInvalid naming the
+    first place (`where`, e.g. "input", then the path) that cannot be: an integer beyond
+    MAX_EXACT_INT, NaN or Infinity, a non-string key, a value that is not JSON, NUL
+    characters, nesting deeper than MAX_JSON_DEPTH."""
+    _check(data, where, 1)
+    struct = struct_pb2.Struct()
+    struct.update(data)
+    return struct
+
+
+def _check(value: Any, where: str, depth: int) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise JsonInvalid(f"nested deeper than {MAX_JSON_DEPTH} levels", where)
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if abs(value) > MAX_EXACT_INT:
+            raise JsonInvalid(
+                f"the integer {value} is outside {EXACT_RANGE}, the range a JSON number "
+                "keeps exactly on the wire; send it as a string",
+                where,
+            )
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise JsonInvalid(f"{value} is not a JSON number", where)
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise JsonInvalid("strings must not contain NUL characters", where)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check(item, f"{where}[{index}]", depth + 1)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise JsonInvalid(f"the key {key!r} is not a string", where)
+            if "\x00" in key:
+                raise JsonInvalid("keys must not contain NUL characters", where)
+            _check(item, f"{where}.{key}", depth + 1)
+    else:
+        raise JsonInvalid(f"a {type(value).__name__} is not a JSON value (make it a string)", where)
+
+
 def dict_to_struct(data: Mapping[str, Any] | None) -> struct_pb2.Struct | None:
-    """None stays None (an unset field); any JSON object becomes a Struct."""
+    """None stays None (an unset field); any JSON object becomes a Struct.
+
+    For values the server has already read (stored JSON): integers beyond MAX_EXACT_INT
+    in them came in as doubles and go back out as the same doubles. What clients send
+    goes through `to_struct`.
+    """
     if data is None:
         return None
     value = struct_pb2.Struct()

@@ -51,6 +51,12 @@ MAX_EXECUTOR_KIND_CHARS: Final = 32
 MAX_LABEL_KEY_CHARS: Final = 63
 MAX_CLAIM_WAIT_MS: Final = 5 * 60 * 1000  # a Claim's long poll; the server may cap it lower
 
+# --- JSON values (inputs, outputs, event payloads: google.protobuf.Struct)
+# A Struct holds every number as an IEEE-754 double, exact for integers up to 2**53 in
+# magnitude. Clients refuse a larger integer instead of sending it rounded
+# (awp_protocol.jsonvalue.to_struct); an integral number within it comes back an int.
+MAX_EXACT_INT: Final = 2**53
+
 # --- every request (checked for every RPC before its handler runs: awp_protocol.wire)
 # A request's serialised size. A Complete of results that do not fit in one request goes
 # out in several; one result alone always fits: its output's protobuf encoding is at most

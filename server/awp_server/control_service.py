@@ -24,6 +24,7 @@ from awp_db import attempts, events, outputs, reads, retry, runs, stats, workers
 from awp_db.connect import Conn, Pool
 from awp_db.listen import Listener
 from awp_db.signals import RUN_EVENTS_CHANNEL
+from awp_kernel.definition_proto import spec_from_proto
 from awp_kernel.errors import AwpError, ErrorKind, invalid
 from awp_protocol.errors import Reason, quote
 from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
@@ -65,7 +66,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     async def CreateWorkflow(
         self, request: control_pb2.CreateWorkflowRequest, context: Context
     ) -> control_pb2.CreateWorkflowResponse:
-        spec = convert.spec_from_proto(request.definition)
+        spec = spec_from_proto(request.definition)
         stored, created = await workflows.create(self._pool, spec)
         _audit("CreateWorkflow", workflow=spec.name, version=spec.version, new=created)
         return control_pb2.CreateWorkflowResponse(

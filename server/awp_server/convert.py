@@ -23,18 +23,9 @@ from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
 from awp_db.stats import StateCount, Stats
 from awp_db.workers import WorkerInfo
 from awp_db.workflows import StoredWorkflow
-from awp_kernel.definition import (
-    KNOWN_EXECUTOR_KINDS,
-    DefinitionInvalid,
-    TaskSpec,
-    WorkflowSpec,
-    validate,
-)
-from awp_kernel.retry import RetryPolicy
+from awp_kernel.definition import WorkflowSpec
 from awp_protocol import states
-from awp_protocol.errors import FieldViolation
-from awp_protocol.jsonvalue import JsonInvalid, dict_to_struct, struct_to_dict
-from awp_protocol.limits import DEFAULT_TIMEOUT_MS, MAX_TASKS
+from awp_protocol.jsonvalue import dict_to_struct
 
 if TYPE_CHECKING:
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
@@ -108,10 +99,6 @@ def timestamp(moment: datetime | None) -> timestamp_pb2.Timestamp | None:
     return value
 
 
-def duration_ms(value: duration_pb2.Duration) -> int:
-    return value.ToMilliseconds()
-
-
 def duration_from_ms(ms: float) -> duration_pb2.Duration:
     """Durations the server sends are never negative: a deadline already past is 'zero left'."""
     value = duration_pb2.Duration()
@@ -120,80 +107,6 @@ def duration_from_ms(ms: float) -> duration_pb2.Duration:
 
 
 # ---------------------------------------------------------------- workflow definitions
-
-
-def spec_from_proto(
-    definition: types_pb2.WorkflowDefinition,
-    known_kinds: frozenset[str] = KNOWN_EXECUTOR_KINDS,
-) -> WorkflowSpec:
-    """The validated spec of a definition, defaults filled in.
-
-    Within `retry`, each unset field takes its default (proto3 cannot tell an unset
-    max_attempts or multiplier from 0, and 0 is never valid for either). Raises
-    DefinitionInvalid naming every offending field, e.g. definition.tasks[2].depends_on[0].
-    """
-    if len(definition.tasks) > MAX_TASKS:
-        # Refuse before converting: a huge list is not worth walking to report this.
-        raise DefinitionInvalid(
-            [
-                FieldViolation(
-                    "definition.tasks", f"at most {MAX_TASKS} tasks, got {len(definition.tasks)}"
-                )
-            ]
-        )
-    violations: list[FieldViolation] = []
-    tasks = []
-    for index, task in enumerate(definition.tasks):
-        try:
-            task_input = struct_to_dict(task.input)
-        except JsonInvalid as exc:
-            violations.append(FieldViolation(f"definition.tasks[{index}].input", str(exc)))
-            task_input = {}
-        tasks.append(
-            TaskSpec(
-                key=task.key,
-                executor_kind=task.executor_kind,
-                action=task.action,
-                input=task_input,
-                depends_on=tuple(task.depends_on),
-                retry=_retry_from_proto(task.retry) if task.HasField("retry") else RetryPolicy(),
-                timeout_ms=(
-                    duration_ms(task.timeout) if task.HasField("timeout") else DEFAULT_TIMEOUT_MS
-                ),
-            )
-        )
-    spec = WorkflowSpec(
-        name=definition.name,
-        version=definition.version,
-        tasks=tuple(tasks),
-        description=definition.description,
-        concurrency=definition.concurrency,
-    )
-    try:
-        validate(spec, known_kinds)
-    except DefinitionInvalid as exc:
-        violations.extend(exc.violations)
-    if violations:
-        raise DefinitionInvalid(violations)
-    return spec
-
-
-def _retry_from_proto(retry: types_pb2.RetryPolicy) -> RetryPolicy:
-    default = RetryPolicy()
-    return RetryPolicy(
-        max_attempts=retry.max_attempts or default.max_attempts,
-        initial_backoff_ms=(
-            duration_ms(retry.initial_backoff)
-            if retry.HasField("initial_backoff")
-            else default.initial_backoff_ms
-        ),
-        max_backoff_ms=(
-            duration_ms(retry.max_backoff)
-            if retry.HasField("max_backoff")
-            else default.max_backoff_ms
-        ),
-        multiplier=retry.backoff_multiplier or default.multiplier,
-    )
 
 
 def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:

@@ -7,10 +7,11 @@ import asyncio
 from uuid import UUID
 
 from awp.v1 import control_pb2, types_pb2
-from awp_cli.client import Client, Target
+from awp_cli.client import Client
 from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow
 from awp_db.connect import Pool
+from awp_sdk.connection import Connection as Target
 from kit import ADMIN_TOKEN, ServerFactory, poll_until, spec, start_run
 from kit.db import drive_to_end, register
 

@@ -14,9 +14,10 @@ from rich.console import Console
 
 from awp.v1 import control_pb2, types_pb2
 from awp_cli import commands, render
-from awp_cli.client import failure
+from awp_cli.client import cli_error
 from awp_cli.dev import command as dev
 from awp_cli.errors import Exit
+from awp_sdk.errors import START_HINT, from_rpc_error
 
 
 class Failed(grpc.aio.AioRpcError):
@@ -30,7 +31,7 @@ S = grpc.StatusCode
 @pytest.mark.parametrize(
     ("code", "exit_code", "message"),
     [
-        (S.UNAVAILABLE, Exit.SERVER, "cannot reach awp-server at h:1: down now"),
+        (S.UNAVAILABLE, Exit.SERVER, f"cannot reach awp-server at h:1: down now; {START_HINT}"),
         (S.DEADLINE_EXCEEDED, Exit.SERVER, "awp-server at h:1 did not answer in time"),
         (S.UNIMPLEMENTED, Exit.SERVER, "h:1 does not serve awp.v1.ControlService (down now)"),
         (S.INVALID_ARGUMENT, Exit.USAGE, "INVALID_ARGUMENT: down now"),
@@ -39,7 +40,7 @@ S = grpc.StatusCode
 )
 def test_statuses_without_error_info(code: grpc.StatusCode, exit_code: Exit, message: str) -> None:
     # No ErrorInfo: the answer came from the transport or a proxy, not from AWP.
-    error = failure(Failed(code, "down\n now"), "h:1")
+    error = cli_error(from_rpc_error(Failed(code, "down\n now"), "h:1"))
     assert (error.code, error.message) == (exit_code, message)
 
 

@@ -128,7 +128,7 @@ tasks:
         f"{path}:8: tasks[0].retry.initial_backoff: expected {DURATION_HELP}, got '1x'",
         f"{path}:7: tasks[0].timeout: expected {DURATION_HELP}, got 'soon'",
         f"{path}:10: tasks[1]: missing kind (or executor_kind)",
-        f"{path}:12: tasks[1].input.when: date is not a JSON value (quote it)",
+        f"{path}:12: tasks[1].input.when: a date is not a JSON value (make it a string)",
         f"{path}:13: tasks[2]: expected a mapping, got a string",
     ]
 

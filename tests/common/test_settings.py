@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from awp_cli.client import Target
 from awp_cli.main import build_parser
 from awp_cli.main import run as awp
 from awp_common import flags
 from awp_common.durations import format_duration
 from awp_coordinator.config import CoordinatorConfig
 from awp_coordinator.config import parse as coordinator_parse
+from awp_sdk.connection import Connection as Target
 from awp_server.config import ServerConfig
 from awp_server.config import parse as server_parse
 from awp_worker._config import WorkerConfig, parse_config

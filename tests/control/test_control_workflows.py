@@ -9,9 +9,9 @@ import pytest
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
+from awp_kernel.definition_proto import spec_from_proto
 from awp_protocol.jsonvalue import canonical_json, struct_to_dict
 from awp_protocol.limits import DEFAULT_TIMEOUT_MS, MAX_INPUT_BYTES
-from awp_server import convert
 from control.helpers import create_workflow, definition, expect_error, task
 from kit.proto import seconds, struct
 
@@ -87,7 +87,7 @@ async def test_identical_recreate_is_idempotent_and_canonical(control: Stub, poo
 
     rows = await pool.fetch("SELECT definition, definition_hash FROM workflows")
     assert len(rows) == 1
-    spec = convert.spec_from_proto(definition(tasks=tasks))
+    spec = spec_from_proto(definition(tasks=tasks))
     assert bytes(rows[0]["definition_hash"]) == spec.definition_hash()
     assert canonical_json(rows[0]["definition"]) == canonical_json(spec.to_json())
     # Struct numbers are doubles; integral ones are stored as JSON integers.
@@ -278,7 +278,7 @@ async def test_list_pages_through_everything_once(control: Stub) -> None:
 
 
 async def test_list_page_size_is_capped(control: Stub, pool: Pool) -> None:
-    specs = [convert.spec_from_proto(definition(f"wf{i:04}")) for i in range(1_001)]
+    specs = [spec_from_proto(definition(f"wf{i:04}")) for i in range(1_001)]
     rows = [(s.name, s.version, s.to_json(), s.definition_hash()) for s in specs]
     await pool.executemany(
         "INSERT INTO workflows (name, version, definition, definition_hash)"

@@ -11,7 +11,9 @@ import pytest
 from awp.v1 import types_pb2
 from awp_db.events import StoredEvent
 from awp_kernel.definition import DefinitionInvalid
+from awp_kernel.definition_proto import spec_from_proto
 from awp_protocol import states
+from awp_protocol.jsonvalue import struct_to_dict
 from awp_server import convert
 from control.helpers import definition, task
 from kit.proto import seconds, struct
@@ -117,7 +119,7 @@ def test_events_carry_typed_transitions(
     event = convert.event_to_proto(row)
     assert (event.run_id, event.seq, event.revision) == (str(row.run_id), 7, 3)
     assert (event.task_key, event.attempt) == (row.task_key or "", row.attempt or 0)
-    assert convert.struct_to_dict(event.payload) == {"reason": "why"}
+    assert struct_to_dict(event.payload) == {"reason": "why"}
     assert event.created_at.ToDatetime(tzinfo=UTC) == row.created_at
     which = event.WhichOneof("transition")
     assert (event.type, which) == (expected.type, expected.WhichOneof("transition"))
@@ -145,20 +147,18 @@ def test_definition_round_trip_is_stable() -> None:
         ],
         concurrency=2,
     )
-    spec = convert.spec_from_proto(original)
+    spec = spec_from_proto(original)
     b = spec.tasks[1]
     assert (b.retry.max_attempts, b.retry.initial_backoff_ms, b.retry.multiplier) == (7, 0, 1.5)
     assert b.retry.max_backoff_ms == 60_000 and b.timeout_ms == 2_500
-    again = convert.spec_from_proto(convert.spec_to_proto(spec))
+    again = spec_from_proto(convert.spec_to_proto(spec))
     assert again == spec
     assert again.definition_hash() == spec.definition_hash()
 
 
 def test_spec_from_proto_collects_conversion_and_rule_violations() -> None:
     with pytest.raises(DefinitionInvalid) as caught:
-        convert.spec_from_proto(
-            definition(tasks=[task("a", input=struct({"x": "\x00"})), task("a")])
-        )
+        spec_from_proto(definition(tasks=[task("a", input=struct({"x": "\x00"})), task("a")]))
     fields = [v.field for v in caught.value.violations]
     assert "definition.tasks[0].input" in fields and "definition.tasks[1].key" in fields
 

@@ -12,11 +12,11 @@ from runtime_harness import UNAVAILABLE, Running, make_config, start
 from worker_fakes import TOKEN, FakeServer, FakeWorkerService, Fault, start_fake
 
 from awp.v1 import types_pb2, worker_pb2
+from awp_sdk.actions import ActionRegistry
 from awp_worker import ActionContext, RetryableError
 from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST
 from awp_worker._runtime import WorkerRuntime
-from awp_worker._sdk import ActionRegistry
 from kit import poll_until as eventually
 from kit.proto import output
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_ERROR_TYPE_CHARS, MAX_TRACEBACK_CHARS
+from awp_sdk.actions import ActionRegistry
 from awp_worker import ActionContext, PermanentError, RetryableError
 from awp_worker._diagnostics import (
     LogTail,
@@ -25,7 +26,6 @@ from awp_worker._diagnostics import (
     keep_innermost,
 )
 from awp_worker._executors import MockExecutor, PythonExecutor, failure_from_exception
-from awp_worker._sdk import ActionRegistry
 
 HEAD = "Traceback (most recent call last):\n"
 

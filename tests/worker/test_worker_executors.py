@@ -14,6 +14,7 @@ from google.protobuf import struct_pb2
 from awp.v1 import worker_pb2
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS
+from awp_sdk.actions import DEFAULT_REGISTRY, ActionRegistry
 from awp_worker import ActionCancelled, ActionContext, PermanentError, RetryableError, action
 from awp_worker._executors import (
     MockExecutor,
@@ -23,7 +24,6 @@ from awp_worker._executors import (
     output_struct,
 )
 from awp_worker._logging import bind, bound_fields, unbind
-from awp_worker._sdk import DEFAULT_REGISTRY, ActionRegistry
 
 
 def make_ctx(action: str = "a", attempt: int = 1) -> ActionContext:

@@ -17,12 +17,12 @@ from awp_coordinator import Coordinator, CoordinatorConfig
 from awp_db import runs
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_OUTPUT_BYTES
+from awp_sdk.actions import ActionRegistry
 from awp_worker import ActionContext
 from awp_worker._config import WorkerConfig
 from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST
 from awp_worker._runtime import WorkerRuntime
-from awp_worker._sdk import ActionRegistry
 from kit import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
 
 ServerFactory = Callable[..., Awaitable[ServerHandle]]

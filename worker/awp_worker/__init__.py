@@ -1,9 +1,10 @@
-"""AWP worker: the runtime behind ``awp-worker`` and the tiny SDK user actions need.
+"""AWP worker: the runtime behind ``awp-worker``, and the action SDK re-exported from
+``awp_sdk`` (its home; see docs/sdk.md).
 
 Register a function as an action, point ``awp-worker --kinds python --module my_pkg``
 at the module, and the worker runs it for every task whose action has that name::
 
-    from awp_worker import ActionContext, RetryableError, action
+    from awp_sdk import ActionContext, RetryableError, action
 
     @action("reports.summarize")
     async def summarize(ctx: ActionContext, input: dict) -> dict:
@@ -18,7 +19,7 @@ a failure may succeed when tried again; any other exception counts as retryable.
 
 from __future__ import annotations
 
-from awp_worker._sdk import (
+from awp_sdk.actions import (
     ActionCancelled,
     ActionContext,
     PermanentError,

@@ -22,6 +22,7 @@ import grpc
 from awp.v1 import worker_pb2
 from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import struct_to_dict
+from awp_sdk.actions import ActionContext
 from awp_worker._completer import DROPPED, ResultFlusher
 from awp_worker._diagnostics import LogTail, collecting
 from awp_worker._errors import Kind, classify, describe, error_reason
@@ -35,7 +36,6 @@ from awp_worker._executors import (
 from awp_worker._lease import HeldLease, LeaseClock, Phase, seconds
 from awp_worker._logging import LeaseLog, bind
 from awp_worker._owner import Owner
-from awp_worker._sdk import ActionContext
 from awp_worker._supervisor import Supervisor
 
 log = logging.getLogger("awp_worker.attempt")

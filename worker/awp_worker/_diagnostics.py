@@ -32,7 +32,7 @@ from awp_protocol.limits import (
     MAX_LOG_TAIL_LINES,
     MAX_TRACEBACK_CHARS,
 )
-from awp_worker._sdk import PermanentError, RetryableError
+from awp_sdk.actions import PermanentError, RetryableError
 
 # Frames of the platform around an action: the worker's own and the standard library's
 # (asyncio, the thread pool), skipped from the outside in.

@@ -18,16 +18,16 @@ from typing import Any, Protocol
 from google.protobuf import struct_pb2
 
 from awp.v1 import types_pb2, worker_pb2
-from awp_protocol.jsonvalue import json_size, struct_to_dict
+from awp_protocol.jsonvalue import json_size, struct_to_dict, to_struct
 from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
-from awp_worker._diagnostics import action_traceback, exception_type
-from awp_worker._sdk import (
+from awp_sdk.actions import (
     DEFAULT_REGISTRY,
     ActionContext,
     ActionRegistry,
     PermanentError,
     RetryableError,
 )
+from awp_worker._diagnostics import action_traceback, exception_type
 
 
 class Executor(Protocol):
@@ -54,9 +54,9 @@ def output_struct(output: object) -> struct_pb2.Struct:
         plain = json.loads(json.dumps(output, allow_nan=False, ensure_ascii=False))
     except (TypeError, ValueError) as exc:
         raise OutputError(f"the action's output is not valid JSON: {exc}") from None
-    struct = struct_pb2.Struct()
     try:
-        struct.update(plain)
+        # Integers beyond what a Struct carries exactly are refused, not rounded.
+        struct = to_struct(plain, "output")
         # Read back and measured exactly as the server reads it. What it would refuse
         # (NUL characters) fails this attempt, not a Complete carrying other results.
         size = json_size(struct_to_dict(struct))

@@ -18,7 +18,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 
 from awp.v1 import worker_pb2
-from awp_worker._sdk import ActionContext
+from awp_sdk.actions import ActionContext
 
 
 def seconds(duration: duration_pb2.Duration) -> float:

@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
+from awp_sdk.actions import ActionRegistry
 from awp_worker._attempt import Attempts
 from awp_worker._claims import ClaimLoop
 from awp_worker._completer import REJECTED, ResultFlusher
@@ -31,7 +32,6 @@ from awp_worker._lease import HeldLease, LeaseTable
 from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST, EXIT_USAGE, Lifecycle, State
 from awp_worker._logging import bind, unbind
 from awp_worker._metrics import Metrics
-from awp_worker._sdk import ActionRegistry
 from awp_worker._session import Session, TlsMismatch
 from awp_worker._shutdown import Shutdown
 from awp_worker._supervisor import Supervisor

@@ -16,12 +16,12 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from awp_sdk.actions import DEFAULT_REGISTRY
 from awp_worker._config import WorkerConfig, parse_config
 from awp_worker._diagnostics import collect_stdout
 from awp_worker._lifecycle import EXIT_USAGE
 from awp_worker._logging import configure
 from awp_worker._runtime import WorkerRuntime
-from awp_worker._sdk import DEFAULT_REGISTRY
 
 log = logging.getLogger("awp_worker")
 

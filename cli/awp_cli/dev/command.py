@@ -19,10 +19,12 @@ from rich.text import Text
 
 from awp.v1 import control_pb2
 from awp_cli import render, workflow_file
-from awp_cli.client import DEFAULT_ADDRESS, Client, Target
+from awp_cli.client import Client
 from awp_cli.commands import wait_for_run
+from awp_cli.dev.reload import Reloader, watched_paths
 from awp_cli.errors import Exit, usage
 from awp_cli.follow import run_exit
+from awp_sdk.connection import DEFAULT_ADDRESS, Connection
 
 if TYPE_CHECKING:
     from awp_cli.dev.stack import Stack
@@ -79,6 +81,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="append",
         default=[],
         help="module with @action functions for the python executor; repeatable",
+    )
+    dev.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the workers when a Python file of a --module package changes",
     )
     _add_output_flags(dev)
     dev.add_argument(
@@ -153,11 +160,23 @@ def run_dev(args: argparse.Namespace) -> Exit:
         metrics_port=args.metrics_port,
         verbose=args.verbose,
     )
+    if args.reload and not config.modules:
+        raise usage("--reload watches the files of the --module packages: pass --module")
+    reloader = Reloader(watched_paths(config.modules), _say("awp dev")) if args.reload else None
     stack = Stack(config, _say("awp dev"))
 
     def serve(started: Stack) -> Exit:
+        if reloader is None:
+            _print_ready(started)
+            started.supervise()
+            return Exit.OK
+        started.say("restarting workers on changes under " + ", ".join(map(str, reloader.paths)))
+        reloader.start()
         _print_ready(started)
-        started.supervise()
+        try:
+            started.supervise(reload=reloader.changed)
+        finally:
+            reloader.stop()
         return Exit.OK
 
     # Ctrl-C is how `awp dev` is meant to end: a clean stop is a success.
@@ -244,7 +263,7 @@ def run_demo(args: argparse.Namespace) -> Exit:
 async def _demo_run(stack: Stack) -> Exit:
     say = stack.say
     loaded = workflow_file.load(demo_workflow())
-    async with Client(Target(address=stack.address)) as client:
+    async with Client(Connection(address=stack.address)) as client:
         created = await client.call(
             client.control.CreateWorkflow,
             control_pb2.CreateWorkflowRequest(definition=loaded.definition),

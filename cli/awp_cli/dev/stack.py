@@ -269,12 +269,16 @@ class Stack:
 
     # ------------------------------------------------------------ run
 
-    def supervise(self) -> None:
+    def supervise(self, reload: threading.Event | None = None) -> None:
         """Blocks until interrupted. A worker or the coordinator that exits is started
         again, as a process manager would (a worker whose session ended permanently must
-        register anew); the server exiting, or a child that keeps dying, ends the stack."""
+        register anew); the server exiting, or a child that keeps dying, ends the stack.
+        When `reload` is set, the workers are restarted (awp dev --reload)."""
         while True:
             time.sleep(0.25)
+            if reload is not None and reload.is_set():
+                reload.clear()
+                self.restart_workers()
             for child in self.children():
                 code = child.exit_code()
                 if code is None:
@@ -285,6 +289,17 @@ class Stack:
                     raise child.died(code)
                 self.say(f"{child.name} exited with code {code}; starting it again")
                 child.start()
+
+    def restart_workers(self) -> None:
+        """Stops the workers as `awp dev` does on Ctrl-C (they drain: running tasks finish
+        or are handed back, no attempt is lost), then starts them again: new code runs."""
+        for problem in stop_group(
+            self.workers, self.config.worker_shutdown_timeout + 10, threading.Event()
+        ):
+            self.say(f"warning: {problem}")
+        for worker in self.workers:
+            worker.restarts.clear()
+            worker.start()
 
     # ------------------------------------------------------------ stop
 

@@ -1,4 +1,11 @@
-"""The user-facing SDK: the action registry, the context handed to actions, the errors."""
+"""Actions: the functions a Python worker runs for tasks, the context each attempt is
+handed, and the errors that say whether a failure may be retried.
+
+``@action("name")`` registers a function in the process-wide registry; ``awp-worker
+--module M`` imports M and runs what it registered (``Workflow.task`` registers its
+functions the same way). The worker runtime (awp_worker) reads the registry; this module
+knows nothing of it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ from awp_protocol.names import ACTION_PATTERN, ACTION_RULE
 ActionFunc = Callable[["ActionContext", dict[str, Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Its lines carry run_id, task_key, attempt and worker_id: the worker's log setup adds them
+# to every record. The name is the one it had in the worker (log queries select on it).
 _action_logger = logging.getLogger("awp_worker.action")
 
 

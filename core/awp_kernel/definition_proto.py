@@ -1,0 +1,97 @@
+"""A workflow definition as the API sends it (awp.v1.WorkflowDefinition) -> the kernel's
+WorkflowSpec, defaults filled in, validated.
+
+One function for the server (CreateWorkflow) and for the SDK, which validates a
+definition before sending it: both refuse the same definitions with the same words.
+"""
+
+from __future__ import annotations
+
+from google.protobuf import duration_pb2
+
+from awp.v1 import types_pb2
+from awp_kernel.definition import (
+    KNOWN_EXECUTOR_KINDS,
+    DefinitionInvalid,
+    TaskSpec,
+    WorkflowSpec,
+    validate,
+)
+from awp_kernel.retry import RetryPolicy
+from awp_protocol.errors import FieldViolation
+from awp_protocol.jsonvalue import JsonInvalid, struct_to_dict
+from awp_protocol.limits import DEFAULT_TIMEOUT_MS, MAX_TASKS
+
+
+def spec_from_proto(
+    definition: types_pb2.WorkflowDefinition,
+    known_kinds: frozenset[str] = KNOWN_EXECUTOR_KINDS,
+) -> WorkflowSpec:
+    """The validated spec of a definition, defaults filled in.
+
+    Within `retry`, each unset field takes its default (proto3 cannot tell an unset
+    max_attempts or multiplier from 0, and 0 is never valid for either). Raises
+    DefinitionInvalid naming every offending field, e.g. definition.tasks[2].depends_on[0].
+    """
+    if len(definition.tasks) > MAX_TASKS:
+        # Refuse before converting: a huge list is not worth walking to report this.
+        raise DefinitionInvalid(
+            [
+                FieldViolation(
+                    "definition.tasks", f"at most {MAX_TASKS} tasks, got {len(definition.tasks)}"
+                )
+            ]
+        )
+    violations: list[FieldViolation] = []
+    tasks = []
+    for index, task in enumerate(definition.tasks):
+        try:
+            task_input = struct_to_dict(task.input)
+        except JsonInvalid as exc:
+            violations.append(FieldViolation(f"definition.tasks[{index}].input", str(exc)))
+            task_input = {}
+        tasks.append(
+            TaskSpec(
+                key=task.key,
+                executor_kind=task.executor_kind,
+                action=task.action,
+                input=task_input,
+                depends_on=tuple(task.depends_on),
+                retry=_retry_from_proto(task.retry) if task.HasField("retry") else RetryPolicy(),
+                timeout_ms=(_ms(task.timeout) if task.HasField("timeout") else DEFAULT_TIMEOUT_MS),
+            )
+        )
+    spec = WorkflowSpec(
+        name=definition.name,
+        version=definition.version,
+        tasks=tuple(tasks),
+        description=definition.description,
+        concurrency=definition.concurrency,
+    )
+    try:
+        validate(spec, known_kinds)
+    except DefinitionInvalid as exc:
+        violations.extend(exc.violations)
+    if violations:
+        raise DefinitionInvalid(violations)
+    return spec
+
+
+def _retry_from_proto(retry: types_pb2.RetryPolicy) -> RetryPolicy:
+    default = RetryPolicy()
+    return RetryPolicy(
+        max_attempts=retry.max_attempts or default.max_attempts,
+        initial_backoff_ms=(
+            _ms(retry.initial_backoff)
+            if retry.HasField("initial_backoff")
+            else default.initial_backoff_ms
+        ),
+        max_backoff_ms=(
+            _ms(retry.max_backoff) if retry.HasField("max_backoff") else default.max_backoff_ms
+        ),
+        multiplier=retry.backoff_multiplier or default.multiplier,
+    )
+
+
+def _ms(value: duration_pb2.Duration) -> int:
+    return value.ToMilliseconds()

@@ -1,0 +1,296 @@
+"""Workflow definitions as plain data -> awp.v1.WorkflowDefinition, and their local check.
+
+The data is what a workflow file holds once parsed (YAML or JSON), and what a
+code-defined Workflow turns itself into, so both paths give identical definitions:
+
+    name: research-digest
+    version: 1
+    concurrency: 4
+    tasks:
+      - key: fetch
+        kind: mock                 # or executor_kind
+        action: fetch.news
+        input: {sleep_ms: 200}
+        retry: {max_attempts: 3, initial_backoff: 250ms, max_backoff: 30s, multiplier: 2}
+        timeout: 30s
+      - key: summarize
+        kind: python
+        action: demo.summarize
+        depends_on: [fetch]
+
+Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations).
+The protobuf JSON names (`executorKind`, `dependsOn`, `backoffMultiplier`...) are accepted
+too, and so is a whole GetWorkflow answer's workflow ({"definition": {...}}).
+
+`definition` checks the shape (keys, types, durations, exact JSON values) and reports
+every problem at once; `validate` then applies the server's own rules (names, limits,
+dependencies, cycles) with the server's own function (awp_kernel.definition_proto).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from google.protobuf import duration_pb2
+
+from awp.v1 import types_pb2
+from awp_common.durations import parse_duration
+from awp_kernel import definition_proto
+from awp_kernel.definition import DefinitionInvalid as RulesBroken
+from awp_protocol.errors import FieldViolation, Reason, join_violations
+from awp_protocol.jsonvalue import JsonInvalid, to_struct
+from awp_sdk.errors import DefinitionInvalid
+
+Path_ = tuple[str | int, ...]
+
+MAX_UINT32: Final = 2**32 - 1
+
+# Other spellings of a key -> the name this format uses. Applied at every level: no
+# spelling means two different things in two places.
+_ALIASES: Final = {
+    "executor_kind": "kind",
+    "executorKind": "kind",
+    "dependsOn": "depends_on",
+    "maxAttempts": "max_attempts",
+    "initialBackoff": "initial_backoff",
+    "maxBackoff": "max_backoff",
+    "backoff_multiplier": "multiplier",
+    "backoffMultiplier": "multiplier",
+}
+_WORKFLOW_KEYS: Final = ("name", "version", "description", "concurrency", "tasks")
+_TASK_KEYS: Final = ("key", "kind", "action", "input", "depends_on", "retry", "timeout")
+_RETRY_KEYS: Final = ("max_attempts", "initial_backoff", "max_backoff", "multiplier")
+# A GetWorkflow answer's workflow wraps the definition; its other fields are ignored.
+_WRAPPER_KEYS: Final = frozenset({"definition", "createdAt", "created_at"})
+
+
+def canonical_key(key: str) -> str:
+    return _ALIASES.get(key, key)
+
+
+def render_path(path: Path_) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(top level)"
+
+
+_FIELD_PART: Final = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def parse_field(field: str) -> Path_:
+    """'definition.tasks[2].retry.backoff_multiplier' -> ('tasks', 2, 'retry', 'multiplier')."""
+    parts: list[str | int] = []
+    for name, index in _FIELD_PART.findall(field):
+        parts.append(int(index) if index else canonical_key(name))
+    if parts[:1] == ["definition"]:
+        parts = parts[1:]
+    return tuple(parts)
+
+
+def to_duration(seconds: float) -> duration_pb2.Duration:
+    message = duration_pb2.Duration()
+    message.FromNanoseconds(round(seconds * 1e9))
+    return message
+
+
+def definition(data: Any) -> types_pb2.WorkflowDefinition:
+    """The definition the data describes; DefinitionInvalid lists every shape problem, each
+    violation's field a path into the data (e.g. "tasks[1].retry.max_attempts")."""
+    problems: list[FieldViolation] = []
+    data, root = unwrap(data)
+    result = _definition(data, root, problems)
+    if problems:
+        count = len(problems)
+        raise DefinitionInvalid(
+            f"{count} problem{'s' if count > 1 else ''} in the workflow definition: "
+            + join_violations(problems),
+            reason=Reason.INVALID_DEFINITION,
+            violations=problems,
+        )
+    return result
+
+
+def unwrap(data: Any) -> tuple[Any, Path_]:
+    """The definition inside a GetWorkflow answer's workflow, and the path to it."""
+    if isinstance(data, Mapping) and "definition" in data and set(data) <= _WRAPPER_KEYS:
+        return data["definition"], ("definition",)
+    return data, ()
+
+
+def validate(result: types_pb2.WorkflowDefinition) -> types_pb2.WorkflowDefinition:
+    """The definition if the server's rules accept it, else DefinitionInvalid with the
+    server's own violations (fields named as the server names them: definition.tasks[2].key)."""
+    try:
+        definition_proto.spec_from_proto(result)
+    except RulesBroken as exc:
+        raise DefinitionInvalid(
+            str(exc), reason=Reason.INVALID_DEFINITION, violations=exc.violations
+        ) from None
+    return result
+
+
+# ---------------------------------------------------------------- shape checks
+
+
+def _add(problems: list[FieldViolation], path: Path_, description: str) -> None:
+    problems.append(FieldViolation(render_path(path), description))
+
+
+def _mapping(
+    value: Any, path: Path_, allowed: tuple[str, ...], problems: list[FieldViolation]
+) -> dict[str, Any] | None:
+    """The mapping with canonical keys; unknown and repeated keys are reported."""
+    if not isinstance(value, Mapping):
+        _add(problems, path, f"expected a mapping, got {_type_name(value)}")
+        return None
+    result: dict[str, Any] = {}
+    for raw_key, item in value.items():
+        key = canonical_key(str(raw_key))
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            _add(problems, (*path, str(raw_key)), f"unknown field {raw_key!r}{hint}")
+        elif key in result:
+            _add(problems, (*path, key), f"{raw_key!r} repeats a field given under another name")
+        else:
+            result[key] = item
+    return result
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
+
+
+def _string(fields: dict[str, Any], key: str, path: Path_, problems: list[FieldViolation]) -> str:
+    value = fields.get(key, "")
+    if isinstance(value, str):
+        return value
+    _add(problems, (*path, key), f"expected a string, got {_type_name(value)}")
+    return ""
+
+
+def _whole(
+    fields: dict[str, Any], key: str, path: Path_, problems: list[FieldViolation], default: int = 0
+) -> int:
+    value = fields.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        _add(problems, (*path, key), f"expected a whole number, got {value!r}")
+        return default
+    if not 0 <= value <= MAX_UINT32:
+        _add(problems, (*path, key), f"must be 0 to {MAX_UINT32}, got {value}")
+        return default
+    return value
+
+
+def _definition(
+    data: Any, root: Path_, problems: list[FieldViolation]
+) -> types_pb2.WorkflowDefinition:
+    result = types_pb2.WorkflowDefinition()
+    if data is None:
+        _add(problems, root, "the definition is empty")
+        return result
+    fields = _mapping(data, root, _WORKFLOW_KEYS, problems)
+    if fields is None:
+        return result
+    result.name = _string(fields, "name", root, problems)
+    if not result.name:
+        _add(problems, (*root, "name"), "a workflow needs a name")
+    # Version 1 unless told: a changed definition then fails loudly, asking for a new one.
+    result.version = _whole(fields, "version", root, problems, default=1)
+    result.description = _string(fields, "description", root, problems)
+    result.concurrency = _whole(fields, "concurrency", root, problems)
+    tasks = fields.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        _add(problems, (*root, "tasks"), "expected a non-empty list of tasks")
+        return result
+    for index, task in enumerate(tasks):
+        _task(task, (*root, "tasks", index), result.tasks.add(), problems)
+    return result
+
+
+def _task(
+    data: Any, path: Path_, task: types_pb2.TaskDefinition, problems: list[FieldViolation]
+) -> None:
+    fields = _mapping(data, path, _TASK_KEYS, problems)
+    if fields is None:
+        return
+    for required in ("key", "kind", "action"):
+        if required not in fields:
+            spelled = "kind (or executor_kind)" if required == "kind" else required
+            _add(problems, path, f"missing {spelled}")
+    task.key = _string(fields, "key", path, problems)
+    task.executor_kind = _string(fields, "kind", path, problems)
+    task.action = _string(fields, "action", path, problems)
+    task_input = fields.get("input", {})
+    if task_input is None:
+        task_input = {}
+    if not isinstance(task_input, Mapping):
+        _add(
+            problems,
+            (*path, "input"),
+            f"expected a mapping (JSON object), got {_type_name(task_input)}",
+        )
+    else:
+        try:
+            task.input.CopyFrom(to_struct(task_input, render_path((*path, "input"))))
+        except JsonInvalid as exc:
+            problems.append(FieldViolation(exc.where, exc.problem))
+    depends_on = fields.get("depends_on", [])
+    if isinstance(depends_on, str):
+        depends_on = [depends_on]
+    if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
+        _add(problems, (*path, "depends_on"), "expected a list of task keys")
+    else:
+        task.depends_on.extend(depends_on)
+    if "retry" in fields:
+        _retry(fields["retry"], (*path, "retry"), task.retry, problems)
+    if "timeout" in fields:
+        seconds = _duration(fields["timeout"], (*path, "timeout"), problems)
+        if seconds is not None:
+            task.timeout.CopyFrom(to_duration(seconds))
+
+
+def _retry(
+    data: Any, path: Path_, retry: types_pb2.RetryPolicy, problems: list[FieldViolation]
+) -> None:
+    retry.SetInParent()
+    fields = _mapping(data, path, _RETRY_KEYS, problems)
+    if fields is None:
+        return
+    retry.max_attempts = _whole(fields, "max_attempts", path, problems)
+    for key, target in (
+        ("initial_backoff", retry.initial_backoff),
+        ("max_backoff", retry.max_backoff),
+    ):
+        if key in fields:
+            seconds = _duration(fields[key], (*path, key), problems)
+            if seconds is not None:
+                target.CopyFrom(to_duration(seconds))
+    multiplier = fields.get("multiplier", 0)
+    if isinstance(multiplier, bool) or not isinstance(multiplier, int | float):
+        _add(problems, (*path, "multiplier"), f"expected a number, got {multiplier!r}")
+    else:
+        retry.backoff_multiplier = float(multiplier)
+
+
+def _duration(value: Any, path: Path_, problems: list[FieldViolation]) -> float | None:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        _add(problems, path, str(exc))
+        return None

@@ -1,0 +1,258 @@
+"""Workflows in code: tasks declared next to the functions they run.
+
+    wf = Workflow("digest", version=1, concurrency=4)
+
+    @wf.task(retry=Retry(max_attempts=3, initial_backoff="250ms"), timeout="30s")
+    async def fetch(ctx: ActionContext, input: dict) -> dict: ...
+
+    @wf.task(depends_on=[fetch])
+    def summarize(ctx: ActionContext, input: dict) -> dict:
+        return {"summary": ctx.upstream["fetch"]["text"]}
+
+A decorated function stays callable as before and is registered as the action
+"<workflow name>.<task key>" (``action=`` names it otherwise), so ``awp-worker --module``
+runs it once it has imported the module. Dependencies are the task objects themselves,
+never strings. A Workflow becomes the same plain data a workflow file holds
+(``to_dict``), so a workflow in code and its YAML twin give identical definitions, and
+is checked with the server's own rules before it is sent (``definition``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from awp.v1 import types_pb2
+from awp_sdk import definitions
+from awp_sdk.actions import DEFAULT_REGISTRY, ActionRegistry
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Seconds, a timedelta, or text such as "250ms", "30s", "2m".
+Duration = float | int | str | timedelta
+
+
+def _duration(value: Duration) -> float | str:
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A task's retry rule; what is left None takes the server's default (3 attempts, 1 s
+    doubling up to 60 s)."""
+
+    max_attempts: int | None = None
+    initial_backoff: Duration | None = None
+    max_backoff: Duration | None = None
+    multiplier: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        given = {
+            "max_attempts": self.max_attempts,
+            "initial_backoff": (
+                _duration(self.initial_backoff) if self.initial_backoff is not None else None
+            ),
+            "max_backoff": _duration(self.max_backoff) if self.max_backoff is not None else None,
+            "multiplier": self.multiplier,
+        }
+        return {key: value for key, value in given.items() if value is not None}
+
+
+class Task:
+    """One task of a Workflow: what ``depends_on`` takes."""
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        key: str,
+        *,
+        action: str,
+        kind: str,
+        input: Mapping[str, Any] | None,
+        depends_on: Sequence[Task],
+        retry: Retry | int | None,
+        timeout: Duration | None,
+    ) -> None:
+        self.workflow = workflow
+        self.key = key
+        self.action = action
+        self.kind = kind
+        self.input = dict(input or {})
+        self.depends_on = tuple(workflow._own(depends_on, key))
+        self.retry = Retry(max_attempts=retry) if isinstance(retry, int) else retry
+        self.timeout = timeout
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task as a workflow file writes it."""
+        # Map fan-out, failure policy and `always` tasks join here as keys of their own
+        # once the engine runs them.
+        entry: dict[str, Any] = {"key": self.key, "kind": self.kind, "action": self.action}
+        if self.input:
+            entry["input"] = self.input
+        if self.depends_on:
+            entry["depends_on"] = [task.key for task in self.depends_on]
+        if self.retry is not None:
+            entry["retry"] = self.retry.to_dict()
+        if self.timeout is not None:
+            entry["timeout"] = _duration(self.timeout)
+        return entry
+
+    def __repr__(self) -> str:
+        return f"<Task {self.workflow.name}@{self.workflow.version}:{self.key} -> {self.action}>"
+
+
+class TaskFunction(Task, Generic[P, R]):
+    """A task that runs a Python function; calling it calls the function."""
+
+    def __init__(self, workflow: Workflow, fn: Callable[P, R], **options: Any) -> None:
+        super().__init__(workflow, **options)
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", self.key)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+
+class Workflow:
+    """A workflow version defined in code: name, version, run concurrency and its tasks."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int = 1,
+        *,
+        concurrency: int = 0,
+        description: str = "",
+        registry: ActionRegistry | None = None,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.concurrency = concurrency
+        self.description = description
+        self._registry = registry if registry is not None else DEFAULT_REGISTRY
+        self._tasks: list[Task] = []
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        return tuple(self._tasks)
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        key: str | None = None,
+        action: str | None = None,
+        depends_on: Sequence[Task] = (),
+        input: Mapping[str, Any] | None = None,
+        retry: Retry | int | None = None,
+        timeout: Duration | None = None,
+    ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        key: str | None = None,
+        action: str | None = None,
+        depends_on: Sequence[Task] = (),
+        input: Mapping[str, Any] | None = None,
+        retry: Retry | int | None = None,
+        timeout: Duration | None = None,
+    ) -> Any:
+        """Declares the decorated function a task of this workflow (kind "python").
+
+        key: the task key (default: the function's name). action: the action name
+        (default "<workflow name>.<key>"). depends_on: tasks that must succeed first.
+        input: the task's own JSON input. retry: a Retry, or a number of attempts.
+        timeout: per attempt (default 5 minutes).
+        """
+
+        def declare(function: Callable[..., Any]) -> TaskFunction[..., Any]:
+            task_key = key or function.__name__
+            name = action or f"{self.name}.{task_key}"
+            self._registry.register(name, function)
+            declared = TaskFunction(
+                self,
+                function,
+                key=task_key,
+                action=name,
+                kind="python",
+                input=input,
+                depends_on=depends_on,
+                retry=retry,
+                timeout=timeout,
+            )
+            self._tasks.append(declared)
+            return declared
+
+        return declare(fn) if fn is not None else declare
+
+    def add(
+        self,
+        key: str,
+        *,
+        action: str,
+        kind: str = "python",
+        depends_on: Sequence[Task] = (),
+        input: Mapping[str, Any] | None = None,
+        retry: Retry | int | None = None,
+        timeout: Duration | None = None,
+    ) -> Task:
+        """Declares a task whose action runs elsewhere: another executor kind (``mock``), a
+        worker in another language, or an ``@action`` registered in another module."""
+        declared = Task(
+            self,
+            key,
+            action=action,
+            kind=kind,
+            input=input,
+            depends_on=depends_on,
+            retry=retry,
+            timeout=timeout,
+        )
+        self._tasks.append(declared)
+        return declared
+
+    def to_dict(self) -> dict[str, Any]:
+        """The workflow as a workflow file writes it (see awp_sdk.definitions)."""
+        data: dict[str, Any] = {"name": self.name, "version": self.version}
+        if self.description:
+            data["description"] = self.description
+        if self.concurrency:
+            data["concurrency"] = self.concurrency
+        data["tasks"] = [task.to_dict() for task in self._tasks]
+        return data
+
+    def definition(self) -> types_pb2.WorkflowDefinition:
+        """The definition CreateWorkflow takes, checked with the server's own rules;
+        DefinitionInvalid names every problem."""
+        return definitions.validate(definitions.definition(self.to_dict()))
+
+    def _own(self, tasks: Sequence[Task], key: str) -> list[Task]:
+        """depends_on as given, checked to be tasks of this workflow."""
+        if isinstance(tasks, str | Task):
+            tasks = [tasks]
+        found: list[Task] = []
+        for task in tasks:
+            if not isinstance(task, Task):
+                raise TypeError(
+                    f"task {key!r}: depends_on takes the tasks themselves (depends_on=[fetch]), "
+                    f"not {type(task).__name__} {task!r}"
+                )
+            if task.workflow is not self:
+                raise ValueError(
+                    f"task {key!r} depends on {task.key!r} of another workflow "
+                    f"({task.workflow.name}@{task.workflow.version})"
+                )
+            found.append(task)
+        return found
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name}@{self.version}: {len(self._tasks)} tasks>"

@@ -1,0 +1,96 @@
+"""Workflows in code for the SDK's tests. Importing this module registers their actions
+(the in-process test worker, and `awp-worker --module sdk_flows`, run them)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from awp_sdk import ActionContext, PermanentError, Retry, Workflow
+
+numbers = Workflow("sdk-numbers", version=1, description="integers through the whole stack")
+
+
+@numbers.task(timeout="30s")
+def double(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    values = ctx.run_input["values"]
+    return {
+        "doubled": [2 * v for v in values],
+        "attempt": ctx.attempt,
+        "edge": ctx.run_input.get("edge"),
+    }
+
+
+@numbers.task(depends_on=[double])
+async def total(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    doubled = ctx.upstream["double"]["doubled"]
+    return {"sum": sum(doubled), "types": sorted({type(v).__name__ for v in doubled})}
+
+
+broken = Workflow("sdk-broken", version=1)
+
+
+@broken.task(retry=Retry(max_attempts=2, initial_backoff="10ms"))
+def lookup(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    table = {"present": 1}
+    return {"value": table[ctx.run_input["key"]]}  # KeyError for anything else
+
+
+@broken.task(depends_on=[lookup])
+def after(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+final = Workflow("sdk-final", version=1)
+
+
+@final.task
+def refuse(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    raise PermanentError("no such customer")
+
+
+slow = Workflow("sdk-slow", version=1)
+
+
+@slow.task(timeout="60s")
+def wait(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    # Until the run is canceled (the lease revoked) or the input's time is up.
+    deadline = time.monotonic() + float(ctx.run_input.get("seconds", 30))
+    while not ctx.wait_cancelled(0.05) and time.monotonic() < deadline:
+        pass
+    return {"waited": True}
+
+
+steps = Workflow("sdk-steps", version=1)
+first = steps.add("first", kind="mock", action="sdk.sleep", input={"sleep_ms": 50})
+second = steps.add("second", kind="mock", action="sdk.sleep", input={"sleep_ms": 50})
+third = steps.add(
+    "third", kind="mock", action="sdk.sleep", input={"sleep_ms": 50}, depends_on=[first, second]
+)
+
+
+overflow = Workflow("sdk-overflow", version=1)
+
+
+@overflow.task
+def too_big(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"n": 2**53 + 1}
+
+
+# Retry from failure: `prepare` counts its executions; `publish` fails while BROKEN.
+EXECUTIONS: dict[str, int] = {}
+BROKEN = {"publish": True}
+pipeline = Workflow("sdk-pipeline", version=1)
+
+
+@pipeline.task
+def prepare(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    EXECUTIONS["prepare"] = EXECUTIONS.get("prepare", 0) + 1
+    return {"prepared": ctx.run_input["item"]}
+
+
+@pipeline.task(depends_on=[prepare], retry=1)
+def publish(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    if BROKEN["publish"]:
+        raise PermanentError("the channel is down")
+    return {"published": ctx.upstream["prepare"]["prepared"]}
