@@ -39,6 +39,10 @@ MAX_EXECUTOR_KINDS: Final = 32
 MAX_EXECUTOR_KIND_CHARS: Final = 32
 MAX_LABEL_KEY_CHARS: Final = 63
 MAX_CLAIM_WAIT_MS: Final = 5 * 60 * 1000  # a Claim's long poll; the server may cap it lower
+# Leases of a task handed back by draining workers (DrainRequest.hand_back) free of
+# charge: no attempt spent, no backoff. Past this, a hand-back is charged as an ordinary
+# interruption, so a task that makes every worker give up still meets its retry rule.
+MAX_FREE_HAND_BACKS: Final = 10
 
 # --- every request (checked for every RPC before its handler runs: awp_protocol.wire)
 # A request's serialised size. A Complete of results that do not fit in one request goes
