@@ -251,6 +251,12 @@ def run_header(run: control_pb2.Run) -> Text:
     return text
 
 
+def _attempts_text(task: control_pb2.Task) -> str:
+    """Charged attempts of the allowed ones; hand-backs, which are free, said apart."""
+    text = f"{task.attempts - task.hand_backs}/{task.max_attempts}"
+    return f"{text} +{task.hand_backs} handed back" if task.hand_backs else text
+
+
 def _task_span(task_key: str, attempts: Sequence[control_pb2.Attempt]) -> float | None:
     mine = [a for a in attempts if a.task_key == task_key and when(a.started_at)]
     if not mine:
@@ -283,7 +289,7 @@ def tasks_table(answer: control_pb2.GetRunResponse) -> Table:
             styled(state),
             task.executor_kind,
             task.action,
-            f"{task.attempts}/{task.max_attempts}",
+            _attempts_text(task),
             took(_task_span(task.key, answer.attempts)),
             Text(_output_text(task), no_wrap=True, overflow="ellipsis"),
         )

@@ -57,6 +57,7 @@ class TaskInfo:
     error: dict[str, Any] | None
     retry_at: datetime | None
     finished_at: datetime | None
+    hand_backs: int
 
 
 @dataclass(frozen=True, slots=True)

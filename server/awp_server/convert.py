@@ -276,6 +276,7 @@ def task_to_proto(row: TaskInfo) -> control_pb2.Task:
         error=task_error(row.error),
         retry_at=timestamp(row.retry_at),
         finished_at=timestamp(row.finished_at),
+        hand_backs=row.hand_backs,
     )
 
 

@@ -38,7 +38,7 @@ SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GR
 
 -- name: tasks
 SELECT key, state, executor_kind, action, depends_on, attempts, max_attempts, output, error,
-       retry_at, finished_at
+       retry_at, finished_at, hand_backs
   FROM tasks WHERE run_id = $1 ORDER BY id
 
 -- name: attempts
