@@ -1,7 +1,14 @@
-"""The worker's connection to awp-server: one channel, the session Register grants,
+"""The worker's connection to awp-server: its channels, the session Register grants,
 and the calls. Register and Drain retry transient errors themselves (tenacity);
 a permanent error ends the session (``SessionLost``). Claim and Complete leave their
 retries to their callers, which back off in their own way.
+
+Sessions live in the database, so any server of the cluster serves any session. Given
+several addresses (``--server a:1,b:2``), the session uses one at a time and moves to
+the next when a call finds its server unreachable (``failed``): a server stopped by a
+rolling deploy, even in the middle of this worker's drain, costs a retry, not the
+session. One address (a load balancer or a Kubernetes Service) gets the same from the
+channel's own reconnects.
 """
 
 from __future__ import annotations
@@ -24,7 +31,15 @@ from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_common import tls
 from awp_protocol.limits import PROTOCOL_VERSION
 from awp_worker._config import WorkerConfig
-from awp_worker._errors import Kind, Metadata, classify, describe, is_transient, session_lost
+from awp_worker._errors import (
+    Kind,
+    Metadata,
+    classify,
+    describe,
+    is_transient,
+    session_lost,
+    unreachable,
+)
 from awp_worker._lease import seconds
 from awp_worker._metrics import Metrics
 
@@ -50,8 +65,11 @@ class Session:
         self._metadata: Metadata = (
             (("authorization", f"Bearer {config.token}"),) if config.token else None
         )
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: worker_pb2_grpc.WorkerServiceAsyncStub | None = None
+        self._addresses = config.servers
+        # One channel per address (connected on first use); calls go through the current one.
+        self._channels: list[grpc.aio.Channel] = []
+        self._stubs: list[worker_pb2_grpc.WorkerServiceAsyncStub] = []
+        self._current = 0
         self._token: worker_pb2.Session | None = None
         self.worker_id: str | None = None
         # What the server decides; these stand until Register says otherwise.
@@ -59,7 +77,7 @@ class Session:
         self.lease_ttl = 15.0
 
     def open(self) -> None:
-        """Create the channel; OSError if a TLS file cannot be read."""
+        """Create the channels; OSError if a TLS file cannot be read."""
         options = [
             ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
             # gRPC's own reconnect backoff starts at 1 s and grows to 2 min; a restarted
@@ -69,19 +87,40 @@ class Session:
             ("grpc.max_reconnect_backoff_ms", 1000),
             ("grpc.primary_user_agent", "awp-worker"),
         ]
-        self._channel = tls.channel(self._config.server, self._config.client_tls, options)
-        # An aio channel makes the generated stub asynchronous (its .pyi says so).
-        self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        for address in self._addresses:
+            channel = tls.channel(address, self._config.client_tls, options)
+            self._channels.append(channel)
+            # An aio channel makes the generated stub asynchronous (its .pyi says so).
+            self._stubs.append(worker_pb2_grpc.WorkerServiceStub(channel))
 
     async def close(self) -> None:
         # Every call was cancelled with its task (supervisor closed) before this.
-        if self._channel is not None:
-            await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     @property
-    def stub(self) -> worker_pb2_grpc.WorkerServiceAsyncStub:
-        assert self._stub is not None, "open() first"
-        return self._stub
+    def address(self) -> str:
+        """The server address calls go to now."""
+        return self._addresses[self._current]
+
+    def route(self) -> tuple[int, worker_pb2_grpc.WorkerServiceAsyncStub]:
+        """The current address's index (to hand ``failed``) and its stub."""
+        assert self._stubs, "open() first"
+        return self._current, self._stubs[self._current]
+
+    def failed(self, route: int, error: BaseException) -> None:
+        """A call sent through ``route`` failed: if its server was unreachable, the next
+        calls go to the next address. Calls that failed on an address already left
+        behind change nothing, so one outage moves the session once."""
+        if len(self._addresses) < 2 or route != self._current or not unreachable(error):
+            return
+        self._current = (route + 1) % len(self._addresses)
+        log.warning(
+            "awp-server %s unreachable (%s); moving to %s",
+            self._addresses[route],
+            describe(error),
+            self.address,
+        )
 
     @property
     def token(self) -> worker_pb2.Session:
@@ -107,15 +146,18 @@ class Session:
         mismatches: list[str] = []
 
         async def call() -> worker_pb2.RegisterResponse:
+            route, stub = self.route()
             try:
-                response: worker_pb2.RegisterResponse = await self.stub.Register(
+                response: worker_pb2.RegisterResponse = await stub.Register(
                     request, timeout=config.rpc_timeout, metadata=self._metadata
                 )
             except grpc.aio.AioRpcError as exc:
                 found = tls.mismatch(exc.details() or "", tls_on)
                 mismatches[:] = [*mismatches, found] if found else []
                 if found and (tls_on or len(mismatches) >= TLS_MISMATCH_ANSWERS):
-                    raise TlsMismatch(f"cannot register with {config.server}: {found}") from exc
+                    address = self._addresses[route]
+                    raise TlsMismatch(f"cannot register with {address}: {found}") from exc
+                self.failed(route, exc)
                 raise
             return response
 
@@ -144,11 +186,16 @@ class Session:
         wait = duration_pb2.Duration()
         wait.FromNanoseconds(int(self._config.claim_wait * 1e9))
         request = worker_pb2.ClaimRequest(session=self.token, max_leases=max_leases, wait=wait)
-        response: worker_pb2.ClaimResponse = await self.stub.Claim(
-            request,
-            timeout=self._config.claim_wait + self._config.rpc_timeout,
-            metadata=self._metadata,
-        )
+        route, stub = self.route()
+        try:
+            response: worker_pb2.ClaimResponse = await stub.Claim(
+                request,
+                timeout=self._config.claim_wait + self._config.rpc_timeout,
+                metadata=self._metadata,
+            )
+        except grpc.RpcError as exc:
+            self.failed(route, exc)
+            raise
         return response
 
     async def complete(
@@ -157,20 +204,23 @@ class Session:
         """One Complete; raises the call's RpcError."""
         request = worker_pb2.CompleteRequest(session=self.token, results=results)
         self._metrics.complete_batch.observe(len(results))
+        route, stub = self.route()
         try:
-            response: worker_pb2.CompleteResponse = await self.stub.Complete(
+            response: worker_pb2.CompleteResponse = await stub.Complete(
                 request, timeout=self._config.rpc_timeout, metadata=self._metadata
             )
-        except grpc.RpcError:
+        except grpc.RpcError as exc:
             self._metrics.complete_calls.labels("error").inc()
+            self.failed(route, exc)
             raise
         self._metrics.complete_calls.labels("ok").inc()
         return response
 
-    def heartbeat(self) -> HeartbeatCall:
-        """Open one heartbeat stream."""
-        call: HeartbeatCall = self.stub.Heartbeat(metadata=self._metadata)
-        return call
+    def heartbeat(self) -> tuple[int, HeartbeatCall]:
+        """Open one heartbeat stream; its route, for ``failed``, and the call."""
+        route, stub = self.route()
+        call: HeartbeatCall = stub.Heartbeat(metadata=self._metadata)
+        return route, call
 
     def heartbeat_request(
         self, leases: Sequence[worker_pb2.LeaseRef]
@@ -180,16 +230,22 @@ class Session:
     async def drain(
         self, hand_back: Sequence[worker_pb2.LeaseRef], give_up_after: float
     ) -> worker_pb2.DrainResponse | None:
-        """Drain with retries on transient errors; None if it could not be delivered.
+        """Drain with retries on transient errors (moving to the next address when a
+        server is unreachable); None if it could not be delivered within give_up_after.
         Raises SessionLost on a permanent session error."""
         request = worker_pb2.DrainRequest(session=self.token, hand_back=hand_back)
 
         async def call() -> worker_pb2.DrainResponse:
-            response: worker_pb2.DrainResponse = await self.stub.Drain(
-                request,
-                timeout=min(self._config.rpc_timeout, give_up_after),
-                metadata=self._metadata,
-            )
+            route, stub = self.route()
+            try:
+                response: worker_pb2.DrainResponse = await stub.Drain(
+                    request,
+                    timeout=min(self._config.rpc_timeout, give_up_after),
+                    metadata=self._metadata,
+                )
+            except grpc.RpcError as exc:
+                self.failed(route, exc)
+                raise
             return response
 
         retrying = AsyncRetrying(
