@@ -13,6 +13,7 @@ channel's own reconnects.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -22,7 +23,7 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception,
-    stop_after_delay,
+    stop_before_delay,
     wait_exponential,
     wait_random,
 )
@@ -47,6 +48,9 @@ log = logging.getLogger("awp_worker.session")
 HeartbeatCall = grpc.aio.StreamStreamCall[worker_pb2.HeartbeatRequest, worker_pb2.HeartbeatResponse]
 _MAX_RECEIVE_BYTES = 128 * 1024 * 1024  # a Claim may carry 1,000 inputs of 64 KiB
 
+
+# The shortest deadline a Drain is sent with, even right at its give-up time.
+_LAST_CALL_S = 0.1
 
 # How many answers in a row must say "plaintext meets TLS" before registering gives up.
 TLS_MISMATCH_ANSWERS = 3
@@ -231,16 +235,20 @@ class Session:
         self, hand_back: Sequence[worker_pb2.LeaseRef], give_up_after: float
     ) -> worker_pb2.DrainResponse | None:
         """Drain with retries on transient errors (moving to the next address when a
-        server is unreachable); None if it could not be delivered within give_up_after.
+        server is unreachable); None if it could not be delivered within give_up_after
+        seconds, which bound the retries and the calls together.
         Raises SessionLost on a permanent session error."""
         request = worker_pb2.DrainRequest(session=self.token, hand_back=hand_back)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + give_up_after
 
         async def call() -> worker_pb2.DrainResponse:
             route, stub = self.route()
+            remaining = max(deadline - loop.time(), _LAST_CALL_S)
             try:
                 response: worker_pb2.DrainResponse = await stub.Drain(
                     request,
-                    timeout=min(self._config.rpc_timeout, give_up_after),
+                    timeout=min(self._config.rpc_timeout, remaining),
                     metadata=self._metadata,
                 )
             except grpc.RpcError as exc:
@@ -251,7 +259,7 @@ class Session:
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
-            stop=stop_after_delay(give_up_after),
+            stop=stop_before_delay(give_up_after),
             before_sleep=_log_retry("Drain"),
             reraise=True,
         )
