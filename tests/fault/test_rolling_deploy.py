@@ -323,7 +323,9 @@ async def test_a_worker_whose_server_stops_with_it_drains_through_another(
         f" {time.monotonic() - signalled:.2f}s (shutdown timeout 3s)"
     )
     assert worker.process.count_logged("unreachable") >= 1
-    assert worker.process.count_logged("Drain failed") == 0
+    # Retries are warnings; nothing failed (the issue: "ERROR ... Drain failed", exit 1).
+    errors = [line for line in worker.process.json_lines() if line.get("level") == "error"]
+    assert not errors, errors
 
     rows = await cluster.fetch(
         """SELECT t.key, a.attempt, a.state, a.worker_id::text AS worker_id
