@@ -25,6 +25,10 @@ MAX_REQUEST_ID_CHARS: Final = 128
 MAX_CANCEL_REASON_CHARS: Final = 1024
 MAX_SEQ: Final = 2**63 - 1  # seq is a PostgreSQL bigint
 MAX_PAGE_SIZE: Final = 1000
+# ListAttempts: a page of attempts at every limit above (type, message, traceback, log
+# tail: ~33,000 characters, up to 4 UTF-8 bytes each) stays under the 4 MiB a gRPC client
+# receives by default.
+MAX_ATTEMPTS_PAGE_SIZE: Final = 25
 
 # --- workers (Register, Claim, Complete)
 MAX_WORKER_NAME_CHARS: Final = 128
@@ -35,6 +39,13 @@ MAX_LEASES_PER_CLAIM: Final = 1000
 MAX_RESULTS_PER_COMPLETE: Final = 500
 MAX_OUTPUT_BYTES: Final = 1024 * 1024  # a task's output, as canonical JSON
 MAX_ERROR_MESSAGE_CHARS: Final = 8 * 1024
+# What a failed attempt keeps beyond its message (TaskError): its exception's type, its
+# traceback (cut from the outside in, keeping the innermost frames) and the action's last
+# log lines (the newest kept). A worker bounds them; the server refuses more.
+MAX_ERROR_TYPE_CHARS: Final = 256
+MAX_TRACEBACK_CHARS: Final = 16 * 1024
+MAX_LOG_TAIL_CHARS: Final = 8 * 1024
+MAX_LOG_TAIL_LINES: Final = 50
 MAX_EXECUTOR_KINDS: Final = 32
 MAX_EXECUTOR_KIND_CHARS: Final = 32
 MAX_LABEL_KEY_CHARS: Final = 63
@@ -52,6 +63,21 @@ MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
 # The transport refuses (RESOURCE_EXHAUSTED, without details) only beyond twice that, so
 # that a request somewhat too large is answered INVALID_ARGUMENT / REQUEST_TOO_LARGE.
 TRANSPORT_RECEIVE_BYTES: Final = 2 * MAX_REQUEST_BYTES
+# --- every answer: at most this serialised, so that any gRPC client's default 4 MiB
+# receive limit takes it. An answer that could be larger leaves parts out and says which
+# (a Claim issues fewer leases; a lease or GetRun names the outputs to fetch on their own).
+MAX_RESPONSE_BYTES: Final = 3 * 1024 * 1024
+# Canonical JSON as a protobuf Struct: at most 5.5 bytes per JSON byte (see above).
+STRUCT_BYTES_PER_JSON_BYTE: Final = 6
+# Outputs up to this size (canonical JSON) travel inside a Lease or a GetRun answer while
+# the budget lasts; larger ones only on their own (GetUpstreamOutputs, GetTaskOutput).
+MAX_INLINE_OUTPUT_JSON_BYTES: Final = 64 * 1024
+# One Claim statement's leases carry inputs (the task's and the run's, as JSON) adding up
+# to at most this; the first lease is always issued. A Claim runs at most two statements
+# per executor-kind set, so its leases' inputs encode to at most 2 x 6 x 128 KiB = 1.5 MiB,
+# and their fixed fields (under 1 KiB each, 1,000 leases at most) to 1 MiB: the rest of
+# MAX_RESPONSE_BYTES carries inline upstream outputs.
+MAX_CLAIM_INPUT_JSON_BYTES: Final = 2 * MAX_INPUT_BYTES
 # Nesting of a JSON value (Struct): the top-level object is 1. A Struct level costs three
 # protobuf message levels, and protobuf decodes at most 100: 32 is the deepest a Lease's
 # upstream output can be and still reach a worker.
@@ -81,6 +107,9 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.LeaseRef.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.TaskResult.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.TaskError.message": MAX_ERROR_MESSAGE_CHARS,
+    "awp.v1.TaskError.type": MAX_ERROR_TYPE_CHARS,
+    "awp.v1.TaskError.traceback": MAX_TRACEBACK_CHARS,
+    "awp.v1.TaskError.log_tail": MAX_LOG_TAIL_CHARS,
     "awp.v1.WorkflowDefinition.name": MAX_NAME_CHARS,
     "awp.v1.WorkflowDefinition.description": MAX_DESCRIPTION_CHARS,
     "awp.v1.TaskDefinition.key": MAX_TASK_KEY_CHARS,
@@ -97,6 +126,16 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.ListRunsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
     "awp.v1.CancelRunRequest.run_id": MAX_ID_CHARS,
     "awp.v1.CancelRunRequest.reason": MAX_CANCEL_REASON_CHARS,
+    "awp.v1.RetryRunRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.RetryRunRequest.from_task": MAX_TASK_KEY_CHARS,
+    "awp.v1.RetryRunRequest.request_id": MAX_REQUEST_ID_CHARS,
+    "awp.v1.GetUpstreamOutputsRequest.lease_token": MAX_TOKEN_CHARS,
+    "awp.v1.GetUpstreamOutputsRequest.keys": MAX_TASK_KEY_CHARS,
+    "awp.v1.GetTaskOutputRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.GetTaskOutputRequest.task_key": MAX_TASK_KEY_CHARS,
+    "awp.v1.ListAttemptsRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.ListAttemptsRequest.task_key": MAX_TASK_KEY_CHARS,
+    "awp.v1.ListAttemptsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
     "awp.v1.WatchRunRequest.run_id": MAX_ID_CHARS,
 }
 # The element count of every repeated field and map of every request.
@@ -106,6 +145,7 @@ COUNT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.HeartbeatRequest.leases": MAX_WORKER_CONCURRENCY,
     "awp.v1.CompleteRequest.results": MAX_RESULTS_PER_COMPLETE,
     "awp.v1.DrainRequest.hand_back": MAX_WORKER_CONCURRENCY,
+    "awp.v1.GetUpstreamOutputsRequest.keys": MAX_DEPENDENCIES,
     "awp.v1.WorkflowDefinition.tasks": MAX_TASKS,
     "awp.v1.TaskDefinition.depends_on": MAX_DEPENDENCIES,
 }

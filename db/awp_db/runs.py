@@ -8,13 +8,17 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import asyncpg
+
 from awp_db import locks, settle
 from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
 from awp_db.queries import queries, row_as, rows_as
 from awp_db.workflows import StoredWorkflow
+from awp_kernel.definition import WorkflowSpec
 from awp_kernel.errors import invalid, not_found
 from awp_protocol.errors import Reason, quote
+from awp_protocol.limits import MAX_INLINE_OUTPUT_JSON_BYTES
 
 Q = queries("runs")
 
@@ -42,6 +46,8 @@ class RunInfo:
     cancel_requested_by: str | None
     workflow_name: str
     workflow_version: int
+    retried_from: UUID | None
+    retry_from_task: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +60,11 @@ class TaskInfo:
     attempts: int
     max_attempts: int
     output: dict[str, Any] | None
+    output_omitted: bool  # an output too large to read with the task: awp_db.outputs
     error: dict[str, Any] | None
     retry_at: datetime | None
     finished_at: datetime | None
+    reused_from_run_id: UUID | None
     hand_backs: int
 
 
@@ -97,24 +105,7 @@ async def start(
         if run_id is None:
             existing = await conn.fetchval(Q["by_request_id"], request_id)
             return StartedRun(existing, False)
-        dependents = spec.dependents()
-        tasks = spec.tasks
-        rows = await conn.fetch(
-            Q["insert_tasks"],
-            run_id,
-            [t.key for t in tasks],
-            [t.executor_kind for t in tasks],
-            [t.action for t in tasks],
-            [json.dumps(dict(t.input)) for t in tasks],
-            [json.dumps(list(t.depends_on)) for t in tasks],
-            [json.dumps(dependents[t.key]) for t in tasks],
-            [len(t.depends_on) for t in tasks],
-            [t.retry.max_attempts for t in tasks],
-            [t.retry.initial_backoff_ms for t in tasks],
-            [t.retry.max_backoff_ms for t in tasks],
-            [t.retry.multiplier for t in tasks],
-            [t.timeout_ms for t in tasks],
-        )
+        rows = await insert_tasks(conn, run_id, spec)
         events = EventBatch()
         events.add(
             Event(
@@ -129,6 +120,28 @@ async def start(
         await events.flush(conn)
         await settle.notify_coordinator(conn, "run_started")
     return StartedRun(run_id, True)
+
+
+async def insert_tasks(conn: Conn, run_id: UUID, spec: WorkflowSpec) -> list[asyncpg.Record]:
+    """Creates every task of a new run (roots ready, the rest pending): (key, state) rows."""
+    dependents = spec.dependents()
+    tasks = spec.tasks
+    return await conn.fetch(
+        Q["insert_tasks"],
+        run_id,
+        [t.key for t in tasks],
+        [t.executor_kind for t in tasks],
+        [t.action for t in tasks],
+        [json.dumps(dict(t.input)) for t in tasks],
+        [json.dumps(list(t.depends_on)) for t in tasks],
+        [json.dumps(dependents[t.key]) for t in tasks],
+        [len(t.depends_on) for t in tasks],
+        [t.retry.max_attempts for t in tasks],
+        [t.retry.initial_backoff_ms for t in tasks],
+        [t.retry.max_backoff_ms for t in tasks],
+        [t.retry.multiplier for t in tasks],
+        [t.timeout_ms for t in tasks],
+    )
 
 
 async def get(conn: Conn | Pool, run_id: UUID) -> RunInfo:
@@ -146,7 +159,7 @@ async def task_counts(conn: Conn | Pool, run_ids: list[UUID]) -> dict[UUID, dict
 
 
 async def tasks(conn: Conn | Pool, run_id: UUID) -> list[TaskInfo]:
-    return await rows_as(TaskInfo, conn, Q["tasks"], run_id)
+    return await rows_as(TaskInfo, conn, Q["tasks"], run_id, MAX_INLINE_OUTPUT_JSON_BYTES)
 
 
 async def attempts(conn: Conn | Pool, run_id: UUID) -> list[AttemptInfo]:

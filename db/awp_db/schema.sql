@@ -47,12 +47,21 @@ CREATE TABLE public.attempts (
     finished_at timestamp with time zone,
     output jsonb,
     error jsonb,
+    traceback text,
+    log_tail text,
     CONSTRAINT attempts_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT attempts_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
-    CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'interrupted'::text, 'timed_out'::text, 'canceled'::text])))
+    CONSTRAINT attempts_diagnostics_of_failures CHECK (((state = 'failed'::text) OR ((traceback IS NULL) AND (log_tail IS NULL)))),
+    CONSTRAINT attempts_log_tail_check CHECK ((length(log_tail) <= 8192)),
+    CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'interrupted'::text, 'timed_out'::text, 'canceled'::text]))),
+    CONSTRAINT attempts_traceback_check CHECK ((length(traceback) <= 16384))
 );
 
 COMMENT ON TABLE public.attempts IS 'One row per lease issued: who ran the task, with which fencing token, and how it ended.';
+
+COMMENT ON COLUMN public.attempts.traceback IS 'The failed action''s traceback as its worker reported it, innermost frames last (at most 16,384 characters, cut from the outside in).';
+
+COMMENT ON COLUMN public.attempts.log_tail IS 'The last lines the failed action logged or printed, oldest first (at most 50 lines, 8,192 characters).';
 
 CREATE SEQUENCE public.attempts_id_seq
     START WITH 1
@@ -150,10 +159,13 @@ CREATE TABLE public.runs (
     last_dispatched_at timestamp with time zone,
     started_by text,
     cancel_requested_by text,
+    retried_from uuid,
+    retry_from_task text,
     CONSTRAINT runs_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
     CONSTRAINT runs_concurrency_check CHECK ((concurrency >= 0)),
     CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
     CONSTRAINT runs_request_id_check CHECK (((length(request_id) >= 1) AND (length(request_id) <= 128))),
+    CONSTRAINT runs_retry_from_task_of_a_retry CHECK (((retry_from_task IS NULL) OR (retried_from IS NOT NULL))),
     CONSTRAINT runs_revision_check CHECK ((revision >= 0)),
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])))
 );
@@ -175,6 +187,10 @@ COMMENT ON COLUMN public.runs.last_dispatched_at IS 'Fairness lives here so that
 COMMENT ON COLUMN public.runs.started_by IS 'Credential name of the StartRun caller (NULL for runs started before it was recorded).';
 
 COMMENT ON COLUMN public.runs.cancel_requested_by IS 'Credential name of the CancelRun caller whose request was recorded.';
+
+COMMENT ON COLUMN public.runs.retried_from IS 'The run RetryRun retried to start this one (NULL: started by StartRun).';
+
+COMMENT ON COLUMN public.runs.retry_from_task IS 'The from_task RetryRun was given: that task and everything downstream of it re-ran (NULL: what had not succeeded re-ran).';
 
 CREATE TABLE public.schema_migrations (
     version integer NOT NULL,
@@ -236,6 +252,7 @@ CREATE TABLE public.tasks (
     error jsonb,
     ready_at timestamp with time zone,
     finished_at timestamp with time zone,
+    reused_from_run_id uuid,
     hand_backs integer DEFAULT 0 NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
@@ -245,6 +262,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_check3 CHECK (((state <> 'pending'::text) OR (unfinished_deps > 0))),
     CONSTRAINT tasks_check4 CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT tasks_reused_succeeded_without_attempts CHECK (((reused_from_run_id IS NULL) OR ((state = 'succeeded'::text) AND (attempts = 0)))),
     CONSTRAINT tasks_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text]))),
     CONSTRAINT tasks_timeout_ms_check CHECK ((timeout_ms > 0)),
     CONSTRAINT tasks_unfinished_deps_check CHECK ((unfinished_deps >= 0))
@@ -259,6 +277,8 @@ COMMENT ON COLUMN public.tasks.unfinished_deps IS 'Dependencies not yet succeede
 COMMENT ON COLUMN public.tasks.attempts IS 'Attempts made, free hand-backs included: the number of the latest attempt.';
 
 COMMENT ON COLUMN public.tasks.retry_at IS 'When a task waiting for a retry becomes ready again (set exactly while waiting_retry).';
+
+COMMENT ON COLUMN public.tasks.reused_from_run_id IS 'Set when the task was not run but reused by RetryRun: the run whose attempt produced its output (through any chain of retries).';
 
 COMMENT ON COLUMN public.tasks.hand_backs IS 'Attempts handed back by draining workers free of charge (at most MAX_FREE_HAND_BACKS); attempts - hand_backs <= max_attempts.';
 

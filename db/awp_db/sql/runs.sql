@@ -29,7 +29,7 @@ SELECT id FROM runs WHERE request_id = $1
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
-       w.version AS workflow_version
+       w.version AS workflow_version, r.retried_from, r.retry_from_task
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE r.id = $1
 
@@ -37,8 +37,11 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
 SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GROUP BY run_id, state
 
 -- name: tasks
-SELECT key, state, executor_kind, action, depends_on, attempts, max_attempts, output, error,
-       retry_at, finished_at, hand_backs
+-- Outputs over $2 bytes of JSON text are left out (output_omitted): GetTaskOutput.
+SELECT key, state, executor_kind, action, depends_on, attempts, max_attempts,
+       CASE WHEN octet_length(output::text) <= $2 THEN output END AS output,
+       coalesce(octet_length(output::text) > $2, false) AS output_omitted, error,
+       retry_at, finished_at, reused_from_run_id, hand_backs
   FROM tasks WHERE run_id = $1 ORDER BY id
 
 -- name: attempts
@@ -65,7 +68,7 @@ SELECT state, last_seq FROM runs WHERE id = $1
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
-       w.version AS workflow_version
+       w.version AS workflow_version, r.retried_from, r.retry_from_task
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE ($1::text IS NULL OR w.name = $1)
    AND ($2::text IS NULL OR r.state = $2)
