@@ -116,7 +116,7 @@ class Fleet:
     servers: list[tuple[Process, int]] = field(default_factory=list)
     coordinators: list[Process] = field(default_factory=list)
     workers: list[WorkerProcess] = field(default_factory=list)
-    # Each drained worker: its sessions, and when it was sent SIGTERM (database clock).
+    # Each drained worker: its session, and when it was sent SIGTERM (database clock).
     drained: list[tuple[str, object]] = field(default_factory=list)
     replacements: int = 0
 
