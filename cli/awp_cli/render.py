@@ -236,6 +236,12 @@ def run_header(run: control_pb2.Run) -> Text:
     return text
 
 
+def _attempts_text(task: control_pb2.Task) -> str:
+    """Charged attempts of the allowed ones; hand-backs, which are free, said apart."""
+    text = f"{task.attempts - task.hand_backs}/{task.max_attempts}"
+    return f"{text} +{task.hand_backs} handed back" if task.hand_backs else text
+
+
 def _task_span(task_key: str, attempts: Sequence[control_pb2.Attempt]) -> float | None:
     mine = [a for a in attempts if a.task_key == task_key and when(a.started_at)]
     if not mine:
@@ -268,7 +274,7 @@ def tasks_table(answer: control_pb2.GetRunResponse) -> Table:
         attempts = (
             Text(f"reused {task.reused_from_run_id[:8]}", style="dim")
             if task.reused_from_run_id
-            else f"{task.attempts}/{task.max_attempts}"
+            else _attempts_text(task)
         )
         table.add_row(
             task.key,

@@ -1,9 +1,12 @@
-"""The retry rule: when a failed, interrupted or timed-out attempt is tried again."""
+"""The retry rule: when a failed, interrupted or timed-out attempt is tried again, and
+what a lease handed back by a draining worker costs its task."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from awp_protocol.limits import MAX_FREE_HAND_BACKS
 
 AttemptEnd = Literal["succeeded", "failed", "interrupted", "timed_out"]
 
@@ -34,19 +37,38 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class TaskDecision:
-    """What happens to a task once one of its attempts ended."""
+    """What happens to a task once one of its attempts ended. `ready` (at once, nothing
+    charged) only follows a free hand-back."""
 
-    task_state: Literal["succeeded", "failed", "waiting_retry"]
+    task_state: Literal["succeeded", "failed", "waiting_retry", "ready"]
     retry_in_ms: int | None = None
 
 
 def decide(
-    policy: RetryPolicy, attempt: int, end: AttemptEnd, retryable: bool = True
+    policy: RetryPolicy, charged: int, end: AttemptEnd, retryable: bool = True
 ) -> TaskDecision:
-    """Interrupted and timed-out attempts are always retryable; a failure only if it says so."""
+    """Interrupted and timed-out attempts are always retryable; a failure only if it says so.
+
+    `charged` counts the task's attempts that spent its budget, this one included: its
+    attempt number less its free hand-backs (`decide_hand_back`).
+    """
     if end == "succeeded":
         return TaskDecision("succeeded")
     may_retry = retryable or end in ("interrupted", "timed_out")
-    if may_retry and attempt < policy.max_attempts:
-        return TaskDecision("waiting_retry", policy.backoff_ms(attempt))
+    if may_retry and charged < policy.max_attempts:
+        return TaskDecision("waiting_retry", policy.backoff_ms(charged))
     return TaskDecision("failed")
+
+
+def hand_back_is_free(free_hand_backs: int) -> bool:
+    """Whether a task that has had `free_hand_backs` may have one more free of charge."""
+    return free_hand_backs < MAX_FREE_HAND_BACKS
+
+
+def decide_hand_back(policy: RetryPolicy, charged: int, free_hand_backs: int) -> TaskDecision:
+    """A lease handed back by a draining worker is not the task's fault: the task is ready
+    again at once, no attempt spent, no backoff waited. Past MAX_FREE_HAND_BACKS it is an
+    ordinary interruption (`charged` includes this attempt, as for `decide`)."""
+    if hand_back_is_free(free_hand_backs):
+        return TaskDecision("ready")
+    return decide(policy, charged, "interrupted")

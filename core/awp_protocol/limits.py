@@ -50,6 +50,10 @@ MAX_EXECUTOR_KINDS: Final = 32
 MAX_EXECUTOR_KIND_CHARS: Final = 32
 MAX_LABEL_KEY_CHARS: Final = 63
 MAX_CLAIM_WAIT_MS: Final = 5 * 60 * 1000  # a Claim's long poll; the server may cap it lower
+# Leases of a task handed back by draining workers (DrainRequest.hand_back) free of
+# charge: no attempt spent, no backoff. Past this, a hand-back is charged as an ordinary
+# interruption, so a task that makes every worker give up still meets its retry rule.
+MAX_FREE_HAND_BACKS: Final = 10
 
 # --- JSON values (inputs, outputs, event payloads: google.protobuf.Struct)
 # A Struct holds every number as an IEEE-754 double, exact for integers up to 2**53 in

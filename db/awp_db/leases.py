@@ -77,6 +77,8 @@ class DrainOutcome:
     state: str
     active_leases: int
     handed_back: int
+    # Of those, the ones charged an attempt: their task had no free hand-back left.
+    charged: int = 0
 
 
 async def renew(
@@ -215,27 +217,42 @@ async def interrupt(
     *,
     worker_id: UUID | None = None,
 ) -> int:
-    """Settles leases at once as `interrupted` (hand-back, offline worker).
+    """Settles leases at once as `interrupted` (an offline worker's); returns how many.
 
     The caller holds a transaction and the worker's row lock when worker_id is given;
     only leases still held (by that worker) are settled.
     """
+    count, _ = await _interrupt(conn, dispatch_ids, reason, events, worker_id, hand_back=False)
+    return count
+
+
+async def _interrupt(
+    conn: Conn,
+    dispatch_ids: Sequence[int],
+    reason: str,
+    events: EventBatch,
+    worker_id: UUID | None,
+    *,
+    hand_back: bool,
+) -> tuple[int, settle.Settled]:
     if not dispatch_ids:
-        return 0
+        return 0, settle.Settled()
     await locks.runs_of_dispatches(conn, dispatch_ids)
     endings = [
-        settle.ending_of(row, "interrupted", error={"message": reason, "retryable": True})
+        settle.ending_of(
+            row, "interrupted", error={"message": reason, "retryable": True}, hand_back=hand_back
+        )
         for row in await locks.dispatches_for_settlement(conn, dispatch_ids)
         if row.state == "leased" and (worker_id is None or row.worker_id == worker_id)
     ]
-    await settle.end_attempts(conn, endings, events)
-    return len(endings)
+    return len(endings), await settle.end_attempts(conn, endings, events)
 
 
 async def drain(
     conn: Conn, worker_id: str, session_token: str, hand_back: Sequence[LeaseRef]
 ) -> DrainOutcome:
-    """active -> draining; -> stopped once no lease remains (handed-back ones are settled)."""
+    """active -> draining; -> stopped once no lease remains (handed-back ones are settled:
+    free of charge while their task has free hand-backs left, awp_kernel.retry)."""
     events = EventBatch()
     async with conn.transaction():
         session = await workers.authenticate(
@@ -245,7 +262,7 @@ async def drain(
             for_update=True,
             allowed_states=("active", "draining", "stopped"),
         )
-        handed_back = 0
+        handed_back = charged = 0
         if hand_back:
             rows = {
                 row["id"]: row
@@ -258,9 +275,15 @@ async def drain(
                 and row["worker_id"] == session.worker_id
                 and tokens.matches(h.lease_token, row["lease_token_hash"])
             ]
-            handed_back = await interrupt(
-                conn, valid, "handed back by a draining worker", events, worker_id=session.worker_id
+            handed_back, settled = await _interrupt(
+                conn,
+                valid,
+                "handed back by a draining worker",
+                events,
+                session.worker_id,
+                hand_back=True,
             )
+            charged = handed_back - settled.tasks_handed_back_free
         remaining = await workers.active_lease_count(conn, session.worker_id)
         state = session.state
         target = "stopped" if remaining == 0 else "draining"
@@ -268,7 +291,7 @@ async def drain(
             state = await workers.set_state(conn, session.worker_id, target)
         events.notify(COORDINATOR_CHANNEL, "drain")
         await events.flush(conn)
-    return DrainOutcome(state, remaining, handed_back)
+    return DrainOutcome(state, remaining, handed_back, charged)
 
 
 async def stream_lost(conn: Conn, worker_id: UUID, epoch: int, grace_ms: int) -> int:

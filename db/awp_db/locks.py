@@ -62,6 +62,7 @@ class LockedDispatch:
     task_key: str
     dependents: list[str]
     max_attempts: int
+    hand_backs: int  # the task's free hand-backs so far
     backoff_initial_ms: int
     backoff_max_ms: int
     backoff_multiplier: float

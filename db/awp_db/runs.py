@@ -65,6 +65,7 @@ class TaskInfo:
     retry_at: datetime | None
     finished_at: datetime | None
     reused_from_run_id: UUID | None
+    hand_backs: int
 
 
 @dataclass(frozen=True, slots=True)

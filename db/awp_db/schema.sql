@@ -253,11 +253,11 @@ CREATE TABLE public.tasks (
     ready_at timestamp with time zone,
     finished_at timestamp with time zone,
     reused_from_run_id uuid,
+    hand_backs integer DEFAULT 0 NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
     CONSTRAINT tasks_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
     CONSTRAINT tasks_check CHECK ((backoff_max_ms >= backoff_initial_ms)),
-    CONSTRAINT tasks_check1 CHECK ((attempts <= max_attempts)),
     CONSTRAINT tasks_check2 CHECK (((state = 'waiting_retry'::text) = (retry_at IS NOT NULL))),
     CONSTRAINT tasks_check3 CHECK (((state <> 'pending'::text) OR (unfinished_deps > 0))),
     CONSTRAINT tasks_check4 CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
@@ -274,9 +274,13 @@ COMMENT ON COLUMN public.tasks.dependents IS 'Reverse edges, so a success unlock
 
 COMMENT ON COLUMN public.tasks.unfinished_deps IS 'Dependencies not yet succeeded: the task becomes ready when this reaches 0.';
 
+COMMENT ON COLUMN public.tasks.attempts IS 'Attempts made, free hand-backs included: the number of the latest attempt.';
+
 COMMENT ON COLUMN public.tasks.retry_at IS 'When a task waiting for a retry becomes ready again (set exactly while waiting_retry).';
 
 COMMENT ON COLUMN public.tasks.reused_from_run_id IS 'Set when the task was not run but reused by RetryRun: the run whose attempt produced its output (through any chain of retries).';
+
+COMMENT ON COLUMN public.tasks.hand_backs IS 'Attempts handed back by draining workers free of charge (at most MAX_FREE_HAND_BACKS); attempts - hand_backs <= max_attempts.';
 
 CREATE SEQUENCE public.tasks_id_seq
     START WITH 1
@@ -388,6 +392,15 @@ ALTER TABLE ONLY public.servers
 
 ALTER TABLE ONLY public.state_events
     ADD CONSTRAINT state_events_pkey PRIMARY KEY (run_id, seq);
+
+ALTER TABLE public.tasks
+    ADD CONSTRAINT tasks_charged_attempts CHECK (((attempts - hand_backs) <= max_attempts)) NOT VALID;
+
+ALTER TABLE public.tasks
+    ADD CONSTRAINT tasks_hand_backs_check CHECK ((hand_backs >= 0)) NOT VALID;
+
+ALTER TABLE public.tasks
+    ADD CONSTRAINT tasks_hand_backs_made CHECK ((hand_backs <= attempts)) NOT VALID;
 
 ALTER TABLE ONLY public.tasks
     ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);

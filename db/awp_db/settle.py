@@ -3,6 +3,10 @@
 One piece of code serves every path that ends an attempt: a worker's result, the
 reaper (lease expired, deadline passed), a drain's hand-back and an offline worker.
 Callers hold the run and dispatch locks (awp_db.locks) and flush the EventBatch afterwards.
+
+A hand-back is an `interrupted` attempt that, while the task has free hand-backs left
+(awp_kernel.retry.decide_hand_back), charges nothing: the task is ready again at once
+and its `hand_backs` counts one more.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from awp_db.events import EventBatch
 from awp_db.locks import LockedDispatch
 from awp_db.queries import queries
 from awp_db.signals import COORDINATOR_CHANNEL
-from awp_kernel.retry import AttemptEnd, RetryPolicy, decide
+from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide, decide_hand_back
 from awp_kernel.states import run_outcome
+from awp_protocol.limits import MAX_FREE_HAND_BACKS
 
 Q = queries("settle")
 
@@ -43,6 +48,9 @@ class Ending:
     attempt: int
     end: AttemptEnd
     policy: RetryPolicy
+    # The task's free hand-backs before this ending; a hand-back is `interrupted`.
+    hand_backs: int = 0
+    hand_back: bool = False
     dependents: Sequence[str] = ()
     output: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
@@ -59,6 +67,7 @@ class Settled:
     tasks_failed: int = 0
     tasks_unlocked: int = 0
     runs_finished: dict[UUID, str] = field(default_factory=dict)
+    tasks_handed_back_free: int = 0  # ready again at once, nothing charged
 
 
 def ending_of(
@@ -69,9 +78,11 @@ def ending_of(
     error: dict[str, Any] | None = None,
     retryable: bool = True,
     digest: bytes | None = None,
+    hand_back: bool = False,
 ) -> Ending:
     """The Ending of a dispatch row locked for settlement (its attempt, task and policy)."""
     assert row.attempt is not None, "only a leased dispatch has an attempt to end"
+    assert not hand_back or end == "interrupted", "a hand-back interrupts its attempt"
     return Ending(
         dispatch_id=row.id,
         run_id=row.run_id,
@@ -85,6 +96,8 @@ def ending_of(
             max_backoff_ms=row.backoff_max_ms,
             multiplier=row.backoff_multiplier,
         ),
+        hand_backs=row.hand_backs,
+        hand_back=hand_back,
         dependents=list(row.dependents),
         output=output,
         error=error,
@@ -104,11 +117,29 @@ async def notify_coordinator(conn: Conn, why: str) -> None:
     await batch.flush(conn)
 
 
+def _decision(ending: Ending) -> TaskDecision:
+    # Attempts handed back free of charge do not count against max_attempts.
+    charged = ending.attempt - ending.hand_backs
+    if ending.hand_back:
+        return decide_hand_back(ending.policy, charged, ending.hand_backs)
+    return decide(ending.policy, charged, ending.end, ending.retryable)
+
+
+def _hand_back_payload(ending: Ending, decision: TaskDecision) -> dict[str, Any]:
+    """What the events say of a hand-back: free or charged, and how many were free."""
+    free = decision.task_state == "ready"
+    return {
+        "charged": not free,
+        "free_hand_backs": ending.hand_backs + free,
+        "max_free_hand_backs": MAX_FREE_HAND_BACKS,
+    }
+
+
 async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch) -> Settled:
     """Applies the retry rule to each ended attempt; fails runs whose task failed for good."""
     if not endings:
         return Settled()
-    decisions = [decide(e.policy, e.attempt, e.end, e.retryable) for e in endings]
+    decisions = [_decision(e) for e in endings]
 
     outputs = [_json(e.output) for e in endings]
     # Dispatch, attempt and task of every ending in one statement (one round trip).
@@ -128,7 +159,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
     ):
         may_have_finished.add(row["run_id"])
 
-    succeeded = retrying = failed = unlocked = 0
+    succeeded = retrying = failed = unlocked = handed_back = 0
     unlock_runs: list[UUID] = []
     unlock_keys: list[str] = []
     failed_runs: set[UUID] = set()
@@ -136,11 +167,13 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         payload: dict[str, Any] = {"dispatch_id": ending.dispatch_id}
         if ending.error is not None:
             payload["error"] = ending.error
+        task_payload: dict[str, Any] = {}
+        if ending.hand_back:
+            payload["hand_back"] = task_payload["hand_back"] = _hand_back_payload(ending, decision)
+        if decision.retry_in_ms is not None:
+            task_payload["retry_in_ms"] = decision.retry_in_ms
         events.attempt(
             ending.run_id, ending.task_key, ending.attempt, "running", ending.end, payload
-        )
-        task_payload = (
-            {"retry_in_ms": decision.retry_in_ms} if decision.retry_in_ms is not None else None
         )
         events.task(
             ending.run_id,
@@ -148,7 +181,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
             "running",
             decision.task_state,
             ending.attempt,
-            task_payload,
+            task_payload or None,
         )
         if decision.task_state == "succeeded":
             succeeded += 1
@@ -157,6 +190,8 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
                 unlock_keys.append(dependent)
         elif decision.task_state == "waiting_retry":
             retrying += 1
+        elif decision.task_state == "ready":
+            handed_back += 1
         else:
             failed += 1
             failed_runs.add(ending.run_id)
@@ -170,7 +205,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         await stop_runs(conn, sorted(failed_runs), "skipped", events)
     # A run none of whose tasks is left live finishes now; the others cannot have.
     finished = await finish_runs(conn, may_have_finished | failed_runs, events)
-    return Settled(succeeded, retrying, failed, unlocked, finished)
+    return Settled(succeeded, retrying, failed, unlocked, finished, handed_back)
 
 
 async def stop_runs(

@@ -207,6 +207,7 @@ def task_to_proto(row: TaskInfo, traceback: str | None = None) -> control_pb2.Ta
         retry_at=timestamp(row.retry_at),
         finished_at=timestamp(row.finished_at),
         reused_from_run_id=_id_text(row.reused_from_run_id),
+        hand_backs=row.hand_backs,
     )
 
 

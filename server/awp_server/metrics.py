@@ -15,6 +15,11 @@ STREAMS_LOST = Counter(
     "awp_heartbeat_streams_lost_total", "Streams that broke without a drain (leases shortened)"
 )
 REGISTRATIONS = Counter("awp_worker_registrations_total", "Worker sessions registered")
+HAND_BACKS = Counter(
+    "awp_hand_backs_total",
+    "Leases handed back by draining workers; charged=true: the task had no free one left",
+    ["charged"],
+)
 RPCS = Counter("awp_rpcs_total", "Finished RPCs by method and status code", ["method", "code"])
 RPC_LATENCY = Histogram(
     "awp_rpc_seconds",

@@ -328,6 +328,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         hand_back = _lease_refs(request.hand_back, "hand_back")
         async with self._pool.acquire() as conn:
             outcome = await leases.drain(conn, worker_id, token, hand_back)
+        metrics.HAND_BACKS.labels("false").inc(outcome.handed_back - outcome.charged)
+        metrics.HAND_BACKS.labels("true").inc(outcome.charged)
         log.info(
             "worker drain",
             extra={
@@ -335,6 +337,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 "state": outcome.state,
                 "active_leases": outcome.active_leases,
                 "handed_back": outcome.handed_back,
+                "hand_backs_charged": outcome.charged,
             },
         )
         return worker_pb2.DrainResponse(

@@ -140,3 +140,17 @@ def test_typed_counts_are_shown_by_state_name() -> None:
         r"workers\s+unknown\(9\)\s+5",
     ):
         assert re.search(row, shown), (row, shown)
+
+
+def test_attempts_shown_charged_of_allowed_with_hand_backs_apart() -> None:
+    answer = control_pb2.GetRunResponse(
+        tasks=[
+            control_pb2.Task(key="plain", attempts=2, max_attempts=3),
+            control_pb2.Task(key="handed", attempts=3, max_attempts=1, hand_backs=2),
+        ]
+    )
+    console = Console(record=True, width=120)
+    console.print(render.tasks_table(answer))
+    shown = console.export_text()
+    assert re.search(r"plain\s.*\s2/3\s", shown), shown
+    assert re.search(r"handed\s.*\s1/1 \+2 handed back", shown), shown

@@ -166,11 +166,16 @@ class Cluster:
         pool = await self.pool()
         return await pool.fetchval(query, *args)
 
-    async def check_invariants(self, expected: Mapping[UUID, Expect]) -> dict[UUID, RunCost]:
+    async def check_invariants(
+        self, expected: Mapping[UUID, Expect], *, report_each: bool = True
+    ) -> dict[UUID, RunCost]:
+        """The invariant check; each run's cost joins the figures unless the scenario
+        (of many runs) reports their totals itself."""
         costs = await check_invariants(await self.pool(), expected)
         self.invariants_checked = True
-        for cost in costs.values():
-            FIGURES.append(f"{cost.line()} [{self.label}]")  # printed by the checker too
+        if report_each:
+            for cost in costs.values():
+                FIGURES.append(f"{cost.line()} [{self.label}]")  # printed by the checker too
         return costs
 
     async def db_now(self) -> datetime:

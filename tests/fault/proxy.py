@@ -80,9 +80,13 @@ class TcpProxy:
         if self._server is not None:
             await self._server.wait_closed()
 
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The upstream side of a new connection (OSError when refused)."""
+        return await asyncio.open_connection(*self.target)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
+            up_reader, up_writer = await self._connect()
         except OSError:
             writer.transport.abort()  # the server is down: so is the path to it
             return

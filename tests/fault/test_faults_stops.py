@@ -132,11 +132,17 @@ async def test_sigterm_past_the_shutdown_timeout_hands_the_lease_back(cluster: C
     await cluster.start_server()
     await cluster.start_coordinator()
     # The task outlasts the worker's shutdown timeout: it must be handed back in the last
-    # Drain and re-dispatched at once, not left "running" until its lease expires.
+    # Drain and re-dispatched at once, not left "running" until its lease expires. With
+    # one attempt and a long backoff, only a free hand-back lets it succeed.
     w1 = await cluster.start_worker("w1", concurrency=1, shutdown_timeout=0.5)
     run_id = await workload.start(
         cluster.control(),
-        workload.definition("handback", [workload.Task("long", input={"sleep_ms": 4000})]),
+        workload.definition(
+            "handback",
+            [workload.Task("long", input={"sleep_ms": 4000})],
+            max_attempts=1,
+            backoff_ms=60_000,
+        ),
     )
     await wait_attempt(cluster, run_id, "long", 1, "running")
     w2 = await cluster.start_worker("w2", concurrency=1)

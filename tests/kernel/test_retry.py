@@ -9,8 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide
-from awp_protocol.limits import MAX_ATTEMPTS, MAX_BACKOFF_MULTIPLIER, MAX_DURATION_MS
+from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide, decide_hand_back
+from awp_protocol.limits import (
+    MAX_ATTEMPTS,
+    MAX_BACKOFF_MULTIPLIER,
+    MAX_DURATION_MS,
+    MAX_FREE_HAND_BACKS,
+)
 
 PROPERTY = settings(max_examples=200, deadline=None)
 
@@ -203,3 +208,20 @@ def test_retryable_failures_use_exactly_max_attempts(policy: RetryPolicy, end: A
     while decide(policy, attempt, end).task_state == "waiting_retry":
         attempt += 1
     assert attempt == policy.max_attempts
+
+
+# --- hand-backs -------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(policies(), st.integers(min_value=1, max_value=MAX_ATTEMPTS))
+def test_a_free_hand_back_makes_the_task_ready_at_once(policy: RetryPolicy, charged: int) -> None:
+    for free in range(MAX_FREE_HAND_BACKS):
+        assert decide_hand_back(policy, charged, free) == TaskDecision("ready")
+
+
+@PROPERTY
+@given(policies(), st.integers(min_value=1, max_value=MAX_ATTEMPTS))
+def test_past_the_bound_a_hand_back_is_an_interruption(policy: RetryPolicy, charged: int) -> None:
+    for free in (MAX_FREE_HAND_BACKS, MAX_FREE_HAND_BACKS + 1):
+        assert decide_hand_back(policy, charged, free) == decide(policy, charged, "interrupted")

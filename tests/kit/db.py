@@ -79,9 +79,10 @@ class DbWorker:
         (verdict,) = await self.complete_all([lease], outcome, retryable=retryable)
         return verdict
 
-    async def drain(self) -> leases.DrainOutcome:
+    async def drain(self, hand_back: Sequence[claims.IssuedLease] = ()) -> leases.DrainOutcome:
+        refs = [leases.LeaseRef(lease.dispatch_id, lease.lease_token) for lease in hand_back]
         async with self.pool.acquire() as conn:
-            return await leases.drain(conn, str(self.id), self.session_token, [])
+            return await leases.drain(conn, str(self.id), self.session_token, refs)
 
 
 async def register(

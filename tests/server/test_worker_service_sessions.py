@@ -165,7 +165,10 @@ async def test_drain_stops_claims_then_stops_the_session(
 async def test_hand_back_settles_leases_at_once_as_interrupted(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
-    run_id, worker, held = await leased(stub, pool, spec(tasks=2, backoff_ms=0), 2)
+    # A long backoff and one attempt each: a hand-back must cost neither.
+    run_id, worker, held = await leased(
+        stub, pool, spec(tasks=2, max_attempts=1, backoff_ms=60_000), 2
+    )
     drained = await stub.Drain(
         worker_pb2.DrainRequest(
             session=worker.session,
@@ -183,10 +186,10 @@ async def test_hand_back_settles_leases_at_once_as_interrupted(
     )
     assert attempts == {"interrupted": 2}
     tasks = {
-        row["state"]
-        for row in await pool.fetch("SELECT state FROM tasks WHERE run_id = $1", run_id)
+        (row["state"], row["hand_backs"])
+        for row in await pool.fetch("SELECT state, hand_backs FROM tasks WHERE run_id = $1", run_id)
     }
-    assert tasks == {"waiting_retry"}
+    assert tasks == {("ready", 1)}
 
 
 async def test_server_shutdown_ends_streams_at_once_and_keeps_leases(

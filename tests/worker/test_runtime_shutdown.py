@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from runtime_harness import Running, make_config, start
-from worker_fakes import FakeServer, Fault
+from worker_fakes import FakeServer, Fault, start_fake
 
 from awp.v1 import worker_pb2
 from awp_worker import ActionContext
@@ -69,6 +69,28 @@ async def test_a_failed_final_drain_exits_1(fake: FakeServer) -> None:
     await worker.registered()
     fake.service.fail("Drain", *[Fault(grpc.StatusCode.PERMISSION_DENIED)] * 2)
     assert await worker.stop() == EXIT_FAILURE
+
+
+async def test_a_server_gone_mid_drain_is_replaced_by_the_next(fake: FakeServer) -> None:
+    # Two servers of one cluster: sessions live in the (here: shared) service state.
+    service = fake.service
+    other = await start_fake(service)
+    try:
+        quick = await service.add("quick", {"sleep_ms": 600})
+        slow = await service.add("slow", {"sleep_ms": 30_000})
+        worker = start(fake, server=f"{fake.address},{other.address}", shutdown_timeout=2.0)
+        worker_id = await worker.registered()
+        await eventually(lambda: worker.runtime.held_leases == 2)
+        # The first server stops with the worker, as in a rolling deploy of both.
+        await fake.stop()
+        assert await worker.stop() == EXIT_OK
+        assert worker.runtime.session.address == other.address
+        # Finished work was reported and the rest handed back, through the other server.
+        assert service.results()[quick.dispatch_id].outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED
+        assert slow.state == "handed_back"
+        assert service.sessions[worker_id] == "stopped"
+    finally:
+        await other.stop()
 
 
 # --- supervision ----------------------------------------------------------------------

@@ -189,6 +189,15 @@ def test_flags_win_over_the_environment() -> None:
     assert (config.server, config.concurrency, config.modules) == ("f:2", 3, ("x", "y"))
 
 
+def test_several_servers_in_order() -> None:
+    config = parse_config(["--server", "a:1, b:2,,c:3"], {})
+    assert config.servers == ("a:1", "b:2", "c:3")
+    assert parse_config([], {}).servers == ("127.0.0.1:50051",)
+    for wrong in (",", "a:1,a:1"):
+        with pytest.raises(ValueError, match="server address"):
+            WorkerConfig(server=wrong)
+
+
 def test_defaults() -> None:
     config = parse_config([], {})
     assert config.server == "127.0.0.1:50051" and config.token == ""

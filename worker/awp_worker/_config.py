@@ -44,9 +44,15 @@ def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
 class WorkerConfig:
     """Everything a WorkerRuntime needs. Defaults follow DESIGN.md §9."""
 
+    # One address, or several comma-separated (Session: moved along when one is away).
     server: str = field(
         default="127.0.0.1:50051",
-        metadata=flag("--server", "AWP_SERVER", "awp-server address HOST:PORT"),
+        metadata=flag(
+            "--server",
+            "AWP_SERVER",
+            "awp-server address HOST:PORT, or several comma-separated: when one is "
+            "unreachable (even mid-drain) the worker moves to the next",
+        ),
     )
     # The cluster's worker token (never logged, never in repr).
     token: str = field(
@@ -223,10 +229,17 @@ class WorkerConfig:
     def client_tls(self) -> tls_flags.ClientTls:
         return tls_flags.client_tls(self)
 
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The server addresses, in the order they are tried."""
+        return flags.items(self.server)
+
     def __post_init__(self) -> None:
         self.client_tls  # noqa: B018 (raises on a certificate without its key)
-        if not self.server:
+        if not self.servers:
             raise ValueError("server address is empty")
+        if len(set(self.servers)) != len(self.servers):
+            raise ValueError(f"server address listed twice in {self.server!r}")
         # Refuse at start-up what the server's Register would refuse.
         check_register(
             self.name, self.kinds, self.concurrency, self.labels, settings=REGISTER_FLAGS

@@ -88,6 +88,14 @@ def _oversized(exc: grpc.RpcError) -> bool:
     return "larger than max" in details
 
 
+def unreachable(exc: BaseException) -> bool:
+    """The server could not be reached or did not answer in time (stopped, restarting,
+    partitioned): another server may answer the same call."""
+    if isinstance(exc, TimeoutError):
+        return True  # a local deadline around a call, or a stream silent for too long
+    return status_code(exc) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 def is_transient(exc: BaseException) -> bool:
     """The retry predicate for tenacity. Only an ``Exception`` can be transient: a
     ``CancelledError`` (a BaseException) must end the retrying, never be retried."""

@@ -34,7 +34,7 @@ _REVOKED = {
 }
 
 
-class StreamStalled(Exception):
+class StreamStalled(TimeoutError):
     """No response arrived for too long: the connection is presumed dead."""
 
 
@@ -88,7 +88,14 @@ class HeartbeatStream:
             await asyncio.sleep(self._backoff.next())
 
     async def _one_stream(self) -> None:
-        call = self._owner.session.heartbeat()
+        route, call = self._owner.session.heartbeat()
+        try:
+            await self._run_stream(call)
+        except (grpc.RpcError, StreamStalled) as exc:
+            self._owner.session.failed(route, exc)
+            raise
+
+    async def _run_stream(self, call: HeartbeatCall) -> None:
         reader = asyncio.create_task(self._read(call), name="heartbeat-read")
         writer = asyncio.create_task(self._write(call), name="heartbeat-write")
         tasks = {reader, writer}

@@ -1,12 +1,19 @@
-"""The worker's connection to awp-server: one channel, the session Register grants,
+"""The worker's connection to awp-server: its channels, the session Register grants,
 and the calls. Register, Drain and GetUpstreamOutputs retry transient errors themselves
 (tenacity); a permanent error ends the session (``SessionLost``). Claim and Complete
-leave their
-retries to their callers, which back off in their own way.
+leave their retries to their callers, which back off in their own way.
+
+Sessions live in the database, so any server of the cluster serves any session. Given
+several addresses (``--server a:1,b:2``), the session uses one at a time and moves to
+the next when a call finds its server unreachable (``failed``): a server stopped by a
+rolling deploy, even in the middle of this worker's drain, costs a retry, not the
+session. One address (a load balancer or a Kubernetes Service) gets the same from the
+channel's own reconnects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -17,7 +24,7 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception,
-    stop_after_delay,
+    stop_before_delay,
     wait_exponential,
     wait_random,
 )
@@ -27,13 +34,24 @@ from awp_common import tls
 from awp_protocol.jsonvalue import parse_object
 from awp_protocol.limits import PROTOCOL_VERSION
 from awp_worker._config import WorkerConfig
-from awp_worker._errors import Kind, Metadata, classify, describe, is_transient, session_lost
+from awp_worker._errors import (
+    Kind,
+    Metadata,
+    classify,
+    describe,
+    is_transient,
+    session_lost,
+    unreachable,
+)
 from awp_worker._lease import seconds
 from awp_worker._metrics import Metrics
 
 log = logging.getLogger("awp_worker.session")
 HeartbeatCall = grpc.aio.StreamStreamCall[worker_pb2.HeartbeatRequest, worker_pb2.HeartbeatResponse]
 
+
+# The shortest deadline a Drain is sent with, even right at its give-up time.
+_LAST_CALL_S = 0.1
 
 # How many answers in a row must say "plaintext meets TLS" before registering gives up.
 TLS_MISMATCH_ANSWERS = 3
@@ -52,8 +70,11 @@ class Session:
         self._metadata: Metadata = (
             (("authorization", f"Bearer {config.token}"),) if config.token else None
         )
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: worker_pb2_grpc.WorkerServiceAsyncStub | None = None
+        self._addresses = config.servers
+        # One channel per address (connected on first use); calls go through the current one.
+        self._channels: list[grpc.aio.Channel] = []
+        self._stubs: list[worker_pb2_grpc.WorkerServiceAsyncStub] = []
+        self._current = 0
         self._token: worker_pb2.Session | None = None
         self.worker_id: str | None = None
         # What the server decides; these stand until Register says otherwise.
@@ -61,7 +82,7 @@ class Session:
         self.lease_ttl = 15.0
 
     def open(self) -> None:
-        """Create the channel; OSError if a TLS file cannot be read."""
+        """Create the channels; OSError if a TLS file cannot be read."""
         # No receive limit of our own: gRPC's default 4 MiB takes every answer, which
         # the server keeps within MAX_RESPONSE_BYTES (awp_protocol.limits).
         options = [
@@ -72,19 +93,40 @@ class Session:
             ("grpc.max_reconnect_backoff_ms", 1000),
             ("grpc.primary_user_agent", "awp-worker"),
         ]
-        self._channel = tls.channel(self._config.server, self._config.client_tls, options)
-        # An aio channel makes the generated stub asynchronous (its .pyi says so).
-        self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        for address in self._addresses:
+            channel = tls.channel(address, self._config.client_tls, options)
+            self._channels.append(channel)
+            # An aio channel makes the generated stub asynchronous (its .pyi says so).
+            self._stubs.append(worker_pb2_grpc.WorkerServiceStub(channel))
 
     async def close(self) -> None:
         # Every call was cancelled with its task (supervisor closed) before this.
-        if self._channel is not None:
-            await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     @property
-    def stub(self) -> worker_pb2_grpc.WorkerServiceAsyncStub:
-        assert self._stub is not None, "open() first"
-        return self._stub
+    def address(self) -> str:
+        """The server address calls go to now."""
+        return self._addresses[self._current]
+
+    def route(self) -> tuple[int, worker_pb2_grpc.WorkerServiceAsyncStub]:
+        """The current address's index (to hand ``failed``) and its stub."""
+        assert self._stubs, "open() first"
+        return self._current, self._stubs[self._current]
+
+    def failed(self, route: int, error: BaseException) -> None:
+        """A call sent through ``route`` failed: if its server was unreachable, the next
+        calls go to the next address. Calls that failed on an address already left
+        behind change nothing, so one outage moves the session once."""
+        if len(self._addresses) < 2 or route != self._current or not unreachable(error):
+            return
+        self._current = (route + 1) % len(self._addresses)
+        log.warning(
+            "awp-server %s unreachable (%s); moving to %s",
+            self._addresses[route],
+            describe(error),
+            self.address,
+        )
 
     @property
     def token(self) -> worker_pb2.Session:
@@ -110,15 +152,18 @@ class Session:
         mismatches: list[str] = []
 
         async def call() -> worker_pb2.RegisterResponse:
+            route, stub = self.route()
             try:
-                response: worker_pb2.RegisterResponse = await self.stub.Register(
+                response: worker_pb2.RegisterResponse = await stub.Register(
                     request, timeout=config.rpc_timeout, metadata=self._metadata
                 )
             except grpc.aio.AioRpcError as exc:
                 found = tls.mismatch(exc.details() or "", tls_on)
                 mismatches[:] = [*mismatches, found] if found else []
                 if found and (tls_on or len(mismatches) >= TLS_MISMATCH_ANSWERS):
-                    raise TlsMismatch(f"cannot register with {config.server}: {found}") from exc
+                    address = self._addresses[route]
+                    raise TlsMismatch(f"cannot register with {address}: {found}") from exc
+                self.failed(route, exc)
                 raise
             return response
 
@@ -147,11 +192,16 @@ class Session:
         wait = duration_pb2.Duration()
         wait.FromNanoseconds(int(self._config.claim_wait * 1e9))
         request = worker_pb2.ClaimRequest(session=self.token, max_leases=max_leases, wait=wait)
-        response: worker_pb2.ClaimResponse = await self.stub.Claim(
-            request,
-            timeout=self._config.claim_wait + self._config.rpc_timeout,
-            metadata=self._metadata,
-        )
+        route, stub = self.route()
+        try:
+            response: worker_pb2.ClaimResponse = await stub.Claim(
+                request,
+                timeout=self._config.claim_wait + self._config.rpc_timeout,
+                metadata=self._metadata,
+            )
+        except grpc.RpcError as exc:
+            self.failed(route, exc)
+            raise
         return response
 
     async def complete(
@@ -160,12 +210,14 @@ class Session:
         """One Complete; raises the call's RpcError."""
         request = worker_pb2.CompleteRequest(session=self.token, results=results)
         self._metrics.complete_batch.observe(len(results))
+        route, stub = self.route()
         try:
-            response: worker_pb2.CompleteResponse = await self.stub.Complete(
+            response: worker_pb2.CompleteResponse = await stub.Complete(
                 request, timeout=self._config.rpc_timeout, metadata=self._metadata
             )
-        except grpc.RpcError:
+        except grpc.RpcError as exc:
             self._metrics.complete_calls.labels("error").inc()
+            self.failed(route, exc)
             raise
         self._metrics.complete_calls.labels("ok").inc()
         return response
@@ -202,15 +254,21 @@ class Session:
     async def _get_upstream_outputs(
         self, request: worker_pb2.GetUpstreamOutputsRequest
     ) -> worker_pb2.GetUpstreamOutputsResponse:
-        response: worker_pb2.GetUpstreamOutputsResponse = await self.stub.GetUpstreamOutputs(
-            request, timeout=self._config.rpc_timeout, metadata=self._metadata
-        )
+        route, stub = self.route()
+        try:
+            response: worker_pb2.GetUpstreamOutputsResponse = await stub.GetUpstreamOutputs(
+                request, timeout=self._config.rpc_timeout, metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            self.failed(route, exc)
+            raise
         return response
 
-    def heartbeat(self) -> HeartbeatCall:
-        """Open one heartbeat stream."""
-        call: HeartbeatCall = self.stub.Heartbeat(metadata=self._metadata)
-        return call
+    def heartbeat(self) -> tuple[int, HeartbeatCall]:
+        """Open one heartbeat stream; its route, for ``failed``, and the call."""
+        route, stub = self.route()
+        call: HeartbeatCall = stub.Heartbeat(metadata=self._metadata)
+        return route, call
 
     def heartbeat_request(
         self, leases: Sequence[worker_pb2.LeaseRef]
@@ -220,22 +278,32 @@ class Session:
     async def drain(
         self, hand_back: Sequence[worker_pb2.LeaseRef], give_up_after: float
     ) -> worker_pb2.DrainResponse | None:
-        """Drain with retries on transient errors; None if it could not be delivered.
+        """Drain with retries on transient errors (moving to the next address when a
+        server is unreachable); None if it could not be delivered within give_up_after
+        seconds, which bound the retries and the calls together.
         Raises SessionLost on a permanent session error."""
         request = worker_pb2.DrainRequest(session=self.token, hand_back=hand_back)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + give_up_after
 
         async def call() -> worker_pb2.DrainResponse:
-            response: worker_pb2.DrainResponse = await self.stub.Drain(
-                request,
-                timeout=min(self._config.rpc_timeout, give_up_after),
-                metadata=self._metadata,
-            )
+            route, stub = self.route()
+            remaining = max(deadline - loop.time(), _LAST_CALL_S)
+            try:
+                response: worker_pb2.DrainResponse = await stub.Drain(
+                    request,
+                    timeout=min(self._config.rpc_timeout, remaining),
+                    metadata=self._metadata,
+                )
+            except grpc.RpcError as exc:
+                self.failed(route, exc)
+                raise
             return response
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
-            stop=stop_after_delay(give_up_after),
+            stop=stop_before_delay(give_up_after),
             before_sleep=_log_retry("Drain"),
             reraise=True,
         )

@@ -50,8 +50,9 @@ WITH picked AS (
        SET state = 'running', attempts = t.attempts + 1
       FROM leased l
      WHERE t.id = l.task_id AND t.state = 'queued'
- RETURNING t.id, t.key, t.attempts, t.max_attempts, t.action, t.input, t.executor_kind,
-           t.depends_on
+ -- A free hand-back moves the last attempt's number up by one (migration 0009).
+ RETURNING t.id, t.key, t.attempts, t.max_attempts + t.hand_backs AS max_attempts, t.action,
+           t.input, t.executor_kind, t.depends_on
 ), recorded AS (
     INSERT INTO attempts (task_id, run_id, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
     SELECT l.task_id, l.run_id, s.attempts, l.id, l.worker_id, l.fencing_token, statement_timestamp(), l.attempt_deadline

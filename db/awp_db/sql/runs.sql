@@ -41,7 +41,7 @@ SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GR
 SELECT key, state, executor_kind, action, depends_on, attempts, max_attempts,
        CASE WHEN octet_length(output::text) <= $2 THEN output END AS output,
        coalesce(octet_length(output::text) > $2, false) AS output_omitted, error,
-       retry_at, finished_at, reused_from_run_id
+       retry_at, finished_at, reused_from_run_id, hand_backs
   FROM tasks WHERE run_id = $1 ORDER BY id
 
 -- name: attempts

@@ -6,8 +6,10 @@
 -- Ends each attempt with its dispatch and applies the retry decision to its task, in
 -- one statement. Per ending: $1 dispatch id, $2 dispatch state, $3 result hash,
 -- $4 attempt state, $5 output, $6 error, $7 task id, $8 task state, $9 retry delay (ms).
--- A task keeps the output only of a success. Runs and dispatches are locked by the
--- caller, so no other writer touches these attempts and tasks meanwhile.
+-- A task keeps the output only of a success. A task sent back to `ready` was handed back
+-- free of charge (awp_kernel.retry.decide_hand_back): it counts one more free hand-back.
+-- Runs and dispatches are locked by the caller, so no other writer touches these
+-- attempts and tasks meanwhile.
 -- Returns the runs that may have finished: those with no live task left besides the
 -- ones this statement ended for good (`l` is read as of the statement's start, when
 -- those were still running; a task now waiting for a retry stays live).
@@ -35,7 +37,9 @@ WITH e AS (
            error = coalesce(e.error::jsonb, t.error),
            retry_at = CASE WHEN e.task_state = 'waiting_retry'
                            THEN clock_timestamp() + e.retry_in_ms * interval '1 millisecond' END,
-           finished_at = CASE WHEN e.task_state IN ('succeeded', 'failed') THEN clock_timestamp() END
+           finished_at = CASE WHEN e.task_state IN ('succeeded', 'failed') THEN clock_timestamp() END,
+           hand_backs = t.hand_backs + (e.task_state = 'ready')::int,
+           ready_at = CASE WHEN e.task_state = 'ready' THEN clock_timestamp() ELSE t.ready_at END
       FROM e
      WHERE t.id = e.task_id AND t.state = 'running'
  RETURNING t.id, t.run_id, t.state

@@ -379,12 +379,13 @@ class Task(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     REUSED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     OUTPUT_OMITTED_FIELD_NUMBER: _builtins.int
+    HAND_BACKS_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     state: _types_pb2.TaskState.ValueType
     executor_kind: _builtins.str
     action: _builtins.str
     attempts: _builtins.int
-    """Attempts started so far."""
+    """Attempts started so far, hand_backs included."""
     max_attempts: _builtins.int
     reused_from_run_id: _builtins.str
     """Set when the task was not run in this run but reused (RetryRun): the run whose attempt
@@ -394,6 +395,10 @@ class Task(_message.Message):
     output_omitted: _builtins.bool
     """The task has an output that this answer leaves out (over 64 KiB as JSON, or past
     GetRun's 3 MiB budget): GetTaskOutput returns it.
+    """
+    hand_backs: _builtins.int
+    """Attempts handed back by draining workers free of charge: they do not count against
+    max_attempts (attempts - hand_backs do).
     """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -423,10 +428,11 @@ class Task(_message.Message):
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         reused_from_run_id: _builtins.str = ...,
         output_omitted: _builtins.bool = ...,
+        hand_backs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at", b"finished_at", "output", b"output", "retry_at", b"retry_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "key", b"key", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

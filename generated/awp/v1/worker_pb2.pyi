@@ -330,8 +330,12 @@ class Lease(_message.Message):
     executor_kind: _builtins.str
     action: _builtins.str
     attempt: _builtins.int
-    """1 for the first attempt."""
+    """1 for the first attempt; every lease of a task has a higher number than the last."""
     max_attempts: _builtins.int
+    """The number the task's last attempt has as things stand: its retry policy's
+    max_attempts plus the attempts handed back free of charge (DrainRequest.hand_back),
+    which spend nothing. When attempt == max_attempts, no retry follows this one.
+    """
     idempotency_key: _builtins.str
     """"<run_id>/<task_key>": stable across attempts, for idempotent side effects."""
     @_builtins.property
@@ -732,7 +736,9 @@ class DrainRequest(_message.Message):
     @_builtins.property
     def hand_back(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRef]:
         """Leases the worker gives up unfinished (its shutdown deadline passed): they are
-        settled at once as interrupted and retried under the task's retry rule. At most 1,000.
+        settled at once as interrupted. Not the task's fault: the task is ready again at once,
+        no attempt spent, no backoff -- up to MAX_FREE_HAND_BACKS (10) per task; past that a
+        hand-back is charged as an ordinary interruption (the retry rule applies). At most 1,000.
         """
 
     def __init__(
