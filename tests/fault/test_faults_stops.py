@@ -133,8 +133,16 @@ async def test_sigterm_past_the_shutdown_timeout_hands_the_lease_back(cluster: C
     await cluster.start_coordinator()
     # The task outlasts the worker's shutdown timeout: it must be handed back in the last
     # Drain and re-dispatched at once, not left "running" until its lease expires. With
-    # one attempt and a long backoff, only a free hand-back lets it succeed.
-    w1 = await cluster.start_worker("w1", concurrency=1, shutdown_timeout=0.5)
+    # one attempt and a long backoff, only a free hand-back lets it succeed. Both workers
+    # are up before the run starts, so that nothing slow (a process start) lies between
+    # the attempt starting and the SIGTERM: the 4 s task is still running at the timeout.
+    workers = {
+        worker.worker_id: worker
+        for worker in [
+            await cluster.start_worker(name, concurrency=1, shutdown_timeout=0.5)
+            for name in ("w1", "w2")
+        ]
+    }
     run_id = await workload.start(
         cluster.control(),
         workload.definition(
@@ -144,11 +152,12 @@ async def test_sigterm_past_the_shutdown_timeout_hands_the_lease_back(cluster: C
             backoff_ms=60_000,
         ),
     )
-    await wait_attempt(cluster, run_id, "long", 1, "running")
-    w2 = await cluster.start_worker("w2", concurrency=1)
+    first = await wait_attempt(cluster, run_id, "long", 1, "running")
+    holder = workers.pop(first["worker_id"])
+    (w2,) = workers.values()
     signalled_at = await cluster.db_now()
-    w1.process.terminate()
-    assert await w1.process.wait_exit(20) == 0
+    holder.process.terminate()
+    assert await holder.process.wait_exit(20) == 0
     second = await wait_attempt(cluster, run_id, "long", 2)
     report_figure(
         "HANDBACK SIGTERM (shutdown timeout 0.5s)->attempt2="
