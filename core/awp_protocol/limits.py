@@ -19,6 +19,13 @@ MIN_TIMEOUT_MS: Final = 10
 MAX_DURATION_MS: Final = 24 * 3600 * 1000
 MAX_BACKOFF_MULTIPLIER: Final = 10.0
 DEFAULT_TIMEOUT_MS: Final = 5 * 60 * 1000
+# A map task runs once per element of a list in its upstream's output (TaskDefinition.map):
+# a longer list fails the map task. Its output, the list of its elements' outputs, is at
+# most MAX_MAP_OUTPUT_BYTES (as PostgreSQL prints the JSON): it is delivered to every
+# downstream task with its lease.
+MAX_MAP_ELEMENTS: Final = 1_000
+MAX_MAP_OUTPUT_BYTES: Final = 8 * 1024 * 1024
+MAX_MAP_PATH_CHARS: Final = 256
 
 # --- runs (StartRun, CancelRun, WatchRun, the list calls)
 MAX_REQUEST_ID_CHARS: Final = 128
@@ -83,6 +90,8 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.TaskDefinition.executor_kind": MAX_EXECUTOR_KIND_CHARS,
     "awp.v1.TaskDefinition.action": MAX_ACTION_CHARS,
     "awp.v1.TaskDefinition.depends_on": MAX_TASK_KEY_CHARS,
+    "awp.v1.TaskMap.over": MAX_TASK_KEY_CHARS,
+    "awp.v1.TaskMap.path": MAX_MAP_PATH_CHARS,
     "awp.v1.GetWorkflowRequest.name": MAX_NAME_CHARS,
     "awp.v1.ListWorkflowsRequest.name": MAX_NAME_CHARS,
     "awp.v1.ListWorkflowsRequest.page_token": MAX_PAGE_TOKEN_CHARS,

@@ -51,6 +51,7 @@ class IssuedLease:
     attempt_remaining_ms: float
     run_input: dict[str, Any]
     upstream_outputs: dict[str, dict[str, Any]]
+    upstream_states: dict[str, str]
 
 
 class ClaimAbandoned(Exception):
@@ -223,6 +224,7 @@ def _issued(row: asyncpg.Record, lease_token: str) -> IssuedLease:
         attempt_remaining_ms=float(row["attempt_remaining_ms"]),
         run_input=row["run_input"],
         upstream_outputs=row["upstream_outputs"] or {},
+        upstream_states=row["upstream_states"] or {},
     )
 
 

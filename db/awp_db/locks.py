@@ -60,7 +60,6 @@ class LockedDispatch:
     # None for a dispatch never leased (no attempt).
     attempt: int | None
     task_key: str
-    dependents: list[str]
     max_attempts: int
     backoff_initial_ms: int
     backoff_max_ms: int

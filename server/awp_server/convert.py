@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -22,8 +22,11 @@ from awp_db.stats import StateCount, Stats
 from awp_db.workers import WorkerInfo
 from awp_db.workflows import StoredWorkflow
 from awp_kernel.definition import (
+    FAILURE_POLICIES,
     KNOWN_EXECUTOR_KINDS,
     DefinitionInvalid,
+    FailurePolicy,
+    MapSpec,
     TaskSpec,
     WorkflowSpec,
     validate,
@@ -81,6 +84,7 @@ DISPATCH_STATES: Final = _enum_map(
     types_pb2.DispatchState, "DISPATCH_STATE_", states.DISPATCH_STATES
 )
 WORKER_STATES: Final = _enum_map(types_pb2.WorkerState, "WORKER_STATE_", states.WORKER_STATES)
+FAILURE_POLICY: Final = _enum_map(types_pb2.FailurePolicy, "FAILURE_POLICY_", FAILURE_POLICIES)
 # Storage names an event type by its subject, a dot and the rest: 'run.cancel_requested'
 # is EVENT_TYPE_RUN_CANCEL_REQUESTED. The proto enum is the list's one home.
 EVENT_TYPES: Final = _enum_map(
@@ -158,6 +162,9 @@ def spec_from_proto(
                 timeout_ms=(
                     duration_ms(task.timeout) if task.HasField("timeout") else DEFAULT_TIMEOUT_MS
                 ),
+                map=MapSpec(task.map.over, task.map.path) if task.HasField("map") else None,
+                on_failure=_policy_from_proto(task.on_failure),
+                always=task.always,
             )
         )
     spec = WorkflowSpec(
@@ -174,6 +181,15 @@ def spec_from_proto(
     if violations:
         raise DefinitionInvalid(violations)
     return spec
+
+
+def _policy_from_proto(value: types_pb2.FailurePolicy.ValueType) -> FailurePolicy:
+    """Unset is the default, fail_run; a number this server does not know goes on to
+    validation as it is, which refuses it naming the field."""
+    if value == types_pb2.FAILURE_POLICY_UNSPECIFIED:
+        return "fail_run"
+    name = FAILURE_POLICY.name(value)
+    return cast(FailurePolicy, name if name is not None else f"number {int(value)}")
 
 
 def _retry_from_proto(retry: types_pb2.RetryPolicy) -> RetryPolicy:
@@ -215,6 +231,13 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                     backoff_multiplier=task.retry.multiplier,
                 ),
                 timeout=duration_from_ms(task.timeout_ms),
+                map=(
+                    None
+                    if task.map is None
+                    else types_pb2.TaskMap(over=task.map.over, path=task.map.path)
+                ),
+                on_failure=FAILURE_POLICY.proto(task.on_failure),
+                always=task.always,
             )
             for task in spec.tasks
         ],
@@ -276,6 +299,8 @@ def task_to_proto(row: TaskInfo) -> control_pb2.Task:
         error=task_error(row.error),
         retry_at=timestamp(row.retry_at),
         finished_at=timestamp(row.finished_at),
+        map_parent=row.map_parent or "",
+        map_index=row.map_index or 0,
     )
 
 

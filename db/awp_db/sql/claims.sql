@@ -52,11 +52,14 @@ SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, l.worker_id, s.key AS 
        l.lease_expires_at, l.attempt_deadline,
        extract(epoch FROM l.lease_expires_at - statement_timestamp()) * 1000 AS lease_remaining_ms,
        extract(epoch FROM l.attempt_deadline - statement_timestamp()) * 1000 AS attempt_remaining_ms,
-       r.input AS run_input,
-       (SELECT jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb))
-          FROM tasks u
-         WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)) AS upstream_outputs
+       r.input AS run_input, up.outputs AS upstream_outputs, up.states AS upstream_states
   FROM leased l
   JOIN started s ON s.id = l.task_id
   JOIN runs r ON r.id = l.run_id
+  -- The tasks it depends on: all succeeded, unless it is an always task.
+  CROSS JOIN LATERAL (
+      SELECT jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb)) AS outputs,
+             jsonb_object_agg(u.key, u.state) AS states
+        FROM tasks u
+       WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)) up
  ORDER BY l.id

@@ -367,6 +367,8 @@ class Task(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     RETRY_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    MAP_PARENT_FIELD_NUMBER: _builtins.int
+    MAP_INDEX_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     state: _types_pb2.TaskState.ValueType
     executor_kind: _builtins.str
@@ -374,6 +376,12 @@ class Task(_message.Message):
     attempts: _builtins.int
     """Attempts started so far."""
     max_attempts: _builtins.int
+    map_parent: _builtins.str
+    """Set on an element of a map task (key "<map_parent>[<map_index>]"): the map task's
+    key and the element's 0-based index. Elements are listed after the run's declared
+    tasks, each map's in index order.
+    """
+    map_index: _builtins.int
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -400,10 +408,12 @@ class Task(_message.Message):
         error: _types_pb2.TaskError | None = ...,
         retry_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        map_parent: _builtins.str = ...,
+        map_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at", b"finished_at", "output", b"output", "retry_at", b"retry_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "key", b"key", "max_attempts", b"max_attempts", "output", b"output", "retry_at", b"retry_at", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "retry_at", b"retry_at", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
