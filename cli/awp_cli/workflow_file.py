@@ -14,6 +14,16 @@
         kind: python
         action: demo.summarize
         depends_on: [fetch]
+        on_failure: continue       # or fail_run (the default)
+      - key: search
+        kind: python
+        action: demo.search
+        depends_on: [plan]
+        map: {over: plan, path: queries}   # once per element of plan's output["queries"]
+      - key: cleanup
+        kind: python
+        action: demo.cleanup
+        always: true               # runs once the rest has ended, success or failure
 
 Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations,
 the parser every duration flag uses too). The protobuf JSON
@@ -59,10 +69,31 @@ _ALIASES: Final = {
     "maxBackoff": "max_backoff",
     "backoff_multiplier": "multiplier",
     "backoffMultiplier": "multiplier",
+    "onFailure": "on_failure",
 }
 _WORKFLOW_KEYS: Final = ("name", "version", "description", "concurrency", "tasks")
-_TASK_KEYS: Final = ("key", "kind", "action", "input", "depends_on", "retry", "timeout")
+_TASK_KEYS: Final = (
+    "key",
+    "kind",
+    "action",
+    "input",
+    "depends_on",
+    "retry",
+    "timeout",
+    "map",
+    "on_failure",
+    "always",
+)
 _RETRY_KEYS: Final = ("max_attempts", "initial_backoff", "max_backoff", "multiplier")
+_MAP_KEYS: Final = ("over", "path")
+# The failure policies by their short names (fail_run, continue), from the proto enum;
+# its full names (FAILURE_POLICY_CONTINUE, as `awp workflow get --json` writes them) work too.
+_POLICY_PREFIX: Final = "FAILURE_POLICY_"
+_POLICIES: Final = {
+    name.removeprefix(_POLICY_PREFIX).lower(): value
+    for name, value in types_pb2.FailurePolicy.items()
+    if value != types_pb2.FAILURE_POLICY_UNSPECIFIED
+}
 # A `awp workflow get --json` answer wraps the definition; its other fields are ignored.
 _WRAPPER_KEYS: Final = frozenset({"definition", "createdAt", "created_at"})
 
@@ -350,6 +381,35 @@ def _task(data: Any, path: Path_, task: types_pb2.TaskDefinition, problems: _Pro
         seconds = _duration(fields["timeout"], (*path, "timeout"), problems)
         if seconds is not None:
             task.timeout.CopyFrom(to_duration(seconds))
+    if fields.get("map") is not None:
+        _map(fields["map"], (*path, "map"), task.map, problems)
+    if "on_failure" in fields:
+        _policy(fields["on_failure"], (*path, "on_failure"), task, problems)
+    always = fields.get("always", False)
+    if isinstance(always, bool):
+        task.always = always
+    else:
+        problems.add((*path, "always"), f"expected true or false, got {always!r}")
+
+
+def _map(data: Any, path: Path_, task_map: types_pb2.TaskMap, problems: _Problems) -> None:
+    task_map.SetInParent()
+    fields = _mapping(data, path, _MAP_KEYS, problems)
+    if fields is None:
+        return
+    for required in _MAP_KEYS:
+        if required not in fields:
+            problems.add(path, f"missing {required}")
+    task_map.over = _string(fields, "over", path, problems)
+    task_map.path = _string(fields, "path", path, problems)
+
+
+def _policy(value: Any, path: Path_, task: types_pb2.TaskDefinition, problems: _Problems) -> None:
+    name = value.removeprefix(_POLICY_PREFIX).lower() if isinstance(value, str) else None
+    if name in _POLICIES:
+        task.on_failure = _POLICIES[name]
+    else:
+        problems.add(path, f"expected one of {', '.join(_POLICIES)}, got {value!r}")
 
 
 def _retry(data: Any, path: Path_, retry: types_pb2.RetryPolicy, problems: _Problems) -> None:
