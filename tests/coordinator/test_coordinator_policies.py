@@ -10,13 +10,13 @@ from test_coordinator_maps import answers, drive, task, workflow
 
 from awp_db import runs
 from awp_db.connect import Pool
-from awp_kernel.definition import MapSpec
+from awp_kernel.definition import MapSpec, TaskSpec
 from kit import start_run
 from kit.db import converge_cancel, register, run_state, task_states
 from kit.invariants import Expect, check_committed, check_invariants
 
 
-def branches(policy: str) -> tuple:  # type: ignore[type-arg]
+def branches(policy: str) -> tuple[TaskSpec, ...]:
     """a -> b (policy) -> c -> d; a -> e -> f: two branches, the first one failing."""
     return (
         task("a"),
