@@ -351,7 +351,8 @@ async def test_maps_over_maps(pool: Pool) -> None:
     full = await start_run(pool, flow, "nested-full")
     leases = await drive(pool, worker, full, answers(["x", "y"]))
     second = sorted(
-        (l for l in leases if l.task_key.startswith("second[")), key=lambda l: l.task_key
+        (lease for lease in leases if lease.task_key.startswith("second[")),
+        key=lambda lease: lease.task_key,
     )
     # Each element of `second` got the output of the element of `first` at its index.
     assert [lease.input["item"]["key"] for lease in second] == ["first[0]", "first[1]"]

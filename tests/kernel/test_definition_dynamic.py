@@ -204,9 +204,7 @@ def _follows_the_rules(workflow: WorkflowSpec) -> bool:
         if not t.always and always & set(t.depends_on):
             return False
         if t.map is not None and (
-            t.map.over not in t.depends_on
-            or t.map.path in ("", "a..b")
-            or "item" in t.input
+            t.map.over not in t.depends_on or t.map.path in ("", "a..b") or "item" in t.input
         ):
             return False
     return True

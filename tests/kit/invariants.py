@@ -248,9 +248,7 @@ async def _maps_agree_with_elements(conn: Db) -> list[str]:
                 f"{what}: elements_left {row['elements_left']} but "
                 f"{row['unsucceeded']} elements not succeeded"
             )
-        if row["state"] == "succeeded" and (
-            row["unsucceeded"] or not row["combined"]
-        ):
+        if row["state"] == "succeeded" and (row["unsucceeded"] or not row["combined"]):
             problems.append(f"{what}: its output is not its elements' outputs in order")
         if row["state"] not in ("running", "succeeded") and row["live"]:
             problems.append(f"{what}: {row['live']} elements still live")
