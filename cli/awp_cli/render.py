@@ -377,10 +377,16 @@ def attempts_table(
     parent_of = {task.key: task.map_parent for task in tasks if task.map_parent}
     collapsed: dict[str, list[control_pb2.Attempt]] = {}
     for attempt in attempts:
+        parent = parent_of.get(attempt.task_key)
+        if parent is not None and attempt.state == types_pb2.ATTEMPT_STATE_SUCCEEDED:
+            collapsed.setdefault(parent, []).append(attempt)
+    for attempt in attempts:
         state = attempt_state(attempt.state)
         parent = parent_of.get(attempt.task_key)
         if parent is not None and state == "succeeded":
-            collapsed.setdefault(parent, []).append(attempt)
+            # The map task's row stands where its first element succeeded.
+            if collapsed[parent] and collapsed[parent][0] is attempt:
+                _add_collapsed(table, parent, collapsed[parent])
             continue
         table.add_row(
             attempt.task_key,
@@ -392,18 +398,20 @@ def attempts_table(
             took(seconds_between(attempt.started_at, attempt.finished_at)),
             attempt.error.message if attempt.HasField("error") else "",
         )
-    for parent, succeeded in collapsed.items():
-        table.add_row(
-            f"{parent}[...]",
-            "-",
-            styled("succeeded", f"{len(succeeded)} succeeded"),
-            f"{len({a.worker_id for a in succeeded})} workers",
-            "",
-            local_time(min((a.started_at for a in succeeded), key=lambda t: (t.seconds, t.nanos))),
-            took(_span({a.task_key for a in succeeded}, succeeded)),
-            "",
-        )
     return table
+
+
+def _add_collapsed(table: Table, parent: str, succeeded: Sequence[control_pb2.Attempt]) -> None:
+    table.add_row(
+        f"{parent}[...]",
+        "-",
+        styled("succeeded", f"{len(succeeded)} succeeded"),
+        f"{len({a.worker_id for a in succeeded})} workers",
+        "",
+        local_time(min((a.started_at for a in succeeded), key=lambda t: (t.seconds, t.nanos))),
+        took(_span({a.task_key for a in succeeded}, succeeded)),
+        "",
+    )
 
 
 def audit_text(run: control_pb2.Run) -> Text:
