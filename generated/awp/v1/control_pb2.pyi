@@ -300,7 +300,7 @@ class Run(_message.Message):
     @_builtins.property
     def tasks_by_state(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskStateCount]:
         """One entry per state the run's tasks are in, in the enum's (lifecycle) order; states
-        no task is in are left out.
+        no task is in are left out. The elements of map tasks are counted as tasks.
         """
 
     def __init__(
