@@ -26,7 +26,10 @@ async def test_a_lease_being_renewed_is_never_reaped(pool: Pool, database_dsn: s
     worker = await register(pool)
     coord = coordinator(pool)
     await coord.run_pass()
-    (lease,) = await worker.claim(ttl_ms=3_000)
+    # Short: the renewal's transaction below stays open until this expiry has passed,
+    # and PostgreSQL ends a session idle in a transaction for 3 s (DEFAULT_LIMITS), which
+    # would roll the renewal back (a 3 s lease made this test fail under load).
+    (lease,) = await worker.claim(ttl_ms=1_000)
 
     heartbeat = await connect(database_dsn)
     try:
