@@ -222,10 +222,7 @@ async def _follow_up(
 
 
 async def stop_runs(
-    conn: Conn,
-    run_ids: Sequence[UUID],
-    untouched_state: str,
-    events: EventBatch,
+    conn: Conn, run_ids: Sequence[UUID], untouched_state: str, events: EventBatch
 ) -> None:
     """Revokes every live lease of the runs and ends their unfinished tasks.
 
