@@ -204,6 +204,76 @@ async def run_get(client: Client, args: argparse.Namespace) -> Exit:
     return Exit.OK
 
 
+async def run_retry(client: Client, args: argparse.Namespace) -> Exit:
+    request = control_pb2.RetryRunRequest(
+        run_id=args.run_id, from_task=args.from_task or "", request_id=args.request_id or ""
+    )
+    answer = await client.call(client.control.RetryRun, request)
+    if args.json and not args.wait:
+        render.print_json(answer)
+        return Exit.OK
+    if not args.json:
+        _print_retried(answer)
+    if not args.wait:
+        return Exit.OK
+    final = await wait_for_run(client, answer.run, quiet=args.json)
+    return run_exit(final.run)
+
+
+def _print_retried(answer: control_pb2.RetryRunResponse) -> None:
+    run = answer.run
+    if not answer.created:
+        render.stdout.print(
+            f"run [bold]{run.id}[/] was already started with request id "
+            f"{escape(repr(run.request_id))} (state {render.run_state(run.state)})"
+        )
+        return
+    # Right after creation, the run's only succeeded tasks are the reused ones.
+    counts = render.task_counts(run)
+    reused = counts.get("succeeded", 0)
+    rerun = sum(counts.values()) - reused
+    start = f" from task {escape(run.retry_from_task)}" if run.retry_from_task else ""
+    render.stdout.print(
+        f"started run [bold]{run.id}[/], a retry of run {run.retried_from_run_id}{start}: "
+        f"{reused} task{'s' * (reused != 1)} reused, {rerun} to run"
+    )
+
+
+async def logs(client: Client, args: argparse.Namespace) -> Exit:
+    request = control_pb2.ListAttemptsRequest(run_id=args.run_id, task_key=args.task or "")
+    # --json prints one answer holding every page; tables go out page by page.
+    answer = control_pb2.ListAttemptsResponse()
+    while True:
+        page = await client.call(client.control.ListAttempts, request)
+        answer.attempts.extend(page.attempts)
+        if not args.json:
+            for attempt in page.attempts:
+                render.stdout.print(render.attempt_log(attempt))
+        if not page.next_page_token:
+            break
+        request.page_token = page.next_page_token
+    if args.json:
+        render.print_json(answer)
+    elif not answer.attempts:
+        render.stdout.print(await _why_no_attempts(client, args.run_id, args.task))
+    return Exit.OK
+
+
+async def _why_no_attempts(client: Client, run_id: str, task_key: str | None) -> str:
+    if task_key is None:
+        return f"run {run_id} has no attempts yet"
+    found = await client.call(client.control.GetRun, control_pb2.GetRunRequest(run_id=run_id))
+    task = next((t for t in found.tasks if t.key == task_key), None)
+    if task is None:  # ListAttempts already refused an unknown task
+        return f"run {run_id} has no task {task_key!r}"
+    if task.reused_from_run_id:
+        return (
+            f"task {task_key} did not run in run {run_id}: it reused the output of run "
+            f"{task.reused_from_run_id} (awp logs {task.reused_from_run_id} {task_key})"
+        )
+    return f"task {task_key} has no attempts yet (it is {render.task_state(task.state)})"
+
+
 async def run_list(client: Client, args: argparse.Namespace) -> Exit:
     request = control_pb2.ListRunsRequest(workflow_name=args.workflow or "")
     if args.state:

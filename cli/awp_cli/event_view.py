@@ -60,6 +60,10 @@ def event_line(event: types_pb2.StateEvent) -> Text:
         text.append(styled(after))
     if by := payload.get("by"):
         text.append(f"  by {by}", style="dim")
+    if retried := payload.get("retried_from"):
+        text.append(f"  retry of run {retried}", style="dim")
+    if reused := payload.get("reused_from"):
+        text.append(f"  reused from run {reused}", style="dim")
     error = payload.get("error")
     if isinstance(error, dict):
         error = error.get("message")

@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     get = add(workflows, "get", commands.workflow_get, "show one workflow (latest version)")
     get.add_argument("workflow", type=commands.workflow_ref, help="NAME or NAME@VERSION")
 
-    run = commands_.add_parser("run", help="start, watch and cancel runs")
+    run = commands_.add_parser("run", help="start, watch, cancel and retry runs")
     runs = run.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = add(runs, "start", commands.run_start, "start a run of a workflow")
     start.add_argument("workflow", type=commands.workflow_ref, help="NAME or NAME@VERSION")
@@ -104,11 +104,41 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument(
         "--after-seq", type=int, default=0, help="only events after this seq (to resume)"
     )
+    retry = add(
+        runs,
+        "retry",
+        commands.run_retry,
+        "start a new run of a finished run's workflow and input that reuses what succeeded",
+    )
+    retry.add_argument("run_id", metavar="RUN_ID")
+    retry.add_argument(
+        "--from",
+        dest="from_task",
+        metavar="TASK",
+        help="re-run this task and everything downstream of it, even what succeeded",
+    )
+    retry.add_argument(
+        "--request-id", help="idempotency key: retrying again with it returns the same run"
+    )
+    retry.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the new run to its end; exit 0 if it succeeded, 1 if not",
+    )
     cancel = add(runs, "cancel", commands.run_cancel, "cancel a run")
     cancel.add_argument("run_id", metavar="RUN_ID")
     cancel.add_argument("--reason", help="recorded with the cancel request")
     cancel.add_argument("--wait", action="store_true", help="wait until the run has ended")
 
+    logs = add(
+        commands_,
+        "logs",
+        commands.logs,
+        "every attempt of a run (or of one task): worker, times, outcome, error, traceback "
+        "and log tail",
+    )
+    logs.add_argument("run_id", metavar="RUN_ID")
+    logs.add_argument("task", metavar="TASK", nargs="?", help="only this task's attempts")
     workers = add(commands_, "workers", commands.workers, "list worker sessions")
     workers.add_argument("--all", action="store_true", help="include stopped and offline ones")
     add(commands_, "stats", commands.stats, "queue depth, leases and workers by state")

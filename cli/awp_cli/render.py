@@ -320,12 +320,17 @@ def tasks_table(answer: control_pb2.GetRunResponse) -> Table:
         state = task_state(task.state)
         mine = elements.get(task.key)
         if mine is None:
+            attempts = (
+                Text(f"reused {task.reused_from_run_id[:8]}", style="dim")
+                if task.reused_from_run_id
+                else f"{task.attempts}/{task.max_attempts}"
+            )
             table.add_row(
                 task.key,
                 styled(state),
                 task.executor_kind,
                 task.action,
-                f"{task.attempts}/{task.max_attempts}",
+                attempts,
                 took(_task_span(task.key, answer.attempts)),
                 Text(_output_text(task), no_wrap=True, overflow="ellipsis"),
             )
@@ -415,11 +420,46 @@ def _add_collapsed(table: Table, parent: str, succeeded: Sequence[control_pb2.At
 
 
 def audit_text(run: control_pb2.Run) -> Text:
-    """Who started the run and who asked for its cancellation (the audit trail)."""
+    """Who started the run and who asked for its cancellation (the audit trail), and the
+    run it retried."""
     text = Text.assemble(("started by ", "dim"), run.started_by or "?")
     if run.cancel_requested_by:
         text.append_text(Text.assemble(("  cancel requested by ", "dim"), run.cancel_requested_by))
+    if run.retried_from_run_id:
+        text.append_text(Text.assemble(("  retried from run ", "dim"), run.retried_from_run_id))
+        if run.retry_from_task:
+            text.append_text(Text.assemble((" from task ", "dim"), run.retry_from_task))
     return text
+
+
+def error_text(error: types_pb2.TaskError) -> Text:
+    """The error's message, and its exception type when the message does not say it."""
+    text = Text(error.message, style="red")
+    if error.type and not error.message.startswith(error.type.rsplit(".", 1)[-1]):
+        text.append(f"  ({error.type})", style="dim")
+    return text
+
+
+def failures_view(answer: control_pb2.GetRunResponse) -> list[RenderableType]:
+    """Each failed task's error and the traceback of its last attempt."""
+    parts: list[RenderableType] = []
+    for task in answer.tasks:
+        if task.state != types_pb2.TASK_STATE_FAILED:
+            continue
+        parts += [
+            Text(""),
+            Text.assemble(
+                ("task ", "dim"), (task.key, "bold red"), " failed: ", error_text(task.error)
+            ),
+        ]
+        if task.error.traceback:
+            parts.append(Text(task.error.traceback.rstrip("\n")))
+        parts.append(
+            Text(
+                f"every attempt and its log tail: awp logs {answer.run.id} {task.key}", style="dim"
+            )
+        )
+    return parts
 
 
 def run_view(answer: control_pb2.GetRunResponse) -> RenderableType:
@@ -436,6 +476,7 @@ def run_view(answer: control_pb2.GetRunResponse) -> RenderableType:
             Text("attempts", style="bold"),
             attempts_table(answer.attempts, answer.tasks),
         ]
+    parts += failures_view(answer)
     return Group(*parts)
 
 
@@ -473,14 +514,61 @@ def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:
     )
     if text:
         lines.append(Text.assemble(("  retried:  ", "dim"), text))
-    for task in answer.tasks:
-        if task_state(task.state) == "failed" and not task.map_parent:
-            lines.append(
-                Text.assemble(
-                    ("  failed:   ", "dim"), (task.key, "bold red"), f": {task.error.message}"
-                )
+    reused = [t.key for t in answer.tasks if t.reused_from_run_id]
+    if reused:
+        text = ", ".join(reused)
+        lines.append(Text.assemble(("  reused:   ", "dim"), f"{text} (not run again)"))
+    failed = [
+        task for task in answer.tasks if task_state(task.state) == "failed" and not task.map_parent
+    ]
+    for task in failed:
+        lines.append(
+            Text.assemble(
+                ("  failed:   ", "dim"), (task.key, "bold red"), f": {task.error.message}"
             )
+        )
+    if failed:
+        lines.append(
+            Text(f"  tracebacks: awp run get {run.id}; resume: awp run retry {run.id}", style="dim")
+        )
     return Group(*lines)
+
+
+# ---------------------------------------------------------------- attempt logs
+
+
+def attempt_log(attempt: control_pb2.Attempt) -> RenderableType:
+    """One attempt as `awp logs` shows it: who ran it when, how it ended, what it left."""
+    state = attempt_state(attempt.state)
+    worker = (
+        f"{attempt.worker_name} ({attempt.worker_id[:8]})"
+        if attempt.worker_name
+        else attempt.worker_id
+    )
+    parts: list[RenderableType] = [
+        Text.assemble(
+            ("== ", "dim"),
+            (attempt.task_key, "bold"),
+            f" attempt {attempt.attempt}  ",
+            styled(state),
+            ("  worker ", "dim"),
+            worker,
+            ("  started ", "dim"),
+            local_time(attempt.started_at),
+            ("  took ", "dim"),
+            took(seconds_between(attempt.started_at, attempt.finished_at)),
+        )
+    ]
+    if attempt.HasField("error"):
+        error = attempt.error
+        retry = "retryable" if error.retryable else "permanent"
+        parts.append(Text.assemble(("error: ", "dim"), error_text(error), (f"  [{retry}]", "dim")))
+        if error.traceback:
+            parts.append(Text(error.traceback.rstrip("\n")))
+        if error.log_tail:
+            parts.append(Text("log tail:", style="dim"))
+            parts.append(Text(error.log_tail.rstrip("\n"), style="dim"))
+    return Group(*parts)
 
 
 # ---------------------------------------------------------------- fleet

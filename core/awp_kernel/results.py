@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from awp_protocol.jsonvalue import canonical_json
+
+_NO_DETAILS: Mapping[str, str] = MappingProxyType({})
 
 
 def result_hash(
@@ -14,11 +17,17 @@ def result_hash(
     output: Mapping[str, Any] | None,
     error_message: str | None,
     retryable: bool,
+    error_details: Mapping[str, str] = _NO_DETAILS,
 ) -> bytes:
-    """SHA-256 over only the fields a worker reports, in canonical form."""
+    """SHA-256 over only the fields a worker reports, in canonical form.
+
+    error_details are a failure's optional fields (type, traceback, log_tail); empty ones
+    are left out, so a failure without them hashes as it did before they existed.
+    """
     fields: dict[str, Any] = {"outcome": outcome}
     if outcome == "succeeded":
         fields["output"] = dict(output or {})
     else:
-        fields["error"] = {"message": error_message or "", "retryable": retryable}
+        details = {name: value for name, value in error_details.items() if value}
+        fields["error"] = {"message": error_message or "", "retryable": retryable, **details}
     return hashlib.sha256(canonical_json(fields)).digest()

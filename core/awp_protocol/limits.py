@@ -32,6 +32,10 @@ MAX_REQUEST_ID_CHARS: Final = 128
 MAX_CANCEL_REASON_CHARS: Final = 1024
 MAX_SEQ: Final = 2**63 - 1  # seq is a PostgreSQL bigint
 MAX_PAGE_SIZE: Final = 1000
+# ListAttempts: a page of attempts at every limit above (type, message, traceback, log
+# tail: ~33,000 characters, up to 4 UTF-8 bytes each) stays under the 4 MiB a gRPC client
+# receives by default.
+MAX_ATTEMPTS_PAGE_SIZE: Final = 25
 
 # --- workers (Register, Claim, Complete)
 MAX_WORKER_NAME_CHARS: Final = 128
@@ -42,6 +46,13 @@ MAX_LEASES_PER_CLAIM: Final = 1000
 MAX_RESULTS_PER_COMPLETE: Final = 500
 MAX_OUTPUT_BYTES: Final = 1024 * 1024  # a task's output, as canonical JSON
 MAX_ERROR_MESSAGE_CHARS: Final = 8 * 1024
+# What a failed attempt keeps beyond its message (TaskError): its exception's type, its
+# traceback (cut from the outside in, keeping the innermost frames) and the action's last
+# log lines (the newest kept). A worker bounds them; the server refuses more.
+MAX_ERROR_TYPE_CHARS: Final = 256
+MAX_TRACEBACK_CHARS: Final = 16 * 1024
+MAX_LOG_TAIL_CHARS: Final = 8 * 1024
+MAX_LOG_TAIL_LINES: Final = 50
 MAX_EXECUTOR_KINDS: Final = 32
 MAX_EXECUTOR_KIND_CHARS: Final = 32
 MAX_LABEL_KEY_CHARS: Final = 63
@@ -84,6 +95,9 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.LeaseRef.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.TaskResult.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.TaskError.message": MAX_ERROR_MESSAGE_CHARS,
+    "awp.v1.TaskError.type": MAX_ERROR_TYPE_CHARS,
+    "awp.v1.TaskError.traceback": MAX_TRACEBACK_CHARS,
+    "awp.v1.TaskError.log_tail": MAX_LOG_TAIL_CHARS,
     "awp.v1.WorkflowDefinition.name": MAX_NAME_CHARS,
     "awp.v1.WorkflowDefinition.description": MAX_DESCRIPTION_CHARS,
     "awp.v1.TaskDefinition.key": MAX_TASK_KEY_CHARS,
@@ -102,6 +116,12 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.ListRunsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
     "awp.v1.CancelRunRequest.run_id": MAX_ID_CHARS,
     "awp.v1.CancelRunRequest.reason": MAX_CANCEL_REASON_CHARS,
+    "awp.v1.RetryRunRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.RetryRunRequest.from_task": MAX_TASK_KEY_CHARS,
+    "awp.v1.RetryRunRequest.request_id": MAX_REQUEST_ID_CHARS,
+    "awp.v1.ListAttemptsRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.ListAttemptsRequest.task_key": MAX_TASK_KEY_CHARS,
+    "awp.v1.ListAttemptsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
     "awp.v1.WatchRunRequest.run_id": MAX_ID_CHARS,
 }
 # The element count of every repeated field and map of every request.

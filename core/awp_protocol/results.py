@@ -8,22 +8,42 @@ first all agree on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from awp.v1 import worker_pb2
 from awp_protocol.errors import FieldsInvalid, FieldViolation
 from awp_protocol.jsonvalue import JsonInvalid, json_size, struct_to_dict
-from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
+from awp_protocol.limits import (
+    MAX_ERROR_MESSAGE_CHARS,
+    MAX_ERROR_TYPE_CHARS,
+    MAX_LOG_TAIL_CHARS,
+    MAX_OUTPUT_BYTES,
+    MAX_TRACEBACK_CHARS,
+)
+
+# A failure's text fields and their lengths, in the order they are checked.
+_ERROR_TEXT: Final = (
+    ("message", MAX_ERROR_MESSAGE_CHARS),
+    ("type", MAX_ERROR_TYPE_CHARS),
+    ("traceback", MAX_TRACEBACK_CHARS),
+    ("log_tail", MAX_LOG_TAIL_CHARS),
+)
 
 
 @dataclass(frozen=True, slots=True)
 class CheckedResult:
-    """A result the server may store: its outcome and what it carries, as plain values."""
+    """A result the server may store: its outcome and what it carries, as plain values.
+
+    A failure's type, traceback and log tail are "" when the worker did not send them.
+    """
 
     outcome: Literal["succeeded", "failed"]
     output: dict[str, Any] | None = None
     error_message: str | None = None
     retryable: bool = True
+    error_type: str = ""
+    traceback: str = ""
+    log_tail: str = ""
 
 
 def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
@@ -42,15 +62,22 @@ def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
     if result.outcome == worker_pb2.RESULT_OUTCOME_FAILED:
         if result.HasField("output") and result.output.fields:
             raise _refused(f"{where}.output", "only a SUCCEEDED result carries an output")
-        message = result.error.message
-        if len(message) > MAX_ERROR_MESSAGE_CHARS:
-            raise _refused(
-                f"{where}.error.message", f"at most {MAX_ERROR_MESSAGE_CHARS} characters"
-            )
-        if "\x00" in message:
-            # PostgreSQL text cannot hold NUL: bad input, not a storage failure.
-            raise _refused(f"{where}.error.message", "must not contain NUL characters")
-        return CheckedResult("failed", error_message=message, retryable=result.error.retryable)
+        error = result.error
+        for name, limit in _ERROR_TEXT:
+            text: str = getattr(error, name)
+            if len(text) > limit:
+                raise _refused(f"{where}.error.{name}", f"at most {limit} characters")
+            if "\x00" in text:
+                # PostgreSQL text cannot hold NUL: bad input, not a storage failure.
+                raise _refused(f"{where}.error.{name}", "must not contain NUL characters")
+        return CheckedResult(
+            "failed",
+            error_message=error.message,
+            retryable=error.retryable,
+            error_type=error.type,
+            traceback=error.traceback,
+            log_tail=error.log_tail,
+        )
     raise _refused(f"{where}.outcome", "must be SUCCEEDED or FAILED")
 
 

@@ -15,7 +15,7 @@ from typing import Any, Final
 class Role(enum.StrEnum):
     WORKER = "worker"  # Register (the session then authenticates the worker's other calls)
     VIEWER = "viewer"  # read workflows, runs, events, workers, stats
-    SUBMITTER = "submitter"  # what a viewer may, and start and cancel runs
+    SUBMITTER = "submitter"  # what a viewer may, and start, cancel and retry runs
     ADMIN = "admin"  # everything, including creating workflows
 
 
@@ -33,6 +33,8 @@ ROLES_OF: Final[dict[str, frozenset[Role]]] = {
     "/awp.v1.ControlService/GetRun": READ,
     "/awp.v1.ControlService/ListRuns": READ,
     "/awp.v1.ControlService/CancelRun": SUBMIT,
+    "/awp.v1.ControlService/RetryRun": SUBMIT,
+    "/awp.v1.ControlService/ListAttempts": READ,
     "/awp.v1.ControlService/WatchRun": READ,
     "/awp.v1.ControlService/ListWorkers": READ,
     "/awp.v1.ControlService/GetStats": READ,

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from awp_db import locks, settle, workers
+from awp_db import attempts, locks, settle, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries
@@ -52,9 +52,24 @@ class ResultIn:
     output: dict[str, Any] | None = None
     error_message: str | None = None
     retryable: bool = True
+    # A failure's optional diagnostics ("" when the worker sent none).
+    error_type: str = ""
+    traceback: str = ""
+    log_tail: str = ""
 
     def digest(self) -> bytes:
-        return result_hash(self.outcome, self.output, self.error_message, self.retryable)
+        details = {"type": self.error_type, "traceback": self.traceback, "log_tail": self.log_tail}
+        return result_hash(self.outcome, self.output, self.error_message, self.retryable, details)
+
+    def error(self) -> dict[str, Any] | None:
+        """The error as tasks, attempts and events keep it (the traceback and log tail
+        are the attempt's alone: attempts.record_diagnostics)."""
+        if self.outcome != "failed":
+            return None
+        error: dict[str, Any] = {"message": self.error_message or "", "retryable": self.retryable}
+        if self.error_type:
+            error["type"] = self.error_type
+        return error
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +160,7 @@ async def complete_many(
             await locks.runs_of_dispatches(conn, ids)
             locked = {row.id: row for row in await locks.dispatches_for_settlement(conn, ids)}
         endings: list[settle.Ending] = []
+        diagnostics: list[attempts.Diagnostics] = []
         for call, session in zip(calls, sessions, strict=True):
             if not isinstance(session, workers.Session):
                 outcomes.append(session)
@@ -168,24 +184,24 @@ async def complete_many(
                 )
                 verdicts.append(verdict)
                 if verdict is ResultVerdict.ACCEPTED:
-                    error = (
-                        {"message": result.error_message or "", "retryable": result.retryable}
-                        if result.outcome == "failed"
-                        else None
-                    )
                     endings.append(
                         settle.ending_of(
                             row,
                             result.outcome,
                             output=result.output,
-                            error=error,
+                            error=result.error(),
                             retryable=result.retryable,
                             digest=digest,
                         )
                     )
+                    if result.traceback or result.log_tail:
+                        diagnostics.append(
+                            attempts.Diagnostics(row.id, result.traceback, result.log_tail)
+                        )
             outcomes.append(verdicts)
         if endings:
             await settle.end_attempts(conn, endings, events)
+            await attempts.record_diagnostics(conn, diagnostics)
             events.notify(COORDINATOR_CHANNEL, "completed")
             await events.flush(conn)
     return outcomes

@@ -8,11 +8,14 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import asyncpg
+
 from awp_db import locks, settle
 from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
 from awp_db.queries import queries, row_as, rows_as
 from awp_db.workflows import StoredWorkflow
+from awp_kernel.definition import WorkflowSpec
 from awp_kernel.errors import invalid, not_found
 from awp_protocol.errors import Reason, quote
 
@@ -42,6 +45,8 @@ class RunInfo:
     cancel_requested_by: str | None
     workflow_name: str
     workflow_version: int
+    retried_from: UUID | None
+    retry_from_task: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,7 @@ class TaskInfo:
     error: dict[str, Any] | None
     retry_at: datetime | None
     finished_at: datetime | None
+    reused_from_run_id: UUID | None
     # An element of a map task: that task's key and the element's index.
     map_parent: str | None
     map_index: int | None
@@ -99,29 +105,7 @@ async def start(
         if run_id is None:
             existing = await conn.fetchval(Q["by_request_id"], request_id)
             return StartedRun(existing, False)
-        dependents = spec.dependents()
-        tasks = spec.tasks
-        rows = await conn.fetch(
-            Q["insert_tasks"],
-            run_id,
-            [t.key for t in tasks],
-            [t.executor_kind for t in tasks],
-            [t.action for t in tasks],
-            [json.dumps(dict(t.input)) for t in tasks],
-            [json.dumps(list(t.depends_on)) for t in tasks],
-            [json.dumps(dependents[t.key]) for t in tasks],
-            # An always task waits for the end of the run (awp_db.dynamic releases it).
-            [1 if t.always else len(t.depends_on) for t in tasks],
-            [t.retry.max_attempts for t in tasks],
-            [t.retry.initial_backoff_ms for t in tasks],
-            [t.retry.max_backoff_ms for t in tasks],
-            [t.retry.multiplier for t in tasks],
-            [t.timeout_ms for t in tasks],
-            [t.map.over if t.map else None for t in tasks],
-            [json.dumps(t.map.keys()) if t.map else None for t in tasks],
-            [t.on_failure for t in tasks],
-            [t.always for t in tasks],
-        )
+        rows = await insert_tasks(conn, run_id, spec)
         events = EventBatch()
         events.add(
             Event(
@@ -136,6 +120,33 @@ async def start(
         await events.flush(conn)
         await settle.notify_coordinator(conn, "run_started")
     return StartedRun(run_id, True)
+
+
+async def insert_tasks(conn: Conn, run_id: UUID, spec: WorkflowSpec) -> list[asyncpg.Record]:
+    """Creates every task of a new run (roots ready, the rest pending): (key, state) rows."""
+    dependents = spec.dependents()
+    tasks = spec.tasks
+    return await conn.fetch(
+        Q["insert_tasks"],
+        run_id,
+        [t.key for t in tasks],
+        [t.executor_kind for t in tasks],
+        [t.action for t in tasks],
+        [json.dumps(dict(t.input)) for t in tasks],
+        [json.dumps(list(t.depends_on)) for t in tasks],
+        [json.dumps(dependents[t.key]) for t in tasks],
+        # An always task waits for the end of the run (awp_db.dynamic releases it).
+        [1 if t.always else len(t.depends_on) for t in tasks],
+        [t.retry.max_attempts for t in tasks],
+        [t.retry.initial_backoff_ms for t in tasks],
+        [t.retry.max_backoff_ms for t in tasks],
+        [t.retry.multiplier for t in tasks],
+        [t.timeout_ms for t in tasks],
+        [t.map.over if t.map else None for t in tasks],
+        [json.dumps(t.map.keys()) if t.map else None for t in tasks],
+        [t.on_failure for t in tasks],
+        [t.always for t in tasks],
+    )
 
 
 async def get(conn: Conn | Pool, run_id: UUID) -> RunInfo:

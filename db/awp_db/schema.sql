@@ -47,12 +47,21 @@ CREATE TABLE public.attempts (
     finished_at timestamp with time zone,
     output jsonb,
     error jsonb,
+    traceback text,
+    log_tail text,
     CONSTRAINT attempts_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT attempts_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
-    CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'interrupted'::text, 'timed_out'::text, 'canceled'::text])))
+    CONSTRAINT attempts_diagnostics_of_failures CHECK (((state = 'failed'::text) OR ((traceback IS NULL) AND (log_tail IS NULL)))),
+    CONSTRAINT attempts_log_tail_check CHECK ((length(log_tail) <= 8192)),
+    CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'interrupted'::text, 'timed_out'::text, 'canceled'::text]))),
+    CONSTRAINT attempts_traceback_check CHECK ((length(traceback) <= 16384))
 );
 
 COMMENT ON TABLE public.attempts IS 'One row per lease issued: who ran the task, with which fencing token, and how it ended.';
+
+COMMENT ON COLUMN public.attempts.traceback IS 'The failed action''s traceback as its worker reported it, innermost frames last (at most 16,384 characters, cut from the outside in).';
+
+COMMENT ON COLUMN public.attempts.log_tail IS 'The last lines the failed action logged or printed, oldest first (at most 50 lines, 8,192 characters).';
 
 CREATE SEQUENCE public.attempts_id_seq
     START WITH 1
@@ -150,10 +159,13 @@ CREATE TABLE public.runs (
     last_dispatched_at timestamp with time zone,
     started_by text,
     cancel_requested_by text,
+    retried_from uuid,
+    retry_from_task text,
     CONSTRAINT runs_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
     CONSTRAINT runs_concurrency_check CHECK ((concurrency >= 0)),
     CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
     CONSTRAINT runs_request_id_check CHECK (((length(request_id) >= 1) AND (length(request_id) <= 128))),
+    CONSTRAINT runs_retry_from_task_of_a_retry CHECK (((retry_from_task IS NULL) OR (retried_from IS NOT NULL))),
     CONSTRAINT runs_revision_check CHECK ((revision >= 0)),
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])))
 );
@@ -175,6 +187,10 @@ COMMENT ON COLUMN public.runs.last_dispatched_at IS 'Fairness lives here so that
 COMMENT ON COLUMN public.runs.started_by IS 'Credential name of the StartRun caller (NULL for runs started before it was recorded).';
 
 COMMENT ON COLUMN public.runs.cancel_requested_by IS 'Credential name of the CancelRun caller whose request was recorded.';
+
+COMMENT ON COLUMN public.runs.retried_from IS 'The run RetryRun retried to start this one (NULL: started by StartRun).';
+
+COMMENT ON COLUMN public.runs.retry_from_task IS 'The from_task RetryRun was given: that task and everything downstream of it re-ran (NULL: what had not succeeded re-ran).';
 
 CREATE TABLE public.schema_migrations (
     version integer NOT NULL,
@@ -236,6 +252,7 @@ CREATE TABLE public.tasks (
     error jsonb,
     ready_at timestamp with time zone,
     finished_at timestamp with time zone,
+    reused_from_run_id uuid,
     map_over text,
     map_path text[],
     map_size integer,
@@ -261,6 +278,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_map_size_check CHECK ((map_size >= 0)),
     CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT tasks_on_failure_check CHECK ((on_failure = ANY (ARRAY['fail_run'::text, 'continue'::text]))),
+    CONSTRAINT tasks_reused_succeeded_without_attempts CHECK (((reused_from_run_id IS NULL) OR ((state = 'succeeded'::text) AND (attempts = 0)))),
     CONSTRAINT tasks_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text]))),
     CONSTRAINT tasks_timeout_ms_check CHECK ((timeout_ms > 0)),
     CONSTRAINT tasks_unfinished_deps_check CHECK ((unfinished_deps >= 0))
@@ -273,6 +291,8 @@ COMMENT ON COLUMN public.tasks.dependents IS 'Reverse edges, so a success unlock
 COMMENT ON COLUMN public.tasks.unfinished_deps IS 'Dependencies not yet succeeded: the task becomes ready when this reaches 0.';
 
 COMMENT ON COLUMN public.tasks.retry_at IS 'When a task waiting for a retry becomes ready again (set exactly while waiting_retry).';
+
+COMMENT ON COLUMN public.tasks.reused_from_run_id IS 'Set when the task was not run but reused by RetryRun: the run whose attempt produced its output (through any chain of retries).';
 
 COMMENT ON COLUMN public.tasks.map_over IS 'A map task: the upstream task (one of depends_on) whose output holds the list.';
 

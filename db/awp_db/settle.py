@@ -134,7 +134,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         if row["run_may_finish"]:
             may_have_finished.add(row["run_id"])
         if row["state"] in ("succeeded", "failed"):
-            finished.append(_finished(row))
+            finished.append(finished_task(row))
 
     succeeded = retrying = failed = 0
     for ending, decision in zip(endings, decisions, strict=True):
@@ -162,7 +162,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         else:
             failed += 1
 
-    unlocked, failed_runs, touched = await _follow_up(conn, finished, events)
+    unlocked, failed_runs, touched = await follow_up(conn, finished, events)
     if failed_runs:
         await stop_runs(conn, sorted(failed_runs), "skipped", events)
     # A run none of whose tasks is left live finishes now; the others cannot have.
@@ -170,11 +170,12 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
     return Settled(succeeded, retrying, failed, unlocked, runs_finished)
 
 
-def _finished(row: Record) -> dynamic.Finished:
+def finished_task(row: Record) -> dynamic.Finished:
+    """A row with the columns of dynamic.Finished (and perhaps others)."""
     return dynamic.Finished(**{f.name: row[f.name] for f in fields(dynamic.Finished)})
 
 
-async def _follow_up(
+async def follow_up(
     conn: Conn, finished: list[dynamic.Finished], events: EventBatch
 ) -> tuple[int, set[UUID], set[UUID]]:
     """What the tasks that ended for good set off, until nothing more ends: returns the

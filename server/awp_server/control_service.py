@@ -20,20 +20,21 @@ import grpc
 from google.protobuf import struct_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db import events, reads, runs, stats, workers, workflows
+from awp_db import attempts, events, reads, retry, runs, stats, workers, workflows
 from awp_db.connect import Conn, Pool
 from awp_db.listen import Listener
 from awp_db.signals import RUN_EVENTS_CHANNEL
 from awp_kernel.errors import AwpError, ErrorKind, invalid
-from awp_protocol.errors import Reason
+from awp_protocol.errors import Reason, quote
 from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
 from awp_protocol.limits import (
+    MAX_ATTEMPTS_PAGE_SIZE,
     MAX_INPUT_BYTES,
     MAX_PAGE_SIZE,
     MAX_SEQ,
     MAX_VERSION,
 )
-from awp_protocol.names import NAME_PATTERN, NAME_RULE
+from awp_protocol.names import NAME_PATTERN, NAME_RULE, TASK_KEY_PATTERN, TASK_KEY_RULE
 from awp_protocol.states import TERMINAL_RUN_STATES
 from awp_server import convert
 from awp_server.auth import caller
@@ -45,6 +46,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 audit = logging.getLogger("awp.audit")
 WORKFLOWS_PAGE: Final = (100, MAX_PAGE_SIZE)  # (default, max) page size
 RUNS_PAGE: Final = (50, MAX_PAGE_SIZE)
+ATTEMPTS_PAGE: Final = (MAX_ATTEMPTS_PAGE_SIZE, MAX_ATTEMPTS_PAGE_SIZE)
 # Events read per query while catching a watcher up.
 WATCH_BATCH: Final = 500
 # Even with a notification lost, a watcher re-reads the database this often.
@@ -141,10 +143,34 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             run_row = await runs.get(conn, run_id)
             task_rows = await runs.tasks(conn, run_id)
             attempt_rows = await runs.attempts(conn, run_id)
+            tracebacks = await attempts.final_tracebacks(conn, run_id)
         return control_pb2.GetRunResponse(
             run=convert.run_to_proto(run_row, convert.task_counts(row.state for row in task_rows)),
-            tasks=[convert.task_to_proto(row) for row in task_rows],
+            tasks=[convert.task_to_proto(row, tracebacks.get(row.key)) for row in task_rows],
             attempts=[convert.attempt_to_proto(row) for row in attempt_rows],
+        )
+
+    @unary
+    async def ListAttempts(
+        self, request: control_pb2.ListAttemptsRequest, context: Context
+    ) -> control_pb2.ListAttemptsResponse:
+        run_id = runs.parse_run_id(request.run_id)
+        task_key = request.task_key or None
+        size = _page_size(request.page_size, *ATTEMPTS_PAGE)
+        after = 0
+        if request.page_token:
+            (after,) = _decode_token(request.page_token, "a", (int,))
+            if not 0 < after <= MAX_SEQ:  # an attempt id, a PostgreSQL bigint
+                raise _bad_token()
+        async with reads.snapshot(self._pool) as conn:
+            await runs.get(conn, run_id)  # RUN_NOT_FOUND before an empty page
+            if task_key is not None and not await attempts.has_task(conn, run_id, task_key):
+                raise invalid("task_key", f"run {run_id} has no task {quote(task_key)}")
+            found = await attempts.page(conn, run_id, task_key, after, size + 1)
+        page = found[:size]
+        return control_pb2.ListAttemptsResponse(
+            attempts=[convert.attempt_detail_to_proto(row) for row in page],
+            next_page_token=_encode_token("a", [page[-1].id]) if len(found) > size else "",
         )
 
     @unary
@@ -194,6 +220,30 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             run = await _load_run(conn, run_id)
         _audit("CancelRun", run_id=str(run_id), recorded=recorded)
         return control_pb2.CancelRunResponse(run=run)
+
+    @unary
+    async def RetryRun(
+        self, request: control_pb2.RetryRunRequest, context: Context
+    ) -> control_pb2.RetryRunResponse:
+        source = runs.parse_run_id(request.run_id)
+        if request.from_task and not TASK_KEY_PATTERN.fullmatch(request.from_task):
+            raise invalid("from_task", f"must be {TASK_KEY_RULE}")
+        async with self._pool.acquire() as conn:
+            started = await retry.retry(
+                conn,
+                retry.RetryRequest(
+                    source, request.from_task or None, request.request_id or None, caller()
+                ),
+            )
+            run = await _load_run(conn, started.run_id)
+        _audit(
+            "RetryRun",
+            run_id=run.id,
+            retried_from=str(source),
+            from_task=request.from_task,
+            new=started.created,
+        )
+        return control_pb2.RetryRunResponse(run=run, created=started.created)
 
     @server_stream
     async def WatchRun(
@@ -260,6 +310,8 @@ def _differs(
         return "workflow"
     if canonical_json(struct_to_dict(run.input)) != canonical_json(run_input):
         return "input"
+    if run.retried_from_run_id:
+        return f"request (a RetryRun of run {run.retried_from_run_id})"
     return None
 
 

@@ -12,10 +12,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
+from uuid import UUID
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from awp.v1 import control_pb2, types_pb2
+from awp_db.attempts import AttemptDetail
 from awp_db.events import StoredEvent
 from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
 from awp_db.stats import StateCount, Stats
@@ -274,19 +276,33 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
         ],
         started_by=row.started_by or "",
         cancel_requested_by=row.cancel_requested_by or "",
+        retried_from_run_id=_id_text(row.retried_from),
+        retry_from_task=row.retry_from_task or "",
     )
 
 
-def task_error(error: Mapping[str, Any] | None) -> types_pb2.TaskError | None:
-    """Storage keeps a task's or attempt's error as {"message": ..., "retryable": ...}."""
+def _id_text(value: UUID | None) -> str:
+    return "" if value is None else str(value)
+
+
+def task_error(
+    error: Mapping[str, Any] | None, traceback: str | None = None, log_tail: str | None = None
+) -> types_pb2.TaskError | None:
+    """Storage keeps a task's or attempt's error as {"message", "retryable", "type"} (type
+    only when the worker sent one), a failed attempt's traceback and log tail apart."""
     if error is None:
         return None
     return types_pb2.TaskError(
-        message=str(error.get("message", "")), retryable=bool(error.get("retryable", False))
+        message=str(error.get("message", "")),
+        retryable=bool(error.get("retryable", False)),
+        type=str(error.get("type", "")),
+        traceback=traceback or "",
+        log_tail=log_tail or "",
     )
 
 
-def task_to_proto(row: TaskInfo) -> control_pb2.Task:
+def task_to_proto(row: TaskInfo, traceback: str | None = None) -> control_pb2.Task:
+    """A task row; traceback: its last attempt's, for a failed task (GetRun)."""
     return control_pb2.Task(
         key=row.key,
         state=TASK_STATES.proto(row.state),
@@ -296,9 +312,10 @@ def task_to_proto(row: TaskInfo) -> control_pb2.Task:
         attempts=row.attempts,
         max_attempts=row.max_attempts,
         output=dict_to_struct(row.output),
-        error=task_error(row.error),
+        error=task_error(row.error, traceback),
         retry_at=timestamp(row.retry_at),
         finished_at=timestamp(row.finished_at),
+        reused_from_run_id=_id_text(row.reused_from_run_id),
         map_parent=row.map_parent or "",
         map_index=row.map_index or 0,
     )
@@ -316,6 +333,23 @@ def attempt_to_proto(row: AttemptInfo) -> control_pb2.Attempt:
         deadline=timestamp(row.deadline),
         finished_at=timestamp(row.finished_at),
         error=task_error(row.error),
+    )
+
+
+def attempt_detail_to_proto(row: AttemptDetail) -> control_pb2.Attempt:
+    """An attempt with everything it kept (ListAttempts)."""
+    return control_pb2.Attempt(
+        task_key=row.task_key,
+        attempt=row.attempt,
+        state=ATTEMPT_STATES.proto(row.state),
+        worker_id=str(row.worker_id),
+        worker_name=row.worker_name,
+        dispatch_id=row.dispatch_id,
+        fencing_token=row.fencing_token,
+        started_at=timestamp(row.started_at),
+        deadline=timestamp(row.deadline),
+        finished_at=timestamp(row.finished_at),
+        error=task_error(row.error, row.traceback, row.log_tail),
     )
 
 

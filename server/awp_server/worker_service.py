@@ -371,4 +371,7 @@ def _result_in(index: int, result: worker_pb2.TaskResult) -> leases.ResultIn:
         output=checked.output,
         error_message=checked.error_message,
         retryable=checked.retryable,
+        error_type=checked.error_type,
+        traceback=checked.traceback,
+        log_tail=checked.log_tail,
     )

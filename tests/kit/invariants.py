@@ -13,7 +13,8 @@ everything check_committed checks:
 1. Every task is in its expected terminal state; the run too.
 2. Exactly one accepted result per succeeded task: one succeeded attempt, the task's
    latest, whose dispatch is `completed` with a result hash, held by the same worker
-   under the same fencing token; no other task has a succeeded attempt.
+   under the same fencing token; no other task has a succeeded attempt. A task a retry
+   reused instead (RetryRun) has no attempt at all, and the output of the task it names.
 3. No result accepted from a non-current lease: every completed dispatch belongs to a
    succeeded/failed attempt that was still the task's latest when it was written, and
    was written before the lease and the attempt deadline ran out.
@@ -288,7 +289,7 @@ async def _accepted_results(conn: Db, run_id: UUID) -> list[str]:
     (a map task has no attempt of its own: its elements do, each one checked here)."""
     rows = await conn.fetch(
         """
-        SELECT t.key, t.state, t.attempts, t.output,
+        SELECT t.key, t.state, t.attempts, t.output, t.reused_from_run_id IS NOT NULL AS reused,
                count(a.id) FILTER (WHERE a.state = 'succeeded') AS succeeded,
                max(a.attempt) AS latest,
                max(a.attempt) FILTER (WHERE a.state = 'succeeded') AS succeeded_attempt,
@@ -303,7 +304,10 @@ async def _accepted_results(conn: Db, run_id: UUID) -> list[str]:
     problems = []
     for row in rows:
         key = row["key"]
-        if row["state"] == "succeeded":
+        if row["reused"]:
+            if row["state"] != "succeeded" or row["rows"]:
+                problems.append(f"task {key} reused yet {row['state']} with {row['rows']} attempts")
+        elif row["state"] == "succeeded":
             if row["succeeded"] != 1:
                 problems.append(f"task {key} succeeded with {row['succeeded']} succeeded attempts")
             elif row["succeeded_attempt"] != row["latest"]:
@@ -327,6 +331,15 @@ async def _accepted_results(conn: Db, run_id: UUID) -> list[str]:
         run_id,
     ):
         problems.append(f"task {row['key']}: its output is not its succeeded attempt's output")
+    for row in await conn.fetch(
+        """
+        SELECT t.key
+          FROM tasks t JOIN tasks s ON s.run_id = t.reused_from_run_id AND s.key = t.key
+         WHERE t.run_id = $1 AND t.output IS DISTINCT FROM s.output
+        """,
+        run_id,
+    ):
+        problems.append(f"task {row['key']}: its output is not the output it reused")
     return problems
 
 

@@ -24,6 +24,7 @@ from awp_protocol.roles import ROLES_OF, Role, file_entry, token_digest
 from awp_server.credentials import CredentialsInvalid, CredentialStore, shorthand
 from kit import ServerFactory, ServerHandle, poll_until, spec
 from kit import start_run as db_start_run
+from kit.db import converge_cancel
 
 TOKENS = {role: f"token-of-{role}" for role in Role}
 DENIED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
@@ -32,6 +33,7 @@ READS = (
     "GetWorkflow",
     "ListWorkflows",
     "GetRun",
+    "ListAttempts",
     "ListRuns",
     "WatchRun",
     "ListWorkers",
@@ -40,8 +42,8 @@ READS = (
 MAY_CALL = {
     Role.WORKER: {"Register"},
     Role.VIEWER: set(READS),
-    Role.SUBMITTER: {*READS, "StartRun", "CancelRun"},
-    Role.ADMIN: {*READS, "StartRun", "CancelRun", "CreateWorkflow", "Register"},
+    Role.SUBMITTER: {*READS, "StartRun", "CancelRun", "RetryRun"},
+    Role.ADMIN: {*READS, "StartRun", "CancelRun", "RetryRun", "CreateWorkflow", "Register"},
 }
 
 
@@ -244,6 +246,39 @@ async def test_control_writes_record_their_caller(
         ("StartRun", f"the-{Role.SUBMITTER}"),
         ("CancelRun", f"the-{Role.ADMIN}"),
     ]
+
+
+async def test_a_retry_records_its_caller(
+    server: ServerHandle, pool: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="awp.audit")
+    source = await db_start_run(pool, spec("retried", 1))
+    await converge_cancel(pool, source)  # finished: it may be retried
+    async with grpc.aio.insecure_channel(server.address) as chan:
+        stub = control_pb2_grpc.ControlServiceStub(chan)
+        retried = await stub.RetryRun(
+            control_pb2.RetryRunRequest(run_id=str(source)),
+            metadata=(("authorization", f"Bearer {TOKENS[Role.SUBMITTER]}"),),
+        )
+        got = await stub.GetRun(
+            control_pb2.GetRunRequest(run_id=retried.run.id),
+            metadata=(("authorization", f"Bearer {TOKENS[Role.VIEWER]}"),),
+        )
+    assert (got.run.started_by, got.run.retried_from_run_id) == (
+        f"the-{Role.SUBMITTER}",
+        str(source),
+    )
+    created = await pool.fetchrow(
+        "SELECT payload FROM state_events WHERE run_id = $1::uuid AND type = 'run.created'",
+        retried.run.id,
+    )
+    assert created["payload"]["by"] == f"the-{Role.SUBMITTER}"
+    audit = [
+        (r.call, r.by, r.retried_from)  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.name == "awp.audit"
+    ]
+    assert audit == [("RetryRun", f"the-{Role.SUBMITTER}", str(source))]
 
 
 def test_minted_tokens_are_the_ones_their_file_entries_grant(tmp_path: Path) -> None:

@@ -88,17 +88,26 @@ async def test_python_actions_run_through_the_runtime(fake: FakeServer) -> None:
     async def flaky(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
         raise RetryableError("try again")
 
+    def lookup(data: dict[str, Any]) -> Any:
+        return data["missing"]
+
+    @registry.action("broken")
+    def broken(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        ctx.logger.warning("about to look it up")
+        return lookup({})
+
     service = fake.service
     ok = await service.add("math.add", {"a": 2, "b": 3}, kind="python")
     bad = await service.add("flaky", kind="python")
     missing = await service.add("nope", kind="python")
+    sync = await service.add("broken", kind="python")
     worker = Running(
         WorkerRuntime(
             make_config(fake, kinds=("python",)),
             executors={"python": PythonExecutor(registry)},
         )
     )
-    await eventually(lambda: len(service.results()) == 3)
+    await eventually(lambda: len(service.results()) == 4)
     assert await worker.stop() == EXIT_OK
     results = service.results()
     assert output(results[ok.dispatch_id]) == {
@@ -106,11 +115,26 @@ async def test_python_actions_run_through_the_runtime(fake: FakeServer) -> None:
         "key": f"run-1/t{ok.dispatch_id}",
         "fence": 1000 + ok.dispatch_id,
     }
-    assert results[bad.dispatch_id].error == types_pb2.TaskError(
-        message="try again", retryable=True
-    )
+    error = results[bad.dispatch_id].error
+    assert (error.message, error.retryable, error.type) == ("try again", True, "")
+    # The traceback starts at the action's frame, async or in a thread: none of the
+    # worker's own, nor asyncio's or the thread pool's.
+    assert _frames(error.traceback) == ["flaky"]
+    error = results[sync.dispatch_id].error
+    assert (error.message, error.type) == ("KeyError: 'missing'", "KeyError")
+    assert _frames(error.traceback) == ["broken", "lookup"]
+    assert error.traceback.endswith("KeyError: 'missing'\n")
+    assert error.log_tail.endswith("WARNING awp_worker.action: about to look it up")
     assert "unknown action 'nope'" in results[missing.dispatch_id].error.message
     assert results[missing.dispatch_id].error.retryable is False
+    assert results[missing.dispatch_id].error.traceback == ""  # the worker's own refusal
+
+
+def _frames(traceback: str) -> list[str]:
+    """The function of each frame of a traceback, outermost first."""
+    return [
+        line.rsplit(" ", 1)[-1] for line in traceback.splitlines() if line.startswith('  File "')
+    ]
 
 
 # --- Register -------------------------------------------------------------------------

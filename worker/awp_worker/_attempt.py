@@ -21,6 +21,7 @@ from awp.v1 import worker_pb2
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import task_state_name
 from awp_worker._completer import DROPPED, ResultFlusher
+from awp_worker._diagnostics import LogTail, collecting
 from awp_worker._executors import (
     Executor,
     failure,
@@ -115,10 +116,11 @@ class Attempts:
         started = time.monotonic()
         lease_log.debug("executing %s (%s)", lease.action, kind)
         try:
+            result: worker_pb2.TaskResult | None
             if executor is None:
-                result: worker_pb2.TaskResult | None = failure(
-                    lease, f"this worker has no executor for kind {kind!r}", retryable=False
-                )
+                message = f"this worker has no executor for kind {kind!r}"
+                lease_log.warning("failed (permanent): %s", message)
+                result = failure(lease, message, retryable=False)
             else:
                 result = await self._run_executor(held, executor, lease_log)
         except asyncio.CancelledError:
@@ -142,10 +144,12 @@ class Attempts:
     ) -> worker_pb2.TaskResult | None:
         """The attempt's result, or None if the local safety deadline cut it off."""
         lease = held.lease
+        tail = LogTail()
         try:
             async with asyncio.timeout_at(held.clock.safety_deadline) as timeout:
                 held.timeout = timeout
-                output = await executor.execute(held.ctx, struct_to_dict(lease.input))
+                with collecting(tail):
+                    output = await executor.execute(held.ctx, struct_to_dict(lease.input))
             if timeout.expired():  # the action swallowed the cancellation and returned
                 self._safety_deadline_passed(held, lease_log)
                 return None
@@ -154,15 +158,18 @@ class Attempts:
             if held.timeout is not None and held.timeout.expired():
                 self._safety_deadline_passed(held, lease_log)
                 return None
-            return failure_from_exception(lease, exc)  # the action's own timeout
+            return _failed(lease, exc, tail, lease_log)  # the action's own timeout
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if (task is not None and task.cancelling()) or held.cancel_reason is not None:
                 raise
             # The action raised CancelledError by itself (nobody cancelled this task).
-            return failure(lease, "the action raised CancelledError", retryable=True)
+            lease_log.warning("failed (retryable): the action raised CancelledError")
+            return failure(
+                lease, "the action raised CancelledError", retryable=True, log_tail=tail.text()
+            )
         except Exception as exc:
-            return failure_from_exception(lease, exc)
+            return _failed(lease, exc, tail, lease_log)
 
     def _safety_deadline_passed(self, held: HeldLease, lease_log: LeaseLog) -> None:
         held.ctx._cancel()
@@ -175,12 +182,6 @@ class Attempts:
     def _report(self, held: HeldLease, result: worker_pb2.TaskResult, lease_log: LeaseLog) -> None:
         if result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED:
             lease_log.debug("succeeded")
-        else:
-            lease_log.info(
-                "failed (%s): %s",
-                "retryable" if result.error.retryable else "permanent",
-                result.error.message,
-            )
         if not self._owner.leases.holds(held):
             # Revoked while the action ran: the server no longer wants this result.
             self._owner.metrics.completes.labels(DROPPED).inc()
@@ -188,6 +189,20 @@ class Attempts:
         held.result = result
         held.phase = Phase.REPORTING
         self._flusher.submit(held)
+
+
+def _failed(
+    lease: worker_pb2.Lease, exc: Exception, tail: LogTail, lease_log: LeaseLog
+) -> worker_pb2.TaskResult:
+    """The failure an exception stands for; its log line carries the whole traceback."""
+    result = failure_from_exception(lease, exc, tail.text())
+    lease_log.warning(
+        "failed (%s): %s",
+        "retryable" if result.error.retryable else "permanent",
+        result.error.message,
+        exc_info=exc,
+    )
+    return result
 
 
 def revoke(owner: Owner, held: HeldLease, status: str) -> None:

@@ -20,6 +20,7 @@ from google.protobuf import struct_pb2
 from awp.v1 import types_pb2, worker_pb2
 from awp_protocol.jsonvalue import json_size, struct_to_dict
 from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
+from awp_worker._diagnostics import action_traceback, exception_type
 from awp_worker._sdk import (
     DEFAULT_REGISTRY,
     ActionContext,
@@ -80,26 +81,49 @@ def success(lease: worker_pb2.Lease, output: struct_pb2.Struct) -> worker_pb2.Ta
     )
 
 
-def failure(lease: worker_pb2.Lease, message: str, *, retryable: bool) -> worker_pb2.TaskResult:
+def failure(
+    lease: worker_pb2.Lease,
+    message: str,
+    *,
+    retryable: bool,
+    error_type: str = "",
+    traceback: str = "",
+    log_tail: str = "",
+) -> worker_pb2.TaskResult:
+    """A FAILED result. type, traceback and log_tail come bounded (awp_worker._diagnostics)."""
     if len(message) > MAX_ERROR_MESSAGE_CHARS:
         message = message[: MAX_ERROR_MESSAGE_CHARS - 15] + " ...[truncated]"
     return worker_pb2.TaskResult(
         dispatch_id=lease.dispatch_id,
         lease_token=lease.lease_token,
         outcome=worker_pb2.RESULT_OUTCOME_FAILED,
-        error=types_pb2.TaskError(message=message or "failed", retryable=retryable),
+        error=types_pb2.TaskError(
+            message=message or "failed",
+            retryable=retryable,
+            type=error_type,
+            traceback=traceback,
+            log_tail=log_tail,
+        ),
     )
 
 
-def failure_from_exception(lease: worker_pb2.Lease, exc: Exception) -> worker_pb2.TaskResult:
-    """Permanent for PermanentError (and bad output), retryable for everything else."""
+def failure_from_exception(
+    lease: worker_pb2.Lease, exc: Exception, log_tail: str = ""
+) -> worker_pb2.TaskResult:
+    """Permanent for PermanentError (and bad output), retryable for everything else; with
+    the exception's type and traceback, and the action's last log lines."""
+    details = {
+        "error_type": exception_type(exc),
+        "traceback": action_traceback(exc),
+        "log_tail": log_tail,
+    }
     if isinstance(exc, PermanentError):
-        return failure(lease, str(exc) or type(exc).__name__, retryable=False)
+        return failure(lease, str(exc) or type(exc).__name__, retryable=False, **details)
     if isinstance(exc, RetryableError):
-        return failure(lease, str(exc) or type(exc).__name__, retryable=True)
+        return failure(lease, str(exc) or type(exc).__name__, retryable=True, **details)
     text = str(exc)
     message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return failure(lease, message, retryable=True)
+    return failure(lease, message, retryable=True, **details)
 
 
 # --- mock ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from awp_worker._config import WorkerConfig, parse_config
+from awp_worker._diagnostics import collect_stdout
 from awp_worker._lifecycle import EXIT_USAGE
 from awp_worker._logging import configure
 from awp_worker._runtime import WorkerRuntime
@@ -52,6 +53,7 @@ async def serve(runtime: WorkerRuntime) -> int:
 
 def run(config: WorkerConfig) -> int:
     configure(config.log_format, config.log_level)
+    collect_stdout()
     try:
         import_modules(config.modules)
     except Exception as exc:

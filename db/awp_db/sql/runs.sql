@@ -37,7 +37,7 @@ SELECT id FROM runs WHERE request_id = $1
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
-       w.version AS workflow_version
+       w.version AS workflow_version, r.retried_from, r.retry_from_task
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE r.id = $1
 
@@ -47,7 +47,8 @@ SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GR
 -- name: tasks
 -- Declared tasks first, then each map's elements in index order (they are created so).
 SELECT t.key, t.state, t.executor_kind, t.action, t.depends_on, t.attempts, t.max_attempts,
-       t.output, t.error, t.retry_at, t.finished_at, p.key AS map_parent, t.map_index
+       t.output, t.error, t.retry_at, t.finished_at, t.reused_from_run_id,
+       p.key AS map_parent, t.map_index
   FROM tasks t LEFT JOIN tasks p ON p.id = t.parent_id
  WHERE t.run_id = $1 ORDER BY t.id
 
@@ -75,7 +76,7 @@ SELECT state, last_seq FROM runs WHERE id = $1
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
-       w.version AS workflow_version
+       w.version AS workflow_version, r.retried_from, r.retry_from_task
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE ($1::text IS NULL OR w.name = $1)
    AND ($2::text IS NULL OR r.state = $2)

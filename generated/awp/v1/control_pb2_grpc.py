@@ -59,6 +59,11 @@ class ControlServiceStub:
                 request_serializer=awp_dot_v1_dot_control__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.GetRunResponse.FromString,
                 _registered_method=True)
+        self.ListAttempts = channel.unary_unary(
+                '/awp.v1.ControlService/ListAttempts',
+                request_serializer=awp_dot_v1_dot_control__pb2.ListAttemptsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.ListAttemptsResponse.FromString,
+                _registered_method=True)
         self.ListRuns = channel.unary_unary(
                 '/awp.v1.ControlService/ListRuns',
                 request_serializer=awp_dot_v1_dot_control__pb2.ListRunsRequest.SerializeToString,
@@ -68,6 +73,11 @@ class ControlServiceStub:
                 '/awp.v1.ControlService/CancelRun',
                 request_serializer=awp_dot_v1_dot_control__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.CancelRunResponse.FromString,
+                _registered_method=True)
+        self.RetryRun = channel.unary_unary(
+                '/awp.v1.ControlService/RetryRun',
+                request_serializer=awp_dot_v1_dot_control__pb2.RetryRunRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.RetryRunResponse.FromString,
                 _registered_method=True)
         self.WatchRun = channel.unary_stream(
                 '/awp.v1.ControlService/WatchRun',
@@ -121,7 +131,19 @@ class ControlServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetRun(self, request, context):
-        """The run with all its tasks and attempts.
+        """The run with all its tasks and attempts. A FAILED task's error carries the traceback
+        of its last attempt; the attempts' errors carry their type and message only: their
+        tracebacks and log tails are ListAttempts'.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAttempts(self, request, context):
+        """The attempts of a run (or of one of its tasks), oldest first, each with all its
+        failure kept: error type, message, traceback and log tail. Pages of at most 25
+        attempts, so that a page fits the 4 MiB a gRPC client receives by default even when
+        every field is at its limit. An unknown task_key is INVALID_ARGUMENT naming task_key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -137,6 +159,23 @@ class ControlServiceServicer:
     def CancelRun(self, request, context):
         """Records the cancel intent; the coordinator converges it (leases revoked,
         unfinished tasks CANCELED, run CANCELED). Canceling a finished run is a no-op.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryRun(self, request, context):
+        """Starts a new run of a finished run's workflow version and input (the retry of a run,
+        DESIGN.md §13) that re-runs only what did not succeed: every task that failed, was
+        skipped or canceled, and every task downstream of one; with from_task, that task and
+        every task downstream of it, succeeded or not. Every other task succeeded in the
+        source run and is not run again: it is created SUCCEEDED with no attempt, the source's
+        output (its dependents receive it as before) and reused_from_run_id naming the run
+        that produced it (through any chain of retries). The new run names its source in
+        retried_from_run_id. A run still RUNNING (canceling included) is refused with
+        FAILED_PRECONDITION / RUN_NOT_FINISHED; an unknown from_task with INVALID_ARGUMENT
+        naming from_task. request_id works as StartRun's: the same id returns the same run
+        (created = false), the same id with another run_id or from_task is REQUEST_ID_CONFLICT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +230,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     request_deserializer=awp_dot_v1_dot_control__pb2.GetRunRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.GetRunResponse.SerializeToString,
             ),
+            'ListAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAttempts,
+                    request_deserializer=awp_dot_v1_dot_control__pb2.ListAttemptsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.ListAttemptsResponse.SerializeToString,
+            ),
             'ListRuns': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRuns,
                     request_deserializer=awp_dot_v1_dot_control__pb2.ListRunsRequest.FromString,
@@ -200,6 +244,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=awp_dot_v1_dot_control__pb2.CancelRunRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'RetryRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryRun,
+                    request_deserializer=awp_dot_v1_dot_control__pb2.RetryRunRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.RetryRunResponse.SerializeToString,
             ),
             'WatchRun': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchRun,
@@ -363,6 +412,33 @@ class ControlService:
             _registered_method=True)
 
     @staticmethod
+    def ListAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/ListAttempts',
+            awp_dot_v1_dot_control__pb2.ListAttemptsRequest.SerializeToString,
+            awp_dot_v1_dot_control__pb2.ListAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ListRuns(request,
             target,
             options=(),
@@ -406,6 +482,33 @@ class ControlService:
             '/awp.v1.ControlService/CancelRun',
             awp_dot_v1_dot_control__pb2.CancelRunRequest.SerializeToString,
             awp_dot_v1_dot_control__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/RetryRun',
+            awp_dot_v1_dot_control__pb2.RetryRunRequest.SerializeToString,
+            awp_dot_v1_dot_control__pb2.RetryRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,6 +73,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: the request is larger than 16 MiB serialised; BadRequest names its
     largest field. Send its items in several calls.
     """
+    ERROR_REASON_RUN_NOT_FINISHED: _ErrorReason.ValueType  # 15
+    """FAILED_PRECONDITION: the run has not finished (it is running, or canceling); RetryRun
+    needs a finished run. Wait for it, or cancel it first.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -118,5 +122,9 @@ BadRequest names the field that does not decode.
 ERROR_REASON_REQUEST_TOO_LARGE: ErrorReason.ValueType  # 14
 """INVALID_ARGUMENT: the request is larger than 16 MiB serialised; BadRequest names its
 largest field. Send its items in several calls.
+"""
+ERROR_REASON_RUN_NOT_FINISHED: ErrorReason.ValueType  # 15
+"""FAILED_PRECONDITION: the run has not finished (it is running, or canceling); RetryRun
+needs a finished run. Wait for it, or cancel it first.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

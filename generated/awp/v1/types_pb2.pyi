@@ -439,25 +439,50 @@ Global___WorkflowDefinition: _TypeAlias = WorkflowDefinition  # noqa: Y015
 
 @_typing.final
 class TaskError(_message.Message):
-    """A task's error as reported by a worker."""
+    """A task's error as reported by a worker. type, traceback and log_tail are optional (a
+    worker that does not send them is still understood); the server stores them with the
+    attempt. Every text field: no NUL characters.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGE_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    TRACEBACK_FIELD_NUMBER: _builtins.int
+    LOG_TAIL_FIELD_NUMBER: _builtins.int
     message: _builtins.str
-    """At most 8,192 characters, no NUL characters."""
+    """One line for people, e.g. "KeyError: 'missing'". At most 8,192 characters."""
     retryable: _builtins.bool
     """True: the failure may succeed if tried again (the retry rule applies)."""
+    type: _builtins.str
+    """The exception's type, e.g. "KeyError" or "myapp.errors.QuotaExceeded" (module-qualified
+    unless built in). At most 256 characters. Empty when the failure was not an exception
+    of the action's (an unknown action, a lost lease, a worker that does not say).
+    """
+    traceback: _builtins.str
+    """The traceback as the language prints it, innermost frame last, from the action's own
+    outermost frame on (the worker's frames left out). At most 16,384 characters: a longer
+    one keeps its first line and its innermost frames, the frames cut from the outside in
+    replaced by one line saying how many characters were cut.
+    """
+    log_tail: _builtins.str
+    """The last lines the action wrote before it failed (its log records at the worker's log
+    level, and what it printed to stdout), oldest first: at most 50 lines and 8,192
+    characters, keeping the newest.
+    """
     def __init__(
         self,
         *,
         message: _builtins.str = ...,
         retryable: _builtins.bool = ...,
+        type: _builtins.str = ...,
+        traceback: _builtins.str = ...,
+        log_tail: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "retryable", b"retryable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_tail", b"log_tail", "message", b"message", "retryable", b"retryable", "traceback", b"traceback", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

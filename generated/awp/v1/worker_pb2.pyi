@@ -562,7 +562,9 @@ class TaskResult(_message.Message):
 
     @_builtins.property
     def error(self) -> _types_pb2.TaskError:
-        """Only with FAILED."""
+        """Only with FAILED. Its type, traceback and log_tail are optional, each within the
+        length TaskError states: send them, and `awp logs` shows where the action failed.
+        """
 
     def __init__(
         self,
