@@ -22,9 +22,9 @@ DEFAULT_TIMEOUT_MS: Final = 5 * 60 * 1000
 # A map task runs once per element of a list in its upstream's output (TaskDefinition.map):
 # a longer list fails the map task. Its output, the list of its elements' outputs, is at
 # most MAX_MAP_OUTPUT_BYTES (as PostgreSQL prints the JSON): it is delivered to every
-# downstream task with its lease.
+# downstream task with its lease, and a Claim carries one lease per free slot of a worker.
 MAX_MAP_ELEMENTS: Final = 1_000
-MAX_MAP_OUTPUT_BYTES: Final = 8 * 1024 * 1024
+MAX_MAP_OUTPUT_BYTES: Final = 4 * 1024 * 1024
 MAX_MAP_PATH_CHARS: Final = 256
 
 # --- runs (StartRun, CancelRun, WatchRun, the list calls)

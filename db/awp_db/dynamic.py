@@ -151,7 +151,7 @@ async def _succeed(conn: Conn, map_ids: Sequence[int], events: EventBatch) -> li
                 (
                     row["id"],
                     f"the outputs of its elements come to {row['bytes']} bytes of JSON; "
-                    f"a map task's output is at most {MAX_MAP_OUTPUT_BYTES}",
+                    f"a map task's output is at most {MAX_MAP_OUTPUT_BYTES} bytes",
                 )
             )
     return [*succeeded, *await _fail(conn, too_large, events)]

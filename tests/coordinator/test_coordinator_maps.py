@@ -17,7 +17,7 @@ from awp_db import claims, runs
 from awp_db.connect import Pool
 from awp_kernel.definition import MapSpec, TaskSpec, WorkflowSpec, validate
 from awp_kernel.retry import RetryPolicy
-from awp_protocol.limits import MAX_MAP_ELEMENTS
+from awp_protocol.limits import MAX_MAP_ELEMENTS, MAX_MAP_OUTPUT_BYTES
 from kit import start_run
 from kit.db import DbWorker, converge_cancel, register, run_state, task_states
 from kit.invariants import Expect, check_committed, check_invariants
@@ -405,3 +405,21 @@ async def test_elements_share_capacity_fairly_with_other_runs(pool: Pool) -> Non
     for lease in issued:
         by_run[lease.run_id] = by_run.get(lease.run_id, 0) + 1
     assert by_run == {wide: 2, narrow: 2}
+
+
+async def test_outputs_too_large_together_fail_the_map_task(pool: Pool) -> None:
+    worker = await register(pool)
+    run_id = await start_run(pool, search_flow())
+    (plan,) = await worker.dispatch_and_claim()
+    await worker.complete(plan, output={"queries": list(range(5))})
+    # Each within a task's limit (1 MiB), together over the map task's.
+    blob = "x" * (MAX_MAP_OUTPUT_BYTES // 5 + 1000)
+    await worker.complete_all(await worker.dispatch_and_claim(), output=lambda _: {"blob": blob})
+    tasks = {t.key: t for t in await runs.tasks(pool, run_id)}
+    assert tasks["search"].state == "failed" and tasks["search"].output is None
+    message = tasks["search"].error["message"]
+    size = int(message.removeprefix("the outputs of its elements come to ").split()[0])
+    assert size > MAX_MAP_OUTPUT_BYTES
+    assert message.endswith(f"a map task's output is at most {MAX_MAP_OUTPUT_BYTES} bytes")
+    assert await run_state(pool, run_id) == "failed"
+    await check_committed(pool, finished=True)

@@ -292,7 +292,7 @@ class TaskMap(_message.Message):
     list order, which its downstream tasks receive. An empty list succeeds at once. It
     fails when an element fails for good (then its on_failure applies), when the value
     at path is missing or not a list, when the list has more than 1,000 elements, or when
-    the outputs together exceed 8 MiB of JSON.
+    the outputs together exceed 4 MiB of JSON.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
