@@ -28,14 +28,8 @@ Output = Callable[[claims.IssuedLease], dict[str, Any]]
 
 def task(key: str, deps: Iterable[str] = (), **fields: Any) -> TaskSpec:
     fields.setdefault("retry", RetryPolicy(3, 0, 1000, 2.0))
-    return TaskSpec(
-        key=key,
-        executor_kind="mock",
-        action="act",
-        depends_on=tuple(deps),
-        timeout_ms=60_000,
-        **fields,
-    )
+    fields.setdefault("timeout_ms", 60_000)
+    return TaskSpec(key=key, executor_kind="mock", action="act", depends_on=tuple(deps), **fields)
 
 
 def workflow(name: str, *tasks: TaskSpec, concurrency: int = 0) -> WorkflowSpec:
@@ -276,11 +270,13 @@ async def test_an_element_failing_for_good_fails_the_map_and_stops_its_siblings(
 async def test_retry_and_timeout_apply_per_element(pool: Pool) -> None:
     coord = coordinator(pool)
     worker = await register(pool, max_concurrency=20)
-    run_id = await start_run(pool, search_flow())
+    run_id = await start_run(pool, search_flow(timeout_ms=20_000))
     (plan,) = await worker.dispatch_and_claim()
     await worker.complete(plan, output={"queries": ["a", "b", "c"]})
     elements = await worker.dispatch_and_claim()
     assert [lease.max_attempts for lease in elements] == [3, 3, 3]
+    # Each element's attempt has the map task's timeout (the other tasks have 60 s).
+    assert all(10_000 < lease.attempt_remaining_ms <= 20_000 for lease in elements)
     flaky = elements[1]
     assert await worker.complete(flaky, "failed", retryable=True) == "ACCEPTED"
     await worker.complete_all([elements[0], elements[2]])
