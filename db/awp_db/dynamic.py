@@ -108,15 +108,14 @@ async def elements_ended(
     """Map tasks settled by their elements' ends: one element failing for good fails its
     map task (its other elements are stopped); the last one succeeding makes it succeed
     with their outputs in order. Returns the map tasks that ended."""
-    failed: dict[int, tuple[int, str]] = {}
+    failed: dict[int, str] = {}
     for element in elements:
         if element.state == "failed" and element.parent_id is not None:
             message = (element.error or {}).get("message") or "failed"
             failed.setdefault(
-                element.parent_id,
-                (element.id, f"element {element.map_index} ({element.key}) failed: {message}"),
+                element.parent_id, f"element {element.map_index} ({element.key}) failed: {message}"
             )
-    ended = await _fail(conn, [(parent, why) for parent, (_, why) in failed.items()], events)
+    ended = await _fail(conn, list(failed.items()), events)
     # Those map tasks have failed: their other elements will never be needed.
     await stop_elements(conn, [task.id for task in ended], events)
     counted = [
