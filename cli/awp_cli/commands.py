@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -201,6 +202,18 @@ async def run_get(client: Client, args: argparse.Namespace) -> Exit:
         render.print_json(answer)
     else:
         render.stdout.print(render.run_view(answer))
+    return Exit.OK
+
+
+async def run_output(client: Client, args: argparse.Namespace) -> Exit:
+    """The whole output, however large (GetRun leaves large ones out)."""
+    request = control_pb2.GetTaskOutputRequest(run_id=args.run_id, task_key=args.task_key)
+    answer = await client.call(client.control.GetTaskOutput, request)
+    if not answer.output_json:
+        raise CliError(
+            Exit.RUN_NOT_SUCCEEDED, f"task {args.task_key} of run {args.run_id} has no output (yet)"
+        )
+    sys.stdout.write(answer.output_json + "\n")
     return Exit.OK
 
 

@@ -280,6 +280,8 @@ def _output_text(task: control_pb2.Task) -> str:
         return task.error.message
     if task.HasField("output"):
         return json.dumps(struct_to_dict(task.output), separators=(", ", ": "))
+    if task.output_omitted:
+        return f"(large: awp run output RUN {task.key})"
     return ""
 
 
@@ -477,7 +479,18 @@ def run_view(answer: control_pb2.GetRunResponse) -> RenderableType:
             attempts_table(answer.attempts, answer.tasks),
         ]
     parts += failures_view(answer)
+    parts += omissions_view(answer)
     return Group(*parts)
+
+
+def omissions_view(answer: control_pb2.GetRunResponse) -> list[RenderableType]:
+    """What a large run's answer left out to stay deliverable, and how to see it."""
+    notes = []
+    if answer.attempts_omitted:
+        notes.append(f"{answer.attempts_omitted} later attempts not shown: awp logs RUN [TASK]")
+    if answer.tracebacks_omitted:
+        notes.append(f"{answer.tracebacks_omitted} tracebacks not shown: awp logs RUN TASK")
+    return [Text(note, style="yellow") for note in notes]
 
 
 def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:

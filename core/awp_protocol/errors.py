@@ -48,6 +48,7 @@ class Reason(StrEnum):
     MALFORMED_REQUEST = _reason(errors_pb2.ERROR_REASON_MALFORMED_REQUEST)
     REQUEST_TOO_LARGE = _reason(errors_pb2.ERROR_REASON_REQUEST_TOO_LARGE)
     RUN_NOT_FINISHED = _reason(errors_pb2.ERROR_REASON_RUN_NOT_FINISHED)
+    LEASE_LOST = _reason(errors_pb2.ERROR_REASON_LEASE_LOST)
 
 
 # A worker's session is over for good: retrying the same call cannot help; the process

@@ -41,6 +41,23 @@ def json_size(value: Any) -> int:
     return len(canonical_json(value))
 
 
+def parse_object(text: str) -> dict[str, Any]:
+    """The JSON object an output travels as on its own (GetUpstreamOutputs,
+    GetTaskOutput): canonical JSON, so its integers are ints, as struct_to_dict gives them.
+    JsonInvalid if the text is not one JSON object."""
+
+    def refuse(constant: str) -> Any:
+        raise JsonInvalid(f"numbers must be finite, not {constant}")
+
+    try:
+        value = json.loads(text, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        raise JsonInvalid(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise JsonInvalid("must be a JSON object")
+    return value
+
+
 def struct_to_dict(struct: struct_pb2.Struct, depth: int = 1) -> dict[str, Any]:
     """The JSON object a Struct carries, numbers normalised (see the module docstring).
 

@@ -20,11 +20,11 @@ MAX_DURATION_MS: Final = 24 * 3600 * 1000
 MAX_BACKOFF_MULTIPLIER: Final = 10.0
 DEFAULT_TIMEOUT_MS: Final = 5 * 60 * 1000
 # A map task runs once per element of a list in its upstream's output (TaskDefinition.map):
-# a longer list fails the map task. Its output, the list of its elements' outputs, is at
-# most MAX_MAP_OUTPUT_BYTES (as PostgreSQL prints the JSON): it is delivered to every
-# downstream task with its lease, and a Claim carries one lease per free slot of a worker.
+# a longer list fails the map task, and so does an element whose input (the task's input
+# plus the element) would be over MAX_INPUT_BYTES. Its output, the list of its elements'
+# outputs, is a task output like any other: at most MAX_OUTPUT_BYTES (measured as
+# PostgreSQL prints the JSON, never shorter than canonical JSON).
 MAX_MAP_ELEMENTS: Final = 1_000
-MAX_MAP_OUTPUT_BYTES: Final = 4 * 1024 * 1024
 MAX_MAP_PATH_CHARS: Final = 256
 
 # --- runs (StartRun, CancelRun, WatchRun, the list calls)
@@ -66,6 +66,21 @@ MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
 # The transport refuses (RESOURCE_EXHAUSTED, without details) only beyond twice that, so
 # that a request somewhat too large is answered INVALID_ARGUMENT / REQUEST_TOO_LARGE.
 TRANSPORT_RECEIVE_BYTES: Final = 2 * MAX_REQUEST_BYTES
+# --- every answer: at most this serialised, so that any gRPC client's default 4 MiB
+# receive limit takes it. An answer that could be larger leaves parts out and says which
+# (a Claim issues fewer leases; a lease or GetRun names the outputs to fetch on their own).
+MAX_RESPONSE_BYTES: Final = 3 * 1024 * 1024
+# Canonical JSON as a protobuf Struct: at most 5.5 bytes per JSON byte (see above).
+STRUCT_BYTES_PER_JSON_BYTE: Final = 6
+# Outputs up to this size (canonical JSON) travel inside a Lease or a GetRun answer while
+# the budget lasts; larger ones only on their own (GetUpstreamOutputs, GetTaskOutput).
+MAX_INLINE_OUTPUT_JSON_BYTES: Final = 64 * 1024
+# One Claim statement's leases carry inputs (the task's and the run's, as JSON) adding up
+# to at most this; the first lease is always issued. A Claim runs at most two statements
+# per executor-kind set, so its leases' inputs encode to at most 2 x 6 x 128 KiB = 1.5 MiB,
+# and their fixed fields (under 1 KiB each, 1,000 leases at most) to 1 MiB: the rest of
+# MAX_RESPONSE_BYTES carries inline upstream outputs.
+MAX_CLAIM_INPUT_JSON_BYTES: Final = 2 * MAX_INPUT_BYTES
 # Nesting of a JSON value (Struct): the top-level object is 1. A Struct level costs three
 # protobuf message levels, and protobuf decodes at most 100: 32 is the deepest a Lease's
 # upstream output can be and still reach a worker.
@@ -119,6 +134,10 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.RetryRunRequest.run_id": MAX_ID_CHARS,
     "awp.v1.RetryRunRequest.from_task": MAX_TASK_KEY_CHARS,
     "awp.v1.RetryRunRequest.request_id": MAX_REQUEST_ID_CHARS,
+    "awp.v1.GetUpstreamOutputsRequest.lease_token": MAX_TOKEN_CHARS,
+    "awp.v1.GetUpstreamOutputsRequest.keys": MAX_TASK_KEY_CHARS,
+    "awp.v1.GetTaskOutputRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.GetTaskOutputRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.ListAttemptsRequest.run_id": MAX_ID_CHARS,
     "awp.v1.ListAttemptsRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.ListAttemptsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
@@ -131,6 +150,7 @@ COUNT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.HeartbeatRequest.leases": MAX_WORKER_CONCURRENCY,
     "awp.v1.CompleteRequest.results": MAX_RESULTS_PER_COMPLETE,
     "awp.v1.DrainRequest.hand_back": MAX_WORKER_CONCURRENCY,
+    "awp.v1.GetUpstreamOutputsRequest.keys": MAX_DEPENDENCIES,
     "awp.v1.WorkflowDefinition.tasks": MAX_TASKS,
     "awp.v1.TaskDefinition.depends_on": MAX_DEPENDENCIES,
 }

@@ -20,6 +20,7 @@ from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries
 from awp_kernel import errors, tokens
+from awp_protocol.limits import MAX_CLAIM_INPUT_JSON_BYTES, MAX_INLINE_OUTPUT_JSON_BYTES
 
 Q = queries("claims")
 
@@ -50,7 +51,9 @@ class IssuedLease:
     attempt_deadline: datetime
     attempt_remaining_ms: float
     run_input: dict[str, Any]
+    # The upstream outputs small enough to travel in the lease, and the keys of the rest.
     upstream_outputs: dict[str, dict[str, Any]]
+    omitted_upstream_keys: tuple[str, ...]
     upstream_states: dict[str, str]
 
 
@@ -199,6 +202,8 @@ async def _take(
         len(slots),
         [tokens.digest(secret) for secret in secrets],
         lease_ttl_ms,
+        MAX_CLAIM_INPUT_JSON_BYTES,
+        MAX_INLINE_OUTPUT_JSON_BYTES,
     )
     for row in rows:
         slot = row["token_index"] - 1
@@ -207,6 +212,7 @@ async def _take(
 
 
 def _issued(row: asyncpg.Record, lease_token: str) -> IssuedLease:
+    upstream: dict[str, dict[str, Any]] = row["upstream_outputs"] or {}
     return IssuedLease(
         dispatch_id=row["dispatch_id"],
         lease_token=lease_token,
@@ -223,7 +229,8 @@ def _issued(row: asyncpg.Record, lease_token: str) -> IssuedLease:
         attempt_deadline=row["attempt_deadline"],
         attempt_remaining_ms=float(row["attempt_remaining_ms"]),
         run_input=row["run_input"],
-        upstream_outputs=row["upstream_outputs"] or {},
+        upstream_outputs=upstream,
+        omitted_upstream_keys=tuple(key for key in row["depends_on"] if key not in upstream),
         upstream_states=row["upstream_states"] or {},
     )
 

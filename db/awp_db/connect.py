@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import asyncpg
@@ -36,9 +37,23 @@ TIMEOUT_ERRORS: Final = (
     asyncpg.exceptions.QueryCanceledError,  # statement_timeout (or a cancel)
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
 )
-# transaction_timeout exists from PostgreSQL 17; an older server refuses the unknown
-# setting at connection time, so it is set after connecting, where the server has it.
+# transaction_timeout exists from PostgreSQL 17; older servers refuse the unknown
+# setting, so it is set only where the server has it (docs/postgres.md: on 15 and 16 a
+# client stopped in the middle of a command keeps its locks until it resumes or TCP
+# gives up).
 TRANSACTION_TIMEOUT_SINCE: Final = 17
+
+
+class PoolMode(StrEnum):
+    """What --database-url leads to (docs/postgres.md)."""
+
+    # A connection is one PostgreSQL session for its whole life: PostgreSQL itself, or a
+    # pooler in session mode.
+    SESSION = "session"
+    # A pooler in transaction mode (pgbouncer pool_mode=transaction): every transaction,
+    # and every statement outside one, may run on another backend. Nothing may rely on
+    # session state there: no session settings, no prepared statement kept for later.
+    TRANSACTION = "transaction"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +108,23 @@ class SessionLimits:
         for it and starts on another connection."""
         return self.stall_s / 4
 
-    def server_settings(self) -> dict[str, str]:
-        """Session settings, sent in the startup packet (no extra round trip)."""
-        return {
+    def waits(self, server_major: int) -> dict[str, str]:
+        """The settings that bound how long a session makes others wait, or waits itself
+        (milliseconds), on a server of this major version."""
+        waits = {
             "idle_in_transaction_session_timeout": _ms(self.stall_s),
             "lock_timeout": _ms(self.lock_s),
             "statement_timeout": _ms(self.statement_s),
-            # The backend's side of the connection (ignored over a Unix socket).
+        }
+        if server_major >= TRANSACTION_TIMEOUT_SINCE:
+            waits["transaction_timeout"] = _ms(self.held_s)
+        return waits
+
+    def settings(self, server_major: int) -> dict[str, str]:
+        """Every session setting: the waits, and the backend's side of the keepalives
+        (ignored over a Unix socket)."""
+        return {
+            **self.waits(server_major),
             "tcp_keepalives_idle": str(KEEPALIVE_IDLE_S),
             "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL_S),
             "tcp_keepalives_count": str(KEEPALIVE_COUNT),
@@ -108,7 +133,7 @@ class SessionLimits:
 
 
 # The limits of a process that does not know the lease TTL (the coordinator, the
-# listener and leader connections): those of the servers' default TTL, 15 s.
+# listener connections): those of the servers' default TTL, 15 s.
 DEFAULT_LIMITS: Final = SessionLimits(3.0)
 
 
@@ -133,14 +158,21 @@ def keep_alive(conn: asyncpg.Connection) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-async def _bound_transactions(conn: asyncpg.Connection, limits: SessionLimits | None) -> None:
-    if limits is not None and conn.get_server_version().major >= TRANSACTION_TIMEOUT_SINCE:
-        await conn.execute(f"SET transaction_timeout = {_ms(limits.held_s)}")
+async def set_limits(conn: asyncpg.Connection, limits: SessionLimits | None) -> None:
+    """Sets the session's limits in one round trip (simple query protocol, nothing
+    prepared). After connecting rather than in the startup packet, which a pooler refuses
+    (pgbouncer: "unsupported startup parameter") or drops (ignore_startup_parameters)."""
+    if limits is None:
+        return
+    settings = limits.settings(conn.get_server_version().major)
+    # Every value is a number AWP computed: nothing to quote.
+    await conn.execute("; ".join(f"SET {name} = {value}" for name, value in settings.items()))
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
     keep_alive(conn)
     # jsonb travels as Python objects; json.dumps/loads are the C-accelerated codecs.
+    # Built-in types: no query, so nothing here depends on the backend behind a pooler.
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
@@ -151,14 +183,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     asyncpg's default reset runs `pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
     RESET ALL` on every release: one more round trip and one more transaction per
     borrowed connection, i.e. per RPC. AWP never keeps session state on a pooled
-    connection (session advisory locks and LISTEN live on dedicated connections,
-    settings are per transaction), so there is nothing to reset. Keep it that way.
+    connection (LISTEN and the migrations' advisory lock live on dedicated connections;
+    the limits are set once per connection and never changed; any other setting is
+    local to its transaction), so there is nothing to reset. Keep it that way: it
+    is also what lets the pool run behind a transaction pooler.
     """
-
-
-def _settings(application_name: str, limits: SessionLimits | None) -> dict[str, str]:
-    extra = {} if limits is None else limits.server_settings()
-    return {"application_name": application_name, **extra}
 
 
 async def create_pool(
@@ -168,19 +197,31 @@ async def create_pool(
     *,
     application_name: str = "awp",
     limits: SessionLimits = DEFAULT_LIMITS,
+    mode: PoolMode = PoolMode.SESSION,
     **kwargs: Any,
 ) -> Pool:
+    """A pool over dsn. In TRANSACTION mode its connections carry no session settings
+    (the backends' own, from their role, apply: awp_db.pooler.check_limits) and no
+    statement cache: a named prepared statement lives on the backend that prepared it,
+    while its next use may run on another ("prepared statement ... does not exist").
+    Uncached, asyncpg re-sends every statement unnamed with each execution."""
+    session = mode is PoolMode.SESSION
+
     async def init(conn: asyncpg.Connection) -> None:
         await init_connection(conn)
-        await _bound_transactions(conn, limits)
+        if session:
+            await set_limits(conn, limits)
 
+    if not session:
+        kwargs["statement_cache_size"] = 0
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
         init=init,
         reset=_keep_session,
-        server_settings=_settings(application_name, limits),
+        # The one startup parameter poolers pass on (pgbouncer tracks it per client).
+        server_settings={"application_name": application_name},
         **kwargs,
     )
     if pool is None:  # pragma: no cover - asyncpg returns None only without awaiting
@@ -191,11 +232,13 @@ async def create_pool(
 async def connect(
     dsn: str, application_name: str = "awp", limits: SessionLimits | None = DEFAULT_LIMITS
 ) -> asyncpg.Connection:
-    """A dedicated connection. limits=None only for work that may legitimately wait
-    long (migrations queue on an advisory lock and may rewrite big tables)."""
+    """A dedicated connection: a session of its own (behind a pooler, the dsn must lead to
+    one in session mode: --session-database-url). limits=None only for work that may
+    legitimately wait long (migrations queue on an advisory lock and may rewrite big
+    tables)."""
     conn: asyncpg.Connection = await asyncpg.connect(
-        dsn, server_settings=_settings(application_name, limits)
+        dsn, server_settings={"application_name": application_name}
     )
     await init_connection(conn)
-    await _bound_transactions(conn, limits)
+    await set_limits(conn, limits)
     return conn

@@ -16,11 +16,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 from uuid import UUID
 
+from asyncpg import Record
+
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries, rows_as
 from awp_protocol.errors import quote
-from awp_protocol.limits import MAX_MAP_ELEMENTS, MAX_MAP_OUTPUT_BYTES
+from awp_protocol.limits import MAX_INPUT_BYTES, MAX_MAP_ELEMENTS, MAX_OUTPUT_BYTES
 from awp_protocol.names import element_key
 
 Q = queries("dynamic")
@@ -55,16 +57,22 @@ def _error(message: str) -> dict[str, Any]:
     return {"message": message, "retryable": False}
 
 
-def _source_problem(over: str, path: str, json_type: str | None, size: int | None) -> str | None:
-    """Why the value a map task found cannot be mapped over, or None."""
-    where = f"map over {quote(over)}: the value at {quote(path)} in its output"
+def _source_problem(row: Record) -> str | None:
+    """Why the value a map task found cannot be mapped over (a map_sources row), or None."""
+    where = f"map over {quote(row['map_over'])}: the value at {quote(row['path'])} in its output"
+    json_type, size = row["type"], row["size"]
     if json_type is None:
         return f"{where} is missing (expected a list)"
     if json_type != "array":
         return f"{where} is {'null' if json_type == 'null' else f'a JSON {json_type}'}, not a list"
-    assert size is not None
     if size > MAX_MAP_ELEMENTS:
         return f"{where} has {size} elements; a map task takes at most {MAX_MAP_ELEMENTS}"
+    # An element's input travels in its lease, which must stay deliverable.
+    if size and row["largest_input"] > MAX_INPUT_BYTES:
+        return (
+            f"{where} has an element that makes an input of {row['largest_input']} bytes "
+            f"(the task's input, item and index); an input is at most {MAX_INPUT_BYTES}"
+        )
     return None
 
 
@@ -72,8 +80,8 @@ async def start_maps(conn: Conn, started: Sequence[MapTask], events: EventBatch)
     """Creates the elements of map tasks whose upstream has succeeded, READY.
 
     A map task over an empty list succeeds at once; one whose value is missing, not a
-    list or longer than MAX_MAP_ELEMENTS fails, with an error saying which. Both are
-    returned.
+    list, longer than MAX_MAP_ELEMENTS or with an element too large for an input fails,
+    with an error saying which. Both are returned.
     """
     if not started:
         return []
@@ -83,7 +91,7 @@ async def start_maps(conn: Conn, started: Sequence[MapTask], events: EventBatch)
     empty: list[int] = []
     refused: list[tuple[int, str]] = []
     for row in await conn.fetch(Q["map_sources"], [task.id for task in started]):
-        problem = _source_problem(row["map_over"], row["path"], row["type"], row["size"])
+        problem = _source_problem(row)
         if problem is not None:
             refused.append((row["id"], problem))
         elif row["size"] == 0:
@@ -135,12 +143,12 @@ async def elements_ended(
 
 async def _succeed(conn: Conn, map_ids: Sequence[int], events: EventBatch) -> list[Finished]:
     """Map tasks with every element succeeded: each succeeds with their outputs in order,
-    or fails if those together are larger than MAX_MAP_OUTPUT_BYTES."""
+    or fails if those together are larger than any task's output may be (MAX_OUTPUT_BYTES)."""
     if not map_ids:
         return []
     succeeded: list[Finished] = []
     too_large: list[tuple[int, str]] = []
-    for row in await conn.fetch(Q["succeed_maps"], list(map_ids), MAX_MAP_OUTPUT_BYTES):
+    for row in await conn.fetch(Q["succeed_maps"], list(map_ids), MAX_OUTPUT_BYTES):
         if row["succeeded"]:
             task = Finished(**{f.name: row[f.name] for f in fields(Finished)})
             events.task(task.run_id, task.key, "running", "succeeded")
@@ -150,7 +158,7 @@ async def _succeed(conn: Conn, map_ids: Sequence[int], events: EventBatch) -> li
                 (
                     row["id"],
                     f"the outputs of its elements come to {row['bytes']} bytes of JSON; "
-                    f"a map task's output is at most {MAX_MAP_OUTPUT_BYTES} bytes",
+                    f"a task's output is at most {MAX_OUTPUT_BYTES} bytes",
                 )
             )
     return [*succeeded, *await _fail(conn, too_large, events)]

@@ -1,9 +1,10 @@
 """LISTEN/NOTIFY on a dedicated connection, reconnected when lost.
 
-asyncpg's pool resets connections on release (UNLISTEN *), so listening needs its own
-connection. A lost LISTEN connection is silent, hence the keepalive; after any
-reconnect every waiter is woken, because notifications may have been missed while
-disconnected. Every wake-up is only a latency optimisation: callers re-read the
+Listening is session state: it needs a connection of its own that is one PostgreSQL
+session for its whole life, never a pooled one (behind a transaction pooler its dsn is
+--session-database-url; docs/postgres.md). A lost LISTEN connection is silent, hence
+the keepalive; after any reconnect every waiter is woken, because notifications may have
+been missed while disconnected. Every wake-up is only a latency optimisation: callers re-read the
 database and also poll on a timer.
 """
 

@@ -18,6 +18,7 @@ from awp_db.workflows import StoredWorkflow
 from awp_kernel.definition import WorkflowSpec
 from awp_kernel.errors import invalid, not_found
 from awp_protocol.errors import Reason, quote
+from awp_protocol.limits import MAX_INLINE_OUTPUT_JSON_BYTES
 
 Q = queries("runs")
 
@@ -59,6 +60,7 @@ class TaskInfo:
     attempts: int
     max_attempts: int
     output: dict[str, Any] | None
+    output_omitted: bool  # an output too large to read with the task: awp_db.outputs
     error: dict[str, Any] | None
     retry_at: datetime | None
     finished_at: datetime | None
@@ -164,7 +166,7 @@ async def task_counts(conn: Conn | Pool, run_ids: list[UUID]) -> dict[UUID, dict
 
 
 async def tasks(conn: Conn | Pool, run_id: UUID) -> list[TaskInfo]:
-    return await rows_as(TaskInfo, conn, Q["tasks"], run_id)
+    return await rows_as(TaskInfo, conn, Q["tasks"], run_id, MAX_INLINE_OUTPUT_JSON_BYTES)
 
 
 async def attempts(conn: Conn | Pool, run_id: UUID) -> list[AttemptInfo]:

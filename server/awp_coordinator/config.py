@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from awp_common import flags, logs
 from awp_common.flags import flag
-from awp_db.connect import DEFAULT_LIMITS, SessionLimits
+from awp_db import settings
+from awp_db.connect import DEFAULT_LIMITS, PoolMode, SessionLimits
 from awp_db.workers import OfflineRule
 
 # How many of its own heartbeat intervals of silence make a worker offline (DESIGN.md
@@ -29,7 +30,14 @@ def default_instance() -> str:
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
-    database_url: str = field(default="", metadata=flags.DATABASE_URL)
+    database_url: str = field(default="", repr=False, metadata=flags.DATABASE_URL)
+    session_database_url: str = field(
+        default="", repr=False, metadata=settings.SESSION_DATABASE_URL
+    )
+    database_pool_mode: PoolMode = field(
+        default=PoolMode.SESSION, metadata=settings.DATABASE_POOL_MODE
+    )
+    no_migrate: bool = field(default=False, metadata=settings.NO_MIGRATE)
     scan_interval_s: float = field(
         default=1.0,
         metadata=flag(
@@ -132,6 +140,11 @@ class CoordinatorConfig:
     )
 
     @property
+    def session_url(self) -> str:
+        """Where LISTEN and migrations connect: a session of their own."""
+        return self.session_database_url or self.database_url
+
+    @property
     def session_limits(self) -> SessionLimits:
         return SessionLimits(self.db_stall_timeout_s)
 
@@ -157,7 +170,13 @@ def parse(
             "Creates dispatches within the limits, reaps expired leases and timed-out "
             "attempts, marks silent workers offline, converges cancellations and releases "
             "retry timers. Run several: one leads (a lease in the database), the others "
-            "stand by and take over. Behind pgbouncer, point it at a session-mode pool: "
-            "LISTEN needs session state."
+            "stand by and take over. Behind a transaction pooler, give "
+            "--database-pool-mode transaction and a --session-database-url for LISTEN "
+            "(docs/postgres.md)."
         ),
+        check=_check,
     )
+
+
+def _check(config: CoordinatorConfig) -> None:
+    settings.check_urls(config.database_url, config.session_database_url, config.database_pool_mode)

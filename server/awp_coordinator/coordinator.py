@@ -189,7 +189,7 @@ class Coordinator:
         config = self.config
         leadership = Leadership(self._pool, config.instance, config.leader_ttl)
         listener = Listener(
-            config.database_url,
+            config.session_url,
             [COORDINATOR_CHANNEL],
             keepalive_s=max(min(config.scan_interval_s, KEEPALIVE_MAX_S), 1.0),
         )

@@ -17,8 +17,9 @@ from awp_common.flags import host_port
 from awp_coordinator.config import CoordinatorConfig, parse
 from awp_coordinator.coordinator import Coordinator
 from awp_coordinator.metrics import Metrics
-from awp_db.connect import create_pool
-from awp_db.migrate import migrate_when_reachable
+from awp_db import pooler
+from awp_db.connect import PoolMode, create_pool
+from awp_db.migrate import SchemaError, prepare
 
 log = logging.getLogger("awp.coordinator")
 
@@ -29,18 +30,9 @@ async def serve(config: CoordinatorConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    # A stop during startup (the database may not be up yet) ends the wait at once.
-    migrating = asyncio.create_task(migrate_when_reachable(config.database_url))
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({migrating, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if not migrating.done():
-        migrating.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await migrating
+    if not await prepare(config.session_url, migrating=not config.no_migrate, stop=stop):
         log.info("awp-coordinator stopped before it started")
         return
-    migrating.result()
 
     metrics = Metrics()
     if config.metrics_listen:
@@ -58,7 +50,10 @@ async def serve(config: CoordinatorConfig) -> None:
         max_size=config.pool_size,
         application_name=f"awp-coordinator {config.instance}"[:63],
         limits=config.session_limits,
+        mode=config.database_pool_mode,
     )
+    if config.database_pool_mode is PoolMode.TRANSACTION:
+        await pooler.check_limits(pool, config.session_limits)
     log.info(
         "awp-coordinator started",
         extra={
@@ -84,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs.setup(config.log_format, config.log_level)
     try:
         asyncio.run(serve(config))
+    except SchemaError as exc:
+        log.error("awp-coordinator cannot start", extra={"error": str(exc)})
+        print(f"awp-coordinator: {exc}", file=sys.stderr)
+        sys.exit(2)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         log.error("awp-coordinator cannot run", extra={"error": repr(exc)})
         sys.exit(2)

@@ -16,8 +16,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
 from awp_common.tls import server_credentials
-from awp_db import workers
-from awp_db.connect import Pool, create_pool
+from awp_db import pooler, workers
+from awp_db.connect import Pool, PoolMode, create_pool
 from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
 from awp_protocol.limits import TRANSPORT_RECEIVE_BYTES
@@ -137,8 +137,11 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             max_size=config.pool_size,
             application_name="awp-server",
             limits=config.session_limits,
+            mode=config.database_pool_mode,
         )
-    listener = Listener(config.database_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
+        if config.database_pool_mode is PoolMode.TRANSACTION:
+            await pooler.check_limits(pool, config.session_limits)
+    listener = Listener(config.session_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
     await listener.start()
     shutting_down = asyncio.Event()
     # Metrics first, so that calls refused for a bad token are counted too; the request

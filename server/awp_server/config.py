@@ -8,12 +8,20 @@ from dataclasses import dataclass, field
 from awp_common import flags, logs
 from awp_common.flags import flag, is_loopback
 from awp_common.tls import ServerTls
-from awp_db.connect import SessionLimits
+from awp_db import settings
+from awp_db.connect import PoolMode, SessionLimits
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    database_url: str = field(metadata=flags.DATABASE_URL)
+    database_url: str = field(repr=False, metadata=flags.DATABASE_URL)
+    session_database_url: str = field(
+        default="", repr=False, metadata=settings.SESSION_DATABASE_URL
+    )
+    database_pool_mode: PoolMode = field(
+        default=PoolMode.SESSION, metadata=settings.DATABASE_POOL_MODE
+    )
+    no_migrate: bool = field(default=False, metadata=settings.NO_MIGRATE)
     listen: str = field(
         default="127.0.0.1:50051",
         metadata=flag("--listen", "AWP_LISTEN", "gRPC HOST:PORT", read=flags.address),
@@ -145,6 +153,11 @@ class ServerConfig:
         return ServerTls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file or None)
 
     @property
+    def session_url(self) -> str:
+        """Where LISTEN and migrations connect: a session of their own."""
+        return self.session_database_url or self.database_url
+
+    @property
     def session_limits(self) -> SessionLimits:
         if self.db_stall_timeout_s is not None:
             return SessionLimits(self.db_stall_timeout_s)
@@ -171,8 +184,54 @@ def parse(
         argv,
         environ=environ,
         prog="awp-server",
-        description="The AWP gRPC server: workers' WorkerService and clients' ControlService.",
+        description=(
+            "The AWP gRPC server: workers' WorkerService and clients' ControlService. "
+            "`awp-server migrate` applies the database migrations as a step of its own "
+            "(awp-server migrate --help)."
+        ),
         check=_check,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateConfig:
+    """awp-server migrate: the database settings alone, read from the same flags and
+    variables as the server's (one environment serves both)."""
+
+    database_url: str = field(repr=False, metadata=flags.DATABASE_URL)
+    session_database_url: str = field(
+        default="", repr=False, metadata=settings.SESSION_DATABASE_URL
+    )
+    give_up_after_s: float = field(
+        default=120.0,
+        metadata=flag(
+            "--give-up-after",
+            "AWP_MIGRATE_GIVE_UP_AFTER",
+            "how long to wait for PostgreSQL to answer before failing",
+            read=flags.positive_duration,
+        ),
+    )
+    log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
+    log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
+
+    @property
+    def session_url(self) -> str:
+        return self.session_database_url or self.database_url
+
+
+def parse_migrate(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> MigrateConfig:
+    return flags.parse(
+        MigrateConfig,
+        argv,
+        environ=environ,
+        prog="awp-server migrate",
+        description=(
+            "Applies the database migrations this build has and the database lacks, one "
+            "transaction each, then exits: 0 when the schema is up to date. Over "
+            "--session-database-url when given (migrations take a session advisory lock)."
+        ),
     )
 
 
@@ -199,3 +258,4 @@ def _check(config: ServerConfig) -> None:
         )
     if config.lease_ttl_s <= config.heartbeat_interval_s:
         raise ValueError("--lease-ttl must be longer than --heartbeat-interval")
+    settings.check_urls(config.database_url, config.session_database_url, config.database_pool_mode)

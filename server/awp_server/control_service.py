@@ -20,7 +20,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db import attempts, events, reads, retry, runs, stats, workers, workflows
+from awp_db import attempts, events, outputs, reads, retry, runs, stats, workers, workflows
 from awp_db.connect import Conn, Pool
 from awp_db.listen import Listener
 from awp_db.signals import RUN_EVENTS_CHANNEL
@@ -36,7 +36,7 @@ from awp_protocol.limits import (
 )
 from awp_protocol.names import NAME_PATTERN, NAME_RULE, TASK_KEY_PATTERN, TASK_KEY_RULE
 from awp_protocol.states import TERMINAL_RUN_STATES
-from awp_server import convert
+from awp_server import convert, delivery
 from awp_server.auth import caller
 from awp_server.errors import server_stream, unary
 
@@ -144,10 +144,24 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             task_rows = await runs.tasks(conn, run_id)
             attempt_rows = await runs.attempts(conn, run_id)
             tracebacks = await attempts.final_tracebacks(conn, run_id)
-        return control_pb2.GetRunResponse(
+        answer = control_pb2.GetRunResponse(
             run=convert.run_to_proto(run_row, convert.task_counts(row.state for row in task_rows)),
             tasks=[convert.task_to_proto(row, tracebacks.get(row.key)) for row in task_rows],
             attempts=[convert.attempt_to_proto(row) for row in attempt_rows],
+        )
+        delivery.trim_run(answer)
+        return answer
+
+    @unary
+    async def GetTaskOutput(
+        self, request: control_pb2.GetTaskOutputRequest, context: Context
+    ) -> control_pb2.GetTaskOutputResponse:
+        run_id = runs.parse_run_id(request.run_id)
+        async with reads.snapshot(self._pool) as conn:
+            await runs.get(conn, run_id)  # RUN_NOT_FOUND first
+            output = await outputs.task_output(conn, run_id, request.task_key)
+        return control_pb2.GetTaskOutputResponse(
+            output_json="" if output is None else canonical_json(output).decode()
         )
 
     @unary

@@ -312,6 +312,7 @@ def task_to_proto(row: TaskInfo, traceback: str | None = None) -> control_pb2.Ta
         attempts=row.attempts,
         max_attempts=row.max_attempts,
         output=dict_to_struct(row.output),
+        output_omitted=row.output_omitted,
         error=task_error(row.error, traceback),
         retry_at=timestamp(row.retry_at),
         finished_at=timestamp(row.finished_at),

@@ -15,16 +15,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
-from awp_db import leases, workers
+from awp_db import leases, outputs, workers
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict
-from awp_protocol.jsonvalue import dict_to_struct
+from awp_protocol.jsonvalue import canonical_json, dict_to_struct
 from awp_protocol.limits import (
     MAX_CLAIM_WAIT_MS,
     MAX_LEASES_PER_CLAIM,
@@ -33,7 +33,7 @@ from awp_protocol.limits import (
 )
 from awp_protocol.names import check_register
 from awp_protocol.results import check_result
-from awp_server import metrics
+from awp_server import delivery, metrics
 from awp_server.batching import ClaimBatcher, CompleteBatcher
 from awp_server.config import ServerConfig
 from awp_server.convert import TASK_STATES, WORKER_STATES, duration_from_ms, timestamp
@@ -163,7 +163,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 await waiter.wait(min(left, CLAIM_RECHECK_S))
         metrics.CLAIMS.labels("leased" if issued else "empty").inc()
         metrics.LEASES_ISSUED.inc(len(issued))
-        return worker_pb2.ClaimResponse(
+        answer = worker_pb2.ClaimResponse(
             leases=[
                 worker_pb2.Lease(
                     dispatch_id=lease.dispatch_id,
@@ -182,10 +182,6 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     attempt_deadline=timestamp(lease.attempt_deadline),
                     attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
                     run_input=dict_to_struct(lease.run_input),
-                    upstream_outputs={
-                        key: dict_to_struct(output) or struct_pb2.Struct()
-                        for key, output in lease.upstream_outputs.items()
-                    },
                     upstream_states={
                         key: TASK_STATES.proto(state)
                         for key, state in lease.upstream_states.items()
@@ -194,6 +190,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 for lease in issued
             ]
         )
+        delivery.fill_upstream(answer, issued)
+        return answer
 
     async def Heartbeat(
         self,
@@ -345,6 +343,30 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         )
         return worker_pb2.DrainResponse(
             session_state=WORKER_STATES.proto(outcome.state), active_leases=outcome.active_leases
+        )
+
+    @unary
+    async def GetUpstreamOutputs(
+        self,
+        request: worker_pb2.GetUpstreamOutputsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_pb2.GetUpstreamOutputsResponse:
+        worker_id, token = _session(request.session)
+        async with self._pool.acquire() as conn:
+            session = await workers.authenticate(conn, worker_id, token)
+            found = await outputs.upstream_outputs(
+                conn,
+                session.worker_id,
+                request.dispatch_id,
+                request.lease_token,
+                list(request.keys),
+                delivery.OUTPUTS_BUDGET_BYTES,
+            )
+        return worker_pb2.GetUpstreamOutputsResponse(
+            outputs=[
+                worker_pb2.UpstreamOutput(key=key, output_json=canonical_json(output).decode())
+                for key, output in found
+            ]
         )
 
 

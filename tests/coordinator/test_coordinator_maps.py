@@ -17,7 +17,7 @@ from awp_db import claims, runs
 from awp_db.connect import Pool
 from awp_kernel.definition import MapSpec, TaskSpec, WorkflowSpec, validate
 from awp_kernel.retry import RetryPolicy
-from awp_protocol.limits import MAX_MAP_ELEMENTS, MAX_MAP_OUTPUT_BYTES
+from awp_protocol.limits import MAX_INPUT_BYTES, MAX_MAP_ELEMENTS, MAX_OUTPUT_BYTES
 from kit import start_run
 from kit.db import DbWorker, converge_cancel, register, run_state, task_states
 from kit.invariants import Expect, check_committed, check_invariants
@@ -408,14 +408,35 @@ async def test_outputs_too_large_together_fail_the_map_task(pool: Pool) -> None:
     run_id = await start_run(pool, search_flow())
     (plan,) = await worker.dispatch_and_claim()
     await worker.complete(plan, output={"queries": list(range(5))})
-    # Each within a task's limit (1 MiB), together over the map task's.
-    blob = "x" * (MAX_MAP_OUTPUT_BYTES // 5 + 1000)
+    # Each well within a task's limit, together over it.
+    blob = "x" * (MAX_OUTPUT_BYTES // 5 + 1000)
     await worker.complete_all(await worker.dispatch_and_claim(), output=lambda _: {"blob": blob})
     tasks = {t.key: t for t in await runs.tasks(pool, run_id)}
     assert tasks["search"].state == "failed" and tasks["search"].output is None
+    assert tasks["search"].error is not None
     message = tasks["search"].error["message"]
     size = int(message.removeprefix("the outputs of its elements come to ").split()[0])
-    assert size > MAX_MAP_OUTPUT_BYTES
-    assert message.endswith(f"a map task's output is at most {MAX_MAP_OUTPUT_BYTES} bytes")
+    assert size > MAX_OUTPUT_BYTES
+    assert message.endswith(f"a task's output is at most {MAX_OUTPUT_BYTES} bytes")
     assert await run_state(pool, run_id) == "failed"
     await check_committed(pool, finished=True)
+
+
+async def test_an_element_too_large_for_an_input_fails_the_map_task(pool: Pool) -> None:
+    """Each element's input travels in its lease: it is bounded like any input."""
+    worker = await register(pool)
+    run_id = await start_run(pool, search_flow())
+    (plan,) = await worker.dispatch_and_claim()
+    queries = ["small", "y" * MAX_INPUT_BYTES]
+    assert await worker.complete(plan, output={"queries": queries}) == "ACCEPTED"
+    tasks = {t.key: t for t in await runs.tasks(pool, run_id)}
+    assert tasks["search"].state == "failed" and len(tasks) == 3
+    assert tasks["search"].error is not None
+    assert "has an element that makes an input of" in tasks["search"].error["message"]
+    assert tasks["search"].error["message"].endswith(f"an input is at most {MAX_INPUT_BYTES}")
+    # Just under the limit is taken.
+    again = await start_run(pool, search_flow(), "again")
+    (plan,) = await worker.dispatch_and_claim()
+    room = MAX_INPUT_BYTES - len('{"item": "", "index": 0, "engine": "web"}')
+    assert await worker.complete(plan, output={"queries": ["z" * room]}) == "ACCEPTED"
+    assert (await task_states(pool, again))["search[0]"] == "ready"

@@ -8,7 +8,7 @@ import asyncio
 from coordinator_support import coordinator, pass_until
 
 from awp_db import coordination, leases
-from awp_db.connect import Pool, connect
+from awp_db.connect import Pool, SessionLimits, connect
 from awp_db.workers import OfflineRule
 from kit import poll_until, spec, start_run
 from kit.db import events_of, register, run_state, task_states
@@ -31,7 +31,9 @@ async def test_a_lease_being_renewed_is_never_reaped(pool: Pool, database_dsn: s
     # would roll the renewal back (a 3 s lease made this test fail under load).
     (lease,) = await worker.claim(ttl_ms=1_000)
 
-    heartbeat = await connect(database_dsn)
+    # Its transaction stays idle past the lease's expiry and through a pass: longer than
+    # the default stall bound (3 s), which would end it first on a busy machine.
+    heartbeat = await connect(database_dsn, limits=SessionLimits(10.0))
     try:
         # The heartbeat renews inside a transaction that stays open...
         renewal = heartbeat.transaction()

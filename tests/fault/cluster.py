@@ -261,12 +261,17 @@ class Cluster:
     # --- awp-coordinator --------------------------------------------------------------
 
     async def start_coordinator(
-        self, name: str = "coordinator", *, expect_leader: bool = True, within: float = 20.0
+        self,
+        name: str = "coordinator",
+        *,
+        expect_leader: bool = True,
+        within: float = 20.0,
+        database_url: str = "",
     ) -> Process:
         """Starts a coordinator (named `name` in the leader lease); with expect_leader,
         returns once it leads."""
         self._starters[name] = lambda: self.start_coordinator(
-            name, expect_leader=expect_leader, within=within
+            name, expect_leader=expect_leader, within=within, database_url=database_url
         )
         t = self.timings
         process = self.add(
@@ -274,7 +279,7 @@ class Cluster:
             [
                 str(BIN_DIR / "awp-coordinator"),
                 "--database-url",
-                self.dsn,
+                database_url or self.dsn,
                 "--instance",
                 name,
                 "--scan-interval",

@@ -143,6 +143,9 @@ def _valid(method: str, world: dict[str, Any]) -> Message:
             ],
         ),
         "Drain": worker_pb2.DrainRequest(session=session),
+        "GetUpstreamOutputs": worker_pb2.GetUpstreamOutputsRequest(
+            session=session, dispatch_id=1, lease_token="t", keys=["a"]
+        ),
         "CreateWorkflow": control_pb2.CreateWorkflowRequest(
             definition=types_pb2.WorkflowDefinition(
                 name="wf2",
@@ -153,6 +156,7 @@ def _valid(method: str, world: dict[str, Any]) -> Message:
         "GetWorkflow": control_pb2.GetWorkflowRequest(name="wf"),
         "StartRun": control_pb2.StartRunRequest(workflow_name="wf"),
         "GetRun": control_pb2.GetRunRequest(run_id=world["run_id"]),
+        "GetTaskOutput": control_pb2.GetTaskOutputRequest(run_id=world["run_id"], task_key="a"),
         "CancelRun": control_pb2.CancelRunRequest(run_id=world["run_id"], reason="fuzz"),
         # Not the live run: its watch would never end.
         "WatchRun": control_pb2.WatchRunRequest(run_id=str(uuid.uuid4())),

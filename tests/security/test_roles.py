@@ -33,6 +33,7 @@ READS = (
     "GetWorkflow",
     "ListWorkflows",
     "GetRun",
+    "GetTaskOutput",
     "ListAttempts",
     "ListRuns",
     "WatchRun",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -15,6 +16,7 @@ from runtime_harness import Running
 from awp_coordinator import Coordinator, CoordinatorConfig
 from awp_db import runs
 from awp_db.connect import Pool
+from awp_protocol.limits import MAX_OUTPUT_BYTES
 from awp_worker import ActionContext
 from awp_worker._config import WorkerConfig
 from awp_worker._executors import PythonExecutor
@@ -165,6 +167,42 @@ async def test_python_actions_with_the_sdk(
     assert all(ctx.run_input == {"topic": "x"} for ctx in contexts.values())
     assert contexts["t0"].upstream == {}
     assert contexts["t2"].upstream == {"t1": {"key": "t1"}}
+
+
+async def test_an_action_sees_upstream_outputs_too_large_for_its_lease(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    """Six outputs of ~1 MiB cannot travel in one Claim answer (the worker's channel
+    takes gRPC's default 4 MiB): the worker fetches them before the action runs."""
+    registry = ActionRegistry()
+    upstream: dict[str, dict[str, Any]] = {}
+
+    @registry.action("big")
+    def big(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        return {"key": ctx.task_key, "text": ctx.task_key[-1] * (MAX_OUTPUT_BYTES - 100)}
+
+    @registry.action("gather")
+    def gather(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        upstream.update(ctx.upstream)
+        return {"seen": sorted(ctx.upstream)}
+
+    workflow = spec("gather", tasks=7, kind="python", depends={6: list(range(6))})
+    workflow = replace(
+        workflow,
+        tasks=tuple(
+            replace(task, action="gather" if task.key == "t6" else "big") for task in workflow.tasks
+        ),
+    )
+    run_id = await start_run(pool, workflow)
+    worker = start_worker(
+        worker_config(server, kinds=("python",)), executors={"python": PythonExecutor(registry)}
+    )
+    assert await run_state(pool, run_id, "succeeded", "failed", within=60) == "succeeded"
+    assert await worker.stop() == EXIT_OK
+    assert sorted(upstream) == [f"t{i}" for i in range(6)]
+    assert all(
+        out == {"key": k, "text": k[-1] * (MAX_OUTPUT_BYTES - 100)} for k, out in upstream.items()
+    )
 
 
 async def test_cancelling_a_run_revokes_its_running_lease(

@@ -17,11 +17,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import grpc
+
 from awp.v1 import worker_pb2
+from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import task_state_name
 from awp_worker._completer import DROPPED, ResultFlusher
 from awp_worker._diagnostics import LogTail, collecting
+from awp_worker._errors import Kind, classify, describe, error_reason
 from awp_worker._executors import (
     Executor,
     failure,
@@ -149,6 +153,10 @@ class Attempts:
             async with asyncio.timeout_at(held.clock.safety_deadline) as timeout:
                 held.timeout = timeout
                 with collecting(tail):
+                    if lease.omitted_upstream_keys and not await self._fetch_upstream(
+                        held, lease_log
+                    ):
+                        return None
                     output = await executor.execute(held.ctx, struct_to_dict(lease.input))
             if timeout.expired():  # the action swallowed the cancellation and returned
                 self._safety_deadline_passed(held, lease_log)
@@ -170,6 +178,18 @@ class Attempts:
             )
         except Exception as exc:
             return _failed(lease, exc, tail, lease_log)
+
+    async def _fetch_upstream(self, held: HeldLease, lease_log: LeaseLog) -> bool:
+        """Adds the upstream outputs the lease left out (to keep the Claim answer
+        deliverable) to the action's context; False if the lease is gone meanwhile."""
+        try:
+            held.ctx.upstream.update(await self._owner.session.upstream_outputs(held.lease))
+        except grpc.RpcError as exc:
+            if error_reason(exc) != Reason.LEASE_LOST and classify(exc) is not Kind.PERMANENT:
+                raise
+            lease_log.warning("lease lost before the action started (%s)", describe(exc))
+            return False
+        return True
 
     def _safety_deadline_passed(self, held: HeldLease, lease_log: LeaseLog) -> None:
         held.ctx._cancel()

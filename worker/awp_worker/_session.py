@@ -1,6 +1,7 @@
 """The worker's connection to awp-server: one channel, the session Register grants,
-and the calls. Register and Drain retry transient errors themselves (tenacity);
-a permanent error ends the session (``SessionLost``). Claim and Complete leave their
+and the calls. Register, Drain and GetUpstreamOutputs retry transient errors themselves
+(tenacity); a permanent error ends the session (``SessionLost``). Claim and Complete
+leave their
 retries to their callers, which back off in their own way.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
@@ -22,6 +24,7 @@ from tenacity import (
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_common import tls
+from awp_protocol.jsonvalue import parse_object
 from awp_protocol.limits import PROTOCOL_VERSION
 from awp_worker._config import WorkerConfig
 from awp_worker._errors import Kind, Metadata, classify, describe, is_transient, session_lost
@@ -30,7 +33,6 @@ from awp_worker._metrics import Metrics
 
 log = logging.getLogger("awp_worker.session")
 HeartbeatCall = grpc.aio.StreamStreamCall[worker_pb2.HeartbeatRequest, worker_pb2.HeartbeatResponse]
-_MAX_RECEIVE_BYTES = 128 * 1024 * 1024  # a Claim may carry 1,000 inputs of 64 KiB
 
 
 # How many answers in a row must say "plaintext meets TLS" before registering gives up.
@@ -60,8 +62,9 @@ class Session:
 
     def open(self) -> None:
         """Create the channel; OSError if a TLS file cannot be read."""
+        # No receive limit of our own: gRPC's default 4 MiB takes every answer, which
+        # the server keeps within MAX_RESPONSE_BYTES (awp_protocol.limits).
         options = [
-            ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
             # gRPC's own reconnect backoff starts at 1 s and grows to 2 min; a restarted
             # server must be found again well within the stream grace.
             ("grpc.initial_reconnect_backoff_ms", 100),
@@ -165,6 +168,43 @@ class Session:
             self._metrics.complete_calls.labels("error").inc()
             raise
         self._metrics.complete_calls.labels("ok").inc()
+        return response
+
+    async def upstream_outputs(self, lease: worker_pb2.Lease) -> dict[str, dict[str, Any]]:
+        """The upstream outputs the lease left out, a page at a time, transient errors
+        retried for as long as it takes (the attempt's safety deadline bounds the caller);
+        raises the RpcError of a refusal (LEASE_LOST: the lease is gone)."""
+        found: dict[str, dict[str, Any]] = {}
+        wanted = list(lease.omitted_upstream_keys)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
+            before_sleep=_log_retry("GetUpstreamOutputs"),
+            reraise=True,
+        )
+        while wanted:
+            request = worker_pb2.GetUpstreamOutputsRequest(
+                session=self.token,
+                dispatch_id=lease.dispatch_id,
+                lease_token=lease.lease_token,
+                keys=wanted,
+            )
+            response: worker_pb2.GetUpstreamOutputsResponse = await retrying(
+                self._get_upstream_outputs, request
+            )
+            if not response.outputs:
+                raise RuntimeError("GetUpstreamOutputs answered no output")
+            for output in response.outputs:
+                found[output.key] = parse_object(output.output_json)
+            wanted = [key for key in wanted if key not in found]
+        return found
+
+    async def _get_upstream_outputs(
+        self, request: worker_pb2.GetUpstreamOutputsRequest
+    ) -> worker_pb2.GetUpstreamOutputsResponse:
+        response: worker_pb2.GetUpstreamOutputsResponse = await self.stub.GetUpstreamOutputs(
+            request, timeout=self._config.rpc_timeout, metadata=self._metadata
+        )
         return response
 
     def heartbeat(self) -> HeartbeatCall:

@@ -8,6 +8,8 @@
 -- $1/$5: one entry per slot offered, its worker and its lease token's digest; the
 -- n-th dispatch picked goes to the n-th slot (slots of several sessions whose rows
 -- this transaction locked may be listed one session after the other).
+-- Upstream outputs too large to travel inline are left out: the server lists them in
+-- the lease (omitted_upstream_keys) and the worker fetches them (upstream.sql).
 WITH picked AS (
     SELECT d.id, d.run_id, d.task_id
       FROM dispatches d
@@ -18,8 +20,16 @@ WITH picked AS (
      ORDER BY d.id + 0
      LIMIT $4
        FOR UPDATE SKIP LOCKED
+), sized AS (
+    -- The leases' inputs, as JSON text (never shorter than canonical JSON), so far.
+    SELECT p.*, octet_length(t.input::text) + octet_length(r.input::text) AS own,
+           sum(octet_length(t.input::text) + octet_length(r.input::text)) OVER (ORDER BY p.id) AS through
+      FROM picked p JOIN tasks t ON t.id = p.task_id JOIN runs r ON r.id = p.run_id
 ), numbered AS (
-    SELECT p.*, row_number() OVER (ORDER BY p.id) AS n FROM picked p
+    -- Only as many as one answer can deliver ($7: limits.MAX_CLAIM_INPUT_JSON_BYTES); the
+    -- first always. The rest stay pending, locked by nobody once this commits.
+    SELECT s.id, s.run_id, s.task_id, row_number() OVER (ORDER BY s.id) AS n
+      FROM sized s WHERE s.through <= $7 OR s.through = s.own
 ), leased AS (
     UPDATE dispatches d
        SET state = 'leased',
@@ -52,14 +62,17 @@ SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, l.worker_id, s.key AS 
        l.lease_expires_at, l.attempt_deadline,
        extract(epoch FROM l.lease_expires_at - statement_timestamp()) * 1000 AS lease_remaining_ms,
        extract(epoch FROM l.attempt_deadline - statement_timestamp()) * 1000 AS attempt_remaining_ms,
-       r.input AS run_input, up.outputs AS upstream_outputs, up.states AS upstream_states
+       r.input AS run_input, s.depends_on,
+       -- Larger outputs ($8: limits.MAX_INLINE_OUTPUT_JSON_BYTES) are fetched on their own.
+       (SELECT jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb))
+          FROM tasks u
+         WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)
+           AND coalesce(octet_length(u.output::text), 0) <= $8) AS upstream_outputs,
+       -- All succeeded, unless the task is an always task.
+       (SELECT jsonb_object_agg(u.key, u.state)
+          FROM tasks u
+         WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)) AS upstream_states
   FROM leased l
   JOIN started s ON s.id = l.task_id
   JOIN runs r ON r.id = l.run_id
-  -- The tasks it depends on: all succeeded, unless it is an always task.
-  CROSS JOIN LATERAL (
-      SELECT jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb)) AS outputs,
-             jsonb_object_agg(u.key, u.state) AS states
-        FROM tasks u
-       WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)) up
  ORDER BY l.id

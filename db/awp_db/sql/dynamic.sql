@@ -8,12 +8,18 @@
 
 -- name: map_sources
 -- Map tasks that have just started ($1): the JSON type of the value at each one's path
--- in its upstream's output, and its length when it is a list. Only these two figures
--- leave the database; the list itself is expanded by expand_maps.
+-- in its upstream's output, its length when it is a list, and the largest input of an
+-- element (as expand_maps makes it, in JSON text: what a Claim measures). Only these
+-- figures leave the database; the list itself is expanded by expand_maps.
 SELECT m.id, m.run_id, m.key, m.map_over, array_to_string(m.map_path, '.') AS path,
        jsonb_typeof(u.output #> m.map_path) AS type,
        CASE WHEN jsonb_typeof(u.output #> m.map_path) = 'array'
-            THEN jsonb_array_length(u.output #> m.map_path) END AS size
+            THEN jsonb_array_length(u.output #> m.map_path) END AS size,
+       CASE WHEN jsonb_typeof(u.output #> m.map_path) = 'array'
+            THEN (SELECT max(octet_length(
+                             (m.input || jsonb_build_object('item', e.value, 'index', e.ord - 1))::text))
+                    FROM jsonb_array_elements(u.output #> m.map_path) WITH ORDINALITY AS e (value, ord))
+       END AS largest_input
   FROM tasks m
   JOIN tasks u ON u.run_id = m.run_id AND u.key = m.map_over
  WHERE m.id = ANY($1::bigint[])
@@ -50,8 +56,8 @@ RETURNING run_id, key
 -- name: succeed_maps
 -- Map tasks $1 (running) whose every element succeeded, or that have none: each succeeds
 -- with {"outputs": [its elements' outputs in index order]}, unless that would be more
--- than $2 bytes of JSON text; then nothing is written for it. Every one is returned,
--- `bytes` telling which.
+-- than $2 bytes of JSON text (limits.MAX_OUTPUT_BYTES); then nothing is written for it.
+-- Every one is returned, `bytes` telling which.
 WITH combined AS (
     SELECT m.id,
            jsonb_build_object(

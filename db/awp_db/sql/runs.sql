@@ -46,9 +46,11 @@ SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GR
 
 -- name: tasks
 -- Declared tasks first, then each map's elements in index order (they are created so).
+-- Outputs over $2 bytes of JSON text are left out (output_omitted): GetTaskOutput.
 SELECT t.key, t.state, t.executor_kind, t.action, t.depends_on, t.attempts, t.max_attempts,
-       t.output, t.error, t.retry_at, t.finished_at, t.reused_from_run_id,
-       p.key AS map_parent, t.map_index
+       CASE WHEN octet_length(t.output::text) <= $2 THEN t.output END AS output,
+       coalesce(octet_length(t.output::text) > $2, false) AS output_omitted, t.error,
+       t.retry_at, t.finished_at, t.reused_from_run_id, p.key AS map_parent, t.map_index
   FROM tasks t LEFT JOIN tasks p ON p.id = t.parent_id
  WHERE t.run_id = $1 ORDER BY t.id
 

@@ -378,6 +378,7 @@ class Task(_message.Message):
     RETRY_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     REUSED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_OMITTED_FIELD_NUMBER: _builtins.int
     MAP_PARENT_FIELD_NUMBER: _builtins.int
     MAP_INDEX_FIELD_NUMBER: _builtins.int
     key: _builtins.str
@@ -391,6 +392,10 @@ class Task(_message.Message):
     """Set when the task was not run in this run but reused (RetryRun): the run whose attempt
     produced its output. Such a task is SUCCEEDED with no attempts. Retention may have
     deleted that run since.
+    """
+    output_omitted: _builtins.bool
+    """The task has an output that this answer leaves out (over 64 KiB as JSON, or past
+    GetRun's 3 MiB budget): GetTaskOutput returns it.
     """
     map_parent: _builtins.str
     """Set on an element of a map task (key "<map_parent>[<map_index>]"): the map task's
@@ -425,12 +430,13 @@ class Task(_message.Message):
         retry_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         reused_from_run_id: _builtins.str = ...,
+        output_omitted: _builtins.bool = ...,
         map_parent: _builtins.str = ...,
         map_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at", b"finished_at", "output", b"output", "retry_at", b"retry_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -518,26 +524,78 @@ class GetRunResponse(_message.Message):
     RUN_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_OMITTED_FIELD_NUMBER: _builtins.int
+    TRACEBACKS_OMITTED_FIELD_NUMBER: _builtins.int
+    attempts_omitted: _builtins.int
+    tracebacks_omitted: _builtins.int
+    """Failed tasks whose traceback is left out past the budget (ListAttempts has them)."""
     @_builtins.property
     def run(self) -> Global___Run: ...
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Task]: ...
     @_builtins.property
-    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Attempt]: ...
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Attempt]:
+        """Oldest first; the newest attempts_omitted are left out past the budget."""
+
     def __init__(
         self,
         *,
         run: Global___Run | None = ...,
         tasks: _abc.Iterable[Global___Task] | None = ...,
         attempts: _abc.Iterable[Global___Attempt] | None = ...,
+        attempts_omitted: _builtins.int = ...,
+        tracebacks_omitted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "run", b"run", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "attempts_omitted", b"attempts_omitted", "run", b"run", "tasks", b"tasks", "tracebacks_omitted", b"tracebacks_omitted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRunResponse: _TypeAlias = GetRunResponse  # noqa: Y015
+
+@_typing.final
+class GetTaskOutputRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TASK_KEY_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    task_key: _builtins.str
+    """At most 64 characters."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        task_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "task_key", b"task_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTaskOutputRequest: _TypeAlias = GetTaskOutputRequest  # noqa: Y015
+
+@_typing.final
+class GetTaskOutputResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    output_json: _builtins.str
+    """Empty when the task has no output (yet)."""
+    def __init__(
+        self,
+        *,
+        output_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["output_json", b"output_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTaskOutputResponse: _TypeAlias = GetTaskOutputResponse  # noqa: Y015
 
 @_typing.final
 class ListAttemptsRequest(_message.Message):

@@ -59,6 +59,11 @@ class ControlServiceStub:
                 request_serializer=awp_dot_v1_dot_control__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.GetRunResponse.FromString,
                 _registered_method=True)
+        self.GetTaskOutput = channel.unary_unary(
+                '/awp.v1.ControlService/GetTaskOutput',
+                request_serializer=awp_dot_v1_dot_control__pb2.GetTaskOutputRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.GetTaskOutputResponse.FromString,
+                _registered_method=True)
         self.ListAttempts = channel.unary_unary(
                 '/awp.v1.ControlService/ListAttempts',
                 request_serializer=awp_dot_v1_dot_control__pb2.ListAttemptsRequest.SerializeToString,
@@ -134,6 +139,17 @@ class ControlServiceServicer:
         """The run with all its tasks and attempts. A FAILED task's error carries the traceback
         of its last attempt; the attempts' errors carry their type and message only: their
         tracebacks and log tails are ListAttempts'.
+        The answer stays within 3 MiB, whatever the run's size: past that budget, outputs,
+        tracebacks and attempts are left out and counted (Task.output_omitted,
+        tracebacks_omitted, attempts_omitted); GetTaskOutput and ListAttempts return them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTaskOutput(self, request, context):
+        """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
+        An unknown task_key is INVALID_ARGUMENT naming task_key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -229,6 +245,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=awp_dot_v1_dot_control__pb2.GetRunRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.GetRunResponse.SerializeToString,
+            ),
+            'GetTaskOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTaskOutput,
+                    request_deserializer=awp_dot_v1_dot_control__pb2.GetTaskOutputRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.GetTaskOutputResponse.SerializeToString,
             ),
             'ListAttempts': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAttempts,
@@ -401,6 +422,33 @@ class ControlService:
             '/awp.v1.ControlService/GetRun',
             awp_dot_v1_dot_control__pb2.GetRunRequest.SerializeToString,
             awp_dot_v1_dot_control__pb2.GetRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/GetTaskOutput',
+            awp_dot_v1_dot_control__pb2.GetTaskOutputRequest.SerializeToString,
+            awp_dot_v1_dot_control__pb2.GetTaskOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,13 @@ class ControlServiceStub:
     """The run with all its tasks and attempts. A FAILED task's error carries the traceback
     of its last attempt; the attempts' errors carry their type and message only: their
     tracebacks and log tails are ListAttempts'.
+    The answer stays within 3 MiB, whatever the run's size: past that budget, outputs,
+    tracebacks and attempts are left out and counted (Task.output_omitted,
+    tracebacks_omitted, attempts_omitted); GetTaskOutput and ListAttempts return them.
+    """
+    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetTaskOutputRequest, _control_pb2.GetTaskOutputResponse]
+    """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
+    An unknown task_key is INVALID_ARGUMENT naming task_key.
     """
     ListAttempts: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListAttemptsRequest, _control_pb2.ListAttemptsResponse]
     """The attempts of a run (or of one of its tasks), oldest first, each with all its
@@ -115,6 +122,13 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """The run with all its tasks and attempts. A FAILED task's error carries the traceback
     of its last attempt; the attempts' errors carry their type and message only: their
     tracebacks and log tails are ListAttempts'.
+    The answer stays within 3 MiB, whatever the run's size: past that budget, outputs,
+    tracebacks and attempts are left out and counted (Task.output_omitted,
+    tracebacks_omitted, attempts_omitted); GetTaskOutput and ListAttempts return them.
+    """
+    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_control_pb2.GetTaskOutputRequest, _control_pb2.GetTaskOutputResponse]  # type: ignore[assignment]
+    """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
+    An unknown task_key is INVALID_ARGUMENT naming task_key.
     """
     ListAttempts: _aio.UnaryUnaryMultiCallable[_control_pb2.ListAttemptsRequest, _control_pb2.ListAttemptsResponse]  # type: ignore[assignment]
     """The attempts of a run (or of one of its tasks), oldest first, each with all its
@@ -196,6 +210,19 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         """The run with all its tasks and attempts. A FAILED task's error carries the traceback
         of its last attempt; the attempts' errors carry their type and message only: their
         tracebacks and log tails are ListAttempts'.
+        The answer stays within 3 MiB, whatever the run's size: past that budget, outputs,
+        tracebacks and attempts are left out and counted (Task.output_omitted,
+        tracebacks_omitted, attempts_omitted); GetTaskOutput and ListAttempts return them.
+        """
+
+    @_abc_1.abstractmethod
+    def GetTaskOutput(
+        self,
+        request: _control_pb2.GetTaskOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.GetTaskOutputResponse, _abc.Awaitable[_control_pb2.GetTaskOutputResponse]]:
+        """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
+        An unknown task_key is INVALID_ARGUMENT naming task_key.
         """
 
     @_abc_1.abstractmethod

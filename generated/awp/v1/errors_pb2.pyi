@@ -77,6 +77,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the run has not finished (it is running, or canceling); RetryRun
     needs a finished run. Wait for it, or cancel it first.
     """
+    ERROR_REASON_LEASE_LOST: _ErrorReason.ValueType  # 16
+    """FAILED_PRECONDITION: the lease is no longer this session's (expired, revoked,
+    settled, or the token does not match): stop working on it and report nothing.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -126,5 +130,9 @@ largest field. Send its items in several calls.
 ERROR_REASON_RUN_NOT_FINISHED: ErrorReason.ValueType  # 15
 """FAILED_PRECONDITION: the run has not finished (it is running, or canceling); RetryRun
 needs a finished run. Wait for it, or cancel it first.
+"""
+ERROR_REASON_LEASE_LOST: ErrorReason.ValueType  # 16
+"""FAILED_PRECONDITION: the lease is no longer this session's (expired, revoked,
+settled, or the token does not match): stop working on it and report nothing.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -291,8 +291,9 @@ class TaskMap(_message.Message):
     once every element has, with the output {"outputs": [...]}: the elements' outputs in
     list order, which its downstream tasks receive. An empty list succeeds at once. It
     fails when an element fails for good (then its on_failure applies), when the value
-    at path is missing or not a list, when the list has more than 1,000 elements, or when
-    the outputs together exceed 4 MiB of JSON.
+    at path is missing or not a list, when the list has more than 1,000 elements, when an
+    element's input would be over 64 KiB (an input's limit), or when the outputs together
+    exceed 1 MiB of JSON (an output's limit: the map task's output is delivered like any).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

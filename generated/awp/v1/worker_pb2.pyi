@@ -337,6 +337,7 @@ class Lease(_message.Message):
     ATTEMPT_REMAINING_FIELD_NUMBER: _builtins.int
     RUN_INPUT_FIELD_NUMBER: _builtins.int
     UPSTREAM_OUTPUTS_FIELD_NUMBER: _builtins.int
+    OMITTED_UPSTREAM_KEYS_FIELD_NUMBER: _builtins.int
     UPSTREAM_STATES_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
     lease_token: _builtins.str
@@ -370,7 +371,14 @@ class Lease(_message.Message):
 
     @_builtins.property
     def upstream_outputs(self) -> _containers.MessageMap[_builtins.str, _struct_pb2.Struct]:
-        """The outputs of the tasks this one depends on, by task key."""
+        """The outputs of the tasks this one depends on, by task key, as far as they fit:
+        an output over 64 KiB as JSON, or one past the answer's 3 MiB budget, is left out
+        and its key listed in omitted_upstream_keys.
+        """
+
+    @_builtins.property
+    def omitted_upstream_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Upstream outputs to fetch with GetUpstreamOutputs before running the action."""
 
     @_builtins.property
     def upstream_states(self) -> _containers.ScalarMap[_builtins.str, _types_pb2.TaskState.ValueType]:
@@ -399,11 +407,12 @@ class Lease(_message.Message):
         attempt_remaining: _duration_pb2.Duration | None = ...,
         run_input: _struct_pb2.Struct | None = ...,
         upstream_outputs: _abc.Mapping[_builtins.str, _struct_pb2.Struct] | None = ...,
+        omitted_upstream_keys: _abc.Iterable[_builtins.str] | None = ...,
         upstream_states: _abc.Mapping[_builtins.str, _types_pb2.TaskState.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "run_input", b"run_input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "dispatch_id", b"dispatch_id", "executor_kind", b"executor_kind", "fencing_token", b"fencing_token", "idempotency_key", b"idempotency_key", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "run_id", b"run_id", "run_input", b"run_input", "task_key", b"task_key", "upstream_outputs", b"upstream_outputs", "upstream_states", b"upstream_states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "dispatch_id", b"dispatch_id", "executor_kind", b"executor_kind", "fencing_token", b"fencing_token", "idempotency_key", b"idempotency_key", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "omitted_upstream_keys", b"omitted_upstream_keys", "run_id", b"run_id", "run_input", b"run_input", "task_key", b"task_key", "upstream_outputs", b"upstream_outputs", "upstream_states", b"upstream_states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -411,6 +420,11 @@ Global___Lease: _TypeAlias = Lease  # noqa: Y015
 
 @_typing.final
 class ClaimResponse(_message.Message):
+    """At most 3 MiB serialised, so any gRPC client's default 4 MiB receive limit takes it:
+    the server issues fewer leases than asked rather than a larger answer (the rest stay
+    claimable).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     LEASES_FIELD_NUMBER: _builtins.int
@@ -428,6 +442,86 @@ class ClaimResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimResponse: _TypeAlias = ClaimResponse  # noqa: Y015
+
+@_typing.final
+class GetUpstreamOutputsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.int
+    lease_token: _builtins.str
+    """At most 128 characters."""
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Keys of tasks the lease's task depends on (at most 1,000)."""
+
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+        dispatch_id: _builtins.int = ...,
+        lease_token: _builtins.str = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "keys", b"keys", "lease_token", b"lease_token", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUpstreamOutputsRequest: _TypeAlias = GetUpstreamOutputsRequest  # noqa: Y015
+
+@_typing.final
+class UpstreamOutput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    output_json: _builtins.str
+    """The output object as canonical JSON (at most 1 MiB)."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        output_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "output_json", b"output_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpstreamOutput: _TypeAlias = UpstreamOutput  # noqa: Y015
+
+@_typing.final
+class GetUpstreamOutputsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___UpstreamOutput]:
+        """The first of the keys asked for, in order, as many as fit 3 MiB (at least one):
+        ask again for the rest.
+        """
+
+    def __init__(
+        self,
+        *,
+        outputs: _abc.Iterable[Global___UpstreamOutput] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outputs", b"outputs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUpstreamOutputsResponse: _TypeAlias = GetUpstreamOutputsResponse  # noqa: Y015
 
 @_typing.final
 class LeaseRef(_message.Message):

@@ -59,6 +59,11 @@ class WorkerServiceStub:
                 request_serializer=awp_dot_v1_dot_worker__pb2.DrainRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_worker__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.GetUpstreamOutputs = channel.unary_unary(
+                '/awp.v1.WorkerService/GetUpstreamOutputs',
+                request_serializer=awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -109,6 +114,15 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUpstreamOutputs(self, request, context):
+        """The upstream outputs a lease left out (Lease.omitted_upstream_keys), answered only
+        to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
+        the action.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,6 +150,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=awp_dot_v1_dot_worker__pb2.DrainRequest.FromString,
                     response_serializer=awp_dot_v1_dot_worker__pb2.DrainResponse.SerializeToString,
+            ),
+            'GetUpstreamOutputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUpstreamOutputs,
+                    request_deserializer=awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -273,6 +292,33 @@ class WorkerService:
             '/awp.v1.WorkerService/Drain',
             awp_dot_v1_dot_worker__pb2.DrainRequest.SerializeToString,
             awp_dot_v1_dot_worker__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUpstreamOutputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.WorkerService/GetUpstreamOutputs',
+            awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsRequest.SerializeToString,
+            awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsResponse.FromString,
             options,
             channel_credentials,
             insecure,

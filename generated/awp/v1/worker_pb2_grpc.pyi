@@ -73,6 +73,11 @@ class WorkerServiceStub:
     """First call: the session stops claiming (DRAINING); heartbeats and completes go on.
     Once no lease remains (or the rest are handed back) the session is STOPPED.
     """
+    GetUpstreamOutputs: _grpc.UnaryUnaryMultiCallable[_worker_pb2.GetUpstreamOutputsRequest, _worker_pb2.GetUpstreamOutputsResponse]
+    """The upstream outputs a lease left out (Lease.omitted_upstream_keys), answered only
+    to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
+    the action.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -101,6 +106,11 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     Drain: _aio.UnaryUnaryMultiCallable[_worker_pb2.DrainRequest, _worker_pb2.DrainResponse]  # type: ignore[assignment]
     """First call: the session stops claiming (DRAINING); heartbeats and completes go on.
     Once no lease remains (or the rest are handed back) the session is STOPPED.
+    """
+    GetUpstreamOutputs: _aio.UnaryUnaryMultiCallable[_worker_pb2.GetUpstreamOutputsRequest, _worker_pb2.GetUpstreamOutputsResponse]  # type: ignore[assignment]
+    """The upstream outputs a lease left out (Lease.omitted_upstream_keys), answered only
+    to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
+    the action.
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -157,6 +167,17 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_worker_pb2.DrainResponse, _abc.Awaitable[_worker_pb2.DrainResponse]]:
         """First call: the session stops claiming (DRAINING); heartbeats and completes go on.
         Once no lease remains (or the rest are handed back) the session is STOPPED.
+        """
+
+    @_abc_1.abstractmethod
+    def GetUpstreamOutputs(
+        self,
+        request: _worker_pb2.GetUpstreamOutputsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.GetUpstreamOutputsResponse, _abc.Awaitable[_worker_pb2.GetUpstreamOutputsResponse]]:
+        """The upstream outputs a lease left out (Lease.omitted_upstream_keys), answered only
+        to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
+        the action.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,85 @@
+"""Answers every client can receive: nothing the server sends grows past
+MAX_RESPONSE_BYTES (awp_protocol.limits), whatever the run's size (DESIGN.md §4 "Sizes").
+
+Leases and GetRun answers carry outputs while the budget lasts and name what they leave
+out; GetUpstreamOutputs and GetTaskOutput deliver the rest one budget at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from google.protobuf import struct_pb2
+
+from awp.v1 import control_pb2, worker_pb2
+from awp_db import claims
+from awp_protocol.jsonvalue import dict_to_struct
+from awp_protocol.limits import MAX_RESPONSE_BYTES
+
+# Outputs as JSON text answered in one GetUpstreamOutputs: room is left for their keys
+# (1,000 at most, 64 characters each) and framing.
+OUTPUTS_BUDGET_BYTES = MAX_RESPONSE_BYTES - 256 * 1024
+
+# What one element of a repeated field or map costs beyond its content: its tag, its
+# length prefix and, for a map entry, the key's own tag and length.
+_ELEMENT_OVERHEAD = 16
+
+
+def fill_upstream(answer: worker_pb2.ClaimResponse, issued: Sequence[claims.IssuedLease]) -> None:
+    """Completes a Claim answer whose leases are in (their inputs are bounded by the
+    claim itself): upstream outputs, in lease and key order, while the budget lasts;
+    every output left out is named in its lease's omitted_upstream_keys."""
+    left = MAX_RESPONSE_BYTES - answer.ByteSize()
+    for lease, source in zip(answer.leases, issued, strict=True):
+        omitted = list(source.omitted_upstream_keys)
+        left -= sum(_key_cost(key) for key in omitted)
+        for key in sorted(source.upstream_outputs):
+            struct = dict_to_struct(source.upstream_outputs[key]) or struct_pb2.Struct()
+            cost = struct.ByteSize() + _key_cost(key)
+            if cost > left:
+                omitted.append(key)
+                left -= _key_cost(key)
+                continue
+            lease.upstream_outputs[key].CopyFrom(struct)
+            left -= cost
+        lease.omitted_upstream_keys.extend(sorted(omitted))
+
+
+def _key_cost(key: str) -> int:
+    return len(key.encode()) + _ELEMENT_OVERHEAD
+
+
+def trim_run(answer: control_pb2.GetRunResponse) -> None:
+    """Leaves out of a GetRun answer, until it fits: the newest attempts, then outputs
+    (last tasks first), then tracebacks, counting what it left out. The run and its
+    tasks' own fields always stay (a definition is bounded by MAX_TASKS)."""
+    left_out = _leave_out(answer)
+    # Sizes freed are estimates (a length prefix is 1 to 5 bytes): measure again.
+    while (excess := answer.ByteSize() - MAX_RESPONSE_BYTES) > 0:
+        for freed in left_out:
+            excess -= freed
+            if excess <= 0:
+                break
+        else:
+            return
+
+
+def _leave_out(answer: control_pb2.GetRunResponse) -> Iterator[int]:
+    """Leaves one more part out at each step; yields roughly the bytes it freed."""
+    while answer.attempts:
+        freed = answer.attempts[-1].ByteSize() + _ELEMENT_OVERHEAD
+        del answer.attempts[-1]
+        answer.attempts_omitted += 1
+        yield freed
+    for task in reversed(answer.tasks):
+        if task.HasField("output"):
+            freed = task.output.ByteSize() + _ELEMENT_OVERHEAD
+            task.ClearField("output")
+            task.output_omitted = True
+            yield freed
+    for task in reversed(answer.tasks):
+        if task.error.traceback:
+            freed = len(task.error.traceback.encode()) + _ELEMENT_OVERHEAD
+            task.error.traceback = ""
+            answer.tracebacks_omitted += 1
+            yield freed
