@@ -26,10 +26,7 @@ async def test_a_lease_being_renewed_is_never_reaped(pool: Pool, database_dsn: s
     worker = await register(pool)
     coord = coordinator(pool)
     await coord.run_pass()
-    # Short: the renewal's transaction below stays open until this expiry has passed,
-    # and PostgreSQL ends a session idle in a transaction for 3 s (DEFAULT_LIMITS), which
-    # would roll the renewal back (a 3 s lease made this test fail under load).
-    (lease,) = await worker.claim(ttl_ms=1_000)
+    (lease,) = await worker.claim(ttl_ms=3_000)
 
     # Its transaction stays idle past the lease's expiry and through a pass: longer than
     # the default stall bound (3 s), which would end it first on a busy machine.
