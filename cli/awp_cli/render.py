@@ -161,6 +161,19 @@ def _retry_text(task: types_pb2.TaskDefinition) -> str:
     return f"{r.max_attempts}x, {backoff}..{cap} x{r.backoff_multiplier:g}"
 
 
+def _runs_text(task: types_pb2.TaskDefinition) -> str:
+    """How a task runs, when not simply once: 'per element of plan.queries', 'always',
+    'on failure: continue'."""
+    parts = []
+    if task.HasField("map"):
+        parts.append(f"per element of {task.map.over}.{task.map.path}")
+    if task.always:
+        parts.append("always, at the end")
+    if task.on_failure == types_pb2.FAILURE_POLICY_CONTINUE:
+        parts.append("on failure: continue")
+    return ", ".join(parts) or "once"
+
+
 def workflow_view(workflow: control_pb2.Workflow) -> RenderableType:
     d = workflow.definition
     header = Text.assemble(
@@ -169,7 +182,7 @@ def workflow_view(workflow: control_pb2.Workflow) -> RenderableType:
         f"created {local_time(workflow.created_at)}",
     )
     table = Table(box=None, header_style="bold")
-    for column in ("TASK", "KIND", "ACTION", "DEPENDS ON", "RETRY", "TIMEOUT"):
+    for column in ("TASK", "KIND", "ACTION", "DEPENDS ON", "RETRY", "TIMEOUT", "RUNS"):
         table.add_column(column)
     for task in d.tasks:
         timeout = (
@@ -184,6 +197,7 @@ def workflow_view(workflow: control_pb2.Workflow) -> RenderableType:
             ", ".join(task.depends_on) or "-",
             _retry_text(task),
             timeout,
+            _runs_text(task),
         )
     parts: list[RenderableType] = [header]
     if d.description:
@@ -262,38 +276,116 @@ def _output_text(task: control_pb2.Task) -> str:
     return ""
 
 
+def elements_of(tasks: Iterable[control_pb2.Task]) -> dict[str, list[control_pb2.Task]]:
+    """The elements of each map task that has started, by its key, in index order."""
+    found: dict[str, list[control_pb2.Task]] = {}
+    for task in tasks:
+        if task.map_parent:
+            found.setdefault(task.map_parent, []).append(task)
+    return found
+
+
+def _elements_text(task: control_pb2.Task, elements: Sequence[control_pb2.Task]) -> Text:
+    """'200 elements: 150 succeeded · 50 running', then the map task's own error."""
+    counts = Counter(task_state(element.state) for element in elements)
+    text = Text(f"{len(elements)} element{'' if len(elements) == 1 else 's'}")
+    if elements:
+        text.append(": ")
+        text.append_text(counts_text(dict(counts)))
+    if task.state != types_pb2.TASK_STATE_SUCCEEDED and task.error.message:
+        text.append(f"  {task.error.message}", style=_STYLES.get("failed", ""))
+    return text
+
+
 def tasks_table(answer: control_pb2.GetRunResponse) -> Table:
+    """One row per declared task; a map task's elements collapse into its row (their
+    count by state), except those that failed, listed under it."""
     table = Table(box=None, header_style="bold")
     for column in ("TASK", "STATE", "KIND", "ACTION", "ATTEMPTS", "TOOK"):
         table.add_column(column, no_wrap=True)
     # The only column that gives way when the terminal is narrow, and its cells stay one
     # line each (cut short, not wrapped).
     table.add_column("RESULT")
+    elements = elements_of(answer.tasks)
     for task in answer.tasks:
+        if task.map_parent:
+            continue
         state = task_state(task.state)
-        attempts = (
-            Text(f"reused {task.reused_from_run_id[:8]}", style="dim")
-            if task.reused_from_run_id
-            else _attempts_text(task)
-        )
+        mine = elements.get(task.key)
+        if mine is None:
+            attempts = (
+                Text(f"reused {task.reused_from_run_id[:8]}", style="dim")
+                if task.reused_from_run_id
+                else _attempts_text(task)
+            )
+            table.add_row(
+                task.key,
+                styled(state),
+                task.executor_kind,
+                task.action,
+                attempts,
+                took(_task_span(task.key, answer.attempts)),
+                Text(_output_text(task), no_wrap=True, overflow="ellipsis"),
+            )
+            continue
         table.add_row(
             task.key,
             styled(state),
             task.executor_kind,
             task.action,
-            attempts,
-            took(_task_span(task.key, answer.attempts)),
-            Text(_output_text(task), no_wrap=True, overflow="ellipsis"),
+            f"{sum(e.attempts for e in mine)} in all",
+            took(_span({e.key for e in mine}, answer.attempts)),
+            Text.assemble(_elements_text(task, mine), no_wrap=True, overflow="ellipsis"),
         )
+        for element in mine:
+            if element.state == types_pb2.TASK_STATE_FAILED:
+                table.add_row(
+                    f"  {element.key}",
+                    styled("failed"),
+                    "",
+                    "",
+                    _attempts_text(element),
+                    took(_task_span(element.key, answer.attempts)),
+                    Text(_output_text(element), no_wrap=True, overflow="ellipsis"),
+                )
     return table
 
 
-def attempts_table(attempts: Sequence[control_pb2.Attempt]) -> Table:
+def _span(keys: set[str], attempts: Sequence[control_pb2.Attempt]) -> float | None:
+    """From the first attempt of these tasks to the end of the last."""
+    mine = [a for a in attempts if a.task_key in keys and when(a.started_at)]
+    if not mine:
+        return None
+    first = min(mine, key=lambda a: (a.started_at.seconds, a.started_at.nanos))
+    ends = [a for a in mine if when(a.finished_at)]
+    if len(ends) < len(mine):
+        return seconds_between(first.started_at, timestamp_pb2.Timestamp())
+    last = max(ends, key=lambda a: (a.finished_at.seconds, a.finished_at.nanos))
+    return seconds_between(first.started_at, last.finished_at)
+
+
+def attempts_table(
+    attempts: Sequence[control_pb2.Attempt], tasks: Sequence[control_pb2.Task] = ()
+) -> Table:
+    """One row per attempt; the attempts of a map task's elements that succeeded collapse
+    into one row per map task (the others are listed)."""
     table = Table(box=None, header_style="bold")
     for column in ("TASK", "ATTEMPT", "STATE", "WORKER", "FENCE", "STARTED", "TOOK", "ERROR"):
         table.add_column(column)
+    parent_of = {task.key: task.map_parent for task in tasks if task.map_parent}
+    collapsed: dict[str, list[control_pb2.Attempt]] = {}
+    for attempt in attempts:
+        parent = parent_of.get(attempt.task_key)
+        if parent is not None and attempt.state == types_pb2.ATTEMPT_STATE_SUCCEEDED:
+            collapsed.setdefault(parent, []).append(attempt)
     for attempt in attempts:
         state = attempt_state(attempt.state)
+        parent = parent_of.get(attempt.task_key)
+        if parent is not None and state == "succeeded":
+            # The map task's row stands where its first element succeeded.
+            if collapsed[parent] and collapsed[parent][0] is attempt:
+                _add_collapsed(table, parent, collapsed[parent])
+            continue
         table.add_row(
             attempt.task_key,
             str(attempt.attempt),
@@ -305,6 +397,19 @@ def attempts_table(attempts: Sequence[control_pb2.Attempt]) -> Table:
             attempt.error.message if attempt.HasField("error") else "",
         )
     return table
+
+
+def _add_collapsed(table: Table, parent: str, succeeded: Sequence[control_pb2.Attempt]) -> None:
+    table.add_row(
+        f"{parent}[...]",
+        "-",
+        styled("succeeded", f"{len(succeeded)} succeeded"),
+        f"{len({a.worker_id for a in succeeded})} workers",
+        "",
+        local_time(min((a.started_at for a in succeeded), key=lambda t: (t.seconds, t.nanos))),
+        took(_span({a.task_key for a in succeeded}, succeeded)),
+        "",
+    )
 
 
 def audit_text(run: control_pb2.Run) -> Text:
@@ -359,7 +464,11 @@ def run_view(answer: control_pb2.GetRunResponse) -> RenderableType:
     ]
     parts += [Text(""), tasks_table(answer)]
     if answer.attempts:
-        parts += [Text(""), Text("attempts", style="bold"), attempts_table(answer.attempts)]
+        parts += [
+            Text(""),
+            Text("attempts", style="bold"),
+            attempts_table(answer.attempts, answer.tasks),
+        ]
     parts += failures_view(answer)
     parts += omissions_view(answer)
     return Group(*parts)
@@ -379,7 +488,9 @@ def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:
     """What a finished run came to: its state, tasks by state, attempts, retries, failures."""
     run = answer.run
     state = run_state(run.state)
-    retried = [t for t in answer.tasks if t.attempts > 1]
+    # A map task's elements are summed up under it; its failure names the element.
+    retried = [t for t in answer.tasks if t.attempts > 1 and not t.map_parent]
+    elements = elements_of(answer.tasks)
     attempts = Counter(attempt_state(a.state) for a in answer.attempts)
     lines: list[RenderableType] = [
         Text.assemble(
@@ -398,14 +509,22 @@ def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:
             ")",
         ),
     ]
-    if retried:
-        text = ", ".join(f"{t.key} ({t.attempts} attempts)" for t in retried)
+    retried_elements = {
+        key: sum(1 for e in mine if e.attempts > 1) for key, mine in elements.items()
+    }
+    text = ", ".join(
+        [f"{t.key} ({t.attempts} attempts)" for t in retried]
+        + [f"{key}: {n} elements" for key, n in retried_elements.items() if n]
+    )
+    if text:
         lines.append(Text.assemble(("  retried:  ", "dim"), text))
     reused = [t.key for t in answer.tasks if t.reused_from_run_id]
     if reused:
         text = ", ".join(reused)
         lines.append(Text.assemble(("  reused:   ", "dim"), f"{text} (not run again)"))
-    failed = [task for task in answer.tasks if task_state(task.state) == "failed"]
+    failed = [
+        task for task in answer.tasks if task_state(task.state) == "failed" and not task.map_parent
+    ]
     for task in failed:
         lines.append(
             Text.assemble(

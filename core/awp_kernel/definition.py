@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 from awp_kernel.retry import RetryPolicy
 from awp_protocol.errors import FieldsInvalid, FieldViolation, Reason, quote
@@ -18,6 +18,7 @@ from awp_protocol.limits import (
     MAX_DESCRIPTION_CHARS,
     MAX_DURATION_MS,
     MAX_INPUT_BYTES,
+    MAX_MAP_PATH_CHARS,
     MAX_TASKS,
     MAX_VERSION,
     MIN_TIMEOUT_MS,
@@ -25,6 +26,8 @@ from awp_protocol.limits import (
 from awp_protocol.names import (
     ACTION_PATTERN,
     ACTION_RULE,
+    MAP_PATH_PATTERN,
+    MAP_PATH_RULE,
     NAME_PATTERN,
     NAME_RULE,
     TASK_KEY_PATTERN,
@@ -34,6 +37,15 @@ from awp_protocol.names import (
 KNOWN_EXECUTOR_KINDS: Final[frozenset[str]] = frozenset({"mock", "python"})
 _CYCLE_KEYS_SHOWN: Final = 8
 
+# What a task's permanent failure does to its run: "fail_run" stops it (untouched tasks
+# skipped, live leases revoked); "continue" skips only the tasks downstream of it and lets
+# the rest run (the run still ends failed).
+FailurePolicy = Literal["fail_run", "continue"]
+FAILURE_POLICIES: Final[tuple[FailurePolicy, ...]] = get_args(FailurePolicy)
+# Each element of a map task gets the task's input with these two keys added.
+MAP_ITEM_KEY: Final = "item"
+MAP_INDEX_KEY: Final = "index"
+
 
 class DefinitionInvalid(FieldsInvalid):
     """Raised with every violation found, each naming the offending field."""
@@ -42,7 +54,29 @@ class DefinitionInvalid(FieldsInvalid):
 
 
 @dataclass(frozen=True, slots=True)
+class MapSpec:
+    """Run a task once per element of the list at `path` in the output of task `over`
+    (one of its dependencies)."""
+
+    over: str
+    path: str
+
+    def keys(self) -> list[str]:
+        """The path's steps: object keys, or indexes of a list on the way."""
+        return self.path.split(".")
+
+
+@dataclass(frozen=True, slots=True)
 class TaskSpec:
+    """One task of a workflow: the one model every way of writing a workflow produces.
+
+    map: run once per element of an upstream list (each element its own task instance
+    with its own attempts; retry and timeout apply per element). on_failure: what a
+    permanent failure does to the run. always: run once every other task is terminal,
+    whether the run is succeeding or failing (not when it is canceled); its dependencies
+    only order it, and its own failure does not change the run's outcome.
+    """
+
     key: str
     executor_kind: str
     action: str
@@ -50,6 +84,55 @@ class TaskSpec:
     depends_on: tuple[str, ...] = ()
     retry: RetryPolicy = RetryPolicy()
     timeout_ms: int = DEFAULT_TIMEOUT_MS
+    map: MapSpec | None = None
+    on_failure: FailurePolicy = "fail_run"
+    always: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "key": self.key,
+            "executor_kind": self.executor_kind,
+            "action": self.action,
+            "input": dict(self.input),
+            "depends_on": list(self.depends_on),
+            "retry": {
+                "max_attempts": self.retry.max_attempts,
+                "initial_backoff_ms": self.retry.initial_backoff_ms,
+                "max_backoff_ms": self.retry.max_backoff_ms,
+                "multiplier": self.retry.multiplier,
+            },
+            "timeout_ms": self.timeout_ms,
+        }
+        # Written only when not the default, so every definition stored before these
+        # fields existed keeps its exact JSON and hash.
+        if self.map is not None:
+            data["map"] = {"over": self.map.over, "path": self.map.path}
+        if self.on_failure != "fail_run":
+            data["on_failure"] = self.on_failure
+        if self.always:
+            data["always"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, t: Mapping[str, Any]) -> TaskSpec:
+        mapped = t.get("map")
+        return cls(
+            key=t["key"],
+            executor_kind=t["executor_kind"],
+            action=t["action"],
+            input=t.get("input", {}),
+            depends_on=tuple(t.get("depends_on", ())),
+            retry=RetryPolicy(
+                max_attempts=t["retry"]["max_attempts"],
+                initial_backoff_ms=t["retry"]["initial_backoff_ms"],
+                max_backoff_ms=t["retry"]["max_backoff_ms"],
+                multiplier=t["retry"]["multiplier"],
+            ),
+            timeout_ms=t["timeout_ms"],
+            map=None if mapped is None else MapSpec(mapped["over"], mapped["path"]),
+            on_failure=t.get("on_failure", "fail_run"),
+            always=t.get("always", False),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,23 +149,7 @@ class WorkflowSpec:
             "version": self.version,
             "description": self.description,
             "concurrency": self.concurrency,
-            "tasks": [
-                {
-                    "key": t.key,
-                    "executor_kind": t.executor_kind,
-                    "action": t.action,
-                    "input": dict(t.input),
-                    "depends_on": list(t.depends_on),
-                    "retry": {
-                        "max_attempts": t.retry.max_attempts,
-                        "initial_backoff_ms": t.retry.initial_backoff_ms,
-                        "max_backoff_ms": t.retry.max_backoff_ms,
-                        "multiplier": t.retry.multiplier,
-                    },
-                    "timeout_ms": t.timeout_ms,
-                }
-                for t in self.tasks
-            ],
+            "tasks": [t.to_json() for t in self.tasks],
         }
 
     @classmethod
@@ -92,32 +159,20 @@ class WorkflowSpec:
             version=data["version"],
             description=data.get("description", ""),
             concurrency=data.get("concurrency", 0),
-            tasks=tuple(
-                TaskSpec(
-                    key=t["key"],
-                    executor_kind=t["executor_kind"],
-                    action=t["action"],
-                    input=t.get("input", {}),
-                    depends_on=tuple(t.get("depends_on", ())),
-                    retry=RetryPolicy(
-                        max_attempts=t["retry"]["max_attempts"],
-                        initial_backoff_ms=t["retry"]["initial_backoff_ms"],
-                        max_backoff_ms=t["retry"]["max_backoff_ms"],
-                        multiplier=t["retry"]["multiplier"],
-                    ),
-                    timeout_ms=t["timeout_ms"],
-                )
-                for t in data["tasks"]
-            ),
+            tasks=tuple(TaskSpec.from_json(t) for t in data["tasks"]),
         )
 
     def definition_hash(self) -> bytes:
         return hashlib.sha256(canonical_json(self.to_json())).digest()
 
     def dependents(self) -> dict[str, list[str]]:
-        """Reverse edges: for each task, the tasks that wait for it."""
+        """Reverse edges: for each task, the tasks its success unlocks. An `always` task
+        is not among them: it waits for the end of the run, not for its dependencies'
+        success (awp_db.dynamic releases it)."""
         reverse: dict[str, list[str]] = {t.key: [] for t in self.tasks}
         for task in self.tasks:
+            if task.always:
+                continue
             for dependency in task.depends_on:
                 reverse[dependency].append(task.key)
         return reverse
@@ -168,6 +223,7 @@ def validate(
                 bad(where, f"{quote(dependency)} is listed twice")
             seen.add(dependency)
 
+    violations.extend(_dynamic_violations(spec, first_index))
     if not violations:
         cycle = find_cycle(spec.tasks)
         if cycle is not None:
@@ -217,6 +273,85 @@ def _task_violations(
         bad("retry.max_backoff", "must be at least initial_backoff and at most 24 h")
     if not 1.0 <= retry.multiplier <= MAX_BACKOFF_MULTIPLIER:
         bad("retry.backoff_multiplier", f"must be between 1 and {MAX_BACKOFF_MULTIPLIER:g}")
+    return found
+
+
+def _dynamic_violations(spec: WorkflowSpec, first_index: Mapping[str, int]) -> list[FieldViolation]:
+    """The rules of map, on_failure and always, which relate a task to others."""
+    found: list[FieldViolation] = []
+    always = {task.key for task in spec.tasks if task.always}
+    if spec.tasks and len(always) == len(spec.tasks):
+        found.append(
+            FieldViolation(
+                "definition.tasks", "at least one task must not be `always` (they run after it)"
+            )
+        )
+    for index, task in enumerate(spec.tasks):
+        where = f"definition.tasks[{index}]"
+        if task.on_failure not in FAILURE_POLICIES:
+            found.append(
+                FieldViolation(
+                    f"{where}.on_failure",
+                    f"unknown policy {quote(str(task.on_failure))}; known: "
+                    + ", ".join(FAILURE_POLICIES),
+                )
+            )
+        if task.always:
+            if task.map is not None:
+                found.append(
+                    FieldViolation(f"{where}.map", "an `always` task cannot be a map task")
+                )
+            if task.on_failure != "fail_run":
+                found.append(
+                    FieldViolation(
+                        f"{where}.on_failure",
+                        "does not apply to an `always` task: its failure never stops the run",
+                    )
+                )
+        else:
+            for dep_index, dependency in enumerate(task.depends_on):
+                if dependency in always:
+                    found.append(
+                        FieldViolation(
+                            f"{where}.depends_on[{dep_index}]",
+                            f"{quote(dependency)} is an `always` task: only another `always` "
+                            "task may depend on it",
+                        )
+                    )
+        if task.map is not None:
+            found.extend(_map_violations(where, task, first_index))
+    return found
+
+
+def _map_violations(
+    where: str, task: TaskSpec, first_index: Mapping[str, int]
+) -> list[FieldViolation]:
+    assert task.map is not None
+    found: list[FieldViolation] = []
+    if task.map.over not in task.depends_on:
+        found.append(
+            FieldViolation(
+                f"{where}.map.over",
+                f"{quote(task.map.over)} must be one of the task's depends_on"
+                + ("" if task.map.over in first_index else " (and a task of this workflow)"),
+            )
+        )
+    if len(task.map.path) > MAX_MAP_PATH_CHARS or not MAP_PATH_PATTERN.fullmatch(task.map.path):
+        found.append(
+            FieldViolation(
+                f"{where}.map.path",
+                f"must be {MAP_PATH_RULE}, at most {MAX_MAP_PATH_CHARS} characters",
+            )
+        )
+    reserved = [key for key in (MAP_ITEM_KEY, MAP_INDEX_KEY) if key in task.input]
+    if reserved:
+        found.append(
+            FieldViolation(
+                f"{where}.input",
+                " and ".join(quote(key) for key in reserved)
+                + f": {MAP_ITEM_KEY!r} and {MAP_INDEX_KEY!r} are set for each element of a map",
+            )
+        )
     return found
 
 

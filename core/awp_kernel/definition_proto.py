@@ -7,12 +7,16 @@ definition before sending it: both refuse the same definitions with the same wor
 
 from __future__ import annotations
 
+from typing import Final, cast
+
 from google.protobuf import duration_pb2
 
 from awp.v1 import types_pb2
 from awp_kernel.definition import (
     KNOWN_EXECUTOR_KINDS,
     DefinitionInvalid,
+    FailurePolicy,
+    MapSpec,
     TaskSpec,
     WorkflowSpec,
     validate,
@@ -59,6 +63,9 @@ def spec_from_proto(
                 depends_on=tuple(task.depends_on),
                 retry=_retry_from_proto(task.retry) if task.HasField("retry") else RetryPolicy(),
                 timeout_ms=(_ms(task.timeout) if task.HasField("timeout") else DEFAULT_TIMEOUT_MS),
+                map=MapSpec(task.map.over, task.map.path) if task.HasField("map") else None,
+                on_failure=_policy_from_proto(task.on_failure),
+                always=task.always,
             )
         )
     spec = WorkflowSpec(
@@ -75,6 +82,21 @@ def spec_from_proto(
     if violations:
         raise DefinitionInvalid(violations)
     return spec
+
+
+_POLICY_PREFIX: Final = "FAILURE_POLICY_"
+
+
+def _policy_from_proto(value: types_pb2.FailurePolicy.ValueType) -> FailurePolicy:
+    """Unset is the default, fail_run; a number this build does not know goes on to
+    validation as it is, which refuses it naming the field."""
+    if value == types_pb2.FAILURE_POLICY_UNSPECIFIED:
+        return "fail_run"
+    try:
+        name = types_pb2.FailurePolicy.Name(value).removeprefix(_POLICY_PREFIX).lower()
+    except ValueError:
+        name = f"number {int(value)}"
+    return cast(FailurePolicy, name)
 
 
 def _retry_from_proto(retry: types_pb2.RetryPolicy) -> RetryPolicy:

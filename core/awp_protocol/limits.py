@@ -19,6 +19,13 @@ MIN_TIMEOUT_MS: Final = 10
 MAX_DURATION_MS: Final = 24 * 3600 * 1000
 MAX_BACKOFF_MULTIPLIER: Final = 10.0
 DEFAULT_TIMEOUT_MS: Final = 5 * 60 * 1000
+# A map task runs once per element of a list in its upstream's output (TaskDefinition.map):
+# a longer list fails the map task, and so does an element whose input (the task's input
+# plus the element) would be over MAX_INPUT_BYTES. Its output, the list of its elements'
+# outputs, is a task output like any other: at most MAX_OUTPUT_BYTES (measured as
+# PostgreSQL prints the JSON, never shorter than canonical JSON).
+MAX_MAP_ELEMENTS: Final = 1_000
+MAX_MAP_PATH_CHARS: Final = 256
 
 # --- runs (StartRun, CancelRun, WatchRun, the list calls)
 MAX_REQUEST_ID_CHARS: Final = 128
@@ -122,6 +129,8 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.TaskDefinition.executor_kind": MAX_EXECUTOR_KIND_CHARS,
     "awp.v1.TaskDefinition.action": MAX_ACTION_CHARS,
     "awp.v1.TaskDefinition.depends_on": MAX_TASK_KEY_CHARS,
+    "awp.v1.TaskMap.over": MAX_TASK_KEY_CHARS,
+    "awp.v1.TaskMap.path": MAX_MAP_PATH_CHARS,
     "awp.v1.GetWorkflowRequest.name": MAX_NAME_CHARS,
     "awp.v1.ListWorkflowsRequest.name": MAX_NAME_CHARS,
     "awp.v1.ListWorkflowsRequest.page_token": MAX_PAGE_TOKEN_CHARS,

@@ -24,6 +24,9 @@ TASK_KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ACTION_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
 EXECUTOR_KIND_PATTERN: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 LABEL_KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_./-]{1,63}")
+# Where a map task finds its list in its upstream's output: object keys (or, for a list
+# on the way, an index) joined by dots, e.g. "queries" or "result.items".
+MAP_PATH_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 
 NAME_RULE: Final = "1-128 characters of letters, digits, '_', '.', '-'"
 TASK_KEY_RULE: Final = "1-64 characters of letters, digits, '_', '.', '-'"
@@ -32,10 +35,20 @@ ACTION_RULE: Final = (
     "no paths, URLs or commands)"
 )
 EXECUTOR_KIND_RULE: Final = "1-32 characters: a lower-case letter, then a-z, 0-9, '_' or '-'"
+MAP_PATH_RULE: Final = (
+    "keys of the upstream's output joined by '.', e.g. 'queries' or 'result.items' "
+    "(letters, digits, '_', '-'; a number indexes a list)"
+)
 LABEL_RULE: Final = (
     f"keys: 1-63 characters of letters, digits, '_', '.', '/', '-'; "
     f"values at most {MAX_LABEL_VALUE_CHARS} characters"
 )
+
+
+def element_key(map_key: str, index: int) -> str:
+    """The task key of element `index` of map task `map_key`: 'search[3]'. Brackets are
+    not allowed in a task key, so no element key can be a declared task's."""
+    return f"{map_key}[{index}]"
 
 
 class RegisterInvalid(FieldsInvalid):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Final, Literal, get_args
 
+from awp.v1 import types_pb2
+
 RunState = Literal["running", "succeeded", "failed", "canceled"]
 TaskState = Literal[
     "pending",
@@ -32,3 +34,13 @@ TERMINAL_TASK_STATES: Final[frozenset[str]] = frozenset(
     {"succeeded", "failed", "canceled", "skipped"}
 )
 TERMINAL_RUN_STATES: Final[frozenset[str]] = frozenset({"succeeded", "failed", "canceled"})
+
+
+def task_state_name(value: int) -> str:
+    """The storage name of an awp.v1.TaskState value (TASK_STATE_WAITING_RETRY ->
+    'waiting_retry'); 'unknown(<n>)' for a value newer than this version."""
+    try:
+        name = types_pb2.TaskState.Name(value)  # type: ignore[arg-type]
+    except ValueError:
+        return f"unknown({value})"
+    return name.removeprefix("TASK_STATE_").lower()

@@ -54,6 +54,7 @@ class IssuedLease:
     # The upstream outputs small enough to travel in the lease, and the keys of the rest.
     upstream_outputs: dict[str, dict[str, Any]]
     omitted_upstream_keys: tuple[str, ...]
+    upstream_states: dict[str, str]
 
 
 class ClaimAbandoned(Exception):
@@ -230,6 +231,7 @@ def _issued(row: asyncpg.Record, lease_token: str) -> IssuedLease:
         run_input=row["run_input"],
         upstream_outputs=upstream,
         omitted_upstream_keys=tuple(key for key in row["depends_on"] if key not in upstream),
+        upstream_states=row["upstream_states"] or {},
     )
 
 

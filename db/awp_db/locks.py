@@ -60,7 +60,6 @@ class LockedDispatch:
     # None for a dispatch never leased (no attempt).
     attempt: int | None
     task_key: str
-    dependents: list[str]
     max_attempts: int
     hand_backs: int  # the task's free hand-backs so far
     backoff_initial_ms: int

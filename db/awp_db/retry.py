@@ -3,9 +3,9 @@
 The new run is the source's workflow version and input. Its tasks are created as
 StartRun creates them, in the same transaction; those the reuse rule keeps
 (awp_kernel.resume) then take the source's output and end `succeeded` with no attempt and
-`reused_from_run_id` set, and their dependents are unlocked exactly as a success
-unlocks them (settle.sql: unlock_dependents). A run none of whose tasks is left to run
-finishes at once.
+`reused_from_run_id` set, and what a success sets off follows exactly as for a success
+(settle.follow_up: dependents unlocked, map tasks started). A run none of whose tasks is
+left to run finishes at once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from awp_db import locks, runs, settle
+from awp_db import dynamic, locks, runs, settle
 from awp_db.connect import Conn
 from awp_db.events import Event, EventBatch
 from awp_db.queries import queries, row_as
@@ -25,7 +25,6 @@ from awp_kernel.resume import reused_tasks
 from awp_protocol.errors import Reason, quote
 
 Q = queries("retry")
-SETTLE = queries("settle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,17 +115,21 @@ async def retry(conn: Conn, request: RetryRequest) -> StartedRun:
 
 
 async def _reuse(conn: Conn, run_id: UUID, source: UUID, keys: frozenset[str]) -> dict[str, UUID]:
-    """Ends the reused tasks with their source outputs and unlocks their dependents; the
-    run each output came from, by task key."""
+    """Ends the reused tasks with their source outputs and sets off what a success does
+    (dependents unlocked, map tasks started: settle.follow_up); the run each output came
+    from, by task key."""
     if not keys:
         return {}
     origins: dict[str, UUID] = {}
-    unlock_keys: list[str] = []
+    reused: list[dynamic.Finished] = []
     for row in await conn.fetch(Q["reuse_tasks"], run_id, source, sorted(keys)):
         origins[row["key"]] = row["reused_from_run_id"]
-        unlock_keys.extend(row["dependents"])
-    if unlock_keys:
-        await conn.execute(SETTLE["unlock_dependents"], [run_id] * len(unlock_keys), unlock_keys)
+        reused.append(settle.finished_task(row))
+    # The run's creation events (retry) give each task's state once it is all done.
+    unrecorded = EventBatch()
+    _, failed_runs, _ = await settle.follow_up(conn, reused, unrecorded)
+    if failed_runs:
+        await settle.stop_runs(conn, sorted(failed_runs), "skipped", unrecorded)
     return origins
 
 

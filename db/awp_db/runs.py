@@ -66,6 +66,9 @@ class TaskInfo:
     finished_at: datetime | None
     reused_from_run_id: UUID | None
     hand_backs: int
+    # An element of a map task: that task's key and the element's index.
+    map_parent: str | None
+    map_index: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +138,17 @@ async def insert_tasks(conn: Conn, run_id: UUID, spec: WorkflowSpec) -> list[asy
         [json.dumps(dict(t.input)) for t in tasks],
         [json.dumps(list(t.depends_on)) for t in tasks],
         [json.dumps(dependents[t.key]) for t in tasks],
-        [len(t.depends_on) for t in tasks],
+        # An always task waits for the end of the run (awp_db.dynamic releases it).
+        [1 if t.always else len(t.depends_on) for t in tasks],
         [t.retry.max_attempts for t in tasks],
         [t.retry.initial_backoff_ms for t in tasks],
         [t.retry.max_backoff_ms for t in tasks],
         [t.retry.multiplier for t in tasks],
         [t.timeout_ms for t in tasks],
+        [t.map.over if t.map else None for t in tasks],
+        [json.dumps(t.map.keys()) if t.map else None for t in tasks],
+        [t.on_failure for t in tasks],
+        [t.always for t in tasks],
     )
 
 

@@ -254,6 +254,14 @@ CREATE TABLE public.tasks (
     finished_at timestamp with time zone,
     reused_from_run_id uuid,
     hand_backs integer DEFAULT 0 NOT NULL,
+    map_over text,
+    map_path text[],
+    map_size integer,
+    elements_left integer,
+    parent_id bigint,
+    map_index integer,
+    on_failure text DEFAULT 'fail_run'::text NOT NULL,
+    always boolean DEFAULT false NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
     CONSTRAINT tasks_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -261,7 +269,15 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_check2 CHECK (((state = 'waiting_retry'::text) = (retry_at IS NOT NULL))),
     CONSTRAINT tasks_check3 CHECK (((state <> 'pending'::text) OR (unfinished_deps > 0))),
     CONSTRAINT tasks_check4 CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT tasks_element CHECK (((parent_id IS NULL) = (map_index IS NULL))),
+    CONSTRAINT tasks_element_not_a_map CHECK (((parent_id IS NULL) OR (map_over IS NULL))),
+    CONSTRAINT tasks_elements_left_check CHECK ((elements_left >= 0)),
+    CONSTRAINT tasks_map_defined CHECK (((map_over IS NULL) = (map_path IS NULL))),
+    CONSTRAINT tasks_map_expanded CHECK ((((map_size IS NULL) = (elements_left IS NULL)) AND ((map_size IS NULL) OR ((map_over IS NOT NULL) AND (elements_left <= map_size))))),
+    CONSTRAINT tasks_map_index_check CHECK ((map_index >= 0)),
+    CONSTRAINT tasks_map_size_check CHECK ((map_size >= 0)),
     CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT tasks_on_failure_check CHECK ((on_failure = ANY (ARRAY['fail_run'::text, 'continue'::text]))),
     CONSTRAINT tasks_reused_succeeded_without_attempts CHECK (((reused_from_run_id IS NULL) OR ((state = 'succeeded'::text) AND (attempts = 0)))),
     CONSTRAINT tasks_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text]))),
     CONSTRAINT tasks_timeout_ms_check CHECK ((timeout_ms > 0)),
@@ -281,6 +297,22 @@ COMMENT ON COLUMN public.tasks.retry_at IS 'When a task waiting for a retry beco
 COMMENT ON COLUMN public.tasks.reused_from_run_id IS 'Set when the task was not run but reused by RetryRun: the run whose attempt produced its output (through any chain of retries).';
 
 COMMENT ON COLUMN public.tasks.hand_backs IS 'Attempts handed back by draining workers free of charge (at most MAX_FREE_HAND_BACKS); attempts - hand_backs <= max_attempts.';
+
+COMMENT ON COLUMN public.tasks.map_over IS 'A map task: the upstream task (one of depends_on) whose output holds the list.';
+
+COMMENT ON COLUMN public.tasks.map_path IS 'A map task: the path to the list in that output (jsonb #> path).';
+
+COMMENT ON COLUMN public.tasks.map_size IS 'A map task that has started: its number of elements.';
+
+COMMENT ON COLUMN public.tasks.elements_left IS 'A map task that has started: elements not yet succeeded; it succeeds at 0.';
+
+COMMENT ON COLUMN public.tasks.parent_id IS 'An element of a map task: that task (the element''s key is "<its key>[<map_index>]").';
+
+COMMENT ON COLUMN public.tasks.map_index IS 'An element of a map task: its 0-based index in the list (also input.index).';
+
+COMMENT ON COLUMN public.tasks.on_failure IS 'What the task''s permanent failure does: fail_run stops the run; continue skips only its downstream.';
+
+COMMENT ON COLUMN public.tasks.always IS 'Runs once every other task is terminal (not on cancel); never in another task''s dependents.';
 
 CREATE SEQUENCE public.tasks_id_seq
     START WITH 1
@@ -455,6 +487,10 @@ COMMENT ON INDEX public.runs_created IS 'ListRuns pages newest first on (created
 
 CREATE INDEX runs_running ON public.runs USING btree (last_dispatched_at NULLS FIRST, created_at) WHERE (state = 'running'::text);
 
+CREATE UNIQUE INDEX tasks_elements ON public.tasks USING btree (parent_id, map_index) WHERE (parent_id IS NOT NULL);
+
+COMMENT ON INDEX public.tasks_elements IS 'A map task''s elements in index order: its output, and stopping them when it fails.';
+
 CREATE INDEX tasks_live ON public.tasks USING btree (run_id, state) WHERE (state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text]));
 
 COMMENT ON INDEX public.tasks_live IS 'Finds a run''s unfinished tasks without scanning its finished ones (run completion) and counts its queued + running ones (run concurrency).';
@@ -497,6 +533,9 @@ ALTER TABLE ONLY public.runs
 
 ALTER TABLE ONLY public.state_events
     ADD CONSTRAINT state_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.tasks
+    ADD CONSTRAINT tasks_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES public.tasks(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.tasks
     ADD CONSTRAINT tasks_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;

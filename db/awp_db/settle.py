@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 from uuid import UUID
 
+from asyncpg import Record
+
+from awp_db import dynamic
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.locks import LockedDispatch
@@ -51,7 +54,6 @@ class Ending:
     # The task's free hand-backs before this ending; a hand-back is `interrupted`.
     hand_backs: int = 0
     hand_back: bool = False
-    dependents: Sequence[str] = ()
     output: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     retryable: bool = True
@@ -98,7 +100,6 @@ def ending_of(
         ),
         hand_backs=row.hand_backs,
         hand_back=hand_back,
-        dependents=list(row.dependents),
         output=output,
         error=error,
         retryable=retryable,
@@ -136,7 +137,10 @@ def _hand_back_payload(ending: Ending, decision: TaskDecision) -> dict[str, Any]
 
 
 async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch) -> Settled:
-    """Applies the retry rule to each ended attempt; fails runs whose task failed for good."""
+    """Applies the retry rule to each ended attempt, then what each task's end sets off:
+    dependents unlocked, map tasks started or settled, a failure's policy applied (the
+    run stopped, or the failed task's downstream skipped), always tasks released, runs
+    finished."""
     if not endings:
         return Settled()
     decisions = [_decision(e) for e in endings]
@@ -145,6 +149,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
     # Dispatch, attempt and task of every ending in one statement (one round trip).
     # The runs that may have finished: no live task left besides those ended here.
     may_have_finished: set[UUID] = set()
+    finished: list[dynamic.Finished] = []
     for row in await conn.fetch(
         Q["end_attempts"],
         [e.dispatch_id for e in endings],
@@ -157,12 +162,12 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         [d.task_state for d in decisions],
         [d.retry_in_ms for d in decisions],
     ):
-        may_have_finished.add(row["run_id"])
+        if row["run_may_finish"]:
+            may_have_finished.add(row["run_id"])
+        if row["state"] in ("succeeded", "failed"):
+            finished.append(finished_task(row))
 
-    succeeded = retrying = failed = unlocked = handed_back = 0
-    unlock_runs: list[UUID] = []
-    unlock_keys: list[str] = []
-    failed_runs: set[UUID] = set()
+    succeeded = retrying = failed = handed_back = 0
     for ending, decision in zip(endings, decisions, strict=True):
         payload: dict[str, Any] = {"dispatch_id": ending.dispatch_id}
         if ending.error is not None:
@@ -185,27 +190,71 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         )
         if decision.task_state == "succeeded":
             succeeded += 1
-            for dependent in ending.dependents:
-                unlock_runs.append(ending.run_id)
-                unlock_keys.append(dependent)
         elif decision.task_state == "waiting_retry":
             retrying += 1
         elif decision.task_state == "ready":
             handed_back += 1
         else:
             failed += 1
-            failed_runs.add(ending.run_id)
 
-    if unlock_runs:
-        for row in await conn.fetch(Q["unlock_dependents"], unlock_runs, unlock_keys):
-            if row["state"] == "ready":
-                unlocked += 1
-                events.task(row["run_id"], row["key"], "pending", "ready")
+    unlocked, failed_runs, touched = await follow_up(conn, finished, events)
     if failed_runs:
         await stop_runs(conn, sorted(failed_runs), "skipped", events)
     # A run none of whose tasks is left live finishes now; the others cannot have.
-    finished = await finish_runs(conn, may_have_finished | failed_runs, events)
-    return Settled(succeeded, retrying, failed, unlocked, finished, handed_back)
+    runs_finished = await finish_runs(conn, may_have_finished | failed_runs | touched, events)
+    return Settled(succeeded, retrying, failed, unlocked, runs_finished, handed_back)
+
+
+def finished_task(row: Record) -> dynamic.Finished:
+    """A row with the columns of dynamic.Finished (and perhaps others)."""
+    return dynamic.Finished(**{f.name: row[f.name] for f in fields(dynamic.Finished)})
+
+
+async def follow_up(
+    conn: Conn, finished: list[dynamic.Finished], events: EventBatch
+) -> tuple[int, set[UUID], set[UUID]]:
+    """What the tasks that ended for good set off, until nothing more ends: returns the
+    tasks made ready, the runs that fail now and the runs where a map task ended or
+    tasks were skipped (they may have finished)."""
+    unlocked = 0
+    failed_runs: set[UUID] = set()
+    touched: set[UUID] = set()
+    while finished:
+        elements = [task for task in finished if task.parent_id is not None]
+        declared = [task for task in finished if task.parent_id is None]
+        later = await dynamic.elements_ended(conn, elements, events)
+        # Successes unlock their dependents: a task is ready once all have succeeded (a
+        # map task starts instead).
+        unlock = [
+            (task.run_id, key)
+            for task in declared
+            if task.state == "succeeded"
+            for key in task.dependents
+        ]
+        started: list[dynamic.MapTask] = []
+        if unlock:
+            for row in await conn.fetch(
+                Q["unlock_dependents"], [run for run, _ in unlock], [key for _, key in unlock]
+            ):
+                if row["state"] == "ready":
+                    unlocked += 1
+                    events.task(row["run_id"], row["key"], "pending", "ready")
+                elif row["state"] == "running":
+                    events.task(row["run_id"], row["key"], "pending", "running")
+                    started.append(dynamic.MapTask(row["id"], row["run_id"], row["key"]))
+        later.extend(await dynamic.start_maps(conn, started, events))
+        # A failure applies its task's policy. An always task's failure is only recorded.
+        failures = [t for t in declared if t.state == "failed" and not t.always]
+        for task in failures:
+            if task.on_failure == "fail_run":
+                failed_runs.add(task.run_id)
+        await dynamic.skip_downstream(
+            conn, [t for t in failures if t.on_failure == "continue"], events
+        )
+        touched.update(task.run_id for task in later)
+        touched.update(task.run_id for task in failures)
+        finished = later
+    return unlocked, failed_runs, touched
 
 
 async def stop_runs(
@@ -213,25 +262,30 @@ async def stop_runs(
 ) -> None:
     """Revokes every live lease of the runs and ends their unfinished tasks.
 
-    Failure: untouched tasks are `skipped`. Cancellation: they are `canceled`. Running
-    tasks are `canceled` either way, with their attempt; a worker still executing one
-    hears REVOKED on its next heartbeat and its late result is LEASE_LOST.
+    Failure: untouched tasks are `skipped`, but always tasks are left to run when the
+    rest has ended (none of them can be live yet: they start only once every other task
+    is terminal). Cancellation: they are `canceled`, always tasks too. Running tasks are
+    `canceled` either way, with their attempt; a worker still executing one hears
+    REVOKED on its next heartbeat and its late result is LEASE_LOST.
     """
     await conn.execute(Q["cancel_live_dispatches"], list(run_ids))
     for row in await conn.fetch(Q["cancel_running_attempts"], list(run_ids)):
         events.attempt(row["run_id"], row["key"], row["attempt"], "running", "canceled")
-    for row in await conn.fetch(Q["stop_tasks"], list(run_ids), untouched_state):
+    stop_always = untouched_state == "canceled"
+    for row in await conn.fetch(Q["stop_tasks"], list(run_ids), untouched_state, stop_always):
         events.task(row["run_id"], row["key"], row["from_state"], row["to_state"])
 
 
 async def finish_runs(conn: Conn, run_ids: Iterable[UUID], events: EventBatch) -> dict[UUID, str]:
-    """Marks runs whose tasks are all terminal with the outcome those tasks imply."""
+    """Releases the always tasks whose turn has come; marks runs whose tasks are all
+    terminal with the outcome those tasks imply."""
     finished: dict[UUID, str] = {}
     candidates = sorted(set(run_ids))
     if not candidates:
         return finished
+    await dynamic.release_always(conn, candidates, events)
     for row in await conn.fetch(Q["finished_runs"], candidates):
-        outcome = run_outcome(list(row["task_states"]))
+        outcome = run_outcome(row["task_states"], row["always_states"])
         if await conn.fetchval(Q["finish_run"], row["id"], outcome) is not None:
             events.run(row["id"], "running", outcome)
             finished[row["id"]] = outcome

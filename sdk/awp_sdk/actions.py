@@ -68,6 +68,9 @@ class ActionContext:
     # The run's input, and the outputs of the tasks this one depends on (by task key).
     run_input: dict[str, Any] = field(default_factory=dict)
     upstream: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The states of the tasks this one depends on ("succeeded", or for an `always` task
+    # any final state: "failed", "skipped", "canceled"), by task key.
+    upstream_states: dict[str, str] = field(default_factory=dict)
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property

@@ -17,6 +17,16 @@ code-defined Workflow turns itself into, so both paths give identical definition
         kind: python
         action: demo.summarize
         depends_on: [fetch]
+        on_failure: continue       # or fail_run (the default)
+      - key: search
+        kind: python
+        action: demo.search
+        depends_on: [plan]
+        map: {over: plan, path: queries}   # once per element of plan's output["queries"]
+      - key: cleanup
+        kind: python
+        action: demo.cleanup
+        always: true               # runs once the rest has ended, success or failure
 
 Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations).
 The protobuf JSON names (`executorKind`, `dependsOn`, `backoffMultiplier`...) are accepted
@@ -59,10 +69,31 @@ _ALIASES: Final = {
     "maxBackoff": "max_backoff",
     "backoff_multiplier": "multiplier",
     "backoffMultiplier": "multiplier",
+    "onFailure": "on_failure",
 }
 _WORKFLOW_KEYS: Final = ("name", "version", "description", "concurrency", "tasks")
-_TASK_KEYS: Final = ("key", "kind", "action", "input", "depends_on", "retry", "timeout")
+_TASK_KEYS: Final = (
+    "key",
+    "kind",
+    "action",
+    "input",
+    "depends_on",
+    "retry",
+    "timeout",
+    "map",
+    "on_failure",
+    "always",
+)
 _RETRY_KEYS: Final = ("max_attempts", "initial_backoff", "max_backoff", "multiplier")
+_MAP_KEYS: Final = ("over", "path")
+# The failure policies by their short names (fail_run, continue), from the proto enum;
+# its full names (FAILURE_POLICY_CONTINUE, as GetWorkflow's JSON writes them) work too.
+_POLICY_PREFIX: Final = "FAILURE_POLICY_"
+POLICIES: Final = {
+    name.removeprefix(_POLICY_PREFIX).lower(): value
+    for name, value in types_pb2.FailurePolicy.items()
+    if value != types_pb2.FAILURE_POLICY_UNSPECIFIED
+}
 # A GetWorkflow answer's workflow wraps the definition; its other fields are ignored.
 _WRAPPER_KEYS: Final = frozenset({"definition", "createdAt", "created_at"})
 
@@ -263,6 +294,39 @@ def _task(
         seconds = _duration(fields["timeout"], (*path, "timeout"), problems)
         if seconds is not None:
             task.timeout.CopyFrom(to_duration(seconds))
+    if fields.get("map") is not None:
+        _map(fields["map"], (*path, "map"), task.map, problems)
+    if "on_failure" in fields:
+        _policy(fields["on_failure"], (*path, "on_failure"), task, problems)
+    always = fields.get("always", False)
+    if isinstance(always, bool):
+        task.always = always
+    else:
+        _add(problems, (*path, "always"), f"expected true or false, got {always!r}")
+
+
+def _map(
+    data: Any, path: Path_, task_map: types_pb2.TaskMap, problems: list[FieldViolation]
+) -> None:
+    task_map.SetInParent()
+    fields = _mapping(data, path, _MAP_KEYS, problems)
+    if fields is None:
+        return
+    for required in _MAP_KEYS:
+        if required not in fields:
+            _add(problems, path, f"missing {required}")
+    task_map.over = _string(fields, "over", path, problems)
+    task_map.path = _string(fields, "path", path, problems)
+
+
+def _policy(
+    value: Any, path: Path_, task: types_pb2.TaskDefinition, problems: list[FieldViolation]
+) -> None:
+    name = value.removeprefix(_POLICY_PREFIX).lower() if isinstance(value, str) else None
+    if name in POLICIES:
+        task.on_failure = POLICIES[name]
+    else:
+        _add(problems, path, f"expected one of {', '.join(POLICIES)}, got {value!r}")
 
 
 def _retry(

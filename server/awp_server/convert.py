@@ -23,7 +23,10 @@ from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
 from awp_db.stats import StateCount, Stats
 from awp_db.workers import WorkerInfo
 from awp_db.workflows import StoredWorkflow
-from awp_kernel.definition import WorkflowSpec
+from awp_kernel.definition import (
+    FAILURE_POLICIES,
+    WorkflowSpec,
+)
 from awp_protocol import states
 from awp_protocol.jsonvalue import dict_to_struct
 
@@ -74,6 +77,7 @@ DISPATCH_STATES: Final = _enum_map(
     types_pb2.DispatchState, "DISPATCH_STATE_", states.DISPATCH_STATES
 )
 WORKER_STATES: Final = _enum_map(types_pb2.WorkerState, "WORKER_STATE_", states.WORKER_STATES)
+FAILURE_POLICY: Final = _enum_map(types_pb2.FailurePolicy, "FAILURE_POLICY_", FAILURE_POLICIES)
 # Storage names an event type by its subject, a dot and the rest: 'run.cancel_requested'
 # is EVENT_TYPE_RUN_CANCEL_REQUESTED. The proto enum is the list's one home.
 EVENT_TYPES: Final = _enum_map(
@@ -130,6 +134,13 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                     backoff_multiplier=task.retry.multiplier,
                 ),
                 timeout=duration_from_ms(task.timeout_ms),
+                map=(
+                    None
+                    if task.map is None
+                    else types_pb2.TaskMap(over=task.map.over, path=task.map.path)
+                ),
+                on_failure=FAILURE_POLICY.proto(task.on_failure),
+                always=task.always,
             )
             for task in spec.tasks
         ],
@@ -208,6 +219,8 @@ def task_to_proto(row: TaskInfo, traceback: str | None = None) -> control_pb2.Ta
         finished_at=timestamp(row.finished_at),
         reused_from_run_id=_id_text(row.reused_from_run_id),
         hand_backs=row.hand_backs,
+        map_parent=row.map_parent or "",
+        map_index=row.map_index or 0,
     )
 
 

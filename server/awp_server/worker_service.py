@@ -36,7 +36,7 @@ from awp_protocol.results import check_result
 from awp_server import delivery, metrics
 from awp_server.batching import ClaimBatcher, CompleteBatcher
 from awp_server.config import ServerConfig
-from awp_server.convert import WORKER_STATES, duration_from_ms, timestamp
+from awp_server.convert import TASK_STATES, WORKER_STATES, duration_from_ms, timestamp
 from awp_server.errors import abort, unary
 
 log = logging.getLogger("awp.server.worker")
@@ -182,6 +182,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     attempt_deadline=timestamp(lease.attempt_deadline),
                     attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
                     run_input=dict_to_struct(lease.run_input),
+                    upstream_states={
+                        key: TASK_STATES.proto(state)
+                        for key, state in lease.upstream_states.items()
+                    },
                 )
                 for lease in issued
             ]

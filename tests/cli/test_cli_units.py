@@ -154,3 +154,52 @@ def test_attempts_shown_charged_of_allowed_with_hand_backs_apart() -> None:
     shown = console.export_text()
     assert re.search(r"plain\s.*\s2/3\s", shown), shown
     assert re.search(r"handed\s.*\s1/1 \+2 handed back", shown), shown
+
+
+def test_run_get_collapses_a_map_tasks_elements() -> None:
+    tasks = [
+        control_pb2.Task(key="plan", state=types_pb2.TASK_STATE_SUCCEEDED, attempts=1),
+        control_pb2.Task(
+            key="search",
+            state=types_pb2.TASK_STATE_FAILED,
+            error=types_pb2.TaskError(message="element 2 (search[2]) failed: no"),
+        ),
+        *(
+            control_pb2.Task(
+                key=f"search[{i}]",
+                state=state,
+                attempts=1,
+                max_attempts=3,
+                map_parent="search",
+                map_index=i,
+                error=types_pb2.TaskError(message="no") if i == 2 else None,
+            )
+            for i, state in enumerate(
+                [
+                    types_pb2.TASK_STATE_SUCCEEDED,
+                    types_pb2.TASK_STATE_SUCCEEDED,
+                    types_pb2.TASK_STATE_FAILED,
+                    types_pb2.TASK_STATE_CANCELED,
+                ]
+            )
+        ),
+    ]
+    attempts = [
+        control_pb2.Attempt(
+            task_key=task.key,
+            attempt=1,
+            state=types_pb2.ATTEMPT_STATE_FAILED
+            if task.key == "search[2]"
+            else types_pb2.ATTEMPT_STATE_SUCCEEDED,
+            worker_id="w" * 36,
+        )
+        for task in tasks
+        if task.attempts
+    ]
+    console = Console(record=True, width=200)
+    console.print(render.run_view(control_pb2.GetRunResponse(tasks=tasks, attempts=attempts)))
+    text = console.export_text()
+    assert "4 elements: 2 succeeded · 1 failed · 1 canceled" in text
+    assert "  search[2]" in text  # the failed element, under its map task
+    assert "search[0]" not in text and "search[3]" not in text
+    assert "search[...]" in text and "2 succeeded" in text  # their attempts, collapsed

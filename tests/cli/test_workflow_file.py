@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
+from awp.v1 import types_pb2
 from awp_cli.dev.command import demo_workflow
 from awp_cli.errors import CliError, Exit
 from awp_cli.workflow_file import load, parse_field
@@ -188,3 +189,78 @@ def test_server_violations_point_at_lines(tmp_path: Path) -> None:
         f"{path}:3: tasks[7].key: no such task",  # the nearest line: the list's
     )
     assert parse_field("definition.tasks[12].depends_on[3]") == ("tasks", 12, "depends_on", 3)
+
+
+def test_map_on_failure_and_always(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+name: research
+tasks:
+  - {key: plan, kind: mock, action: plan}
+  - key: search
+    kind: mock
+    action: search
+    depends_on: plan
+    map: {over: plan, path: result.queries}
+    on_failure: continue
+  - {key: summarize, kind: mock, action: sum, depends_on: search,
+     onFailure: FAILURE_POLICY_FAIL_RUN}
+  - {key: cleanup, kind: mock, action: clean, depends_on: [summarize], always: true}
+""",
+    )
+    plan, search, summarize, cleanup = load(path).definition.tasks
+    assert not plan.HasField("map") and not plan.always
+    assert (search.map.over, search.map.path) == ("plan", "result.queries")
+    assert search.on_failure == types_pb2.FAILURE_POLICY_CONTINUE
+    assert summarize.on_failure == types_pb2.FAILURE_POLICY_FAIL_RUN
+    assert cleanup.always
+
+
+def test_what_workflow_get_writes_loads_back(tmp_path: Path) -> None:
+    """`awp workflow get --json` spells the new fields as protobuf JSON."""
+    definition = types_pb2.WorkflowDefinition(
+        name="wf",
+        version=2,
+        tasks=[
+            types_pb2.TaskDefinition(key="a", executor_kind="mock", action="x", input={}),
+            types_pb2.TaskDefinition(
+                key="b",
+                executor_kind="mock",
+                action="x",
+                input={},
+                depends_on=["a"],
+                map=types_pb2.TaskMap(over="a", path="items"),
+                on_failure=types_pb2.FAILURE_POLICY_CONTINUE,
+            ),
+            types_pb2.TaskDefinition(
+                key="c", executor_kind="mock", action="x", input={}, depends_on=["b"], always=True
+            ),
+        ],
+    )
+    text = json.dumps({"definition": json_format.MessageToDict(definition)})
+    assert load(write(tmp_path, text, "wf.json")).definition == definition
+
+
+def test_bad_dynamic_fields_point_at_their_lines(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """name: wf
+tasks:
+  - key: a
+    kind: mock
+    action: x
+    map: {over: plan, paht: q}
+    on_failure: sometimes
+    always: "yes"
+""",
+    )
+    found = problems(path)
+    assert found[0].endswith("4 problems in the workflow file")
+    assert f"{path}:6: tasks[0].map.paht: unknown field 'paht' (did you mean 'path'?)" in found
+    assert f"{path}:6: tasks[0].map: missing path" in found
+    assert (
+        f"{path}:7: tasks[0].on_failure: expected one of fail_run, continue, got 'sometimes'"
+        in found
+    )
+    assert f"{path}:8: tasks[0].always: expected true or false, got 'yes'" in found

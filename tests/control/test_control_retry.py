@@ -259,3 +259,43 @@ async def test_retry_is_idempotent_by_request_id(control: Stub, pool: Pool) -> N
     started = await expect_error(control.StartRun(same))
     assert started.reason == Reason.REQUEST_ID_CONFLICT
     assert await pool.fetchval("SELECT count(*) FROM runs") == 2
+
+
+async def test_a_retry_of_a_map_workflow_starts_its_map_from_the_reused_upstream(
+    control: Stub, pool: Pool
+) -> None:
+    """plan is reused; the map task over its output starts in the retry's own creating
+    transaction (its elements ready), and the always task runs again at the end."""
+    await create_workflow(
+        control,
+        tasks=[
+            task("plan"),
+            task("search", ["plan"], map=types_pb2.TaskMap(over="plan", path="queries")),
+            task("cleanup", ["search"], always=True),
+        ],
+    )
+    worker = await register(pool, max_concurrency=20)
+    run = await start_run(control)
+    (plan,) = await worker.dispatch_and_claim()
+    await worker.complete(plan, output={"queries": ["x", "y", "z"]})
+    elements = await worker.dispatch_and_claim()
+    await worker.complete_all(elements[:2])
+    await worker.complete(elements[2], "failed", retryable=False)
+    (cleanup,) = await worker.dispatch_and_claim()
+    await worker.complete(cleanup)
+    assert await run_state(pool, UUID(run.id)) == "failed"
+
+    retried = (await control.RetryRun(control_pb2.RetryRunRequest(run_id=run.id))).run
+    answer = await get(control, retried.id)
+    assert states(answer) == {
+        "plan": "SUCCEEDED",
+        "search": "RUNNING",
+        "cleanup": "PENDING",
+        "search[0]": "READY",
+        "search[1]": "READY",
+        "search[2]": "READY",
+    }
+    executed = await drive(pool, worker, UUID(retried.id))
+    assert sorted(executed) == ["cleanup", "search[0]", "search[1]", "search[2]"]
+    assert await run_state(pool, UUID(retried.id)) == "succeeded"
+    await check_invariants(pool, {UUID(retried.id): Expect()})

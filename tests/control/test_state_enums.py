@@ -10,7 +10,7 @@ from awp.v1 import control_pb2, types_pb2, worker_pb2
 
 # Proto map keys cannot be enums, so a map keyed by state would carry it as a string:
 # the API's only maps are keyed by free-form labels and by task keys.
-MAPS: frozenset[str] = frozenset({"labels", "upstream_outputs"})
+MAPS: frozenset[str] = frozenset({"labels", "upstream_outputs", "upstream_states"})
 
 
 def _messages(found: Iterable[Descriptor]) -> Iterator[Descriptor]:
@@ -31,6 +31,10 @@ def test_no_state_travels_as_a_string() -> None:
                 )
                 if is_map and field.name not in MAPS:
                     strays.append(f"{message.full_name}.{field.name} (a map)")
+                elif is_map and "state" in field.name:
+                    value = field.message_type.fields_by_name["value"]
+                    if value.type != FieldDescriptor.TYPE_ENUM:
+                        strays.append(f"{message.full_name}.{field.name} (its values)")
                 elif (
                     "state" in field.name
                     and field.message_type is None

@@ -8,8 +8,6 @@ against the lifecycles of tests/lifecycles.py.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from coordinator_support import coordinator, pass_until
 
 from awp_db import runs
@@ -17,21 +15,7 @@ from awp_db.connect import Pool
 from kit import spec, start_run
 from kit.db import register, run_state
 from kit.invariants import check_committed
-from kit.lifecycles import EVENT_LIFECYCLES, illegal_moves
-
-
-async def recorded_moves(pool: Pool) -> dict[str, list[tuple[str, str]]]:
-    """Each event type's moves; a creation (no from_state) counts as a move from the
-    lifecycle's initial state, or as the initial state itself."""
-    moves: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for row in await pool.fetch("SELECT type, from_state, to_state FROM state_events"):
-        if row["type"] not in EVENT_LIFECYCLES:
-            continue
-        _, initial = EVENT_LIFECYCLES[row["type"]]
-        if row["from_state"] is None and row["to_state"] == initial:
-            continue
-        moves[row["type"]].append((row["from_state"] or initial, row["to_state"]))
-    return moves
+from kit.lifecycles import EVENT_LIFECYCLES, illegal_moves, recorded_moves
 
 
 async def test_recorded_moves_follow_the_design_lifecycles(pool: Pool) -> None:

@@ -19,6 +19,8 @@ class Task:
     key: str
     depends_on: Sequence[str] = ()
     input: Mapping[str, Any] = field(default_factory=dict)
+    # A map task: (upstream key, path of the list in its output).
+    map: tuple[str, str] | None = None
 
 
 def _duration(ms: int) -> duration_pb2.Duration:
@@ -56,6 +58,9 @@ def definition(
                 depends_on=list(task.depends_on),
                 retry=retry,
                 timeout=_duration(timeout_ms),
+                map=None
+                if task.map is None
+                else types_pb2.TaskMap(over=task.map[0], path=task.map[1]),
             )
         )
     return types_pb2.WorkflowDefinition(name=name, version=1, concurrency=concurrency, tasks=built)

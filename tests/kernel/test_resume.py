@@ -64,3 +64,9 @@ def test_a_task_is_reused_exactly_when_it_and_all_upstream_of_it_are(
         return key in succeeded and key != from_task and all(keeps(u) for u in upstream[key])
 
     assert reused_tasks(workflow, succeeded, from_task) == {k for k in upstream if keeps(k)}
+
+
+def test_an_always_task_is_run_again_in_every_retry() -> None:
+    flow = spec(task("a"), task("b", ["a"]), task("cleanup", ["b"], always=True))
+    assert reused_tasks(flow, {"a", "b", "cleanup"}) == {"a", "b"}
+    assert reused_tasks(flow, {"a", "cleanup"}) == {"a"}

@@ -4,7 +4,7 @@ run state. Tests observe the other layers against these real transitions."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -53,15 +53,18 @@ class DbWorker:
         outcome: str = "succeeded",
         *,
         retryable: bool = True,
+        output: Callable[[claims.IssuedLease], dict[str, Any]] | None = None,
     ) -> list[str]:
-        """Reports every lease in one Complete; returns the verdicts' names."""
+        """Reports every lease in one Complete; returns the verdicts' names. A success's
+        output is output(lease), by default its task key and attempt."""
         succeeded = outcome == "succeeded"
+        output = output or (lambda lease: {"task": lease.task_key, "attempt": lease.attempt})
         results = [
             leases.ResultIn(
                 lease.dispatch_id,
                 lease.lease_token,
                 "succeeded" if succeeded else "failed",
-                output={"task": lease.task_key, "attempt": lease.attempt} if succeeded else None,
+                output=output(lease) if succeeded else None,
                 error_message=None if succeeded else "boom",
                 retryable=retryable,
             )
@@ -74,9 +77,19 @@ class DbWorker:
         return [verdict.name for verdict in verdicts]
 
     async def complete(
-        self, lease: claims.IssuedLease, outcome: str = "succeeded", *, retryable: bool = True
+        self,
+        lease: claims.IssuedLease,
+        outcome: str = "succeeded",
+        *,
+        retryable: bool = True,
+        output: dict[str, Any] | None = None,
     ) -> str:
-        (verdict,) = await self.complete_all([lease], outcome, retryable=retryable)
+        (verdict,) = await self.complete_all(
+            [lease],
+            outcome,
+            retryable=retryable,
+            output=None if output is None else (lambda _: output),
+        )
         return verdict
 
     async def drain(self, hand_back: Sequence[claims.IssuedLease] = ()) -> leases.DrainOutcome:

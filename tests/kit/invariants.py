@@ -4,7 +4,8 @@ done their worst).
 
 check_committed: what holds in every committed state, over the whole database --
 a run's and the fleet's concurrency limits, each task's state agreeing with its
-dispatches and attempts, items 4 and 5 below for every run.
+dispatches and attempts, each map task agreeing with its elements, items 4 and 5 below
+for every run.
 
 check_invariants: what a finished scenario must show for the runs it names, plus
 everything check_committed checks:
@@ -151,6 +152,7 @@ async def _committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[s
         problems.append(f"{counts['live']} live dispatches over the limit {global_limit}")
     problems.extend(await _limits(conn))
     problems.extend(await _tasks_agree_with_dispatches(conn))
+    problems.extend(await _maps_agree_with_elements(conn))
     problems.extend(await _leased_to_gone_workers(conn))
     for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
         problems.extend(await _event_log(conn, run["id"]))
@@ -163,7 +165,7 @@ async def _limits(conn: Db) -> list[str]:
     over = await conn.fetch(
         """SELECT r.id, r.concurrency, count(t.id) AS n
              FROM runs r JOIN tasks t ON t.run_id = r.id
-            WHERE r.concurrency > 0 AND t.state IN ('queued', 'running')
+            WHERE r.concurrency > 0 AND t.state IN ('queued', 'running') AND t.map_over IS NULL
             GROUP BY r.id HAVING count(t.id) > r.concurrency"""
     )
     if over:
@@ -180,7 +182,8 @@ async def _limits(conn: Db) -> list[str]:
 
 async def _tasks_agree_with_dispatches(conn: Db) -> list[str]:
     """A queued task has one pending dispatch; a running one a leased dispatch and a
-    running attempt; any other, neither. Its attempt counter counts its attempt rows."""
+    running attempt (but a map task: its elements run); any other, neither. Its attempt
+    counter counts its attempt rows."""
     problems = []
     for row in await conn.fetch(
         """SELECT t.id, t.state,
@@ -191,15 +194,71 @@ async def _tasks_agree_with_dispatches(conn: Db) -> list[str]:
                   (SELECT count(*) FROM attempts a
                     WHERE a.task_id = t.id AND a.state = 'running') AS running,
                   (SELECT count(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
-                  t.attempts AS counted
+                  t.attempts AS counted, t.map_over IS NOT NULL AS is_map
              FROM tasks t"""
     ):
         expected = {"queued": (1, 0, 0), "running": (0, 1, 1)}.get(row["state"], (0, 0, 0))
+        if row["is_map"]:
+            expected = (0, 0, 0)
         got = (row["pending"], row["leased"], row["running"])
         if got != expected:
             problems.append(f"task {row['id']} {row['state']}: {got} != {expected}")
         if row["attempts"] != row["counted"]:
             problems.append(f"task {row['id']} attempts mismatch")
+    return problems
+
+
+async def _maps_agree_with_elements(conn: Db) -> list[str]:
+    """A map task that has started has exactly map_size elements, keyed "<key>[i]" with
+    indexes 0..n-1 and its input plus the element; while running, elements_left counts
+    those not succeeded; succeeded, every element did and its output is theirs in order;
+    ended any other way, none of them is still live. Elements exist only for a started
+    map task."""
+    problems = []
+    for row in await conn.fetch(
+        """SELECT m.key, m.state, m.map_size, m.elements_left,
+                  count(e.id) AS n,
+                  count(e.id) FILTER (WHERE e.key = m.key || '[' || e.map_index || ']'
+                                        AND e.input - 'item' - 'index' = m.input
+                                        AND (e.input -> 'index')::int = e.map_index) AS well_made,
+                  count(DISTINCT e.map_index) AS indexes, max(e.map_index) AS top,
+                  count(e.id) FILTER (WHERE e.state <> 'succeeded') AS unsucceeded,
+                  count(e.id) FILTER (WHERE e.state IN ('pending', 'ready', 'queued', 'running',
+                                                        'waiting_retry')) AS live,
+                  m.output IS NOT DISTINCT FROM jsonb_build_object(
+                      'outputs', coalesce(jsonb_agg(e.output ORDER BY e.map_index)
+                                          FILTER (WHERE e.id IS NOT NULL), '[]')) AS combined
+             FROM tasks m LEFT JOIN tasks e ON e.parent_id = m.id
+            WHERE m.map_over IS NOT NULL
+            GROUP BY m.id"""
+    ):
+        what = f"map task {row['key']} ({row['state']})"
+        if row["map_size"] is None:
+            if row["n"]:
+                problems.append(f"{what}: {row['n']} elements but never started")
+            continue
+        if not row["n"] == row["indexes"] == row["well_made"] == row["map_size"] or (
+            row["n"] and row["top"] != row["n"] - 1
+        ):
+            problems.append(
+                f"{what}: map_size {row['map_size']} but {row['n']} elements, "
+                f"{row['indexes']} indexes up to {row['top']}, {row['well_made']} well made"
+            )
+        if row["state"] == "running" and row["elements_left"] != row["unsucceeded"]:
+            problems.append(
+                f"{what}: elements_left {row['elements_left']} but "
+                f"{row['unsucceeded']} elements not succeeded"
+            )
+        if row["state"] == "succeeded" and (row["unsucceeded"] or not row["combined"]):
+            problems.append(f"{what}: its output is not its elements' outputs in order")
+        if row["state"] not in ("running", "succeeded") and row["live"]:
+            problems.append(f"{what}: {row['live']} elements still live")
+    orphans = await conn.fetchval(
+        """SELECT count(*) FROM tasks e JOIN tasks m ON m.id = e.parent_id
+            WHERE m.map_size IS NULL OR e.run_id <> m.run_id"""
+    )
+    if orphans:
+        problems.append(f"{orphans} elements of a map task that never started")
     return problems
 
 
@@ -226,7 +285,8 @@ async def _tasks(conn: Db, run_id: UUID, expect: Expect) -> list[str]:
 
 
 async def _accepted_results(conn: Db, run_id: UUID) -> list[str]:
-    """Succeeded task <-> exactly one succeeded attempt, the latest, properly completed."""
+    """Succeeded task <-> exactly one succeeded attempt, the latest, properly completed
+    (a map task has no attempt of its own: its elements do, each one checked here)."""
     rows = await conn.fetch(
         """
         SELECT t.key, t.state, t.attempts, t.output, t.reused_from_run_id IS NOT NULL AS reused,
@@ -235,7 +295,7 @@ async def _accepted_results(conn: Db, run_id: UUID) -> list[str]:
                max(a.attempt) FILTER (WHERE a.state = 'succeeded') AS succeeded_attempt,
                count(a.id) AS rows
           FROM tasks t LEFT JOIN attempts a ON a.task_id = t.id
-         WHERE t.run_id = $1
+         WHERE t.run_id = $1 AND t.map_over IS NULL
          GROUP BY t.id
          ORDER BY t.id
         """,

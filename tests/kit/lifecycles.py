@@ -8,7 +8,10 @@ checked against.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Final
+
+from awp_db.connect import Pool
 
 Lifecycle = dict[str, frozenset[str]]
 
@@ -20,7 +23,8 @@ RUN_MOVES: Final[Lifecycle] = {
 }
 
 TASK_MOVES: Final[Lifecycle] = {
-    "pending": frozenset({"ready", "canceled", "skipped"}),
+    # pending -> running: a map task, once its upstream succeeded (its elements run).
+    "pending": frozenset({"ready", "running", "canceled", "skipped"}),
     "ready": frozenset({"queued", "canceled", "skipped"}),
     # queued -> ready: the dispatch was withdrawn (no compatible worker), nothing spent.
     "queued": frozenset({"running", "ready", "canceled", "skipped"}),
@@ -66,3 +70,17 @@ EVENT_LIFECYCLES: Final[dict[str, tuple[Lifecycle, str]]] = {
 
 def illegal_moves(lifecycle: Lifecycle, moves: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(a, b) for a, b in moves if b not in lifecycle.get(a, frozenset())]
+
+
+async def recorded_moves(pool: Pool) -> dict[str, list[tuple[str, str]]]:
+    """Each event type's moves; a creation (no from_state) counts as a move from the
+    lifecycle's initial state, or as the initial state itself."""
+    moves: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for row in await pool.fetch("SELECT type, from_state, to_state FROM state_events"):
+        if row["type"] not in EVENT_LIFECYCLES:
+            continue
+        _, initial = EVENT_LIFECYCLES[row["type"]]
+        if row["from_state"] is None and row["to_state"] == initial:
+            continue
+        moves[row["type"]].append((row["from_state"] or initial, row["to_state"]))
+    return moves

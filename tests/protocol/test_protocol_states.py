@@ -132,7 +132,6 @@ def test_terminal_constants_match_the_lifecycles() -> None:
     ("current", "target"),
     [
         ("pending", "queued"),  # dependencies not done yet
-        ("pending", "running"),
         ("ready", "running"),  # an attempt exists only after a dispatch is claimed
         ("queued", "waiting_retry"),  # no attempt yet, no retry spent
         ("queued", "failed"),
@@ -154,6 +153,7 @@ def test_illegal_task_moves(current: str, target: str) -> None:
     ("current", "target"),
     [
         ("pending", "ready"),
+        ("pending", "running"),  # a map task starts: its elements run, not it
         ("ready", "queued"),
         ("queued", "running"),
         ("queued", "ready"),  # dispatch withdrawn

@@ -22,6 +22,7 @@ import grpc
 from awp.v1 import worker_pb2
 from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import struct_to_dict
+from awp_protocol.states import task_state_name
 from awp_sdk.actions import ActionContext
 from awp_worker._completer import DROPPED, ResultFlusher
 from awp_worker._diagnostics import LogTail, collecting
@@ -103,6 +104,9 @@ class Attempts:
             worker_id=session.worker_id or "",
             run_input=struct_to_dict(lease.run_input),
             upstream={key: struct_to_dict(out) for key, out in lease.upstream_outputs.items()},
+            upstream_states={
+                key: task_state_name(state) for key, state in lease.upstream_states.items()
+            },
         )
         return HeldLease(lease=lease, clock=clock, ctx=ctx, log_fields=fields)
 

@@ -68,7 +68,11 @@ SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, l.worker_id, s.key AS 
        (SELECT jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb))
           FROM tasks u
          WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)
-           AND coalesce(octet_length(u.output::text), 0) <= $8) AS upstream_outputs
+           AND coalesce(octet_length(u.output::text), 0) <= $8) AS upstream_outputs,
+       -- All succeeded, unless the task is an always task.
+       (SELECT jsonb_object_agg(u.key, u.state)
+          FROM tasks u
+         WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)) AS upstream_states
   FROM leased l
   JOIN started s ON s.id = l.task_id
   JOIN runs r ON r.id = l.run_id

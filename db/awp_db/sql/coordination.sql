@@ -38,14 +38,16 @@ UPDATE tasks t
 RETURNING t.run_id, t.key, t.attempts
 
 -- name: finishable_runs
--- Runs still running with no unfinished task: settlement finishes runs itself, this is
--- the safety sweep for any that slipped through.
+-- Runs still running with no unfinished task but always tasks waiting for their turn
+-- (settle.finish_runs releases those): settlement finishes runs itself, this is the
+-- safety sweep for any that slipped through.
 SELECT r.id FROM runs r
  WHERE r.state = 'running'
    AND NOT EXISTS (
        SELECT 1 FROM tasks t
         WHERE t.run_id = r.id
-          AND t.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry'))
+          AND t.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+          AND NOT (t.always AND t.state = 'pending'))
  ORDER BY r.id
  LIMIT $1
 

@@ -41,7 +41,8 @@ SELECT coalesce(s.kind, p.kind) AS kind,
 -- name: candidates
 -- Ready tasks of runs not being canceled, round-robin across runs: every run's first
 -- task, then every run's second... Runs never dispatched come first, then the least
--- recently dispatched. Each run stays within its own concurrency (queued + running).
+-- recently dispatched. Each run stays within its own concurrency (queued + running; a
+-- running map task is not counted, its elements are).
 -- Each run's tasks are read from its first ready one on (first_ready, found in the
 -- tasks_ready index; the range on run_id keeps that lookup on it): once statistics
 -- exist, an unbounded "run_id = ... ORDER BY id LIMIT" is planned as a walk of the
@@ -50,7 +51,8 @@ SELECT coalesce(s.kind, p.kind) AS kind,
 WITH live AS (
     SELECT r.id, r.concurrency, r.last_dispatched_at, r.created_at,
            (SELECT count(*) FROM tasks q
-             WHERE q.run_id = r.id AND q.state IN ('queued', 'running')) AS in_flight,
+             WHERE q.run_id = r.id AND q.state IN ('queued', 'running')
+               AND q.map_over IS NULL) AS in_flight,
            (SELECT f.id FROM tasks f
              WHERE f.run_id >= r.id AND f.run_id <= r.id AND f.state = 'ready'
              ORDER BY f.run_id, f.id

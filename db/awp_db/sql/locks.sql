@@ -76,7 +76,7 @@ SELECT r.id
 SELECT locked.*, clock_timestamp() AS now
   FROM (SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash,
                d.result_hash, d.lease_expires_at, d.attempt_deadline,
-               a.attempt, t.key AS task_key, t.dependents, t.max_attempts, t.hand_backs,
+               a.attempt, t.key AS task_key, t.max_attempts, t.hand_backs,
                t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier
           FROM dispatches d
           JOIN tasks t ON t.id = d.task_id
@@ -92,8 +92,8 @@ SELECT locked.*, clock_timestamp() AS now
 -- the reaper can never both win. A passed deadline wins over an expired lease.
 SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.result_hash,
        d.lease_expires_at, d.attempt_deadline,
-       a.attempt, t.key AS task_key, t.dependents, t.max_attempts, t.hand_backs,
-       t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier,
+       a.attempt, t.key AS task_key, t.max_attempts, t.hand_backs, t.backoff_initial_ms,
+       t.backoff_max_ms, t.backoff_multiplier,
        clock_timestamp() AS now,
        CASE WHEN d.attempt_deadline <= clock_timestamp() THEN 'timed_out'
             ELSE 'interrupted' END AS ending

@@ -32,4 +32,5 @@ UPDATE tasks t
   FROM tasks s
  WHERE t.run_id = $1 AND t.key = ANY($3::text[])
    AND s.run_id = $2 AND s.key = t.key AND s.state = 'succeeded'
-RETURNING t.key, t.dependents, t.reused_from_run_id
+RETURNING t.id, t.run_id, t.key, t.state, t.dependents, t.parent_id, t.map_index, t.on_failure,
+          t.always, t.error, t.reused_from_run_id

@@ -6,20 +6,28 @@ ON CONFLICT (request_id) DO NOTHING
 RETURNING id
 
 -- name: insert_tasks
+-- $14/$15: a map task's upstream and path (JSON array of keys), NULL for other tasks.
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
-                   backoff_multiplier, timeout_ms, ready_at)
+                   backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
+                   always)
 SELECT $1, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
        t.unfinished_deps,
        CASE WHEN t.unfinished_deps = 0 THEN 'ready' ELSE 'pending' END,
        t.max_attempts, t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.timeout_ms,
-       CASE WHEN t.unfinished_deps = 0 THEN now() END
+       CASE WHEN t.unfinished_deps = 0 THEN now() END,
+       t.map_over,
+       CASE WHEN t.map_over IS NOT NULL
+            THEN array(SELECT jsonb_array_elements_text(t.map_path::jsonb)) END,
+       t.on_failure, t.always
   FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[],
-              $9::int[], $10::bigint[], $11::bigint[], $12::float8[], $13::bigint[])
+              $9::int[], $10::bigint[], $11::bigint[], $12::float8[], $13::bigint[], $14::text[],
+              $15::text[], $16::text[], $17::bool[])
        AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
-             max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms)
+             max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms,
+             map_over, map_path, on_failure, always)
 RETURNING key, state
 
 -- name: by_request_id
@@ -37,12 +45,15 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
 SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GROUP BY run_id, state
 
 -- name: tasks
+-- Declared tasks first, then each map's elements in index order (they are created so).
 -- Outputs over $2 bytes of JSON text are left out (output_omitted): GetTaskOutput.
-SELECT key, state, executor_kind, action, depends_on, attempts, max_attempts,
-       CASE WHEN octet_length(output::text) <= $2 THEN output END AS output,
-       coalesce(octet_length(output::text) > $2, false) AS output_omitted, error,
-       retry_at, finished_at, reused_from_run_id, hand_backs
-  FROM tasks WHERE run_id = $1 ORDER BY id
+SELECT t.key, t.state, t.executor_kind, t.action, t.depends_on, t.attempts, t.max_attempts,
+       CASE WHEN octet_length(t.output::text) <= $2 THEN t.output END AS output,
+       coalesce(octet_length(t.output::text) > $2, false) AS output_omitted, t.error,
+       t.retry_at, t.finished_at, t.reused_from_run_id, t.hand_backs,
+       p.key AS map_parent, t.map_index
+  FROM tasks t LEFT JOIN tasks p ON p.id = t.parent_id
+ WHERE t.run_id = $1 ORDER BY t.id
 
 -- name: attempts
 SELECT t.key AS task_key, a.attempt, a.state, a.worker_id, a.dispatch_id, a.fencing_token,

@@ -10,9 +10,10 @@
 -- free of charge (awp_kernel.retry.decide_hand_back): it counts one more free hand-back.
 -- Runs and dispatches are locked by the caller, so no other writer touches these
 -- attempts and tasks meanwhile.
--- Returns the runs that may have finished: those with no live task left besides the
--- ones this statement ended for good (`l` is read as of the statement's start, when
--- those were still running; a task now waiting for a retry stays live).
+-- Returns each task, as awp_db.dynamic.Finished, and whether its run may have finished:
+-- no live task left besides the ones this statement ended for good (`l` is read as of
+-- the statement's start, when those were still running; a task now waiting for a retry
+-- stays live) and always tasks waiting for their turn (awp_db.dynamic).
 WITH e AS (
     SELECT *
       FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::text[],
@@ -42,19 +43,25 @@ WITH e AS (
            ready_at = CASE WHEN e.task_state = 'ready' THEN clock_timestamp() ELSE t.ready_at END
       FROM e
      WHERE t.id = e.task_id AND t.state = 'running'
- RETURNING t.id, t.run_id, t.state
+ RETURNING t.id, t.run_id, t.key, t.state, t.dependents, t.parent_id, t.map_index,
+           t.on_failure, t.always, t.error
+), finishing AS (
+    SELECT r.run_id
+      FROM (SELECT DISTINCT run_id FROM ended_tasks) r
+     WHERE NOT EXISTS (
+           SELECT 1 FROM tasks l
+            WHERE l.run_id = r.run_id
+              AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+              AND NOT (l.always AND l.state = 'pending')
+              AND l.id NOT IN (SELECT id FROM ended_tasks WHERE state IN ('succeeded', 'failed')))
 )
-SELECT r.run_id
-  FROM (SELECT DISTINCT run_id FROM ended_tasks) r
- WHERE NOT EXISTS (
-       SELECT 1 FROM tasks l
-        WHERE l.run_id = r.run_id
-          AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
-          AND l.id NOT IN (SELECT id FROM ended_tasks WHERE state IN ('succeeded', 'failed')))
+SELECT x.*, x.run_id IN (SELECT run_id FROM finishing) AS run_may_finish
+  FROM ended_tasks x
 
 -- name: unlock_dependents
 -- $1/$2: (run, dependent key) once per succeeded dependency; a task becomes ready when
--- its last unfinished dependency succeeds.
+-- its last unfinished dependency succeeds -- a map task running instead: its elements
+-- are created next (awp_db.dynamic.start_maps), and they are what is dispatched.
 WITH done AS (
     SELECT run_id, key, count(*) AS n
       FROM unnest($1::uuid[], $2::text[]) AS x (run_id, key)
@@ -62,11 +69,13 @@ WITH done AS (
 )
 UPDATE tasks t
    SET unfinished_deps = t.unfinished_deps - done.n,
-       state = CASE WHEN t.unfinished_deps - done.n = 0 THEN 'ready' ELSE t.state END,
+       state = CASE WHEN t.unfinished_deps - done.n > 0 THEN t.state
+                    WHEN t.map_over IS NULL THEN 'ready'
+                    ELSE 'running' END,
        ready_at = CASE WHEN t.unfinished_deps - done.n = 0 THEN clock_timestamp() END
   FROM done
  WHERE t.run_id = done.run_id AND t.key = done.key AND t.state = 'pending'
-RETURNING t.run_id, t.key, t.state
+RETURNING t.id, t.run_id, t.key, t.state
 
 -- name: cancel_live_dispatches
 UPDATE dispatches
@@ -83,11 +92,13 @@ RETURNING a.run_id, t.key, a.attempt
 
 -- name: stop_tasks
 -- Running tasks are canceled (their attempt was stopped); untouched ones take $2.
+-- Always tasks too only when $3 (a cancel; a failing run still runs them).
 -- The task rows are locked under their runs' locks, which the caller holds.
 WITH live AS (
     SELECT id, state FROM tasks
      WHERE run_id = ANY($1::uuid[])
        AND state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+       AND ($3::bool OR NOT always)
        FOR UPDATE
 )
 UPDATE tasks t
@@ -99,8 +110,10 @@ RETURNING t.run_id, t.key, live.state AS from_state, t.state AS to_state
 
 -- name: finished_runs
 -- Runs still marked running whose tasks are all terminal, with the states that decide
--- their outcome.
-SELECT r.id, array_agg(DISTINCT t.state) AS task_states
+-- their outcome (awp_kernel.states.run_outcome): those of the always tasks apart.
+SELECT r.id,
+       coalesce(array_agg(DISTINCT t.state) FILTER (WHERE NOT t.always), '{}') AS task_states,
+       coalesce(array_agg(DISTINCT t.state) FILTER (WHERE t.always), '{}') AS always_states
   FROM runs r JOIN tasks t ON t.run_id = r.id
  WHERE r.id = ANY($1::uuid[]) AND r.state = 'running'
    AND NOT EXISTS (

@@ -308,7 +308,7 @@ class Run(_message.Message):
     @_builtins.property
     def tasks_by_state(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskStateCount]:
         """One entry per state the run's tasks are in, in the enum's (lifecycle) order; states
-        no task is in are left out.
+        no task is in are left out. The elements of map tasks are counted as tasks.
         """
 
     def __init__(
@@ -380,6 +380,8 @@ class Task(_message.Message):
     REUSED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     OUTPUT_OMITTED_FIELD_NUMBER: _builtins.int
     HAND_BACKS_FIELD_NUMBER: _builtins.int
+    MAP_PARENT_FIELD_NUMBER: _builtins.int
+    MAP_INDEX_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     state: _types_pb2.TaskState.ValueType
     executor_kind: _builtins.str
@@ -400,6 +402,12 @@ class Task(_message.Message):
     """Attempts handed back by draining workers free of charge: they do not count against
     max_attempts (attempts - hand_backs do).
     """
+    map_parent: _builtins.str
+    """Set on an element of a map task (key "<map_parent>[<map_index>]"): the map task's
+    key and the element's 0-based index. Elements are listed after the run's declared
+    tasks, each map's in index order.
+    """
+    map_index: _builtins.int
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -429,10 +437,12 @@ class Task(_message.Message):
         reused_from_run_id: _builtins.str = ...,
         output_omitted: _builtins.bool = ...,
         hand_backs: _builtins.int = ...,
+        map_parent: _builtins.str = ...,
+        map_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at", b"finished_at", "output", b"output", "retry_at", b"retry_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

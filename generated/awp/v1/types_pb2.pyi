@@ -73,6 +73,10 @@ class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     When the run is canceled, every unfinished task ends CANCELED. When the run fails, a
     task that is RUNNING ends CANCELED (its attempt is stopped) and one that is not
     running (PENDING, READY, QUEUED, WAITING_RETRY) ends SKIPPED: it will never run.
+    A map task goes PENDING -> RUNNING once its upstream succeeded (its elements, tasks
+    of their own created READY, then run) and ends SUCCEEDED once every element has,
+    FAILED when one fails for good. A task downstream of a failure that lets the run
+    continue (FAILURE_POLICY_CONTINUE) ends SKIPPED.
     """
 
 TASK_STATE_UNSPECIFIED: TaskState.ValueType  # 0
@@ -162,6 +166,38 @@ WORKER_STATE_STOPPED: WorkerState.ValueType  # 3
 WORKER_STATE_OFFLINE: WorkerState.ValueType  # 4
 Global___WorkerState: _TypeAlias = WorkerState  # noqa: Y015
 
+class _FailurePolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FailurePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailurePolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAILURE_POLICY_UNSPECIFIED: _FailurePolicy.ValueType  # 0
+    """FAIL_RUN."""
+    FAILURE_POLICY_FAIL_RUN: _FailurePolicy.ValueType  # 1
+    """The run fails now: live leases are revoked, running tasks end CANCELED and untouched
+    ones SKIPPED (ALWAYS tasks still run).
+    """
+    FAILURE_POLICY_CONTINUE: _FailurePolicy.ValueType  # 2
+    """Only the tasks downstream of it end SKIPPED; every task that does not depend on it
+    runs on. The run ends FAILED once nothing is left running.
+    """
+
+class FailurePolicy(_FailurePolicy, metaclass=_FailurePolicyEnumTypeWrapper):
+    """What a task's permanent failure (every attempt spent, or a permanent error) does."""
+
+FAILURE_POLICY_UNSPECIFIED: FailurePolicy.ValueType  # 0
+"""FAIL_RUN."""
+FAILURE_POLICY_FAIL_RUN: FailurePolicy.ValueType  # 1
+"""The run fails now: live leases are revoked, running tasks end CANCELED and untouched
+ones SKIPPED (ALWAYS tasks still run).
+"""
+FAILURE_POLICY_CONTINUE: FailurePolicy.ValueType  # 2
+"""Only the tasks downstream of it end SKIPPED; every task that does not depend on it
+runs on. The run ends FAILED once nothing is left running.
+"""
+Global___FailurePolicy: _TypeAlias = FailurePolicy  # noqa: Y015
+
 class _EventType:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -247,6 +283,45 @@ class RetryPolicy(_message.Message):
 Global___RetryPolicy: _TypeAlias = RetryPolicy  # noqa: Y015
 
 @_typing.final
+class TaskMap(_message.Message):
+    """Fan-out: the task runs once per element of a list found in an upstream task's output.
+    Each element is a task instance of its own ("<key>[<index>]": its own attempts, leases,
+    fencing tokens; the task's retry and timeout apply per element), whose input is the
+    task's input plus "item" (the element) and "index" (0-based). The map task succeeds
+    once every element has, with the output {"outputs": [...]}: the elements' outputs in
+    list order, which its downstream tasks receive. An empty list succeeds at once. It
+    fails when an element fails for good (then its on_failure applies), when the value
+    at path is missing or not a list, when the list has more than 1,000 elements, when an
+    element's input would be over 64 KiB (an input's limit), or when the outputs together
+    exceed 1 MiB of JSON (an output's limit: the map task's output is delivered like any).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OVER_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    over: _builtins.str
+    """The upstream task: one of the task's depends_on."""
+    path: _builtins.str
+    """Where the list is in that task's output: keys joined by "." ("queries",
+    "result.items"; letters, digits, "_", "-"; a number indexes a list), at most 256
+    characters.
+    """
+    def __init__(
+        self,
+        *,
+        over: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["over", b"over", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskMap: _TypeAlias = TaskMap  # noqa: Y015
+
+@_typing.final
 class TaskDefinition(_message.Message):
     """One task of a workflow definition."""
 
@@ -259,6 +334,9 @@ class TaskDefinition(_message.Message):
     DEPENDS_ON_FIELD_NUMBER: _builtins.int
     RETRY_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    MAP_FIELD_NUMBER: _builtins.int
+    ON_FAILURE_FIELD_NUMBER: _builtins.int
+    ALWAYS_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     """Unique within the workflow: [A-Za-z0-9_.-]{1,64}."""
     executor_kind: _builtins.str
@@ -266,6 +344,15 @@ class TaskDefinition(_message.Message):
     action: _builtins.str
     """An identifier the executor resolves (e.g. "reports.summarize"); never a shell
     command, path or URL: [A-Za-z_][A-Za-z0-9_.:-]{0,127}.
+    """
+    on_failure: Global___FailurePolicy.ValueType
+    """Unset: FAIL_RUN. Not for ALWAYS tasks."""
+    always: _builtins.bool
+    """Runs once every other (not always) task of the run is terminal, whether the run is
+    succeeding or failing; not when the run is canceled. Its depends_on only order it
+    (they may have failed or been skipped; each one's state comes with its lease), and
+    only other always tasks may depend on it. Its own failure is recorded but does not
+    change the run's outcome. Cannot be a map task.
     """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
@@ -285,6 +372,10 @@ class TaskDefinition(_message.Message):
     def timeout(self) -> _duration_pb2.Duration:
         """Per-attempt deadline. Unset: 5 minutes. At most 24 h."""
 
+    @_builtins.property
+    def map(self) -> Global___TaskMap:
+        """Unset: the task runs once."""
+
     def __init__(
         self,
         *,
@@ -295,10 +386,13 @@ class TaskDefinition(_message.Message):
         depends_on: _abc.Iterable[_builtins.str] | None = ...,
         retry: Global___RetryPolicy | None = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        map: Global___TaskMap | None = ...,
+        on_failure: Global___FailurePolicy.ValueType = ...,
+        always: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "map", b"map", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -300,6 +300,26 @@ class Lease(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class UpstreamStatesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _types_pb2.TaskState.ValueType
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _types_pb2.TaskState.ValueType = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
     LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     FENCING_TOKEN_FIELD_NUMBER: _builtins.int
@@ -318,6 +338,7 @@ class Lease(_message.Message):
     RUN_INPUT_FIELD_NUMBER: _builtins.int
     UPSTREAM_OUTPUTS_FIELD_NUMBER: _builtins.int
     OMITTED_UPSTREAM_KEYS_FIELD_NUMBER: _builtins.int
+    UPSTREAM_STATES_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
     lease_token: _builtins.str
     """Secret proof of ownership: send it back with heartbeats and the result."""
@@ -363,6 +384,13 @@ class Lease(_message.Message):
     def omitted_upstream_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Upstream outputs to fetch with GetUpstreamOutputs before running the action."""
 
+    @_builtins.property
+    def upstream_states(self) -> _containers.ScalarMap[_builtins.str, _types_pb2.TaskState.ValueType]:
+        """The states of the tasks this one depends on, by task key: all SUCCEEDED, except for
+        an always task (TaskDefinition.always), whose dependencies may have ended any way
+        (an empty upstream output then).
+        """
+
     def __init__(
         self,
         *,
@@ -384,10 +412,11 @@ class Lease(_message.Message):
         run_input: _struct_pb2.Struct | None = ...,
         upstream_outputs: _abc.Mapping[_builtins.str, _struct_pb2.Struct] | None = ...,
         omitted_upstream_keys: _abc.Iterable[_builtins.str] | None = ...,
+        upstream_states: _abc.Mapping[_builtins.str, _types_pb2.TaskState.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "run_input", b"run_input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "dispatch_id", b"dispatch_id", "executor_kind", b"executor_kind", "fencing_token", b"fencing_token", "idempotency_key", b"idempotency_key", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "omitted_upstream_keys", b"omitted_upstream_keys", "run_id", b"run_id", "run_input", b"run_input", "task_key", b"task_key", "upstream_outputs", b"upstream_outputs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "dispatch_id", b"dispatch_id", "executor_kind", b"executor_kind", "fencing_token", b"fencing_token", "idempotency_key", b"idempotency_key", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "omitted_upstream_keys", b"omitted_upstream_keys", "run_id", b"run_id", "run_input", b"run_input", "task_key", b"task_key", "upstream_outputs", b"upstream_outputs", "upstream_states", b"upstream_states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
