@@ -14,9 +14,7 @@ from typing import Final
 _PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
 _DURATION: Final = re.compile(rf"(?:{_PART.pattern})+")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-DURATION_HELP: Final = (
-    'a duration such as "250ms", "1.5s", "2m", "1h", "7d" or a number of seconds'
-)
+DURATION_HELP: Final = 'a duration such as "250ms", "1.5s", "2m", "1h", "7d" or a number of seconds'
 
 
 def parse_duration(value: object, *, numeric_text: bool = False) -> float:

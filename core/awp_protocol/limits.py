@@ -25,6 +25,7 @@ MAX_REQUEST_ID_CHARS: Final = 128
 MAX_CANCEL_REASON_CHARS: Final = 1024
 MAX_SEQ: Final = 2**63 - 1  # seq is a PostgreSQL bigint
 MAX_PAGE_SIZE: Final = 1000
+MAX_PRUNE_RUNS: Final = 10_000  # runs one PruneRuns call deletes (or counts)
 
 # --- workers (Register, Claim, Complete)
 MAX_WORKER_NAME_CHARS: Final = 128
@@ -94,6 +95,7 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.CancelRunRequest.run_id": MAX_ID_CHARS,
     "awp.v1.CancelRunRequest.reason": MAX_CANCEL_REASON_CHARS,
     "awp.v1.WatchRunRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.PruneRunsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
 }
 # The element count of every repeated field and map of every request.
 COUNT_LIMITS: Final[Mapping[str, int]] = {

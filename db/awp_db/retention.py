@@ -35,6 +35,9 @@ BATCH_RUNS: Final = 200
 # After each full batch, pruning rests this many times as long as the batch took.
 REST_FACTOR: Final = 1.0
 MIN_REST_S: Final = 0.01
+# Ages beyond this are as good as forever (nothing stored is that old), and keep the
+# cutoff within PostgreSQL's timestamps.
+MAX_AGE_S: Final = 1000 * 365 * 86400.0
 
 # A position in retention's order: (finished_at, id) of the last run seen.
 Position = tuple[datetime, UUID]
@@ -73,7 +76,8 @@ class Survey:
 async def cutoff(conn: Conn | Pool, older_than_s: float) -> datetime:
     """Runs that finished before the returned instant (database clock) are older than
     older_than_s."""
-    instant: datetime = await conn.fetchval(Q["cutoff"], round(older_than_s * 1000))
+    age_ms = round(min(older_than_s, MAX_AGE_S) * 1000)
+    instant: datetime = await conn.fetchval(Q["cutoff"], age_ms)
     return instant
 
 
@@ -130,9 +134,7 @@ async def backlog(conn: Conn | Pool, before: datetime, after: Position | None = 
     return count
 
 
-async def survey(
-    conn: Conn | Pool, before: datetime, after: Position | None, limit: int
-) -> Survey:
+async def survey(conn: Conn | Pool, before: datetime, after: Position | None, limit: int) -> Survey:
     """A dry run's page: the next `limit` runs finished before `before` after `after`,
     counted with their rows, deleting nothing."""
     since, run_id = after if after is not None else (None, None)

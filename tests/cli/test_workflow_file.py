@@ -54,7 +54,8 @@ def test_not_durations(text: object) -> None:
 
 
 @pytest.mark.parametrize(
-    ("seconds", "text"), [(0.25, "250ms"), (1.5, "1.5s"), (60, "1m"), (5400, "1h30m"), (61, "1m1s"), (2_592_000, "30d")]
+    ("seconds", "text"),
+    [(0.25, "250ms"), (1.5, "1.5s"), (60, "1m"), (5400, "1h30m"), (61, "1m1s"), (2_592_000, "30d")],
 )
 def test_durations_are_written_back_the_same_way(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
