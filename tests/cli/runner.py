@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -39,3 +40,21 @@ def awp(*args: str, timeout: float = 60) -> Result:
         check=False,
     )
     return Result(done.returncode, done.stdout, done.stderr)
+
+
+async def awp_async(*args: str, env: dict[str, str] | None = None) -> Result:
+    """awp() for tests whose server runs on their own event loop: the CLI must not block it."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "awp_cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=ENV | (env or {}),
+        cwd=REPOSITORY,
+    )
+    async with asyncio.timeout(60):
+        out, err = await process.communicate()
+    assert process.returncode is not None
+    return Result(process.returncode, out.decode(), err.decode())

@@ -2,29 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
-
-from cli.runner import ENV, REPOSITORY, Result
+from cli.runner import awp_async
 from kit import ADMIN_TOKEN, ServerHandle
-
-
-async def awp_async(*args: str, env: dict[str, str] | None = None) -> Result:
-    # The server runs on this test's event loop: the CLI must not block it.
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "awp_cli",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=ENV | (env or {}),
-        cwd=REPOSITORY,
-    )
-    async with asyncio.timeout(60):
-        out, err = await process.communicate()
-    assert process.returncode is not None
-    return Result(process.returncode, out.decode(), err.decode())
 
 
 async def test_the_admin_token_is_sent(awp_server: ServerHandle) -> None:
