@@ -261,12 +261,17 @@ class Cluster:
     # --- awp-coordinator --------------------------------------------------------------
 
     async def start_coordinator(
-        self, name: str = "coordinator", *, expect_leader: bool = True, within: float = 20.0
+        self,
+        name: str = "coordinator",
+        *,
+        expect_leader: bool = True,
+        within: float = 20.0,
+        extra: Sequence[str] = (),
     ) -> Process:
-        """Starts a coordinator (named `name` in the leader lease); with expect_leader,
-        returns once it leads."""
+        """Starts a coordinator (named `name` in the leader lease) with the extra flags;
+        with expect_leader, returns once it leads."""
         self._starters[name] = lambda: self.start_coordinator(
-            name, expect_leader=expect_leader, within=within
+            name, expect_leader=expect_leader, within=within, extra=extra
         )
         t = self.timings
         process = self.add(
@@ -285,6 +290,7 @@ class Cluster:
                 "off",
                 "--log-format",
                 "json",
+                *extra,
             ],
         )
         process.spawn()
