@@ -1,8 +1,8 @@
 """Retention in the coordinator: --retention 0 keeps everything; an age keeps what is
 younger and deletes what is older; the leader drains a backlog in paced batches beside
 its passes, counting what it deleted (by table) and what is left. (The batches
-themselves: tests/db/test_retention.py; under live load with real processes:
-tests/fault/test_retention.py.)"""
+themselves: tests/db/test_retention_batches.py; under live load with real processes:
+tests/fault/test_faults_retention.py.)"""
 
 from __future__ import annotations
 
