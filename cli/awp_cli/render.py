@@ -433,7 +433,7 @@ def stats_view(stats: control_pb2.GetStatsResponse) -> RenderableType:
 def add_pruned(total: control_pb2.PruneRunsResponse, answer: control_pb2.PruneRunsResponse) -> None:
     """Adds one PruneRuns answer's counts to the total; what is left and the cutoff are
     the latest answer's."""
-    for name in ("runs", "tasks", "attempts", "dispatches", "state_events"):
+    for name in ("runs", "tasks", "attempts", "dispatches", "events"):
         setattr(total, name, getattr(total, name) + getattr(answer, name))
     total.remaining = answer.remaining
     total.cutoff.CopyFrom(answer.cutoff)
@@ -447,7 +447,7 @@ def prune_progress(total: control_pb2.PruneRunsResponse, dry_run: bool) -> str:
 def prune_summary(total: control_pb2.PruneRunsResponse, dry_run: bool) -> Text:
     rows = (
         f"{total.tasks:,} tasks, {total.attempts:,} attempts, {total.dispatches:,} dispatches, "
-        f"{total.state_events:,} events"
+        f"{total.events:,} events"
     )
     finished = f"finished before {local_time(total.cutoff)}"
     if dry_run:

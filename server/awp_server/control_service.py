@@ -287,7 +287,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 **counted.by_table(),
             )
         return control_pb2.PruneRunsResponse(
-            **counted.by_table(),
+            runs=counted.runs,
+            tasks=counted.tasks,
+            attempts=counted.attempts,
+            dispatches=counted.dispatches,
+            events=counted.state_events,
             remaining=remaining,
             cutoff=convert.timestamp(before),
             next_page_token=next_token,

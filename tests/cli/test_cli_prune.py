@@ -31,7 +31,7 @@ async def test_dry_run_then_prune(awp_server: ServerHandle, pool: Pool) -> None:
     )
     assert as_json.code == 0, as_json.err
     counted = as_json.json()
-    rows = sum(int(counted[k]) for k in ("runs", "tasks", "attempts", "dispatches", "stateEvents"))
+    rows = sum(int(counted[k]) for k in ("runs", "tasks", "attempts", "dispatches", "events"))
     assert rows == made.rows
 
     pruned = await awp_async(*target, "runs", "prune", "--older-than", "7d")

@@ -19,7 +19,7 @@ from kit import backlog, spec, start_run
 
 Stub = control_pb2_grpc.ControlServiceStub
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-COUNTS = ("runs", "tasks", "attempts", "dispatches", "state_events")
+COUNTS = ("runs", "tasks", "attempts", "dispatches", "events")
 
 
 def prune(older_than: timedelta, **fields: object) -> control_pb2.PruneRunsRequest:

@@ -955,7 +955,7 @@ class PruneRunsResponse(_message.Message):
     TASKS_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     DISPATCHES_FIELD_NUMBER: _builtins.int
-    STATE_EVENTS_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
     REMAINING_FIELD_NUMBER: _builtins.int
     CUTOFF_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
@@ -964,7 +964,8 @@ class PruneRunsResponse(_message.Message):
     tasks: _builtins.int
     attempts: _builtins.int
     dispatches: _builtins.int
-    state_events: _builtins.int
+    events: _builtins.int
+    """The runs' events (table state_events)."""
     remaining: _builtins.int
     """Runs past older_than still stored after this call (dry run: beyond this page)."""
     next_page_token: _builtins.str
@@ -980,14 +981,14 @@ class PruneRunsResponse(_message.Message):
         tasks: _builtins.int = ...,
         attempts: _builtins.int = ...,
         dispatches: _builtins.int = ...,
-        state_events: _builtins.int = ...,
+        events: _builtins.int = ...,
         remaining: _builtins.int = ...,
         cutoff: _timestamp_pb2.Timestamp | None = ...,
         next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cutoff", b"cutoff"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cutoff", b"cutoff", "dispatches", b"dispatches", "next_page_token", b"next_page_token", "remaining", b"remaining", "runs", b"runs", "state_events", b"state_events", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cutoff", b"cutoff", "dispatches", b"dispatches", "events", b"events", "next_page_token", b"next_page_token", "remaining", b"remaining", "runs", b"runs", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
