@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from uuid import UUID
@@ -96,29 +97,37 @@ async def throughput(cluster: Cluster, start: datetime, end: datetime) -> tuple[
 
 class LockWaits:
     """Samples pg_stat_activity for backends of this database waiting on a row or
-    transaction lock: the longest wait seen (and whose), and how many samples caught one."""
+    transaction lock: the longest wait seen (who waited, for whom), and how many samples
+    caught one."""
 
     def __init__(self, cluster: Cluster) -> None:
         self._cluster = cluster
         self.longest_s = 0.0
         self.waiter = "nobody"
         self.caught = 0
+        self.blockers: Counter[str] = Counter()
 
     async def sample(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             row = await self._cluster.fetchrow(
-                "SELECT extract(epoch FROM clock_timestamp() - query_start)::float8 AS s,"
-                "       application_name, wait_event"
-                "  FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                "   AND wait_event IN ('tuple', 'transactionid', 'relation')"
-                " ORDER BY query_start LIMIT 1"
+                "SELECT extract(epoch FROM clock_timestamp() - a.query_start)::float8 AS s,"
+                "       split_part(a.application_name, ' ', 1) AS waiter, a.wait_event,"
+                "       (SELECT string_agg(DISTINCT split_part(b.application_name, ' ', 1), ',')"
+                "          FROM pg_stat_activity b"
+                "         WHERE b.pid = ANY(pg_blocking_pids(a.pid))) AS blocker"
+                "  FROM pg_stat_activity a"
+                " WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'"
+                "   AND a.wait_event IN ('tuple', 'transactionid', 'relation')"
+                " ORDER BY a.query_start LIMIT 1"
             )
             if row is not None:
                 self.caught += 1
+                self.blockers[row["blocker"] or "?"] += 1
                 if row["s"] > self.longest_s:
                     self.longest_s = row["s"]
-                    self.waiter = f"{row['application_name'].split()[0]} on {row['wait_event']}"
+                    self.waiter = (
+                        f"{row['waiter']} on {row['wait_event']} held by {row['blocker'] or '?'}"
+                    )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
 
@@ -185,7 +194,7 @@ async def test_pruning_a_large_backlog_leaves_live_work_alone(cluster: Cluster) 
         f"RETENTION live: {during_rate[0]:.1f} runs/s ({during_rate[1]:.0f} tasks/s) while"
         f" pruning vs {baseline_rate[0]:.1f} runs/s ({baseline_rate[1]:.0f} tasks/s) without"
         f" ({during_rate[0] / baseline_rate[0]:.0%}); longest lock wait sampled"
-        f" {waits.longest_s * 1000:.0f}ms, {waits.waiter} ({waits.caught} samples caught one)"
+        f" {waits.longest_s * 1000:.0f}ms, {waits.waiter} ({waits.caught} samples caught one, held by {dict(waits.blockers)})"
     )
 
     # Everything of the backlog went, table by table.

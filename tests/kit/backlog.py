@@ -19,6 +19,7 @@ WORKFLOW = "retention-backlog"
 # Events per seeded run beyond the four per task: the run's start and its end.
 RUN_EVENTS = 2
 TASK_EVENTS = 4
+CHUNK_RUNS = 2000
 
 # The worker every seeded attempt ran on, and the workflow every seeded run is of.
 _FIXTURES = """
@@ -116,18 +117,22 @@ async def seed(
     the others a millisecond apart before it."""
     ids = await db.fetchrow(_FIXTURES, WORKFLOW)
     assert ids is not None
-    made = await db.fetchval(
-        _SEED,
-        runs,
-        tasks,
-        finished_ago_s,
-        ids["worker_id"],
-        ids["workflow_id"],
-        state,
-        RUN_EVENTS,
-        TASK_EVENTS,
-    )
-    assert made == runs
+    # In chunks: one statement stays well inside any client's command timeout on a busy
+    # machine. Each chunk is older than the one before, a millisecond apart throughout.
+    for first in range(0, runs, CHUNK_RUNS):
+        count = min(CHUNK_RUNS, runs - first)
+        made = await db.fetchval(
+            _SEED,
+            count,
+            tasks,
+            finished_ago_s + first / 1000,
+            ids["worker_id"],
+            ids["workflow_id"],
+            state,
+            RUN_EVENTS,
+            TASK_EVENTS,
+        )
+        assert made == count
     per_run = 1 + tasks * 3 + RUN_EVENTS + TASK_EVENTS * tasks
     return Backlog(runs, runs * per_run)
 
