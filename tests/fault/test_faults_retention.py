@@ -194,7 +194,8 @@ async def test_pruning_a_large_backlog_leaves_live_work_alone(cluster: Cluster) 
         f"RETENTION live: {during_rate[0]:.1f} runs/s ({during_rate[1]:.0f} tasks/s) while"
         f" pruning vs {baseline_rate[0]:.1f} runs/s ({baseline_rate[1]:.0f} tasks/s) without"
         f" ({during_rate[0] / baseline_rate[0]:.0%}); longest lock wait sampled"
-        f" {waits.longest_s * 1000:.0f}ms, {waits.waiter} ({waits.caught} samples caught one, held by {dict(waits.blockers)})"
+        f" {waits.longest_s * 1000:.0f}ms, {waits.waiter} ({waits.caught} samples caught"
+        f" one; held by {dict(waits.blockers)})"
     )
 
     # Everything of the backlog went, table by table.
