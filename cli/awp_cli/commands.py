@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +21,7 @@ from google.protobuf import struct_pb2
 from google.protobuf.message import Message
 from rich.live import Live
 from rich.markup import escape
+from rich.progress import Progress
 from rich.text import Text
 
 from awp.v1 import control_pb2, types_pb2
@@ -342,6 +345,32 @@ async def run_cancel(client: Client, args: argparse.Namespace) -> Exit:
             f"cancel requested for run [bold]{run.id}[/]; the coordinator converges it "
             f"(awp run watch {run.id})"
         )
+    return Exit.OK
+
+
+async def run_prune(client: Client, args: argparse.Namespace) -> Exit:
+    """PruneRuns called until nothing qualifies (or, dry, every page is counted), one
+    bounded call at a time, showing progress; then what it deleted (or would)."""
+    request = control_pb2.PruneRunsRequest(dry_run=args.dry_run)
+    request.older_than.FromTimedelta(timedelta(seconds=args.older_than))
+    total = control_pb2.PruneRunsResponse()
+    progress = Progress(console=render.stderr, transient=True)
+    step = progress.add_task("counting" if args.dry_run else "deleting", total=None)
+    with progress if render.stderr.is_terminal else contextlib.nullcontext():
+        while True:
+            answer = await client.call(client.control.PruneRuns, request)
+            render.add_pruned(total, answer)
+            progress.update(step, completed=total.runs, total=total.runs + answer.remaining)
+            if not render.stderr.is_terminal and not args.json:
+                render.stderr.print(render.prune_progress(total, args.dry_run))
+            if args.dry_run and answer.next_page_token:
+                request.page_token = answer.next_page_token
+            elif args.dry_run or answer.runs == 0 or answer.remaining == 0:
+                break
+    if args.json:
+        render.print_json(total)
+    else:
+        render.stdout.print(render.prune_summary(total, args.dry_run))
     return Exit.OK
 
 

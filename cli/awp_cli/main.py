@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     get = add(workflows, "get", commands.workflow_get, "show one workflow (latest version)")
     get.add_argument("workflow", type=commands.workflow_ref, help="NAME or NAME@VERSION")
 
-    run = commands_.add_parser("run", help="start, watch, cancel and retry runs")
+    run = commands_.add_parser(
+        "run", aliases=["runs"], help="start, watch, cancel, retry and prune runs"
+    )
     runs = run.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = add(runs, "start", commands.run_start, "start a run of a workflow")
     start.add_argument("workflow", type=commands.workflow_ref, help="NAME or NAME@VERSION")
@@ -140,6 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("run_id", metavar="RUN_ID")
     cancel.add_argument("--reason", help="recorded with the cancel request")
     cancel.add_argument("--wait", action="store_true", help="wait until the run has ended")
+    prune = add(
+        runs,
+        "prune",
+        commands.run_prune,
+        "delete finished runs older than an age, with everything they hold (admin role)",
+    )
+    prune.add_argument(
+        "--older-than",
+        type=flags.positive_duration,
+        required=True,
+        metavar="DURATION",
+        help="runs that finished longer ago than this, e.g. 7d or 12h",
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="count what would be deleted; delete nothing"
+    )
 
     logs = add(
         commands_,

@@ -634,3 +634,38 @@ def stats_view(stats: control_pb2.GetStatsResponse) -> RenderableType:
         (oldest, "bold"),
     )
     return Group(table, Text(""), footer)
+
+
+# ---------------------------------------------------------------- retention
+
+
+def add_pruned(total: control_pb2.PruneRunsResponse, answer: control_pb2.PruneRunsResponse) -> None:
+    """Adds one PruneRuns answer's counts to the total; what is left and the cutoff are
+    the latest answer's."""
+    for name in ("runs", "tasks", "attempts", "dispatches", "events"):
+        setattr(total, name, getattr(total, name) + getattr(answer, name))
+    total.remaining = answer.remaining
+    total.cutoff.CopyFrom(answer.cutoff)
+
+
+def prune_progress(total: control_pb2.PruneRunsResponse, dry_run: bool) -> str:
+    verb = "counted" if dry_run else "deleted"
+    return f"{verb} {total.runs:,} runs so far, {total.remaining:,} to go"
+
+
+def prune_summary(total: control_pb2.PruneRunsResponse, dry_run: bool) -> Text:
+    rows = (
+        f"{total.tasks:,} tasks, {total.attempts:,} attempts, {total.dispatches:,} dispatches, "
+        f"{total.events:,} events"
+    )
+    finished = f"finished before {local_time(total.cutoff)}"
+    if dry_run:
+        return Text(f"would delete {total.runs:,} runs {finished}, with {rows}")
+    text = Text(f"deleted {total.runs:,} runs {finished}, with {rows}")
+    if total.remaining:
+        # Only runs other transactions held right then are skipped.
+        text.append(
+            f"\n{total.remaining:,} more were busy (another prune, most likely): run again",
+            style="yellow",
+        )
+    return text

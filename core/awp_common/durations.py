@@ -1,4 +1,5 @@
-"""Durations as people write them: "250ms", "1.5s", "2m", "1h30m", or a number of seconds.
+"""Durations as people write them: "250ms", "1.5s", "2m", "1h30m", "30d", or a number of
+seconds.
 
 One parser for every duration flag and every duration in a workflow file, so that both
 accept the same text and reject it with the same words.
@@ -10,10 +11,10 @@ import math
 import re
 from typing import Final
 
-_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
 _DURATION: Final = re.compile(rf"(?:{_PART.pattern})+")
-_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-DURATION_HELP: Final = 'a duration such as "250ms", "1.5s", "2m", "1h" or a number of seconds'
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+DURATION_HELP: Final = 'a duration such as "250ms", "1.5s", "2m", "1h", "7d" or a number of seconds'
 
 
 def parse_duration(value: object, *, numeric_text: bool = False) -> float:
@@ -50,12 +51,14 @@ def _is_number(text: str) -> bool:
 
 
 def format_duration(seconds: float) -> str:
-    """The way durations are written back: 250ms, 1.5s, 2m, 1h30m."""
+    """The way durations are written back: 250ms, 1.5s, 2m, 1h30m, 30d."""
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
     if seconds < 60:
         return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
     minutes, rest = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
-    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    days, hours = divmod(hours, 24)
+    text = (f"{days}d" if days else "") + (f"{hours}h" if hours else "")
+    text += f"{minutes}m" if minutes else ""
     return text + (f"{rest}s" if rest else "")

@@ -36,6 +36,7 @@ MAX_PAGE_SIZE: Final = 1000
 # tail: ~33,000 characters, up to 4 UTF-8 bytes each) stays under the 4 MiB a gRPC client
 # receives by default.
 MAX_ATTEMPTS_PAGE_SIZE: Final = 25
+MAX_PRUNE_RUNS: Final = 10_000  # runs one PruneRuns call deletes (or counts)
 
 # --- workers (Register, Claim, Complete)
 MAX_WORKER_NAME_CHARS: Final = 128
@@ -152,6 +153,7 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.ListAttemptsRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.ListAttemptsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
     "awp.v1.WatchRunRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.PruneRunsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
 }
 # The element count of every repeated field and map of every request.
 COUNT_LIMITS: Final[Mapping[str, int]] = {

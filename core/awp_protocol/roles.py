@@ -16,7 +16,7 @@ class Role(enum.StrEnum):
     WORKER = "worker"  # Register (the session then authenticates the worker's other calls)
     VIEWER = "viewer"  # read workflows, runs, events, workers, stats
     SUBMITTER = "submitter"  # what a viewer may, and start, cancel and retry runs
-    ADMIN = "admin"  # everything, including creating workflows
+    ADMIN = "admin"  # everything, including creating workflows and pruning runs
 
 
 READ: Final = frozenset({Role.VIEWER, Role.SUBMITTER, Role.ADMIN})
@@ -39,6 +39,7 @@ ROLES_OF: Final[dict[str, frozenset[Role]]] = {
     "/awp.v1.ControlService/WatchRun": READ,
     "/awp.v1.ControlService/ListWorkers": READ,
     "/awp.v1.ControlService/GetStats": READ,
+    "/awp.v1.ControlService/PruneRuns": ADMIN,
 }
 
 

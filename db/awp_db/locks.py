@@ -104,6 +104,12 @@ async def free_runs(conn: Conn, run_ids: Iterable[UUID]) -> list[LockedRun]:
     return await rows_as(LockedRun, conn, Q["free_runs"], sorted(set(run_ids)))
 
 
+async def expired_runs(conn: Conn, cutoff: datetime, limit: int) -> list[UUID]:
+    """Up to `limit` runs that finished before cutoff, oldest first, locked; busy ones
+    are left out (awp_db.retention deletes them)."""
+    return [row["id"] for row in await conn.fetch(Q["expired_runs"], cutoff, limit)]
+
+
 async def runs_of_dispatches(conn: Conn, dispatch_ids: Sequence[int]) -> None:
     await conn.fetch(Q["runs_of_dispatches"], list(dispatch_ids))
 

@@ -477,6 +477,10 @@ COMMENT ON INDEX public.dispatches_pending_by_kind IS 'Claims and dispatch read 
 
 CREATE INDEX dispatches_run_created ON public.dispatches USING btree (run_id, created_at);
 
+CREATE INDEX dispatches_task ON public.dispatches USING btree (task_id);
+
+COMMENT ON INDEX public.dispatches_task IS 'The foreign key dispatches.task_id: deleting a task (retention) finds its dispatches here, not by a scan.';
+
 CREATE INDEX runs_cancel_pending ON public.runs USING btree (id) WHERE ((state = 'running'::text) AND (cancel_requested_at IS NOT NULL));
 
 COMMENT ON INDEX public.runs_cancel_pending IS 'The coordinator''s cancel candidates without a scan of every run.';
@@ -484,6 +488,10 @@ COMMENT ON INDEX public.runs_cancel_pending IS 'The coordinator''s cancel candid
 CREATE INDEX runs_created ON public.runs USING btree (created_at DESC, id DESC);
 
 COMMENT ON INDEX public.runs_created IS 'ListRuns pages newest first on (created_at, id).';
+
+CREATE INDEX runs_finished ON public.runs USING btree (finished_at, id) WHERE (finished_at IS NOT NULL);
+
+COMMENT ON INDEX public.runs_finished IS 'Retention reads the finished runs past the retention age from here, oldest first.';
 
 CREATE INDEX runs_running ON public.runs USING btree (last_dispatched_at NULLS FIRST, created_at) WHERE (state = 'running'::text);
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from awp_common import flags, logs
 from awp_common.flags import flag
-from awp_db import settings
+from awp_db import retention, settings
 from awp_db.connect import DEFAULT_LIMITS, PoolMode, SessionLimits
 from awp_db.workers import OfflineRule
 
@@ -21,6 +21,8 @@ OFFLINE_AFTER_INTERVALS = 3
 # takes over at most this long after the leader last renewed, plus its own wake-up, so
 # within 2 intervals; renewals come three times per lease, so one late one loses nothing.
 LEADER_TTL_INTERVALS = 1.5
+# How long finished runs are kept by default (DESIGN.md §9).
+RETENTION_DEFAULT_S = 30 * 86400.0
 
 
 def default_instance() -> str:
@@ -126,6 +128,26 @@ class CoordinatorConfig:
             "AWP_COORDINATOR_BATCH_SIZE",
             "items one pass transaction handles at most",
             read=flags.whole(1),
+        ),
+    )
+    # Retention (awp_db.retention, docs/retention.md): the leader deletes what is past it.
+    retention_s: float = field(
+        default=RETENTION_DEFAULT_S,
+        metadata=flag(
+            "--retention",
+            "AWP_RETENTION",
+            "finished runs (succeeded, failed, canceled) older than this are deleted with "
+            "everything that belongs to them; 0 = keep forever",
+            read=flags.duration,
+        ),
+    )
+    retention_batch: int = field(
+        default=retention.BATCH_RUNS,
+        metadata=flag(
+            "--retention-batch",
+            "AWP_RETENTION_BATCH",
+            "finished runs one retention transaction deletes at most",
+            read=flags.whole(1, 10_000),
         ),
     )
     # Names this process in pg_stat_activity (application_name) and in logs.

@@ -4,7 +4,8 @@
 running passes at once stay correct); given a leader's term, each of its transactions
 writes only while that term holds. `run()` is the process loop: contend for the leader
 lease, and while leading run a pass on every notification, on every scan tick and at
-the next known deadline.
+the next known deadline; beside the passes, on a connection of its own, delete the
+finished runs past the retention age (`prune_once()`, paced by awp_db.retention).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Final
 from awp_coordinator.config import CoordinatorConfig
 from awp_coordinator.leadership import Leadership
 from awp_coordinator.metrics import Metrics
-from awp_db import coordination
+from awp_db import coordination, retention
 from awp_db.connect import Pool
 from awp_db.leadership import Superseded, Term
 from awp_db.listen import Listener, Waiter
@@ -36,6 +37,9 @@ MIN_SLEEP_S: Final = 0.05
 DUE_MARGIN_S: Final = 0.005
 # The LISTEN connection's keepalive: a silently dead connection is noticed within this.
 KEEPALIVE_MAX_S: Final = 5.0
+# How often the leader looks for runs that have newly passed the retention age, once
+# the backlog is gone (retention is measured in days: a minute late is nothing).
+RETENTION_CHECK_S: Final = 60.0
 
 
 @dataclass(slots=True)
@@ -182,6 +186,76 @@ class Coordinator:
             delay = min(delay, max(report.next_due_in + DUE_MARGIN_S, MIN_SLEEP_S))
         return delay
 
+    # --- retention -------------------------------------------------------------------
+
+    async def prune_once(self, term: Term | None = None) -> retention.Pruned:
+        """One retention batch: up to --retention-batch of the runs that finished more
+        than --retention ago, deleted with all their rows (none with retention 0)."""
+        config = self.config
+        if not config.retention_s:
+            return retention.Pruned()
+        async with self._pool.acquire() as conn:
+            before = await retention.cutoff(conn, config.retention_s)
+            pruned = await retention.prune_batch(conn, before, config.retention_batch, term=term)
+        for table, rows in pruned.by_table().items():
+            if rows:
+                self.metrics.retention_deleted.labels(table).inc(rows)
+        return pruned
+
+    async def retention_backlog(self) -> int:
+        """Finished runs past the retention age still stored (0 with retention 0)."""
+        if not self.config.retention_s:
+            return 0
+        async with self._pool.acquire() as conn:
+            before = await retention.cutoff(conn, self.config.retention_s)
+            return await retention.backlog(conn, before)
+
+    async def _prune(self, leadership: Leadership, term: Term) -> None:
+        """While leading: deletes the retention backlog a batch at a time, resting after
+        each full batch as long as it took (so that it never takes more than half of one
+        connection from the passes), then looks again every RETENTION_CHECK_S.
+
+        The backlog is counted when a drain starts and ends and counted down in between,
+        so that a large one is not re-counted after every batch."""
+        batch = self.config.retention_batch
+        backlog: int | None = None
+        drained = retention.Pruned()
+        drain_started = time.monotonic()
+        while True:
+            started = time.monotonic()
+            try:
+                pruned = await self.prune_once(term)
+                full = pruned.runs >= batch
+                if full and backlog is not None:
+                    backlog = max(backlog - pruned.runs, 0)
+                else:
+                    backlog = await self.retention_backlog()
+            except Superseded as exc:
+                leadership.lose(f"superseded: {exc}")
+                return
+            except Exception:
+                # Retried after a check interval; the passes go on meanwhile.
+                log.exception("retention batch failed")
+                backlog = None
+                await asyncio.sleep(RETENTION_CHECK_S)
+                continue
+            self.metrics.retention_backlog.set(backlog)
+            if not drained.runs:
+                drain_started = started
+            drained += pruned
+            if full:
+                await asyncio.sleep(retention.rest_after(time.monotonic() - started))
+                continue
+            if drained.runs:
+                seconds = time.monotonic() - drain_started
+                log.info(
+                    "retention pruned",
+                    extra={**drained.by_table(), "backlog": backlog, "s": round(seconds, 2)},
+                )
+                drained = retention.Pruned()
+            # Runs left over are held by other transactions right now: soon, not in a minute.
+            await asyncio.sleep(self.config.scan_interval_s if backlog else RETENTION_CHECK_S)
+
     # --- the process loop ------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -248,12 +322,17 @@ class Coordinator:
         )
         stopped = asyncio.create_task(stop.wait())
         lost = asyncio.create_task(leadership.wait_lost())
+        tasks = [work, stopped, lost]
+        if self.config.retention_s:
+            tasks.append(
+                asyncio.create_task(self._prune(leadership, term), name="awp-coordinator-retention")
+            )
         try:
             await asyncio.wait({work, stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (work, stopped, lost):
+            for task in tasks:
                 task.cancel()
-            for task in (work, stopped, lost):
+            for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 

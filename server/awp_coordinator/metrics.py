@@ -50,3 +50,15 @@ class Metrics:
             ["change"],
             registry=self.registry,
         )
+        # Retention (awp_db.retention): what the leader deleted, and what it has yet to.
+        self.retention_deleted = Counter(
+            "awp_coordinator_retention_deleted_rows_total",
+            "Rows retention deleted, by table",
+            ["table"],
+            registry=self.registry,
+        )
+        self.retention_backlog = Gauge(
+            "awp_coordinator_retention_backlog_runs",
+            "Finished runs past the retention age not deleted yet, as the leader last knew",
+            registry=self.registry,
+        )

@@ -20,7 +20,18 @@ import grpc
 from google.protobuf import struct_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db import attempts, events, outputs, reads, retry, runs, stats, workers, workflows
+from awp_db import (
+    attempts,
+    events,
+    outputs,
+    reads,
+    retention,
+    retry,
+    runs,
+    stats,
+    workers,
+    workflows,
+)
 from awp_db.connect import Conn, Pool
 from awp_db.listen import Listener
 from awp_db.signals import RUN_EVENTS_CHANNEL
@@ -32,6 +43,7 @@ from awp_protocol.limits import (
     MAX_ATTEMPTS_PAGE_SIZE,
     MAX_INPUT_BYTES,
     MAX_PAGE_SIZE,
+    MAX_PRUNE_RUNS,
     MAX_SEQ,
     MAX_VERSION,
 )
@@ -48,6 +60,7 @@ audit = logging.getLogger("awp.audit")
 WORKFLOWS_PAGE: Final = (100, MAX_PAGE_SIZE)  # (default, max) page size
 RUNS_PAGE: Final = (50, MAX_PAGE_SIZE)
 ATTEMPTS_PAGE: Final = (MAX_ATTEMPTS_PAGE_SIZE, MAX_ATTEMPTS_PAGE_SIZE)
+PRUNE_CALL: Final = (1000, MAX_PRUNE_RUNS)  # (default, max) runs per PruneRuns
 # Events read per query while catching a watcher up.
 WATCH_BATCH: Final = 500
 # Even with a notification lost, a watcher re-reads the database this often.
@@ -301,6 +314,64 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self, request: control_pb2.GetStatsRequest, context: Context
     ) -> control_pb2.GetStatsResponse:
         return convert.stats_to_proto(await stats.snapshot(self._pool))
+
+    # ------------------------------------------------------------ retention
+
+    @unary
+    async def PruneRuns(
+        self, request: control_pb2.PruneRunsRequest, context: Context
+    ) -> control_pb2.PruneRunsResponse:
+        older_than_s = request.older_than.ToTimedelta().total_seconds()
+        if older_than_s <= 0:
+            raise invalid("older_than", "must be more than 0, e.g. 7 days")
+        limit = _page_size(request.limit, *PRUNE_CALL)
+        if request.page_token and not request.dry_run:
+            raise invalid("page_token", "only a dry run pages: a prune deletes what it counted")
+        after: retention.Position | None = None
+        async with self._pool.acquire() as conn:
+            if request.page_token:
+                # A dry run keeps the cutoff of its first page: its pages add up.
+                cutoff, finished_at, run_id = _decode_token(
+                    request.page_token, "p", (str, str, str)
+                )
+                try:
+                    before = datetime.fromisoformat(cutoff)
+                    after = (datetime.fromisoformat(finished_at), UUID(run_id))
+                except ValueError:
+                    raise _bad_token() from None
+                if before.tzinfo is None or after[0].tzinfo is None:
+                    raise _bad_token()
+            else:
+                before = await retention.cutoff(conn, older_than_s)
+            next_token = ""
+            if request.dry_run:
+                survey = await retention.survey(conn, before, after, limit)
+                counted, last = survey.would, survey.last
+                remaining = 0 if last is None else await retention.backlog(conn, before, last)
+                if remaining and last is not None:
+                    next_token = _encode_token(
+                        "p", [before.isoformat(), last[0].isoformat(), str(last[1])]
+                    )
+            else:
+                counted = await retention.prune(conn, before, limit)
+                remaining = await retention.backlog(conn, before)
+        if not request.dry_run:
+            _audit(
+                "PruneRuns",
+                older_than_s=older_than_s,
+                remaining=remaining,
+                **counted.by_table(),
+            )
+        return control_pb2.PruneRunsResponse(
+            runs=counted.runs,
+            tasks=counted.tasks,
+            attempts=counted.attempts,
+            dispatches=counted.dispatches,
+            events=counted.state_events,
+            remaining=remaining,
+            cutoff=convert.timestamp(before),
+            next_page_token=next_token,
+        )
 
 
 async def _load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:

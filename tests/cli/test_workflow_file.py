@@ -37,6 +37,8 @@ def problems(path: Path) -> tuple[str, ...]:
         ("1.5s", 1.5),
         ("2m", 120.0),
         ("1h30m", 5400.0),
+        ("7d", 604800.0),
+        ("1d12h", 129600.0),
         (".5s", 0.5),
         (3, 3.0),
         (0.1, 0.1),
@@ -46,14 +48,15 @@ def test_durations(text: object, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["soon", "1", "1 s", "-1s", "1d", True, None, [], -2])
+@pytest.mark.parametrize("text", ["soon", "1", "1 s", "-1s", "1w", True, None, [], -2])
 def test_not_durations(text: object) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
 
 
 @pytest.mark.parametrize(
-    ("seconds", "text"), [(0.25, "250ms"), (1.5, "1.5s"), (60, "1m"), (5400, "1h30m"), (61, "1m1s")]
+    ("seconds", "text"),
+    [(0.25, "250ms"), (1.5, "1.5s"), (60, "1m"), (5400, "1h30m"), (61, "1m1s"), (2_592_000, "30d")],
 )
 def test_durations_are_written_back_the_same_way(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text

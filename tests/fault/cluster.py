@@ -272,11 +272,16 @@ class Cluster:
         expect_leader: bool = True,
         within: float = 20.0,
         database_url: str = "",
+        extra: Sequence[str] = (),
     ) -> Process:
-        """Starts a coordinator (named `name` in the leader lease); with expect_leader,
-        returns once it leads."""
+        """Starts a coordinator (named `name` in the leader lease) with the extra flags;
+        with expect_leader, returns once it leads."""
         self._starters[name] = lambda: self.start_coordinator(
-            name, expect_leader=expect_leader, within=within, database_url=database_url
+            name,
+            expect_leader=expect_leader,
+            within=within,
+            database_url=database_url,
+            extra=extra,
         )
         t = self.timings
         process = self.add(
@@ -295,6 +300,7 @@ class Cluster:
                 "off",
                 "--log-format",
                 "json",
+                *extra,
             ],
         )
         process.spawn()

@@ -44,7 +44,15 @@ MAY_CALL = {
     Role.WORKER: {"Register"},
     Role.VIEWER: set(READS),
     Role.SUBMITTER: {*READS, "StartRun", "CancelRun", "RetryRun"},
-    Role.ADMIN: {*READS, "StartRun", "CancelRun", "RetryRun", "CreateWorkflow", "Register"},
+    Role.ADMIN: {
+        *READS,
+        "StartRun",
+        "CancelRun",
+        "RetryRun",
+        "CreateWorkflow",
+        "Register",
+        "PruneRuns",
+    },
 }
 
 
@@ -231,6 +239,9 @@ async def test_control_writes_record_their_caller(
             metadata=auth(Role.ADMIN),
         )
         assert canceled.run.cancel_requested_by == f"the-{Role.ADMIN}"
+        request = control_pb2.PruneRunsRequest()
+        request.older_than.FromSeconds(86400)
+        await stub.PruneRuns(request, metadata=auth(Role.ADMIN))
     events = await pool.fetch(
         "SELECT type, payload->>'by' AS by FROM state_events WHERE run_id = $1::uuid "
         "AND type IN ('run.created', 'run.cancel_requested') ORDER BY seq",
@@ -246,6 +257,7 @@ async def test_control_writes_record_their_caller(
         ("CreateWorkflow", f"the-{Role.ADMIN}"),
         ("StartRun", f"the-{Role.SUBMITTER}"),
         ("CancelRun", f"the-{Role.ADMIN}"),
+        ("PruneRuns", f"the-{Role.ADMIN}"),
     ]
 
 

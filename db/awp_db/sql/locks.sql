@@ -42,6 +42,17 @@ SELECT id, state, cancel_requested_at
  ORDER BY id
    FOR UPDATE SKIP LOCKED
 
+-- name: expired_runs
+-- Retention's batch: up to $2 runs that finished before $1, oldest first, locked to be
+-- deleted. Runs another transaction holds (a late result being refused, another pruner)
+-- are skipped, never waited for, so this order (not by id) cannot deadlock: no other
+-- transaction waits for a finished run's rows while holding something this one needs.
+SELECT id FROM runs
+ WHERE finished_at < $1
+ ORDER BY finished_at, id
+ LIMIT $2
+   FOR UPDATE SKIP LOCKED
+
 -- name: runs_of_dispatches
 -- The runs of the dispatches named: the first step of every settlement. A dispatch's
 -- run never changes, so the unlocked subquery is safe.

@@ -1119,3 +1119,84 @@ class GetStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class PruneRunsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OLDER_THAN_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """Count what would be deleted, page by page (page_token), deleting nothing."""
+    limit: _builtins.int
+    """Runs this call deletes (or counts) at most: default 1,000, at most 10,000."""
+    page_token: _builtins.str
+    """Dry run: the previous answer's next_page_token (at most 512 characters)."""
+    @_builtins.property
+    def older_than(self) -> _duration_pb2.Duration:
+        """Runs that finished longer ago than this (on the database clock) go; more than 0."""
+
+    def __init__(
+        self,
+        *,
+        older_than: _duration_pb2.Duration | None = ...,
+        dry_run: _builtins.bool = ...,
+        limit: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["older_than", b"older_than"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "limit", b"limit", "older_than", b"older_than", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PruneRunsRequest: _TypeAlias = PruneRunsRequest  # noqa: Y015
+
+@_typing.final
+class PruneRunsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    DISPATCHES_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    CUTOFF_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    runs: _builtins.int
+    """Rows deleted by this call (dry run: rows of this page that would be), by table."""
+    tasks: _builtins.int
+    attempts: _builtins.int
+    dispatches: _builtins.int
+    events: _builtins.int
+    """The runs' events (table state_events)."""
+    remaining: _builtins.int
+    """Runs past older_than still stored after this call (dry run: beyond this page)."""
+    next_page_token: _builtins.str
+    """Dry run: pass it back to count the next page; empty once every run was counted."""
+    @_builtins.property
+    def cutoff(self) -> _timestamp_pb2.Timestamp:
+        """The call's boundary: runs that finished before this instant qualified."""
+
+    def __init__(
+        self,
+        *,
+        runs: _builtins.int = ...,
+        tasks: _builtins.int = ...,
+        attempts: _builtins.int = ...,
+        dispatches: _builtins.int = ...,
+        events: _builtins.int = ...,
+        remaining: _builtins.int = ...,
+        cutoff: _timestamp_pb2.Timestamp | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cutoff", b"cutoff"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cutoff", b"cutoff", "dispatches", b"dispatches", "events", b"events", "next_page_token", b"next_page_token", "remaining", b"remaining", "runs", b"runs", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PruneRunsResponse: _TypeAlias = PruneRunsResponse  # noqa: Y015

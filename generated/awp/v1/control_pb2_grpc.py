@@ -99,6 +99,11 @@ class ControlServiceStub:
                 request_serializer=awp_dot_v1_dot_control__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.PruneRuns = channel.unary_unary(
+                '/awp.v1.ControlService/PruneRuns',
+                request_serializer=awp_dot_v1_dot_control__pb2.PruneRunsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.PruneRunsResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -218,6 +223,17 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PruneRuns(self, request, context):
+        """Deletes finished runs (succeeded, failed, canceled) that finished more than
+        older_than ago, with their tasks, attempts, dispatches and events, oldest first, in
+        short transactions that skip runs another call holds (docs/retention.md). Deletes at
+        most `limit` runs per call: call again while `remaining` is above 0. With dry_run it
+        deletes nothing and counts a page of what it would delete. Needs the admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -285,6 +301,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=awp_dot_v1_dot_control__pb2.GetStatsRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'PruneRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.PruneRuns,
+                    request_deserializer=awp_dot_v1_dot_control__pb2.PruneRunsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.PruneRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -638,6 +659,33 @@ class ControlService:
             '/awp.v1.ControlService/GetStats',
             awp_dot_v1_dot_control__pb2.GetStatsRequest.SerializeToString,
             awp_dot_v1_dot_control__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PruneRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/PruneRuns',
+            awp_dot_v1_dot_control__pb2.PruneRunsRequest.SerializeToString,
+            awp_dot_v1_dot_control__pb2.PruneRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -101,6 +101,13 @@ class ControlServiceStub:
     """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListWorkersRequest, _control_pb2.ListWorkersResponse]
     GetStats: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetStatsRequest, _control_pb2.GetStatsResponse]
+    PruneRuns: _grpc.UnaryUnaryMultiCallable[_control_pb2.PruneRunsRequest, _control_pb2.PruneRunsResponse]
+    """Deletes finished runs (succeeded, failed, canceled) that finished more than
+    older_than ago, with their tasks, attempts, dispatches and events, oldest first, in
+    short transactions that skip runs another call holds (docs/retention.md). Deletes at
+    most `limit` runs per call: call again while `remaining` is above 0. With dry_run it
+    deletes nothing and counts a page of what it would delete. Needs the admin role.
+    """
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -162,6 +169,13 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_control_pb2.ListWorkersRequest, _control_pb2.ListWorkersResponse]  # type: ignore[assignment]
     GetStats: _aio.UnaryUnaryMultiCallable[_control_pb2.GetStatsRequest, _control_pb2.GetStatsResponse]  # type: ignore[assignment]
+    PruneRuns: _aio.UnaryUnaryMultiCallable[_control_pb2.PruneRunsRequest, _control_pb2.PruneRunsResponse]  # type: ignore[assignment]
+    """Deletes finished runs (succeeded, failed, canceled) that finished more than
+    older_than ago, with their tasks, attempts, dispatches and events, oldest first, in
+    short transactions that skip runs another call holds (docs/retention.md). Deletes at
+    most `limit` runs per call: call again while `remaining` is above 0. With dry_run it
+    deletes nothing and counts a page of what it would delete. Needs the admin role.
+    """
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -298,5 +312,18 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.GetStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.GetStatsResponse, _abc.Awaitable[_control_pb2.GetStatsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PruneRuns(
+        self,
+        request: _control_pb2.PruneRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.PruneRunsResponse, _abc.Awaitable[_control_pb2.PruneRunsResponse]]:
+        """Deletes finished runs (succeeded, failed, canceled) that finished more than
+        older_than ago, with their tasks, attempts, dispatches and events, oldest first, in
+        short transactions that skip runs another call holds (docs/retention.md). Deletes at
+        most `limit` runs per call: call again while `remaining` is above 0. With dry_run it
+        deletes nothing and counts a page of what it would delete. Needs the admin role.
+        """
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

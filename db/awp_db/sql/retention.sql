@@ -1,0 +1,59 @@
+-- Retention: deleting finished runs past an age with every row that belongs to them
+-- (awp_db.retention). The runs are locked first (locks.sql expired_runs); their rows go
+-- child-first, each table through its run_id index, so that the foreign keys' cascades
+-- (checked per deleted row) find nothing left to delete.
+
+-- name: cutoff
+-- Runs that finished before this instant are past an age of $1 ms: the database clock,
+-- on which finished_at was written.
+SELECT clock_timestamp() - $1::bigint * interval '1 millisecond'
+
+-- name: delete_attempts
+WITH gone AS (DELETE FROM attempts WHERE run_id = ANY($1::uuid[]) RETURNING 1)
+SELECT count(*) FROM gone
+
+-- name: delete_dispatches
+WITH gone AS (DELETE FROM dispatches WHERE run_id = ANY($1::uuid[]) RETURNING 1)
+SELECT count(*) FROM gone
+
+-- name: delete_state_events
+WITH gone AS (DELETE FROM state_events WHERE run_id = ANY($1::uuid[]) RETURNING 1)
+SELECT count(*) FROM gone
+
+-- name: delete_tasks
+WITH gone AS (DELETE FROM tasks WHERE run_id = ANY($1::uuid[]) RETURNING 1)
+SELECT count(*) FROM gone
+
+-- name: delete_runs
+WITH gone AS (DELETE FROM runs WHERE id = ANY($1::uuid[]) RETURNING 1)
+SELECT count(*) FROM gone
+
+-- name: backlog
+-- How many runs finished before $1 are still stored, after the position ($2 finished_at,
+-- $3 id) in retention's order (from the start when both are NULL). An index-only count.
+SELECT count(*) FROM runs
+ WHERE finished_at < $1
+   AND (finished_at, id) > (coalesce($2, '-infinity'::timestamptz),
+                            coalesce($3, '00000000-0000-0000-0000-000000000000'::uuid))
+
+-- name: survey
+-- A dry run's page: the next $4 runs finished before $1 after the position ($2, $3) as
+-- in backlog, what they hold, and the position of the last one (NULL if none). Unlocked:
+-- a count, not a promise.
+WITH page AS (
+    SELECT id, finished_at FROM runs
+     WHERE finished_at < $1
+       AND (finished_at, id) > (coalesce($2, '-infinity'::timestamptz),
+                                coalesce($3, '00000000-0000-0000-0000-000000000000'::uuid))
+     ORDER BY finished_at, id
+     LIMIT $4
+)
+SELECT (SELECT count(*) FROM page) AS runs,
+       (SELECT count(*) FROM tasks WHERE run_id IN (SELECT id FROM page)) AS tasks,
+       (SELECT count(*) FROM attempts WHERE run_id IN (SELECT id FROM page)) AS attempts,
+       (SELECT count(*) FROM dispatches WHERE run_id IN (SELECT id FROM page)) AS dispatches,
+       (SELECT count(*) FROM state_events WHERE run_id IN (SELECT id FROM page)) AS state_events,
+       last.finished_at AS last_finished_at, last.id AS last_id
+  FROM (SELECT 1) AS one
+  LEFT JOIN (SELECT finished_at, id FROM page ORDER BY finished_at DESC, id DESC LIMIT 1)
+            AS last ON true
