@@ -32,3 +32,7 @@ TERMINAL_TASK_STATES: Final[frozenset[str]] = frozenset(
     {"succeeded", "failed", "canceled", "skipped"}
 )
 TERMINAL_RUN_STATES: Final[frozenset[str]] = frozenset({"succeeded", "failed", "canceled"})
+
+# The error message of an attempt a draining worker handed back (it ends `interrupted`,
+# as one whose lease was lost does): how a reader tells the two apart.
+HANDED_BACK: Final = "handed back by a draining worker"

@@ -21,6 +21,7 @@ from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict, judge_result
 from awp_kernel.results import result_hash
+from awp_protocol.states import HANDED_BACK
 
 Q = queries("leases")
 log = logging.getLogger("awp.db.leases")
@@ -259,7 +260,7 @@ async def drain(
                 and tokens.matches(h.lease_token, row["lease_token_hash"])
             ]
             handed_back = await interrupt(
-                conn, valid, "handed back by a draining worker", events, worker_id=session.worker_id
+                conn, valid, HANDED_BACK, events, worker_id=session.worker_id
             )
         remaining = await workers.active_lease_count(conn, session.worker_id)
         state = session.state

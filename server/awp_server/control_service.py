@@ -35,9 +35,10 @@ from awp_protocol.limits import (
     MAX_VERSION,
 )
 from awp_protocol.names import NAME_PATTERN, NAME_RULE, TASK_KEY_PATTERN, TASK_KEY_RULE
+from awp_protocol.roles import Role
 from awp_protocol.states import TERMINAL_RUN_STATES
 from awp_server import convert
-from awp_server.auth import caller
+from awp_server.auth import caller, caller_credential
 from awp_server.errors import server_stream, unary
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -286,6 +287,17 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self, request: control_pb2.GetStatsRequest, context: Context
     ) -> control_pb2.GetStatsResponse:
         return convert.stats_to_proto(await stats.snapshot(self._pool))
+
+    @unary
+    async def WhoAmI(
+        self, request: control_pb2.WhoAmIRequest, context: Context
+    ) -> control_pb2.WhoAmIResponse:
+        credential = caller_credential()
+        if credential is None:  # no credentials: anyone may make every call
+            return control_pb2.WhoAmIResponse(name=caller(), roles=sorted(Role))
+        return control_pb2.WhoAmIResponse(
+            name=credential.name, roles=sorted(credential.roles), credentials_required=True
+        )
 
 
 async def _load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:

@@ -94,6 +94,10 @@ class ControlServiceStub:
     """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListWorkersRequest, _control_pb2.ListWorkersResponse]
     GetStats: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetStatsRequest, _control_pb2.GetStatsResponse]
+    WhoAmI: _grpc.UnaryUnaryMultiCallable[_control_pb2.WhoAmIRequest, _control_pb2.WhoAmIResponse]
+    """The caller's credential name and roles, so that a client (the web console) shows only
+    what the caller may do. Any known credential may ask, whatever its roles.
+    """
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -148,6 +152,10 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_control_pb2.ListWorkersRequest, _control_pb2.ListWorkersResponse]  # type: ignore[assignment]
     GetStats: _aio.UnaryUnaryMultiCallable[_control_pb2.GetStatsRequest, _control_pb2.GetStatsResponse]  # type: ignore[assignment]
+    WhoAmI: _aio.UnaryUnaryMultiCallable[_control_pb2.WhoAmIRequest, _control_pb2.WhoAmIResponse]  # type: ignore[assignment]
+    """The caller's credential name and roles, so that a client (the web console) shows only
+    what the caller may do. Any known credential may ask, whatever its roles.
+    """
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -271,5 +279,15 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.GetStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.GetStatsResponse, _abc.Awaitable[_control_pb2.GetStatsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WhoAmI(
+        self,
+        request: _control_pb2.WhoAmIRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.WhoAmIResponse, _abc.Awaitable[_control_pb2.WhoAmIResponse]]:
+        """The caller's credential name and roles, so that a client (the web console) shows only
+        what the caller may do. Any known credential may ask, whatever its roles.
+        """
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
