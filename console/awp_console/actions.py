@@ -20,7 +20,6 @@ from awp_console.web import (
     caller,
     check_write,
     console_of,
-    ensure_session,
     page,
     same_origin,
     session_of,
@@ -41,8 +40,8 @@ def _local(target: str | None) -> str:
 
 
 async def login_form(request: Request) -> Response:
-    ensure_session(request)
-    return page(request, None, "login.html", next=_local(request.query_params.get("next")))
+    target = _local(request.query_params.get("next"))
+    return page(request, None, "login.html", next=target, problem="")
 
 
 async def login(request: Request) -> Response:

@@ -131,7 +131,7 @@ def same_origin(request: Request) -> bool:
 def ensure_session(request: Request) -> Session:
     """This browser's session, begun now if it has none (sign-in and open-server forms
     need a synchronizer token before anyone has signed in)."""
-    session = session_of(request)
+    session = getattr(request.state, "new_session", None) or session_of(request)
     if session is None:
         session = console_of(request).sessions.new()
         request.state.new_session = session
@@ -145,13 +145,11 @@ def set_cookie(response: Response, session: Session, secure: bool) -> None:
 
 
 def page(request: Request, who: Caller | None, template: str, **context: Any) -> HTMLResponse:
-    session = who.session if who is not None else None
-    if who is not None and session is None:
-        session = ensure_session(request)
+    session = (who.session if who is not None else None) or ensure_session(request)
     response = console_of(request).templates.TemplateResponse(
         request,
         template,
-        {"who": who, "csrf": session.csrf if session else "", "now": datetime.now(UTC), **context},
+        {"who": who, "csrf": session.csrf, "now": datetime.now(UTC), **context},
     )
     fresh: Session | None = getattr(request.state, "new_session", None)
     if fresh is not None:
@@ -211,7 +209,9 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
 
 def _error_page(request: Request, status: int, message: str, reason: str) -> HTMLResponse:
     template = console_of(request).templates.get_template("error.html")
-    html = template.render(status=status, message=message, reason=reason, who=None)
+    html = template.render(
+        request=request, status=status, message=message, reason=reason, who=None
+    )
     return HTMLResponse(html, status_code=status)
 
 
