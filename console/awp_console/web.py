@@ -209,9 +209,7 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
 
 def _error_page(request: Request, status: int, message: str, reason: str) -> HTMLResponse:
     template = console_of(request).templates.get_template("error.html")
-    html = template.render(
-        request=request, status=status, message=message, reason=reason, who=None
-    )
+    html = template.render(request=request, status=status, message=message, reason=reason, who=None)
     return HTMLResponse(html, status_code=status)
 
 
