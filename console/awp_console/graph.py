@@ -3,7 +3,7 @@
 Tasks of a map fan-out (keys `name[i]`) are one node per fan-out, with their count,
 unless the page asked to expand it. A graph still larger than MAX_NODES is clustered:
 tasks of one layer and one stem (the key without its trailing number) become one node,
-then, if that is still too many, whole layers, then runs of layers. The layout is
+then, if that is still too many, tasks of one stem, then layers, or runs of layers. The layout is
 layered, left to right: a node's column is its longest path from a root; nodes in a
 column are ordered by the mean position of their neighbours (a few down-and-up sweeps),
 which keeps most edges short and uncrossed. The browser only draws what this computes.
@@ -120,7 +120,7 @@ def draw(
     clustered = False
     if len(nodes) > max_nodes:
         clustered = True
-        nodes, node_of = _cluster(items, nodes, node_of, layers, max_nodes)
+        nodes, node_of = _cluster(items, node_of, layers, max_nodes)
         layers = _layers(len(nodes), _edges(deps, node_of))
     edges = _edges(deps, node_of)
     for node, layer in zip(nodes, layers, strict=True):
@@ -190,33 +190,41 @@ def _stem(key: str) -> str:
 
 def _cluster(
     items: Sequence[Item],
-    nodes: Sequence[Node],
     node_of: Sequence[int],
     layers: Sequence[int],
     max_nodes: int,
 ) -> tuple[list[Node], list[int]]:
-    """Coarser and coarser groupings until one has at most max_nodes nodes."""
+    """The first grouping with at most max_nodes nodes: by column and stem, by stem
+    alone (a chain of `c07-000`..`c07-099` is one node), by column, then by runs of
+    columns wide enough to fit."""
     depth = max(layers, default=0) + 1
-    span = 1
-    by_stem = True
-    while True:
 
-        def group(i: int, span: int = span, by_stem: bool = by_stem) -> tuple[str, str, str]:
-            first = layers[node_of[i]] // span * span
-            last = min(first + span, depth)
-            where = f"column {first + 1}" if last == first + 1 else f"columns {first + 1}-{last}"
-            if by_stem:
-                stem = _stem(items[i].key)
-                return (f"c:{first}:{stem}", "cluster", f"{stem}* ({where})")
-            return (f"c:{first}", "cluster", where)
+    def column(i: int) -> int:
+        return layers[node_of[i]]
 
-        merged = _merge(len(items), group)
-        if len(merged[0]) <= max_nodes or (not by_stem and span >= depth):
-            return merged
-        if by_stem:
-            by_stem = False
-        else:
-            span = max(span * 2, math.ceil(depth / max_nodes))
+    def by_column_and_stem(i: int) -> tuple[str, str, str]:
+        stem = _stem(items[i].key)
+        return (f"c:{column(i)}:{stem}", "cluster", f"{stem}* (column {column(i) + 1})")
+
+    def by_stem(i: int) -> tuple[str, str, str]:
+        stem = _stem(items[i].key)
+        return (f"s:{stem}", "cluster", f"{stem}*")
+
+    merged = _merge(len(items), by_column_and_stem)
+    if len(merged[0]) <= max_nodes:
+        return merged
+    merged = _merge(len(items), by_stem)
+    if len(merged[0]) <= max_nodes:
+        return merged
+    span = math.ceil(depth / max_nodes)
+
+    def by_columns(i: int) -> tuple[str, str, str]:
+        first = column(i) // span * span
+        last = min(first + span, depth)
+        where = f"column {first + 1}" if last == first + 1 else f"columns {first + 1}-{last}"
+        return (f"c:{first}", "cluster", where)
+
+    return _merge(len(items), by_columns)
 
 
 def _place(nodes: list[Node], edges: dict[tuple[int, int], int]) -> tuple[int, int]:

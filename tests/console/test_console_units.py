@@ -71,8 +71,19 @@ def test_dependencies_order_columns_and_neighbours_share_rows() -> None:
             ],
             50,
         ),
-        # A chain of 5,000: runs of layers.
-        ([Item(f"t{i}", [f"t{i - 1}"] if i else []) for i in range(5000)], None),
+        # A chain of 5,000 of one stem: one node.
+        ([Item(f"t{i}", [f"t{i - 1}"] if i else []) for i in range(5000)], 1),
+        # 50 chains of 100: one node per chain.
+        (
+            [
+                Item(f"c{c:02d}-{i:03d}", [f"c{c:02d}-{i - 1:03d}"] if i else [])
+                for c in range(50)
+                for i in range(100)
+            ],
+            50,
+        ),
+        # 5,000 keys without a shared stem in one long chain: runs of columns.
+        ([Item(f"k{i}x", [f"k{i - 1}x"] if i else []) for i in range(5000)], None),
         # 5,000 independent tasks of one stem: one node.
         ([Item(f"t{i}", []) for i in range(5000)], 1),
     ],
