@@ -146,11 +146,21 @@ class ControlApi:
         answer = await self._call(self._stub.ListRuns, request)
         return models.Page(tuple(map(_run, answer.runs)), answer.next_page_token)
 
-    async def get_run(self, run_id: str) -> models.RunDetail:
+    async def get_run(self, run_id: str, *, outputs: bool = True) -> models.RunDetail:
+        """The run, its tasks and attempts; outputs=False leaves every Task.output None
+        (reading 5,000 outputs costs more than the page that needs none of them)."""
         answer = await self._call(self._stub.GetRun, control_pb2.GetRunRequest(run_id=run_id))
         return models.RunDetail(
-            _run(answer.run), tuple(map(_task, answer.tasks)), tuple(map(_attempt, answer.attempts))
+            _run(answer.run),
+            tuple(_task(task, outputs) for task in answer.tasks),
+            tuple(map(_attempt, answer.attempts)),
         )
+
+    async def get_task(self, run_id: str, key: str) -> tuple[models.Run, models.Task | None]:
+        """The run and one of its tasks (None: no such task), the others not read."""
+        answer = await self._call(self._stub.GetRun, control_pb2.GetRunRequest(run_id=run_id))
+        found = next((_task(t, True) for t in answer.tasks if t.key == key), None)
+        return _run(answer.run), found
 
     async def list_attempts(
         self, run_id: str, *, task_key: str = "", page_token: str = ""
@@ -255,7 +265,8 @@ def _time(message: Any, field: str) -> datetime | None:
     if not message.HasField(field):
         return None
     stamp: timestamp_pb2.Timestamp = getattr(message, field)
-    return stamp.ToDatetime(tzinfo=UTC)
+    # What ToDatetime does, a few times faster (a run has three stamps per task).
+    return datetime.fromtimestamp(stamp.seconds, UTC).replace(microsecond=stamp.nanos // 1000)
 
 
 def _json(message: Any, field: str) -> dict[str, Any] | None:
@@ -295,7 +306,7 @@ def _run(run: control_pb2.Run) -> models.Run:
     )
 
 
-def _task(task: control_pb2.Task) -> models.Task:
+def _task(task: control_pb2.Task, outputs: bool) -> models.Task:
     return models.Task(
         key=task.key,
         state=_name(types_pb2.TaskState, task.state),
@@ -304,7 +315,7 @@ def _task(task: control_pb2.Task) -> models.Task:
         depends_on=tuple(task.depends_on),
         attempts=task.attempts,
         max_attempts=task.max_attempts,
-        output=_json(task, "output"),
+        output=_json(task, "output") if outputs else None,
         error=_task_error(task),
         retry_at=_time(task, "retry_at"),
         finished_at=_time(task, "finished_at"),

@@ -36,7 +36,7 @@ async def overview(request: Request) -> Response:
         metrics.scrape(urls) if urls else _nothing(),
     )
     small = [r for r in recent.items if r.task_count <= RECOVERY_MAX_TASKS]
-    details = await asyncio.gather(*(who.api.get_run(r.id) for r in small))
+    details = await asyncio.gather(*(who.api.get_run(r.id, outputs=False) for r in small))
     by_id = {w.id: w for w in workers}
     found = [found for d in details for found in recovery.recoveries(d.attempts, by_id)]
     queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -92,7 +92,7 @@ async def runs(request: Request) -> Response:
 async def run(request: Request) -> Response:
     who = await caller(request)
     run_id = request.path_params["run_id"]
-    detail = await who.api.get_run(run_id)
+    detail = await who.api.get_run(run_id, outputs=False)
     drawing = graph.draw(_items(detail.tasks))
     recoveries = await _recoveries(who.api, detail)
     data = {
@@ -143,14 +143,14 @@ async def run_header(request: Request) -> Response:
     """The run's header again (state, audit, buttons): the page swaps it in when the run's
     state changes."""
     who = await caller(request)
-    found = (await who.api.get_run(request.path_params["run_id"])).run
+    found = (await who.api.get_run(request.path_params["run_id"], outputs=False)).run
     return page(request, who, "run_header.html", run=found, **_actions(who, found))
 
 
 async def run_graph(request: Request) -> Response:
     """The graph again with some fan-outs expanded: its SVG and which node shows each task."""
     who = await caller(request)
-    detail = await who.api.get_run(request.path_params["run_id"])
+    detail = await who.api.get_run(request.path_params["run_id"], outputs=False)
     expand = [name for name in request.query_params.get("expand", "").split(",") if name]
     drawing = graph.draw(_items(detail.tasks), expand)
     template = console_of(request).templates.get_template("graph.html")
@@ -169,12 +169,11 @@ async def run_graph(request: Request) -> Response:
 async def task(request: Request) -> Response:
     who = await caller(request)
     run_id, key = request.path_params["run_id"], request.path_params["task_key"]
-    detail = await who.api.get_run(run_id)
-    found = next((t for t in detail.tasks if t.key == key), None)
+    shown, found = await who.api.get_task(run_id, key)
     if found is None:
         raise HTTPException(404, f"run {run_id} has no task {key!r}")
     workflow, attempts = await asyncio.gather(
-        who.api.get_workflow(detail.run.workflow_name, detail.run.workflow_version),
+        who.api.get_workflow(shown.workflow_name, shown.workflow_version),
         _all_attempts(who.api, run_id, key),
     )
     definition = next((d for d in workflow.tasks if d.key == key), None)
@@ -184,12 +183,12 @@ async def task(request: Request) -> Response:
         request,
         who,
         "task.html",
-        run=detail.run,
+        run=shown,
         task=found,
         definition=definition,
         attempts=attempts,
         timeline=_timeline(attempts),
-        **_actions(who, detail.run),
+        **_actions(who, shown),
     )
 
 

@@ -48,20 +48,30 @@
     return parts;
   }
 
+  // Updates a bar in place: one rect per state, reused, so a redraw changes attributes
+  // only (no elements made or dropped while a run streams in).
   function drawBar(parent, counts, width, height) {
-    parent.replaceChildren();
+    const rects = new Map();
+    for (const rect of parent.querySelectorAll("rect")) rects.set(rect.getAttribute("class"), rect);
+    const seen = new Set();
     for (const [s, x, w, n] of barParts(counts, width)) {
-      const rect = document.createElementNS(SVG, "rect");
-      rect.setAttribute("class", "s-" + s);
+      const name = "s-" + s;
+      let rect = rects.get(name);
+      if (!rect) {
+        rect = document.createElementNS(SVG, "rect");
+        rect.setAttribute("class", name);
+        rect.setAttribute("y", "0");
+        rect.setAttribute("height", String(height));
+        rect.appendChild(document.createElementNS(SVG, "title"));
+        parent.appendChild(rect);
+      }
       rect.setAttribute("x", x.toFixed(2));
-      rect.setAttribute("y", "0");
       rect.setAttribute("width", w.toFixed(2));
-      rect.setAttribute("height", String(height));
-      const title = document.createElementNS(SVG, "title");
-      title.textContent = n + " " + s.replace("_", " ");
-      rect.appendChild(title);
-      parent.appendChild(rect);
+      const text = n + " " + s.replace("_", " ");
+      if (rect.firstChild && rect.firstChild.textContent !== text) rect.firstChild.textContent = text;
+      seen.add(name);
     }
+    for (const [name, rect] of rects) if (!seen.has(name)) rect.remove();
   }
 
   // ------------------------------------------------------------ graph
@@ -190,6 +200,7 @@
       shown.push(i);
     }
     spacer.style.height = shown.length * ROW_H + "px";
+    rowFirst = -1;
     document.getElementById("task-count").textContent = shown.length + " of " + tasks.length;
     drawRows();
   }
@@ -200,31 +211,54 @@
     schedule();
   });
 
+  // The rows in view (and a margin), made afresh only when the view moves; a state change
+  // updates its row in place.
+  let rowFirst = -1;
+  let rowLast = -1;
+  const rowOf = new Map(); // task index -> its row element, for the rows that exist
+
   function drawRows() {
     const first = Math.max(Math.floor(list.scrollTop / ROW_H) - 10, 0);
     const last = Math.min(Math.ceil((list.scrollTop + list.clientHeight) / ROW_H) + 10, shown.length);
+    if (first === rowFirst && last === rowLast) {
+      for (const [i, row] of rowOf) fillRow(row, tasks[i]);
+      return;
+    }
+    rowFirst = first;
+    rowLast = last;
     rows.style.transform = "translateY(" + first * ROW_H + "px)";
+    rowOf.clear();
     const made = [];
     for (let r = first; r < last; r++) {
-      const t = tasks[shown[r]];
       const row = document.createElement("div");
-      row.className = "vrow" + (t[0] === selected ? " selected" : "");
-      row.dataset.key = t[0];
       const key = document.createElement("code");
-      key.textContent = t[0];
-      const state = document.createElement("span");
-      state.className = "state s-" + t[1];
-      state.textContent = t[1].replace("_", " ");
+      const cell = document.createElement("span");
+      cell.appendChild(document.createElement("span"));
       const tries = document.createElement("span");
       tries.className = "muted";
-      tries.textContent = t[2] + " / " + t[3] + " attempts";
-      const cell = document.createElement("span");
-      cell.appendChild(state);
       row.append(key, cell, tries);
+      fillRow(row, tasks[shown[r]]);
+      rowOf.set(shown[r], row);
       made.push(row);
     }
     rows.replaceChildren(...made);
   }
+
+  function fillRow(row, t) {
+    const className = "vrow" + (t[0] === selected ? " selected" : "");
+    if (row.className !== className) row.className = className;
+    row.dataset.key = t[0];
+    const [key, cell, tries] = row.children;
+    if (key.textContent !== t[0]) key.textContent = t[0];
+    const state = cell.firstChild;
+    if (state.className !== "state s-" + t[1]) {
+      state.className = "state s-" + t[1];
+      state.textContent = t[1].replace("_", " ");
+    }
+    const text = t[2] + " / " + t[3] + " attempts";
+    if (tries.textContent !== text) tries.textContent = text;
+  }
+
   rows.addEventListener("click", (event) => {
     const row = event.target.closest(".vrow");
     if (row) select(row.dataset.key);
