@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import yaml
+from google.protobuf import duration_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.embedded import free_port
@@ -48,6 +49,7 @@ class ConsoleStack:
     dir: Path
     dsn: str
     processes: list[Process] = field(default_factory=list)
+    worker: Process | None = None
     address: str = ""
     url: str = ""
 
@@ -80,8 +82,11 @@ class ConsoleStack:
         answer = await self.call("StartRun", request)
         return str(answer.run.id)
 
-    async def apply(self, name: str, tasks: Sequence[tuple[str, str, Sequence[str]]]) -> None:
-        """A workflow of python actions: (key, action, depends_on) each, never retried."""
+    async def apply(
+        self, name: str, tasks: Sequence[tuple[str, str, Sequence[str]]], attempts: int = 1
+    ) -> None:
+        """A workflow of python actions: (key, action, depends_on) each, tried `attempts`
+        times with no backoff."""
         definition = types_pb2.WorkflowDefinition(
             name=name,
             version=1,
@@ -91,12 +96,21 @@ class ConsoleStack:
                     executor_kind="python",
                     action=action,
                     depends_on=list(after),
-                    retry=types_pb2.RetryPolicy(max_attempts=1),
+                    retry=types_pb2.RetryPolicy(
+                        max_attempts=attempts, initial_backoff=duration_pb2.Duration()
+                    ),
                 )
                 for key, action, after in tasks
             ],
         )
         await self.call("CreateWorkflow", control_pb2.CreateWorkflowRequest(definition=definition))
+
+    async def workers_registered(self) -> None:
+        async def registered() -> bool:
+            answer = await self.call("ListWorkers", control_pb2.ListWorkersRequest())
+            return any(w.state == types_pb2.WORKER_STATE_ACTIVE for w in answer.workers)
+
+        await poll_until(registered, "the worker to register", within=STARTUP_S)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.tail(40)}" for p in self.processes)
@@ -148,7 +162,7 @@ async def start(directory: Path, dsn: str) -> ConsoleStack:
             "--scan-interval", "0.25", "--offline-after", "4",
             "--metrics-listen", f"127.0.0.1:{coordinator_metrics}", "--log-format", "text",
         ], env)  # fmt: skip
-        _spawn(stack, "worker", [
+        stack.worker = _spawn(stack, "worker", [
             str(BIN_DIR / "awp-worker"), "--server", stack.address,
             "--token", TOKENS["fleet"], "--name", "console-test-worker",
             "--kinds", "python,mock", "--module", "console.console_actions", "--concurrency", "8",
@@ -162,16 +176,8 @@ async def start(directory: Path, dsn: str) -> ConsoleStack:
             "--metrics-url", f"http://127.0.0.1:{coordinator_metrics}/metrics",
         ], env)  # fmt: skip
         stack.url = await _printed(console, r"awp console listening on (\S+)")
-        await _workers_registered(stack)
+        await stack.workers_registered()
     except BaseException:
         await stack.stop()
         raise
     return stack
-
-
-async def _workers_registered(stack: ConsoleStack) -> None:
-    async def registered() -> bool:
-        answer = await stack.call("ListWorkers", control_pb2.ListWorkersRequest())
-        return any(w.state == types_pb2.WORKER_STATE_ACTIVE for w in answer.workers)
-
-    await poll_until(registered, "the worker to register", within=STARTUP_S)

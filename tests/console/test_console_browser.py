@@ -19,6 +19,7 @@ from awp.v1 import control_pb2, types_pb2
 from awp_protocol.errors import Reason, decode_details
 from console.conftest import Shot
 from console.stack import TOKENS, ConsoleStack
+from kit import poll_until
 
 GATED: Final = "console-gated"
 FRAGILE: Final = "console-fragile"
@@ -292,3 +293,50 @@ async def test_a_run_of_5000_tasks_opens_clustered_and_follows_live(
     await page.fill("#task-filter", "c07-")
     await expect(page.locator("#task-count")).not_to_have_text("5000 of 5000")
     await shot(page, "big-run-succeeded")
+
+
+async def test_a_worker_s_death_shows_in_the_reliability_figures(
+    page: Page, stack: ConsoleStack, shot: Shot, tmp_path: Path
+) -> None:
+    await stack.apply("console-sturdy", [("hold", "console.gate", [])], attempts=2)
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    run_id = await stack.start_run("console-sturdy", {"gates": str(gates)})
+
+    async def running() -> bool:
+        (task,) = (await stack.get_run(run_id)).tasks
+        return task.state == types_pb2.TASK_STATE_RUNNING
+
+    await poll_until(running, "the task to run", within=30)
+    worker = stack.worker
+    assert worker is not None
+    worker.kill()  # kill -9: no drain, no hand-back; its lease must expire
+    worker.spawn()
+    await stack.workers_registered()
+
+    async def rerun() -> bool:
+        (task,) = (await stack.get_run(run_id)).tasks
+        return task.attempts == 2 and task.state == types_pb2.TASK_STATE_RUNNING
+
+    await poll_until(rerun, "the task's second attempt", within=60)
+
+    async def dead_worker_offline() -> bool:
+        answer = await stack.call(
+            "ListWorkers", control_pb2.ListWorkersRequest(include_inactive=True)
+        )
+        return any(w.state == types_pb2.WORKER_STATE_OFFLINE for w in answer.workers)
+
+    await poll_until(dead_worker_offline, "the killed worker's session to go offline", within=60)
+    (gates / "hold").touch()
+    await stack.wait_run(run_id, types_pb2.RUN_STATE_SUCCEEDED)
+    await sign_in(page, stack, "root", f"/runs/{run_id}")
+    await expect(page.locator("#run-recovery")).to_contain_text("1 of 1 ran again")
+    await page.click('svg.dag [data-key="hold"]')
+    await expect(page.locator("#task-attempts")).to_contain_text("interrupted")
+    await expect(page.locator("#task-attempts")).to_contain_text("succeeded")
+    await shot(page, "run-after-worker-death")
+    await page.click("nav >> text=Overview")
+    await expect(page.locator("#recovery")).to_contain_text("1 task lost with a dead worker")
+    interrupted = page.locator("#reliability tr", has_text="attempts interrupted: lease expired")
+    await expect(interrupted.locator("td.num")).not_to_have_text("0")
+    await shot(page, "overview-after-worker-death")
