@@ -291,7 +291,6 @@ def _run(run: control_pb2.Run) -> models.Run:
         workflow_name=run.workflow_name,
         workflow_version=run.workflow_version,
         state=_name(types_pb2.RunState, run.state),
-        revision=run.revision,
         created_at=_time(run, "created_at"),
         finished_at=_time(run, "finished_at"),
         cancel_requested_at=_time(run, "cancel_requested_at"),
@@ -352,8 +351,6 @@ def _event(event: types_pb2.StateEvent) -> models.Event:
         task_key=event.task_key,
         attempt=event.attempt,
         to_state=to_state,
-        created_at=_time(event, "created_at"),
-        payload=_json(event, "payload") or {},
     )
 
 
@@ -401,5 +398,4 @@ def _worker(worker: control_pb2.WorkerInfo) -> models.Worker:
         protocol_version=worker.protocol_version,
         registered_at=_time(worker, "registered_at"),
         last_heartbeat_at=_time(worker, "last_heartbeat_at"),
-        stopped_at=_time(worker, "stopped_at"),
     )

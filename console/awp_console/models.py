@@ -8,7 +8,7 @@ States are the protocol's lower-case names ("waiting_retry"); times are aware da
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Generic, TypeVar
 
@@ -47,7 +47,6 @@ class Run:
     workflow_name: str
     workflow_version: int
     state: str
-    revision: int
     created_at: datetime | None
     finished_at: datetime | None
     cancel_requested_at: datetime | None
@@ -132,8 +131,6 @@ class Event:
     task_key: str
     attempt: int
     to_state: str
-    created_at: datetime | None
-    payload: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +168,6 @@ class Worker:
     protocol_version: int
     registered_at: datetime | None
     last_heartbeat_at: datetime | None
-    stopped_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

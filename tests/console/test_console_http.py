@@ -289,3 +289,17 @@ async def test_without_credentials_on_the_server_no_sign_in_is_asked(
         assert done.status_code == 303
     run = await get_run(server, run_id)
     assert run.cancel_requested_by == "anonymous"
+
+
+async def test_the_graph_is_drawn_again_on_request_with_its_task_to_node_map(
+    browser: httpx.AsyncClient, server: ServerHandle, pool: Pool
+) -> None:
+    run_id = await started_run(server, pool, tasks=3)
+    await sign_in(browser, "victor")
+    answer = await browser.get(f"/runs/{run_id}/graph?expand=t")
+    assert answer.status_code == 200
+    drawn = answer.json()
+    assert drawn["node_of"] == [0, 1, 2] and drawn["nodes"] == ["task"] * 3
+    assert drawn["too_large"] == []  # no fan-out of that name: nothing to expand
+    assert all(f'data-key="t{i}"' in drawn["svg"] for i in range(3))
+    assert 'class="node task s-ready"' in drawn["svg"]

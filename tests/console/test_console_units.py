@@ -181,7 +181,7 @@ def _worker(worker_id: str, state: str, heard: float) -> Worker:
     base = datetime(2025, 1, 1, tzinfo=UTC)
     return Worker(
         worker_id, f"name-{worker_id}", state, ("mock",), 4, 0, {}, 1, base,
-        base + timedelta(seconds=heard), None,
+        base + timedelta(seconds=heard),
     )  # fmt: skip
 
 

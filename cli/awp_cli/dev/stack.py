@@ -150,24 +150,16 @@ class Stack:
             self._start_console(self.config.console_port, env)
 
     def _start_console(self, port: int, env: dict[str, str]) -> None:
-        metrics = [
-            f"http://127.0.0.1:{self.metrics[n]}/metrics" for n in ("awp-server", "awp-coordinator")
-        ]
-        argv = [
-            "console",
-            "--address",
-            self.address,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--log-format",
-            "text",
-        ]
-        self.console = self._child(
-            "awp", "console", argv + [a for url in metrics for a in ("--metrics-url", url)], env
-        )
-        for _ in self._until("the console to listen", self.console):
-            if found := CONSOLE_LISTENING.search(self.console.log_text()):
+        argv = ["console", "--address", self.address, "--listen", f"127.0.0.1:{port}",
+                "--log-format", "text"]  # fmt: skip
+        for name in ("awp-server", "awp-coordinator"):
+            argv += ["--metrics-url", f"http://127.0.0.1:{self.metrics[name]}/metrics"]
+        console = self.console = self._child("awp", "console", argv, env)
+        for _ in self._until("the console to listen", console):
+            if found := CONSOLE_LISTENING.search(console.log_text()):
                 self.console_url = found[1]
+                # A restart (supervise) keeps the address printed, even when port 0 chose it.
+                console.argv[console.argv.index("--listen") + 1] = found[1].split("//", 1)[1]
                 return
 
     def _take_lock(self) -> None:
