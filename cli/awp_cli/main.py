@@ -21,6 +21,7 @@ from awp_cli.client import Client
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit
 from awp_common import flags
+from awp_console.main import add_command as add_console
 from awp_protocol.states import RUN_STATES
 from awp_sdk.connection import Connection
 
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(commands_, "stats", commands.stats, "queue depth, leases and workers by state")
 
     dev.add_commands(commands_)
+    add_console(commands_)
     credentials.add_commands(commands_)
     return parser
 

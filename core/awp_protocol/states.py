@@ -44,3 +44,8 @@ def task_state_name(value: int) -> str:
     except ValueError:
         return f"unknown({value})"
     return name.removeprefix("TASK_STATE_").lower()
+
+
+# The error message of an attempt a draining worker handed back (it ends `interrupted`,
+# as one whose lease was lost does): how a reader tells the two apart.
+HANDED_BACK: Final = "handed back by a draining worker"

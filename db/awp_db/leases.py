@@ -21,6 +21,7 @@ from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict, judge_result
 from awp_kernel.results import result_hash
+from awp_protocol.states import HANDED_BACK
 
 Q = queries("leases")
 log = logging.getLogger("awp.db.leases")
@@ -278,7 +279,7 @@ async def drain(
             handed_back, settled = await _interrupt(
                 conn,
                 valid,
-                "handed back by a draining worker",
+                HANDED_BACK,
                 events,
                 session.worker_id,
                 hand_back=True,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import grpc
 
@@ -24,12 +24,21 @@ from awp_server.credentials import Credential, CredentialStore
 from awp_server.errors import to_status
 
 # Who made the call being served (None: a server without credentials, i.e. --insecure).
-_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("awp_caller", default=None)
+_CALLER: contextvars.ContextVar[Credential | None] = contextvars.ContextVar(
+    "awp_caller", default=None
+)
+ANONYMOUS: Final = "anonymous"
 
 
 def caller() -> str:
     """The credential name of the call being served, for the audit trail."""
-    return _CALLER.get() or "anonymous"
+    credential = _CALLER.get()
+    return credential.name if credential is not None else ANONYMOUS
+
+
+def caller_credential() -> Credential | None:
+    """The credential of the call being served; None on a server without credentials."""
+    return _CALLER.get()
 
 
 def _bearer(metadata: Any) -> str | None:
@@ -68,7 +77,7 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
             )
         return credential
 
-    def _admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    def _admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Credential:
         credential = self._identify(context)
         needed = ROLES_OF[method]
         if not credential.roles & needed:
@@ -78,7 +87,7 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
                 f"credential {credential.name!r} may not call {method.rsplit('/', 1)[-1]}: "
                 f"it needs one of the roles {', '.join(sorted(needed))}",
             )
-        return credential.name
+        return credential
 
     async def intercept_service(
         self,
@@ -94,7 +103,7 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
         return _guarded(handler, lambda context: self._admit(method, context))
 
 
-Admit = Callable[[grpc.aio.ServicerContext[Any, Any]], str]
+Admit = Callable[[grpc.aio.ServicerContext[Any, Any]], Credential]
 
 
 def _guarded(

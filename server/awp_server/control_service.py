@@ -48,9 +48,10 @@ from awp_protocol.limits import (
     MAX_VERSION,
 )
 from awp_protocol.names import NAME_PATTERN, NAME_RULE, TASK_KEY_PATTERN, TASK_KEY_RULE
+from awp_protocol.roles import Role
 from awp_protocol.states import TERMINAL_RUN_STATES
 from awp_server import convert, delivery
-from awp_server.auth import caller
+from awp_server.auth import caller, caller_credential
 from awp_server.errors import server_stream, unary
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -371,6 +372,19 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             remaining=remaining,
             cutoff=convert.timestamp(before),
             next_page_token=next_token,
+        )
+
+    # ------------------------------------------------------------ identity
+
+    @unary
+    async def WhoAmI(
+        self, request: control_pb2.WhoAmIRequest, context: Context
+    ) -> control_pb2.WhoAmIResponse:
+        credential = caller_credential()
+        if credential is None:  # no credentials: anyone may make every call
+            return control_pb2.WhoAmIResponse(name=caller(), roles=sorted(Role))
+        return control_pb2.WhoAmIResponse(
+            name=credential.name, roles=sorted(credential.roles), credentials_required=True
         )
 
 

@@ -29,6 +29,7 @@ class DevStack:
     data_dir: Path
     address: str = ""
     metrics_url: str = ""
+    console_url: str = ""
     lines: list[str] = field(default_factory=list)
 
     def awp(self, *args: str, timeout: float = 60) -> Result:
@@ -49,6 +50,8 @@ def _read_lines(stack: DevStack, ready: threading.Event) -> None:
             stack.address = found[1]
         if found := re.search(r"(http://127\.0\.0\.1:\d+/metrics) \(server\)", line):
             stack.metrics_url = found[1]
+        if found := re.search(r"console +(http://127\.0\.0\.1:\d+)", line):
+            stack.console_url = found[1]
         if "awp dev: ready" in line:
             ready.set()
     ready.set()  # output ended: the process is gone
@@ -73,6 +76,7 @@ def _run_stack(data_dir: Path, modules: Sequence[str]) -> Iterator[DevStack]:
             "--data-dir", str(data_dir),
             "--listen", "127.0.0.1:0",
             "--metrics-port", "0",
+            "--console-port", "0",
             "--workers", "2",
             *(arg for module in modules for arg in ("--module", module)),
         ],
@@ -89,7 +93,7 @@ def _run_stack(data_dir: Path, modules: Sequence[str]) -> Iterator[DevStack]:
     try:
         assert ready.wait(STARTUP_S), f"awp dev not ready in {STARTUP_S} s:\n{dev.output()}"
         assert process.poll() is None, f"awp dev exited:\n{dev.output()}"
-        assert dev.address and dev.metrics_url, dev.output()
+        assert dev.address and dev.metrics_url and dev.console_url, dev.output()
         yield dev
     finally:
         process.send_signal(signal.SIGINT)

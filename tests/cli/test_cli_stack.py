@@ -210,6 +210,15 @@ def test_server_counters_move_during_a_run(stack: DevStack, tmp_path: Path) -> N
     assert after["awp_claims_total"] > before.get("awp_claims_total", 0)
 
 
+def test_awp_dev_serves_the_console_with_its_metrics(stack: DevStack) -> None:
+    # No credentials on `awp dev`: no sign-in, and the overview reads both processes' metrics.
+    with urllib.request.urlopen(stack.console_url + "/", timeout=30) as answer:
+        page = answer.read().decode()
+    assert "no credentials required" in page
+    assert "from 2 metrics endpoints" in page
+    assert "dev-worker-1" in page
+
+
 # ---------------------------------------------------------------- errors
 
 

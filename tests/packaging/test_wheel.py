@@ -2,18 +2,21 @@
 checkout, every binary starts and `awp demo` runs the example workflow to success.
 
 This is what a user who runs `pip install awp` gets; it catches files that exist only
-in the source tree (the demo, SQL migrations, .pyi stubs) and imports that only work
-with the checkout on the path.
+in the source tree (the demo, SQL migrations, .pyi stubs, the console's templates,
+stylesheet and scripts) and imports that only work with the checkout on the path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -68,3 +71,37 @@ def test_every_binary_of_the_wheel_starts(installed: Path, tmp_path: Path) -> No
 def test_awp_demo_runs_from_the_installed_wheel(installed: Path, tmp_path: Path) -> None:
     out = _checked([str(installed / "awp"), "demo"], tmp_path, 300)
     assert "awp demo succeeded" in out, out
+
+
+async def test_the_console_serves_its_own_assets_from_the_installed_wheel(
+    installed: Path, tmp_path: Path
+) -> None:
+    source = REPOSITORY / "console" / "awp_console"
+    assets = sorted(p.relative_to(source) for p in source.glob("*/*") if p.suffix in ASSETS)
+    assert assets  # the templates, the stylesheet and the scripts
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("AWP_")}
+    console = await asyncio.create_subprocess_exec(
+        str(installed / "awp"), "console", "--listen", "127.0.0.1:0",
+        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert console.stdout is not None
+        found = None
+        async with asyncio.timeout(60):
+            while found is None:
+                line = (await console.stdout.readline()).decode()
+                assert line, "awp console exited before it listened"
+                found = re.search(r"awp console listening on (\S+)", line)
+        # No awp-server is needed for the sign-in page (a template) and the static files.
+        async with httpx.AsyncClient(base_url=found[1], timeout=10) as client:
+            for path in [
+                "/login",
+                *(f"/static/{a.name}" for a in assets if a.parts[0] == "static"),
+            ]:
+                assert (await client.get(path)).status_code == 200, path
+    finally:
+        console.terminate()
+        await console.wait()
+
+
+ASSETS = (".html", ".css", ".js")

@@ -41,11 +41,12 @@ READS = (
     "GetStats",
 )
 MAY_CALL = {
-    Role.WORKER: {"Register"},
-    Role.VIEWER: set(READS),
-    Role.SUBMITTER: {*READS, "StartRun", "CancelRun", "RetryRun"},
+    Role.WORKER: {"Register", "WhoAmI"},
+    Role.VIEWER: {*READS, "WhoAmI"},
+    Role.SUBMITTER: {*READS, "WhoAmI", "StartRun", "CancelRun", "RetryRun"},
     Role.ADMIN: {
         *READS,
+        "WhoAmI",
         "StartRun",
         "CancelRun",
         "RetryRun",
@@ -106,6 +107,38 @@ async def test_each_role_may_make_exactly_its_calls(server: ServerHandle, method
             assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, Reason.PERMISSION_DENIED)
     assert (await call(server.address, method, "not-a-token"))[0] == grpc.StatusCode.UNAUTHENTICATED
     assert (await call(server.address, method, None))[0] == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_who_am_i_names_the_callers_credential_and_roles(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    entries = [*one_per_role(), file_entry("ops", "token-of-ops", [Role.VIEWER, Role.SUBMITTER])]
+    server = await start_server(
+        worker_token="",
+        admin_token="",
+        credentials_file=credentials_file(tmp_path / "credentials.yaml", entries),
+    )
+    async with server.channel() as chan:
+        stub = control_pb2_grpc.ControlServiceStub(chan)
+        request = control_pb2.WhoAmIRequest()
+        for token, name, roles in [
+            *((TOKENS[role], f"the-{role}", [str(role)]) for role in Role),
+            ("token-of-ops", "ops", ["submitter", "viewer"]),
+        ]:
+            answer = await stub.WhoAmI(request, metadata=(("authorization", f"Bearer {token}"),))
+            assert (answer.name, list(answer.roles), answer.credentials_required) == (
+                name,
+                roles,
+                True,
+            )
+    open_server = await start_server(worker_token="", admin_token="", insecure=True)
+    async with open_server.channel() as chan:
+        answer = await control_pb2_grpc.ControlServiceStub(chan).WhoAmI(request)
+    assert (answer.name, list(answer.roles), answer.credentials_required) == (
+        "anonymous",
+        sorted(Role),
+        False,
+    )
 
 
 async def test_the_bearer_scheme_is_matched_without_regard_to_case(server: ServerHandle) -> None:

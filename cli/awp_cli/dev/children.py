@@ -25,6 +25,7 @@ ENTRY_POINTS: Final = {
     "awp-server": "awp_server.main",
     "awp-coordinator": "awp_coordinator.main",
     "awp-worker": "awp_worker.main",
+    "awp": "awp_cli.main",
 }
 # After a second Ctrl-C, how long a process has to stop before it is killed.
 HURRY_GRACE_S: Final = 3.0

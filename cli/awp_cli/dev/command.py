@@ -95,6 +95,13 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="Prometheus port of the server; the coordinator's is the next, then one per "
         "worker (default 9464; 0 picks free ports)",
     )
+    dev.add_argument(
+        "--console-port",
+        type=int,
+        default=8080,
+        help="port of the web console on 127.0.0.1 (default 8080; 0 picks a free one)",
+    )
+    dev.add_argument("--no-console", action="store_true", help="do not start the web console")
     dev.set_defaults(run=run_dev)
 
     demo = commands.add_parser(
@@ -159,6 +166,7 @@ def run_dev(args: argparse.Namespace) -> Exit:
         modules=tuple(args.module),
         metrics_port=args.metrics_port,
         verbose=args.verbose,
+        console_port=None if args.no_console else args.console_port,
     )
     if args.reload and not config.modules:
         raise usage("--reload watches the files of the --module packages: pass --module")
@@ -196,6 +204,7 @@ def _print_ready(stack: Stack) -> None:
     assert postgres is not None
     lines = [
         ("server", f"{stack.address}  (plaintext, no tokens: loopback only)"),
+        *([("console", stack.console_url)] if stack.console_url else []),
         (
             "metrics",
             f"http://127.0.0.1:{m['awp-server']}/metrics (server), "

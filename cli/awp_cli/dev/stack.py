@@ -41,6 +41,7 @@ with warnings.catch_warnings():
     from awp_db.embedded import EmbeddedPostgres, free_ports
 
 LISTENING: Final = re.compile(r"awp-server listening on (\S+)")
+CONSOLE_LISTENING: Final = re.compile(r"awp console listening on (\S+)")
 # The label that tells this stack's worker sessions from older ones in the same database.
 SESSION_LABEL: Final = "awp-dev-session"
 STARTUP_TIMEOUT_S: Final = 60.0
@@ -62,6 +63,8 @@ class StackConfig:
     unsafe_fast: bool = False
     # Also copy every child's log lines to the console, prefixed by its name.
     verbose: bool = False
+    # The web console's port (0: a free one); None: no console.
+    console_port: int | None = None
 
 
 Say = Callable[[str], None]
@@ -77,7 +80,9 @@ class Stack:
         self.server: Child | None = None
         self.coordinator: Child | None = None
         self.workers: list[Child] = []
+        self.console: Child | None = None
         self.address = ""
+        self.console_url = ""
         self.metrics: dict[str, int] = {}
         # Decided in _plan_ports.
         self.listen = config.listen
@@ -141,6 +146,21 @@ class Stack:
                 argv += ["--module", module]
             self.workers.append(self._child("awp-worker", name, argv, env))
         self._wait_workers()
+        if self.config.console_port is not None:
+            self._start_console(self.config.console_port, env)
+
+    def _start_console(self, port: int, env: dict[str, str]) -> None:
+        argv = ["console", "--address", self.address, "--listen", f"127.0.0.1:{port}",
+                "--log-format", "text"]  # fmt: skip
+        for name in ("awp-server", "awp-coordinator"):
+            argv += ["--metrics-url", f"http://127.0.0.1:{self.metrics[name]}/metrics"]
+        console = self.console = self._child("awp", "console", argv, env)
+        for _ in self._until("the console to listen", console):
+            if found := CONSOLE_LISTENING.search(console.log_text()):
+                self.console_url = found[1]
+                # A restart (supervise) keeps the address printed, even when port 0 chose it.
+                console.argv[console.argv.index("--listen") + 1] = found[1].split("//", 1)[1]
+                return
 
     def _take_lock(self) -> None:
         # Two stacks on one data directory would stop each other's PostgreSQL.
@@ -264,7 +284,7 @@ class Stack:
             time.sleep(0.05)
 
     def children(self) -> list[Child]:
-        started = [self.server, self.coordinator, *self.workers]
+        started = [self.server, self.coordinator, *self.workers, self.console]
         return [c for c in started if c is not None]
 
     # ------------------------------------------------------------ run
@@ -311,6 +331,7 @@ class Stack:
             hurry.set()
         drain_s = self.config.worker_shutdown_timeout + 10
         for group, grace in (
+            ([self.console] if self.console else [], 5.0),
             (self.workers, drain_s),
             ([self.coordinator] if self.coordinator else [], 15.0),
             ([self.server] if self.server else [], 15.0),

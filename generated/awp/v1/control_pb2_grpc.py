@@ -104,6 +104,11 @@ class ControlServiceStub:
                 request_serializer=awp_dot_v1_dot_control__pb2.PruneRunsRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.PruneRunsResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/awp.v1.ControlService/WhoAmI',
+                request_serializer=awp_dot_v1_dot_control__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -234,6 +239,14 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """The caller's credential name and roles, so that a client (the web console) shows only
+        what the caller may do. Any known credential may ask, whatever its roles.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -306,6 +319,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.PruneRuns,
                     request_deserializer=awp_dot_v1_dot_control__pb2.PruneRunsRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.PruneRunsResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=awp_dot_v1_dot_control__pb2.WhoAmIRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.WhoAmIResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -686,6 +704,33 @@ class ControlService:
             '/awp.v1.ControlService/PruneRuns',
             awp_dot_v1_dot_control__pb2.PruneRunsRequest.SerializeToString,
             awp_dot_v1_dot_control__pb2.PruneRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/WhoAmI',
+            awp_dot_v1_dot_control__pb2.WhoAmIRequest.SerializeToString,
+            awp_dot_v1_dot_control__pb2.WhoAmIResponse.FromString,
             options,
             channel_credentials,
             insecure,

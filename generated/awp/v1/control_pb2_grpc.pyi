@@ -108,6 +108,10 @@ class ControlServiceStub:
     most `limit` runs per call: call again while `remaining` is above 0. With dry_run it
     deletes nothing and counts a page of what it would delete. Needs the admin role.
     """
+    WhoAmI: _grpc.UnaryUnaryMultiCallable[_control_pb2.WhoAmIRequest, _control_pb2.WhoAmIResponse]
+    """The caller's credential name and roles, so that a client (the web console) shows only
+    what the caller may do. Any known credential may ask, whatever its roles.
+    """
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -175,6 +179,10 @@ class ControlServiceAsyncStub(ControlServiceStub):
     short transactions that skip runs another call holds (docs/retention.md). Deletes at
     most `limit` runs per call: call again while `remaining` is above 0. With dry_run it
     deletes nothing and counts a page of what it would delete. Needs the admin role.
+    """
+    WhoAmI: _aio.UnaryUnaryMultiCallable[_control_pb2.WhoAmIRequest, _control_pb2.WhoAmIResponse]  # type: ignore[assignment]
+    """The caller's credential name and roles, so that a client (the web console) shows only
+    what the caller may do. Any known credential may ask, whatever its roles.
     """
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -324,6 +332,16 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         short transactions that skip runs another call holds (docs/retention.md). Deletes at
         most `limit` runs per call: call again while `remaining` is above 0. With dry_run it
         deletes nothing and counts a page of what it would delete. Needs the admin role.
+        """
+
+    @_abc_1.abstractmethod
+    def WhoAmI(
+        self,
+        request: _control_pb2.WhoAmIRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.WhoAmIResponse, _abc.Awaitable[_control_pb2.WhoAmIResponse]]:
+        """The caller's credential name and roles, so that a client (the web console) shows only
+        what the caller may do. Any known credential may ask, whatever its roles.
         """
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,1 @@
+"""awp console: a web view of runs, workflows, workers and the reliability figures."""

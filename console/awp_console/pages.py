@@ -1,0 +1,276 @@
+"""The console's pages (and the fragments the run page loads into itself)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, Final
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from awp_console import graph, metrics, models, recovery
+from awp_console.api import ControlApi
+from awp_console.web import Caller, caller, console_of, page
+from awp_protocol.states import RUN_STATES, TASK_STATES, TERMINAL_RUN_STATES
+
+RUNS_PAGE: Final = 25
+# The overview measures re-dispatch times over the newest runs of at most this many tasks
+# (a run's attempts are read whole; the run page measures any run).
+RECOVERY_RUNS: Final = 20
+RECOVERY_MAX_TASKS: Final = 2_000
+# The overview's queue table: task states of running runs, per executor kind.
+QUEUE_STATES: Final = ("ready", "queued", "running", "waiting_retry")
+
+
+async def overview(request: Request) -> Response:
+    who = await caller(request)
+    urls = console_of(request).settings.metrics_urls
+    stats, workers, recent, scraped = await asyncio.gather(
+        who.api.get_stats(),
+        who.api.list_workers(include_inactive=True),
+        who.api.list_runs(page_size=RECOVERY_RUNS),
+        metrics.scrape(urls) if urls else _nothing(),
+    )
+    small = [r for r in recent.items if r.task_count <= RECOVERY_MAX_TASKS]
+    details = await asyncio.gather(*(who.api.get_run(r.id, outputs=False) for r in small))
+    by_id = {w.id: w for w in workers}
+    found = [found for d in details for found in recovery.recoveries(d.attempts, by_id)]
+    queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for count in stats.tasks_by_state:
+        queue[count.executor_kind][count.state] += count.count
+    for count in stats.dispatches_by_state:
+        queue[count.executor_kind][f"dispatch_{count.state}"] += count.count
+    return page(
+        request,
+        who,
+        "overview.html",
+        stats=stats,
+        queue=dict(sorted(queue.items())),
+        queue_states=QUEUE_STATES,
+        active_workers=[w for w in workers if w.state in ("active", "draining")],
+        scraped=scraped,
+        recovery=recovery.summary(found),
+        recovery_runs=len(small),
+        recent_runs=len(recent.items),
+        recovery_max_tasks=RECOVERY_MAX_TASKS,
+    )
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def runs(request: Request) -> Response:
+    who = await caller(request)
+    workflow = request.query_params.get("workflow", "").strip()
+    state = request.query_params.get("state", "")
+    if state and state not in RUN_STATES:
+        raise HTTPException(400, f"state must be one of {', '.join(RUN_STATES)}")
+    token = request.query_params.get("page", "")
+    found, workflows = await asyncio.gather(
+        who.api.list_runs(workflow=workflow, state=state, page_token=token, page_size=RUNS_PAGE),
+        who.api.list_workflows(page_size=1000),
+    )
+    return page(
+        request,
+        who,
+        "runs.html",
+        runs=found.items,
+        next_token=found.next_token,
+        first_page=not token,
+        workflow=workflow,
+        state=state,
+        run_states=RUN_STATES,
+        workflow_names=sorted({w.name for w in workflows.items}),
+    )
+
+
+async def run(request: Request) -> Response:
+    who = await caller(request)
+    run_id = request.path_params["run_id"]
+    detail = await who.api.get_run(run_id, outputs=False)
+    drawing = graph.draw(_items(detail.tasks))
+    recoveries = await _recoveries(who.api, detail)
+    data = {
+        "run": {"id": detail.run.id, "state": detail.run.state, "last_seq": detail.run.last_seq},
+        "tasks": [[t.key, t.state, t.attempts, t.max_attempts] for t in detail.tasks],
+        "node_of": drawing.node_of,
+        "nodes": [n.kind for n in drawing.nodes],
+        "states": TASK_STATES,
+    }
+    return page(
+        request,
+        who,
+        "run.html",
+        run=detail.run,
+        drawing=drawing,
+        states=[t.state for t in detail.tasks],
+        data=data,
+        recoveries=recoveries,
+        recovery_summary=recovery.summary(recoveries),
+        **_actions(who, detail.run),
+    )
+
+
+async def _recoveries(api: ControlApi, detail: models.RunDetail) -> list[recovery.Recovery]:
+    if not any(a.state == "interrupted" for a in detail.attempts):
+        return []
+    workers = await api.list_workers(include_inactive=True)
+    return recovery.recoveries(detail.attempts, {w.id: w for w in workers})
+
+
+def _items(tasks: Sequence[models.Task]) -> list[graph.Item]:
+    return [graph.Item(t.key, t.depends_on) for t in tasks]
+
+
+def _actions(who: Caller, run: models.Run) -> dict[str, Any]:
+    """What the run's buttons may offer this caller (the server checks again)."""
+    return {
+        "may_cancel": who.identity.may("CancelRun")
+        and run.state == "running"
+        and run.cancel_requested_at is None,
+        "may_retry": who.identity.may("RetryRun") and run.state in TERMINAL_RUN_STATES,
+        # One id per form shown: submitting it twice starts one run.
+        "retry_request_id": secrets.token_hex(12),
+    }
+
+
+async def run_header(request: Request) -> Response:
+    """The run's header again (state, audit, buttons): the page swaps it in when the run's
+    state changes."""
+    who = await caller(request)
+    found = (await who.api.get_run(request.path_params["run_id"], outputs=False)).run
+    return page(request, who, "run_header.html", run=found, **_actions(who, found))
+
+
+async def run_graph(request: Request) -> Response:
+    """The graph again with some fan-outs expanded: its SVG and which node shows each task."""
+    who = await caller(request)
+    detail = await who.api.get_run(request.path_params["run_id"], outputs=False)
+    expand = [name for name in request.query_params.get("expand", "").split(",") if name]
+    drawing = graph.draw(_items(detail.tasks), expand)
+    template = console_of(request).templates.get_template("graph.html")
+    states = [t.state for t in detail.tasks]
+    svg = template.module.drawing(drawing, states)  # type: ignore[attr-defined]
+    return JSONResponse(
+        {
+            "svg": str(svg),
+            "node_of": drawing.node_of,
+            "nodes": [n.kind for n in drawing.nodes],
+            "too_large": drawing.too_large,
+        }
+    )
+
+
+async def task(request: Request) -> Response:
+    who = await caller(request)
+    run_id, key = request.path_params["run_id"], request.path_params["task_key"]
+    shown, found = await who.api.get_task(run_id, key)
+    if found is None:
+        raise HTTPException(404, f"run {run_id} has no task {key!r}")
+    workflow, attempts = await asyncio.gather(
+        who.api.get_workflow(shown.workflow_name, shown.workflow_version),
+        _all_attempts(who.api, run_id, key),
+    )
+    definition = next((d for d in workflow.tasks if d.key == key), None)
+    if definition is None and (name := graph.fanout_of(key)) is not None:
+        definition = next((d for d in workflow.tasks if d.key == name), None)
+    return page(
+        request,
+        who,
+        "task.html",
+        run=shown,
+        task=found,
+        definition=definition,
+        attempts=attempts,
+        timeline=_timeline(attempts),
+        **_actions(who, shown),
+    )
+
+
+async def _all_attempts(api: ControlApi, run_id: str, key: str) -> list[models.Attempt]:
+    # A task has at most its max_attempts (a few): every page, in order.
+    found: list[models.Attempt] = []
+    token = ""
+    while True:
+        page_ = await api.list_attempts(run_id, task_key=key, page_token=token)
+        found.extend(page_.items)
+        token = page_.next_token
+        if not token:
+            return found
+
+
+def _timeline(attempts: Sequence[models.Attempt]) -> list[tuple[models.Attempt, float, float]]:
+    """(attempt, x, width) of each attempt's bar on a 0-100 scale of the task's time."""
+    starts = [a.started_at for a in attempts if a.started_at is not None]
+    if not starts:
+        return []
+    ends = [a.finished_at or a.deadline or a.started_at for a in attempts if a.started_at]
+    first, last = min(starts), max(e for e in ends if e is not None)
+    total = max((last - first).total_seconds(), 1e-3)
+    bars = []
+    for attempt in attempts:
+        if attempt.started_at is None:
+            continue
+        end = attempt.finished_at or last
+        x = (attempt.started_at - first).total_seconds() / total * 100
+        width = max((end - attempt.started_at).total_seconds() / total * 100, 0.5)
+        bars.append((attempt, round(x, 2), round(min(width, 100 - x), 2)))
+    return bars
+
+
+async def attempts(request: Request) -> Response:
+    """One ListAttempts page of the run, for the run page's attempts table."""
+    who = await caller(request)
+    run_id = request.path_params["run_id"]
+    found = await who.api.list_attempts(run_id, page_token=request.query_params.get("page", ""))
+    return page(
+        request, who, "attempts.html", run_id=run_id, attempts=found.items, next=found.next_token
+    )
+
+
+async def workflows(request: Request) -> Response:
+    who = await caller(request)
+    found = await who.api.list_workflows(page_token=request.query_params.get("page", ""))
+    versions: dict[str, list[models.Workflow]] = defaultdict(list)
+    for workflow in found.items:
+        versions[workflow.name].append(workflow)
+    return page(
+        request,
+        who,
+        "workflows.html",
+        versions=versions,
+        next_token=found.next_token,
+    )
+
+
+async def workflow(request: Request) -> Response:
+    who = await caller(request)
+    name = request.path_params["name"]
+    version = request.query_params.get("version", "0")
+    if not version.isdigit():
+        raise HTTPException(400, "version must be a whole number")
+    shown, versions = await asyncio.gather(
+        who.api.get_workflow(name, int(version)),
+        who.api.list_workflows(name=name, page_size=1000),
+    )
+    drawing = graph.draw([graph.Item(t.key, t.depends_on) for t in shown.tasks])
+    return page(
+        request,
+        who,
+        "workflow.html",
+        workflow=shown,
+        versions=versions.items,
+        drawing=drawing,
+    )
+
+
+async def workers(request: Request) -> Response:
+    who = await caller(request)
+    include = request.query_params.get("all") == "1"
+    found = await who.api.list_workers(include_inactive=include)
+    return page(request, who, "workers.html", workers=found, include_inactive=include)

@@ -1,0 +1,436 @@
+// The run page: live task states from the console's event stream (one WatchRun behind
+// it), the graph recoloured in place, a virtualised task list, and the task panel.
+// Every change is applied to the data at once and drawn at the next animation frame,
+// so thousands of changes a second cost one repaint each frame.
+"use strict";
+
+(() => {
+  const data = JSON.parse(document.getElementById("run-data").textContent);
+  const runId = data.run.id;
+  const STATES = data.states;
+  const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
+  const SVG = "http://www.w3.org/2000/svg";
+  const ROW_H = 28;
+
+  const tasks = data.tasks; // [key, state, attempts, max_attempts]
+  const indexOf = new Map(tasks.map((t, i) => [t[0], i]));
+  let nodeOf = data.node_of;
+  let nodeKinds = data.nodes;
+  let nodeEls = [];
+  let nodeCounts = [];
+  const runCounts = {};
+  let lastSeq = data.run.last_seq;
+  let runState = data.run.state;
+
+  const dirtyNodes = new Set();
+  let listDirty = false;
+  let progressDirty = false;
+  let frame = 0;
+  function schedule() {
+    if (!frame) frame = requestAnimationFrame(draw);
+  }
+
+  // ------------------------------------------------------------ bars
+
+  function barParts(counts, width) {
+    let total = 0;
+    for (const s of STATES) total += counts[s] || 0;
+    const parts = [];
+    let x = 0;
+    if (!total) return parts;
+    for (const s of STATES) {
+      const n = counts[s] || 0;
+      if (!n) continue;
+      const w = Math.max((width * n) / total, 1);
+      parts.push([s, x, w, n]);
+      x += w;
+    }
+    return parts;
+  }
+
+  // Updates a bar in place: one rect per state, reused, so a redraw changes attributes
+  // only (no elements made or dropped while a run streams in).
+  function drawBar(parent, counts, width, height) {
+    const rects = new Map();
+    for (const rect of parent.querySelectorAll("rect")) rects.set(rect.getAttribute("class"), rect);
+    const seen = new Set();
+    for (const [s, x, w, n] of barParts(counts, width)) {
+      const name = "s-" + s;
+      let rect = rects.get(name);
+      if (!rect) {
+        rect = document.createElementNS(SVG, "rect");
+        rect.setAttribute("class", name);
+        rect.setAttribute("y", "0");
+        rect.setAttribute("height", String(height));
+        rect.appendChild(document.createElementNS(SVG, "title"));
+        parent.appendChild(rect);
+      }
+      rect.setAttribute("x", x.toFixed(2));
+      rect.setAttribute("width", w.toFixed(2));
+      const text = n + " " + s.replace("_", " ");
+      if (rect.firstChild && rect.firstChild.textContent !== text) rect.firstChild.textContent = text;
+      seen.add(name);
+    }
+    for (const [name, rect] of rects) if (!seen.has(name)) rect.remove();
+  }
+
+  // ------------------------------------------------------------ graph
+
+  function bindGraph() {
+    const svg = document.querySelector("#graph svg.dag");
+    nodeEls = [];
+    if (svg) for (const el of svg.querySelectorAll("[data-node]")) nodeEls[+el.dataset.node] = el;
+    nodeCounts = nodeKinds.map(() => ({}));
+    tasks.forEach((t, i) => {
+      const c = nodeCounts[nodeOf[i]];
+      c[t[1]] = (c[t[1]] || 0) + 1;
+    });
+    nodeEls.forEach((_, n) => dirtyNodes.add(n));
+    applyZoom();
+    schedule();
+  }
+
+  function drawNode(n) {
+    const el = nodeEls[n];
+    if (!el) return;
+    if (nodeKinds[n] === "task") {
+      const state = Object.keys(nodeCounts[n]).find((s) => nodeCounts[n][s] > 0) || "pending";
+      el.setAttribute("class", "node task s-" + state + (el.classList.contains("selected") ? " selected" : ""));
+      const sub = el.querySelector(".sub");
+      if (sub) sub.textContent = state.replace("_", " ");
+    } else {
+      const bar = el.querySelector(".bar");
+      const width = el.dataset.fanout ? 148 : 102;
+      if (bar) drawBar(bar, nodeCounts[n], width, 7);
+    }
+  }
+
+  let zoom = 1;
+  function applyZoom() {
+    const svg = document.querySelector("#graph svg.dag");
+    if (!svg) return;
+    svg.setAttribute("width", String(Math.round(+svg.dataset.width * zoom)));
+    svg.setAttribute("height", String(Math.round(+svg.dataset.height * zoom)));
+  }
+  for (const button of document.querySelectorAll("[data-zoom]")) {
+    button.addEventListener("click", () => {
+      const how = button.dataset.zoom;
+      const svg = document.querySelector("#graph svg.dag");
+      if (how === "in") zoom = Math.min(zoom * 1.25, 4);
+      else if (how === "out") zoom = Math.max(zoom / 1.25, 0.05);
+      else if (svg) {
+        const box = document.getElementById("graph");
+        zoom = Math.min(box.clientWidth / +svg.dataset.width, box.clientHeight / +svg.dataset.height, 1);
+      }
+      applyZoom();
+    });
+  }
+
+  const expanded = new Set();
+  async function reloadGraph() {
+    const url = document.getElementById("graph").dataset.src + "?expand=" + encodeURIComponent([...expanded].join(","));
+    const answer = await fetch(url, { credentials: "same-origin" });
+    if (!answer.ok) return;
+    const fresh = await answer.json();
+    document.getElementById("graph").innerHTML = fresh.svg;
+    nodeOf = fresh.node_of;
+    nodeKinds = fresh.nodes;
+    document.getElementById("collapse").hidden = expanded.size === 0;
+    if (fresh.too_large.length) {
+      // Too many to draw: list them instead.
+      setGroup((i) => fanoutOf(tasks[i][0]) === fresh.too_large[0], fresh.too_large[0] + "[…]");
+      for (const name of fresh.too_large) expanded.delete(name);
+    }
+    bindGraph();
+    markSelected();
+  }
+  function fanoutOf(key) {
+    const found = /^(.+)\[\d+\]$/.exec(key);
+    return found ? found[1] : null;
+  }
+  document.getElementById("collapse").addEventListener("click", () => {
+    expanded.clear();
+    reloadGraph();
+  });
+
+  document.getElementById("graph").addEventListener("click", (event) => {
+    const el = event.target.closest("[data-node]");
+    if (!el) return;
+    const n = +el.dataset.node;
+    if (el.dataset.key) select(el.dataset.key);
+    else if (el.dataset.fanout) {
+      expanded.add(el.dataset.fanout);
+      reloadGraph();
+    } else {
+      const label = el.querySelector("title").textContent.split(":")[0];
+      setGroup((i) => nodeOf[i] === n, label);
+    }
+  });
+  document.getElementById("graph").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && event.target.closest("[data-node]")) event.target.dispatchEvent(new MouseEvent("click", { bubbles: true }));
+  });
+
+  // ------------------------------------------------------------ the task list
+
+  const list = document.getElementById("task-list");
+  const spacer = list.querySelector(".vlist-spacer");
+  const rows = list.querySelector(".vlist-rows");
+  const keyFilter = document.getElementById("task-filter");
+  const stateFilter = document.getElementById("task-state-filter");
+  const groupFilter = document.getElementById("task-group-filter");
+  let group = null;
+  let shown = [];
+
+  function setGroup(test, label) {
+    group = test;
+    groupFilter.hidden = !test;
+    groupFilter.querySelector("span").textContent = test ? "in " + label : "";
+    refilter();
+  }
+  groupFilter.querySelector("button").addEventListener("click", () => setGroup(null, ""));
+
+  function refilter() {
+    const text = keyFilter.value.trim();
+    const state = stateFilter.value;
+    shown = [];
+    for (let i = 0; i < tasks.length; i++) {
+      if (text && !tasks[i][0].includes(text)) continue;
+      if (state && tasks[i][1] !== state) continue;
+      if (group && !group(i)) continue;
+      shown.push(i);
+    }
+    spacer.style.height = shown.length * ROW_H + "px";
+    rowFirst = -1;
+    document.getElementById("task-count").textContent = shown.length + " of " + tasks.length;
+    drawRows();
+  }
+  keyFilter.addEventListener("input", refilter);
+  stateFilter.addEventListener("change", refilter);
+  list.addEventListener("scroll", () => {
+    listDirty = true;
+    schedule();
+  });
+
+  // The rows in view (and a margin), made afresh only when the view moves; a state change
+  // updates its row in place.
+  let rowFirst = -1;
+  let rowLast = -1;
+  const rowOf = new Map(); // task index -> its row element, for the rows that exist
+
+  function drawRows() {
+    const first = Math.max(Math.floor(list.scrollTop / ROW_H) - 10, 0);
+    const last = Math.min(Math.ceil((list.scrollTop + list.clientHeight) / ROW_H) + 10, shown.length);
+    if (first === rowFirst && last === rowLast) {
+      for (const [i, row] of rowOf) fillRow(row, tasks[i]);
+      return;
+    }
+    rowFirst = first;
+    rowLast = last;
+    rows.style.transform = "translateY(" + first * ROW_H + "px)";
+    rowOf.clear();
+    const made = [];
+    for (let r = first; r < last; r++) {
+      const row = document.createElement("div");
+      const key = document.createElement("code");
+      const cell = document.createElement("span");
+      cell.appendChild(document.createElement("span"));
+      const tries = document.createElement("span");
+      tries.className = "muted";
+      row.append(key, cell, tries);
+      fillRow(row, tasks[shown[r]]);
+      rowOf.set(shown[r], row);
+      made.push(row);
+    }
+    rows.replaceChildren(...made);
+  }
+
+  function fillRow(row, t) {
+    const className = "vrow" + (t[0] === selected ? " selected" : "");
+    if (row.className !== className) row.className = className;
+    row.dataset.key = t[0];
+    const [key, cell, tries] = row.children;
+    if (key.textContent !== t[0]) key.textContent = t[0];
+    const state = cell.firstChild;
+    if (state.className !== "state s-" + t[1]) {
+      state.className = "state s-" + t[1];
+      state.textContent = t[1].replace("_", " ");
+    }
+    const text = t[2] + " / " + t[3] + " attempts";
+    if (tries.textContent !== text) tries.textContent = text;
+  }
+
+  rows.addEventListener("click", (event) => {
+    const row = event.target.closest(".vrow");
+    if (row) select(row.dataset.key);
+  });
+
+  // ------------------------------------------------------------ the task panel
+
+  const panel = document.getElementById("task-panel");
+  let selected = null;
+  let panelTimer = 0;
+
+  function markSelected() {
+    for (const el of nodeEls) if (el) el.classList.toggle("selected", el.dataset.key === selected);
+  }
+
+  function select(key) {
+    if (!indexOf.has(key)) return;
+    selected = key;
+    markSelected();
+    listDirty = true;
+    schedule();
+    loadPanel();
+  }
+
+  async function loadPanel() {
+    const key = selected;
+    const answer = await fetch(panel.dataset.src + encodeURIComponent(key), { credentials: "same-origin" });
+    if (key !== selected) return;
+    panel.innerHTML = answer.ok ? await answer.text() : '<p class="error">The task could not be loaded (' + answer.status + ").</p>";
+  }
+
+  document.addEventListener("click", (event) => {
+    const link = event.target.closest(".task-link");
+    if (!link) return;
+    event.preventDefault();
+    select(link.dataset.key);
+    panel.scrollIntoView({ block: "nearest" });
+  });
+
+  // ------------------------------------------------------------ attempts table
+
+  document.getElementById("attempts").addEventListener("click", async (event) => {
+    const button = event.target.closest("#load-attempts, .more");
+    if (!button) return;
+    const box = document.getElementById("attempts");
+    const src = button.dataset.src || box.dataset.src;
+    button.disabled = true;
+    const answer = await fetch(src, { credentials: "same-origin" });
+    const holder = document.createElement("div");
+    holder.innerHTML = answer.ok ? await answer.text() : '<p class="error">Not loaded (' + answer.status + ").</p>";
+    button.replaceWith(...holder.childNodes);
+  });
+
+  // ------------------------------------------------------------ live updates
+
+  function setTaskState(i, state) {
+    const t = tasks[i];
+    const old = t[1];
+    if (old === state) return;
+    t[1] = state;
+    const c = nodeCounts[nodeOf[i]];
+    c[old] -= 1;
+    c[state] = (c[state] || 0) + 1;
+    runCounts[old] -= 1;
+    runCounts[state] = (runCounts[state] || 0) + 1;
+    dirtyNodes.add(nodeOf[i]);
+    listDirty = true;
+    progressDirty = true;
+    if (t[0] === selected) {
+      clearTimeout(panelTimer);
+      panelTimer = setTimeout(loadPanel, 250);
+    }
+  }
+
+  function apply(batch) {
+    let runChanged = false;
+    for (const [type, key, attempt, state] of batch) {
+      if (type === "task_state") {
+        const i = indexOf.get(key);
+        if (i !== undefined) setTaskState(i, state);
+      } else if (type === "attempt_state") {
+        const i = indexOf.get(key);
+        if (i !== undefined && attempt > tasks[i][2]) {
+          tasks[i][2] = attempt;
+          listDirty = true;
+        }
+      } else if (type === "run_state" || type === "run_cancel_requested") {
+        runChanged = true;
+        if (type === "run_state") runState = state;
+      }
+    }
+    schedule();
+    if (runChanged) reloadHeader();
+  }
+
+  async function reloadHeader() {
+    const box = document.getElementById("run-header");
+    const answer = await fetch(box.dataset.src, { credentials: "same-origin" });
+    if (answer.ok) box.innerHTML = await answer.text();
+    if (selected) loadPanel(); // its retry button depends on the run's state
+  }
+
+  const live = document.getElementById("live-status");
+  function follow() {
+    if (TERMINAL.has(runState)) {
+      live.textContent = "ended: nothing more will change";
+      live.className = "live ended";
+      return;
+    }
+    const source = new EventSource("/api/runs/" + encodeURIComponent(runId) + "/events?after=" + lastSeq);
+    source.addEventListener("open", () => {
+      live.textContent = "live";
+      live.className = "live";
+    });
+    source.addEventListener("events", (message) => {
+      lastSeq = +message.lastEventId || lastSeq;
+      apply(JSON.parse(message.data));
+    });
+    source.addEventListener("end", () => {
+      source.close();
+      live.textContent = "ended: nothing more will change";
+      live.className = "live ended";
+    });
+    source.addEventListener("failed", (message) => {
+      source.close();
+      live.textContent = "live updates stopped: " + JSON.parse(message.data).error;
+      live.className = "live lost";
+    });
+    source.addEventListener("error", () => {
+      // The browser reconnects by itself (resuming after the last seq) unless it gave up.
+      live.textContent = source.readyState === EventSource.CLOSED ? "live updates stopped: reload the page" : "reconnecting…";
+      live.className = "live lost";
+    });
+  }
+
+  // ------------------------------------------------------------ drawing
+
+  function drawProgress() {
+    const box = document.getElementById("run-progress");
+    const bar = box && box.querySelector("svg.progress");
+    if (!bar) return;
+    drawBar(bar, runCounts, +bar.getAttribute("width"), 10);
+    const counts = box.querySelector(".counts");
+    counts.replaceChildren();
+    for (const s of STATES) {
+      if (!runCounts[s]) continue;
+      const span = document.createElement("span");
+      span.className = "count s-" + s;
+      span.textContent = runCounts[s] + " " + s.replace("_", " ");
+      counts.appendChild(span);
+    }
+  }
+
+  function draw() {
+    frame = 0;
+    for (const n of dirtyNodes) drawNode(n);
+    dirtyNodes.clear();
+    if (progressDirty) drawProgress();
+    progressDirty = false;
+    if (listDirty) {
+      listDirty = false;
+      if (keyFilter.value || stateFilter.value || group) refilter();
+      else drawRows();
+    }
+  }
+
+  for (const t of tasks) runCounts[t[1]] = (runCounts[t[1]] || 0) + 1;
+  bindGraph();
+  refilter();
+  follow();
+  // For tests and the benchmark: the page has drawn what it was given.
+  requestAnimationFrame(() => {
+    document.documentElement.dataset.runPage = "ready";
+  });
+})();

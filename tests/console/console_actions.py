@@ -1,0 +1,43 @@
+"""Python actions of the console's browser tests. A gated task runs until the test opens
+its gate (a file named after it in the run input's `gates` directory), so a test decides
+when each node of the graph changes; a fragile one fails while its marker file exists."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from awp_worker import ActionContext, action
+
+# How often a gated task looks at its gate: the stand-in for work that takes a while.
+GATE_POLL_S = 0.05
+
+
+@action("console.gate")
+async def gate(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    opened = Path(ctx.run_input["gates"]) / ctx.task_key
+    # A file has nothing to await; cancelling the run cancels this sleep.
+    while not opened.exists():  # noqa: ASYNC110
+        await asyncio.sleep(GATE_POLL_S)
+    return {"released": ctx.task_key}
+
+
+@action("console.fetch")
+def fetch(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"records": [1, 2, 3]}
+
+
+@action("console.parse")
+def parse(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    records = ctx.upstream["fetch"]["records"]
+    ctx.logger.info("parsing %d records", len(records))
+    if Path(ctx.run_input["fail_marker"]).exists():
+        return read_field({}, "missing")
+    return {"parsed": len(records)}
+
+
+def read_field(record: dict[str, Any], name: str) -> dict[str, Any]:
+    if name not in record:
+        raise ValueError(f"record has no field {name!r}")
+    return {name: record[name]}

@@ -1,0 +1,230 @@
+"""The console's pure parts: the graph drawing, the metrics figures, sessions, the
+re-dispatch figure and the settings' checks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import awp_server.metrics  # noqa: F401 (its counters, in this process's default registry)
+from awp_console import graph, metrics, recovery
+from awp_console.graph import Item, draw
+from awp_console.models import Attempt, Identity, TaskError, Worker
+from awp_console.sessions import Sessions
+from awp_console.settings import Settings
+from awp_coordinator.metrics import Metrics
+from awp_protocol.roles import Role
+from awp_protocol.states import HANDED_BACK
+
+
+def test_a_fan_out_is_one_node_with_its_count_until_expanded() -> None:
+    items = [
+        Item("root", []),
+        *(Item(f"search[{i}]", ["root"]) for i in range(50)),
+        Item("merge", [f"search[{i}]" for i in range(50)]),
+    ]
+    drawn = draw(items)
+    assert [(n.kind, n.label, len(n.members)) for n in drawn.nodes] == [
+        ("task", "root", 1),
+        ("fanout", "search", 50),
+        ("task", "merge", 1),
+    ]
+    assert drawn.edges == [(0, 1, 50), (1, 2, 50)]
+    assert [n.x for n in drawn.nodes] == sorted(n.x for n in drawn.nodes)  # left to right
+    expanded = draw(items, expand={"search"})
+    assert len(expanded.nodes) == 52 and not expanded.too_large
+    assert {expanded.nodes[expanded.node_of[i]].label for i in range(1, 51)} == {
+        f"search[{i}]" for i in range(50)
+    }
+    assert len({n.x for n in expanded.nodes}) == 3  # three columns
+
+
+def test_a_fan_out_too_large_to_draw_stays_collapsed_and_says_so() -> None:
+    items = [Item(f"x[{i}]", []) for i in range(graph.MAX_EXPANDED + 1)]
+    drawn = draw(items, expand={"x"})
+    assert drawn.too_large == ["x"] and len(drawn.nodes) == 1
+
+
+def test_dependencies_order_columns_and_neighbours_share_rows() -> None:
+    # a -> b -> d, a -> c -> d: d sits right of b and c, which sit right of a.
+    drawn = draw([Item("a", []), Item("b", ["a"]), Item("c", ["a"]), Item("d", ["b", "c"])])
+    x = {n.label: n.x for n in drawn.nodes}
+    assert x["a"] < x["b"] == x["c"] < x["d"]
+    ys = {n.label: n.y for n in drawn.nodes}
+    assert ys["b"] != ys["c"]
+    assert drawn.width >= x["d"] + graph.NODE_W and drawn.height >= max(ys.values())
+    assert all(path.startswith("M") for path, _ in drawn.paths())
+
+
+@pytest.mark.parametrize(
+    ("items", "clusters"),
+    [
+        # 50 layers of 100: one cluster per layer (each layer has its own stem).
+        (
+            [
+                Item(f"s{layer}_{j}", [f"s{layer - 1}_{j}"] if layer else [])
+                for layer in range(50)
+                for j in range(100)
+            ],
+            50,
+        ),
+        # A chain of 5,000 of one stem: one node.
+        ([Item(f"t{i}", [f"t{i - 1}"] if i else []) for i in range(5000)], 1),
+        # 50 chains of 100: one node per chain.
+        (
+            [
+                Item(f"c{c:02d}-{i:03d}", [f"c{c:02d}-{i - 1:03d}"] if i else [])
+                for c in range(50)
+                for i in range(100)
+            ],
+            50,
+        ),
+        # 5,000 keys without a shared stem in one long chain: runs of columns.
+        ([Item(f"k{i}x", [f"k{i - 1}x"] if i else []) for i in range(5000)], None),
+        # 5,000 independent tasks of one stem: one node.
+        ([Item(f"t{i}", []) for i in range(5000)], 1),
+    ],
+)
+def test_a_graph_beyond_the_limit_is_clustered_within_it(
+    items: list[Item], clusters: int | None
+) -> None:
+    drawn = draw(items)
+    assert drawn.clustered
+    assert len(drawn.nodes) <= graph.MAX_NODES
+    if clusters is not None:
+        assert len(drawn.nodes) == clusters
+    # Every task is shown by exactly one node, and the counts add up.
+    assert sum(len(n.members) for n in drawn.nodes) == len(items)
+    assert all(drawn.nodes[drawn.node_of[i]].members.count(i) == 1 for i in range(len(items)))
+    counts = drawn.counts(["pending"] * len(items))
+    assert sum(c["pending"] for c in counts) == len(items)
+
+
+def test_figures_sum_every_endpoint_and_count_an_unused_label_as_zero() -> None:
+    server_text = generate_latest().decode()  # awp_server.metrics' counters, none counted
+    coordinator = Metrics(CollectorRegistry())
+    coordinator.items.labels("timed_out").inc(3)
+    coordinator_text = generate_latest(coordinator.registry).decode()
+    exported = {
+        family.name
+        for text in (server_text, coordinator_text)
+        for family in text_string_to_metric_families(text)
+        if family.type == "counter"
+    }
+    # Every figure the console reads is a counter awp-server or awp-coordinator exports.
+    assert {s.sample.removesuffix("_total") for s in metrics.FIGURES} <= exported
+    on_server, on_coordinator = metrics.counts_of(server_text), metrics.counts_of(coordinator_text)
+    timed_out = next(i for i, s in enumerate(metrics.FIGURES) if s.labels == {"kind": "timed_out"})
+    assert on_coordinator[timed_out] == 3
+    duplicate = next(
+        i for i, s in enumerate(metrics.FIGURES) if s.labels == {"verdict": "duplicate"}
+    )
+    assert duplicate in on_server  # zero or more, never "not exported"
+
+
+async def test_a_scrape_names_an_endpoint_that_does_not_answer() -> None:
+    scraped = await metrics.scrape(["http://127.0.0.1:9/metrics"])
+    assert scraped.reached == 0
+    assert [url for url, _ in scraped.failures] == ["http://127.0.0.1:9/metrics"]
+    assert all(f.value is None for f in scraped.figures)
+
+
+def test_sessions_expire_when_idle_and_sign_in_replaces_the_id() -> None:
+    now = [0.0]
+    sessions = Sessions(60, clock=lambda: now[0], limit=3)
+    first = sessions.new()
+    assert sessions.get(first.id) is first
+    identity = Identity("alice", frozenset({Role.SUBMITTER}), True)
+    signed_in = sessions.sign_in(first, "token", identity)
+    assert signed_in.id != first.id and signed_in.csrf != first.csrf
+    assert sessions.get(first.id) is None  # the pre-sign-in id is worth nothing now
+    assert signed_in.form_token_ok(signed_in.csrf) and not signed_in.form_token_ok(first.csrf)
+    assert "token" not in repr(signed_in) and signed_in.id not in repr(signed_in)
+    now[0] = 59
+    assert sessions.get(signed_in.id) is signed_in  # use restarts the idle clock
+    now[0] = 110
+    assert sessions.get(signed_in.id) is signed_in
+    now[0] = 171
+    assert sessions.get(signed_in.id) is None
+    for _ in range(5):
+        sessions.new()
+    assert len(sessions) == 3  # bounded: the least recently used go first
+
+
+def test_roles_decide_what_an_identity_may_call() -> None:
+    viewer = Identity("victor", frozenset({Role.VIEWER}), True)
+    submitter = Identity("alice", frozenset({Role.SUBMITTER}), True)
+    assert viewer.may("GetRun") and not viewer.may("CancelRun") and not viewer.may("RetryRun")
+    assert submitter.may("CancelRun") and submitter.may("RetryRun")
+    assert not submitter.may("CreateWorkflow")
+
+
+def _attempt(key: str, number: int, state: str, worker: str, start: float, end: float) -> Attempt:
+    base = datetime(2025, 1, 1, tzinfo=UTC)
+    error = TaskError("lost") if state == "interrupted" else None
+    return Attempt(
+        key,
+        number,
+        state,
+        worker,
+        base + timedelta(seconds=start),
+        None,
+        base + timedelta(seconds=end),
+        error,
+    )
+
+
+def _worker(worker_id: str, state: str, heard: float) -> Worker:
+    base = datetime(2025, 1, 1, tzinfo=UTC)
+    return Worker(
+        worker_id, f"name-{worker_id}", state, ("mock",), 4, 0, {}, 1, base,
+        base + timedelta(seconds=heard),
+    )  # fmt: skip
+
+
+def test_redispatch_after_a_worker_death_counts_from_its_last_heartbeat() -> None:
+    attempts = [
+        _attempt("a", 1, "interrupted", "dead", 0, 20),
+        _attempt("a", 2, "succeeded", "alive", 22, 23),
+        _attempt("b", 1, "interrupted", "dead", 0, 20),  # not run again yet
+        _attempt("c", 1, "interrupted", "alive", 0, 5),  # its worker lives: a lost lease
+        _attempt("c", 2, "succeeded", "alive", 6, 7),
+    ]
+    workers = {"dead": _worker("dead", "offline", 4), "alive": _worker("alive", "active", 30)}
+    found = recovery.recoveries(attempts, workers)
+    assert [(r.task_key, r.worker_name, r.seconds) for r in found] == [
+        ("a", "name-dead", 18.0),
+        ("b", "name-dead", None),
+    ]
+    assert recovery.summary(found) == recovery.Summary(1, 18.0, 18.0)
+    assert recovery.summary([]) == recovery.Summary(0, None, None)
+
+
+def test_a_hand_back_is_told_from_a_lost_lease() -> None:
+    lost = _attempt("a", 1, "interrupted", "w", 0, 1)
+    handed = Attempt("a", 1, "interrupted", "w", None, None, None, TaskError(HANDED_BACK))
+    assert lost.outcome == "interrupted" and handed.outcome == "handed back"
+    assert _attempt("a", 1, "timed_out", "w", 0, 1).outcome == "timed out"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"listen": "0.0.0.0:8080"}, "reachable from other machines"),
+        ({"https_cert_file": "cert.pem"}, "go together"),
+    ],
+)
+def test_settings_refuse_what_would_be_unsafe(overrides: dict[str, str], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        Settings(**overrides)  # type: ignore[arg-type]
+
+
+def test_the_console_answers_only_to_its_own_host_names() -> None:
+    assert set(Settings().hosts()) >= {"127.0.0.1", "localhost"}
+    assert Settings(listen="0.0.0.0:80", insecure=True).hosts() == ["*"]
+    assert Settings(listen="10.1.2.3:80", insecure=True).hosts() == ["10.1.2.3"]
+    named = Settings(listen="10.1.2.3:80", insecure=True, allowed_hosts=("awp.example",))
+    assert named.hosts() == ["awp.example"]
