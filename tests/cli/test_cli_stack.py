@@ -7,51 +7,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from awp_db.embedded import free_port
-from cli.runner import ENV, REPOSITORY, Result, awp
-
-STARTUP_S = 60
-STOP_S = 60
-
-
-@dataclass
-class DevStack:
-    process: subprocess.Popen[str]
-    address: str = ""
-    metrics_url: str = ""
-    lines: list[str] = field(default_factory=list)
-
-    def awp(self, *args: str, timeout: float = 60) -> Result:
-        return awp("--address", self.address, *args, timeout=timeout)
-
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-
-def _read_lines(stack: DevStack, ready: threading.Event) -> None:
-    assert stack.process.stdout is not None
-    for line in stack.process.stdout:
-        stack.lines.append(line.rstrip("\n"))
-        if found := re.search(r"awp-server listening on (\S+)", line):
-            stack.address = found[1]
-        if found := re.search(r"(http://127\.0\.0\.1:\d+/metrics) \(server\)", line):
-            stack.metrics_url = found[1]
-        if "awp dev: ready" in line:
-            ready.set()
-    ready.set()  # output ended: the process is gone
+from cli.devstack import DevStack, launch
+from cli.runner import Result, awp
 
 
 @pytest.fixture(scope="module")
@@ -66,38 +32,12 @@ def stack() -> Iterator[DevStack]:
 
 
 def _run_stack(data_dir: Path) -> Iterator[DevStack]:
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "awp_cli", "dev",
-            "--data-dir", str(data_dir),
-            "--listen", "127.0.0.1:0",
-            "--metrics-port", "0",
-            "--workers", "2",
-            "--module", "awp_demo.actions",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=ENV,
-        cwd=REPOSITORY,
-    )  # fmt: skip
-    dev = DevStack(process)
-    ready = threading.Event()
-    reader = threading.Thread(target=_read_lines, args=(dev, ready), daemon=True)
-    reader.start()
+    dev = launch(data_dir, "--workers", "2", "--module", "awp_demo.actions")
     try:
-        assert ready.wait(STARTUP_S), f"awp dev not ready in {STARTUP_S} s:\n{dev.output()}"
-        assert process.poll() is None, f"awp dev exited:\n{dev.output()}"
-        assert dev.address and dev.metrics_url, dev.output()
+        dev.wait_ready()
         yield dev
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(STOP_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-        reader.join(5)
+        code = dev.stop()
     assert code == 0, f"awp dev did not stop cleanly (exit {code}):\n{dev.output()}"
     assert "awp dev: stopped" in dev.output()
     assert not (data_dir / "pg" / "postmaster.pid").exists(), "PostgreSQL still running"
