@@ -90,7 +90,10 @@ def flags_of(cls: type[Any]) -> list[tuple[dataclasses.Field[Any], Flag]]:
 
 
 # Settings several binaries share: `field(default=..., metadata=flags.LOG_FORMAT)`.
-DATABASE_URL: Final = flag("--database-url", "AWP_DATABASE_URL", "PostgreSQL URL", required=True)
+# A URL may carry a password: secret, so it can come from a file and is never echoed.
+DATABASE_URL: Final = flag(
+    "--database-url", "AWP_DATABASE_URL", "PostgreSQL URL", required=True, secret=True
+)
 LOG_FORMAT: Final = flag(
     "--log-format", "AWP_LOG_FORMAT", "log lines as JSON or text", choices=logs.FORMATS
 )

@@ -29,7 +29,7 @@ def default_instance() -> str:
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
-    database_url: str = field(default="", metadata=flags.DATABASE_URL)
+    database_url: str = field(default="", repr=False, metadata=flags.DATABASE_URL)
     scan_interval_s: float = field(
         default=1.0,
         metadata=flag(
