@@ -420,6 +420,8 @@ CREATE INDEX runs_created ON public.runs USING btree (created_at DESC, id DESC);
 
 COMMENT ON INDEX public.runs_created IS 'ListRuns pages newest first on (created_at, id).';
 
+CREATE INDEX runs_finished ON public.runs USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+
 CREATE INDEX runs_running ON public.runs USING btree (last_dispatched_at NULLS FIRST, created_at) WHERE (state = 'running'::text);
 
 CREATE INDEX tasks_live ON public.tasks USING btree (run_id, state) WHERE (state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text]));
