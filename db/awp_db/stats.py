@@ -68,6 +68,8 @@ class Gauges:
     ready_tasks: list[Count] = field(default_factory=list)
     # Active and draining worker sessions.
     workers: list[Count] = field(default_factory=list)
+    # The executor kinds live workers serve, label = kind (count 0).
+    served_kinds: list[Count] = field(default_factory=list)
     running_runs: list[Count] = field(default_factory=list)
     # Runs finished within the window, state = outcome, label = workflow name.
     finished_runs: list[Count] = field(default_factory=list)
@@ -79,6 +81,7 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
         "dispatches": [],
         "ready_tasks": [],
         "workers": [],
+        "served_kinds": [],
         "running_runs": [],
         "finished_runs": [],
     }

@@ -33,9 +33,6 @@ DISPATCH_STATES: Final = ("pending", "leased")
 class QueueGauges(Collector):
     def __init__(self, registry: CollectorRegistry) -> None:
         self.latest: stats.Gauges | None = None
-        # Every executor kind seen so far: a kind whose backlog drained reads 0 rather
-        # than vanishing (a gap in a graph, an empty answer to an autoscaler).
-        self._kinds: set[str] = set()
         registry.register(self)
 
     def describe(self) -> list[GaugeMetricFamily]:
@@ -51,8 +48,10 @@ class QueueGauges(Collector):
             "Pending and leased dispatches, by executor kind (leader coordinator)",
             labels=["state", "executor_kind"],
         )
-        self._kinds |= {c.label for c in (*latest.dispatches, *latest.ready_tasks) if c.label}
-        kinds = sorted(self._kinds)
+        # The kinds with work, and those live workers serve: a kind whose backlog drained
+        # reads 0 rather than vanishing (a gap in a graph, no answer for an autoscaler).
+        counts = (*latest.dispatches, *latest.ready_tasks, *latest.served_kinds)
+        kinds = sorted({c.label for c in counts if c.label})
         counted = {(c.state, c.label): c.count for c in latest.dispatches}
         for kind in kinds:
             for state in DISPATCH_STATES:

@@ -25,8 +25,9 @@ SELECT (extract(epoch FROM clock_timestamp() - min(created_at)) * 1000)::float8 
 
 -- name: gauges
 -- The coordinator's Prometheus gauges, every query on a partial index: (section, state,
--- label, n). label: the executor kind (dispatches, ready_tasks) or the workflow name
--- (finished_runs, within the last $1 seconds by the live clock).
+-- label, n). label: the executor kind (dispatches, ready_tasks, and the kinds live
+-- workers serve: counted 0 rather than missing) or the workflow name (finished_runs,
+-- within the last $1 seconds by the live clock).
 SELECT 'dispatches' AS section, state, executor_kind AS label, count(*) AS n
   FROM dispatches
  WHERE state IN ('pending', 'leased')
@@ -41,6 +42,10 @@ SELECT 'workers', state, NULL, count(*)
   FROM workers
  WHERE state IN ('active', 'draining')
  GROUP BY state
+UNION ALL
+SELECT DISTINCT 'served_kinds', 'served', unnest(executor_kinds), 0
+  FROM workers
+ WHERE state IN ('active', 'draining')
 UNION ALL
 SELECT 'running_runs', 'running', NULL, count(*)
   FROM runs
