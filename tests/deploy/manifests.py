@@ -3,12 +3,13 @@ pod and container, and its settings as the binary would read them."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from awp_worker._config import WorkerConfig
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 DEPLOY = REPOSITORY / "deploy"
@@ -107,5 +108,10 @@ def settings_environment(container_spec: dict[str, Any], files: dict[str, Path])
     return env
 
 
-def command_line(container_spec: dict[str, Any]) -> str:
-    return shlex.join([*container_spec["command"], *container_spec.get("args", [])])
+def longest_worker_stop(config: WorkerConfig) -> float:
+    """From SIGTERM to exit at most (worker/awp_worker/_shutdown.py): the drain
+    (--shutdown-timeout), then the hand-back of what still runs: the claim loop and
+    the running actions cancelled (5 s each), computed results reported (up to 2 s),
+    the side tasks stopped (5 s), the final Drain (max(5 s, --rpc-timeout))."""
+    hand_back = 5 + 5 + min(2.0, config.rpc_timeout) + 5 + max(5.0, config.rpc_timeout)
+    return config.shutdown_timeout + hand_back

@@ -26,6 +26,7 @@ from deploy.manifests import (
     documents,
     find,
     labels,
+    longest_worker_stop,
     of_kind,
     pod,
     port,
@@ -108,15 +109,6 @@ def test_server_grace_covers_the_endpoint_removal_and_its_shutdown_grace(
 
 
 # ---------------------------------------------------------------- awp-worker
-
-
-def longest_worker_stop(config: WorkerConfig) -> float:
-    """From SIGTERM to exit at most (worker/awp_worker/_shutdown.py): the drain
-    (--shutdown-timeout), then the hand-back of what still runs: the claim loop and
-    the running actions cancelled (5 s each), computed results reported (up to 2 s),
-    the side tasks stopped (5 s), the final Drain (max(5 s, --rpc-timeout))."""
-    hand_back = 5 + 5 + min(2.0, config.rpc_timeout) + 5 + max(5.0, config.rpc_timeout)
-    return config.shutdown_timeout + hand_back
 
 
 def test_worker_reaches_the_service_and_its_grace_covers_drain_and_hand_back(
