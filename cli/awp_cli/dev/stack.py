@@ -410,7 +410,7 @@ def operate(stack: Stack, body: Callable[[Stack], Exit], *, interrupted: Exit) -
                 stack.say(
                     "stopping: workers drain first (up to "
                     f"{stack.config.worker_shutdown_timeout:g}s; Ctrl-C again to hand their "
-                    "tasks back now), then coordinator, server, PostgreSQL"
+                    "tasks back now), then coordinators, servers, PostgreSQL"
                 )
             problems = stack.stop(hurry)
         finally:
