@@ -11,7 +11,7 @@ ROOTS := $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open(
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: install proto proto-check buf-lint lint test test-pg15 test-fast demo bench schema clean
+.PHONY: install proto proto-check buf-lint lint test test-pg15 test-fast demo cluster image-lock bench schema clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,15 @@ test-fast: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/awp demo
+
+# The production topology as local processes (deploy/README.md): embedded PostgreSQL,
+# 2 servers, 2 coordinators (leader + standby), 4 workers, on loopback; Ctrl-C stops all.
+cluster: $(VENV)/.installed
+	$(BIN)/awp dev --servers 2 --coordinators 2 --workers 4 --module awp_demo.actions
+
+# Rewrites deploy/image/requirements.lock: the image's exact dependency versions.
+image-lock:
+	PYTHON=$(PYTHON) sh deploy/image/install.sh lock
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench.py

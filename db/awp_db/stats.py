@@ -1,4 +1,4 @@
-"""Queue depth and fleet figures for operators (GetStats)."""
+"""Queue depth and fleet figures for operators: GetStats, and the coordinator's gauges."""
 
 from __future__ import annotations
 
@@ -48,3 +48,45 @@ async def snapshot(pool: Pool) -> Stats:
             )
         oldest_pending_ms = await conn.fetchval(Q["oldest_pending"])
     return Stats(**sections, oldest_pending_ms=oldest_pending_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    state: str
+    # The executor kind or the workflow name, as the section says (sql/stats.sql gauges).
+    label: str | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    """What the leader coordinator exports as gauges, read in one snapshot."""
+
+    # Pending and leased dispatches, label = executor kind.
+    dispatches: list[Count] = field(default_factory=list)
+    # Ready tasks not yet offered to a worker, label = executor kind.
+    ready_tasks: list[Count] = field(default_factory=list)
+    # Active and draining worker sessions.
+    workers: list[Count] = field(default_factory=list)
+    # The executor kinds live workers serve, label = kind (count 0).
+    served_kinds: list[Count] = field(default_factory=list)
+    running_runs: list[Count] = field(default_factory=list)
+    # Runs finished within the window, state = outcome, label = workflow name.
+    finished_runs: list[Count] = field(default_factory=list)
+    oldest_pending_ms: float | None = None
+
+
+async def gauges(pool: Pool, window_s: float) -> Gauges:
+    sections: dict[str, list[Count]] = {
+        "dispatches": [],
+        "ready_tasks": [],
+        "workers": [],
+        "served_kinds": [],
+        "running_runs": [],
+        "finished_runs": [],
+    }
+    async with reads.snapshot(pool) as conn:
+        for row in await conn.fetch(Q["gauges"], window_s):
+            sections[row["section"]].append(Count(row["state"], row["label"], row["n"]))
+        oldest_pending_ms = await conn.fetchval(Q["oldest_pending"])
+    return Gauges(**sections, oldest_pending_ms=oldest_pending_ms)

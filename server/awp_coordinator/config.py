@@ -102,6 +102,15 @@ class CoordinatorConfig:
     metrics_listen: str | None = field(
         default="127.0.0.1:9465", metadata=flags.metrics_listen("AWP_COORDINATOR_METRICS_LISTEN")
     )
+    stats_interval_s: float = field(
+        default=15.0,
+        metadata=flag(
+            "--stats-interval",
+            "AWP_COORDINATOR_STATS_INTERVAL",
+            "how often the leader reads the queue, fleet and run-outcome gauges it exports",
+            read=flags.positive_duration,
+        ),
+    )
     # The coordinator does not know the servers' lease TTL: it takes the limits of the
     # default one unless told (one AWP_DB_STALL_TIMEOUT can serve every process).
     db_stall_timeout_s: float = field(

@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 
 from awp_common import logs
 from awp_common.flags import host_port
+from awp_coordinator import queue_gauges
 from awp_coordinator.config import CoordinatorConfig, parse
 from awp_coordinator.coordinator import Coordinator
 from awp_coordinator.metrics import Metrics
@@ -65,9 +66,19 @@ async def serve(config: CoordinatorConfig) -> None:
             "dispatch_prefetch": config.dispatch_prefetch,
         },
     )
+    coordinator = Coordinator(pool, config, metrics)
+    gauges = asyncio.create_task(
+        queue_gauges.refresh(
+            metrics.queue, pool, lambda: coordinator.leading, config.stats_interval_s, stop
+        ),
+        name="awp-coordinator-gauges",
+    )
     try:
-        await Coordinator(pool, config, metrics).run(stop)
+        await coordinator.run(stop)
     finally:
+        gauges.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gauges
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
                 await pool.close()

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from awp_coordinator.queue_gauges import QueueGauges
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        # Read from the database by the leader (queue_gauges.refresh).
+        self.queue = QueueGauges(self.registry)
         self.items = Counter(
             "awp_coordinator_items_total",
             "Items handled by coordinator passes, by kind of work",

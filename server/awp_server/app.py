@@ -36,6 +36,10 @@ SERVICE_NAMES = (
     worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
     control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
 )
+# SERVING from start to shutdown, whatever the database's state: what a liveness probe
+# asks about (a server cut off from PostgreSQL is not ready, but restarting it cures
+# nothing). The other names follow PostgreSQL.
+LIVENESS_SERVICE = "awp.liveness"
 # grpcio-reflection serves only v1alpha, while grpcurl and Postman ask for v1 first. v1 is
 # v1alpha under a new package, field for field, so one servicer answers both.
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
@@ -52,6 +56,9 @@ class RunningServer:
     # None without credentials (--insecure).
     credentials: CredentialStore | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # The probes' port (--health-listen), when there is one.
+    health_server: grpc.aio.Server | None = None
+    health_port: int = 0
 
     async def stop(self, grace: float) -> None:
         """Stops taking calls, lets running ones finish within grace, then releases all."""
@@ -63,6 +70,8 @@ class RunningServer:
         self.listener.wake_all()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:
@@ -170,6 +179,7 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     )
     await _set_health(health_servicer, False)
+    await health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     tls = config.tls
     if tls is None:
         port = server.add_insecure_port(config.listen)
@@ -181,6 +191,10 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
     running = RunningServer(
         server, port, pool, listener, health_servicer, shutting_down, credentials
     )
+    if config.health_listen:
+        running.health_server, running.health_port = await _serve_health(
+            config.health_listen, health_servicer
+        )
     running.tasks.append(
         asyncio.create_task(
             _watch_database(pool, health_servicer, config.health_check_interval_s),
@@ -193,6 +207,21 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         )
     )
     return running
+
+
+async def _serve_health(
+    listen: str, servicer: health.aio.HealthServicer
+) -> tuple[grpc.aio.Server, int]:
+    """grpc.health.v1 alone, plaintext and open: it tells only whether this server
+    serves, and answers the same as the main port (one servicer behind both)."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"could not listen on {listen} (--health-listen)")
+    await server.start()
+    log.info("health listening", extra={"address": listen.rpartition(":")[0] + f":{port}"})
+    return server, port
 
 
 def _enable_reflection(server: grpc.aio.Server, services: tuple[str, ...]) -> None:

@@ -29,6 +29,18 @@ class ServerConfig:
     metrics_listen: str | None = field(
         default="127.0.0.1:9464", metadata=flags.metrics_listen("AWP_METRICS_LISTEN")
     )
+    # Kubernetes' gRPC probes speak neither TLS nor tokens: they get a port of their own
+    # that serves grpc.health.v1 alone, so --listen can stay TLS-only.
+    health_listen: str | None = field(
+        default=None,
+        metadata=flag(
+            "--health-listen",
+            "AWP_HEALTH_LISTEN",
+            "plaintext HOST:PORT serving only grpc.health.v1 (for probes), or 'off'",
+            read=flags.address_or_off,
+            shown="off",
+        ),
+    )
     worker_token: str = field(
         default="",
         repr=False,

@@ -1,9 +1,13 @@
 """The built wheel stands on its own: installed into a fresh virtualenv, away from this
 checkout, every binary starts and `awp demo` runs the example workflow to success.
 
-This is what a user who runs `pip install awp` gets; it catches files that exist only
-in the source tree (the demo, SQL migrations, .pyi stubs, the console's templates,
-stylesheet and scripts) and imports that only work with the checkout on the path.
+This is what a user who runs `pip install awp` gets, and what the container image holds:
+the virtualenv is made by deploy/image/install.sh, the steps deploy/Dockerfile runs
+(the wheel built with the pinned backend, then exactly the versions of
+requirements.lock and the wheel, checked by `pip check`). It catches files that exist
+only in the source tree (the demo, SQL migrations, .pyi stubs, the console's templates,
+stylesheet and scripts), imports that only work
+with the checkout on the path, and a lock that no longer satisfies pyproject.toml.
 """
 
 from __future__ import annotations
@@ -20,19 +24,30 @@ import httpx
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[2]
+INSTALL_SH = REPOSITORY / "deploy" / "image" / "install.sh"
 BINARIES = ("awp", "awp-server", "awp-coordinator", "awp-worker")
 
 
-def _run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: list[str], cwd: Path, timeout: float, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     # Nothing of this checkout may leak in: no PYTHONPATH, no AWP_* settings.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("AWP_")}
     return subprocess.run(
-        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        argv,
+        cwd=cwd,
+        env=env | (extra or {}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
-def _checked(argv: list[str], cwd: Path, timeout: float) -> str:
-    done = _run(argv, cwd, timeout)
+def _checked(
+    argv: list[str], cwd: Path, timeout: float, extra: dict[str, str] | None = None
+) -> str:
+    done = _run(argv, cwd, timeout, extra)
     assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -51,16 +66,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if (REPOSITORY / name).is_file():
             shutil.copy2(REPOSITORY / name, target)
     dist = root / "dist"
-    _checked(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source)],
-        root,
-        600,
-    )
-    (wheel,) = dist.glob("awp-*.whl")
     venv = root / "venv"
-    _checked([sys.executable, "-m", "venv", str(venv)], root, 120)
-    _checked([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], root, 600)
+    # The copy's script, as the image build runs the context's.
+    install = [str(INSTALL_SH.relative_to(REPOSITORY))]
+    _install(source, [*install, "wheel", str(source), str(dist)])
+    (_wheel,) = dist.glob("awp-*.whl")
+    _install(source, [*install, "runtime", str(venv), str(dist)])
     return venv / "bin"
+
+
+def _install(cwd: Path, argv: list[str]) -> None:
+    _checked(["sh", *argv], cwd, 900, {"PYTHON": sys.executable})
 
 
 def test_every_binary_of_the_wheel_starts(installed: Path, tmp_path: Path) -> None:

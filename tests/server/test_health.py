@@ -66,3 +66,50 @@ async def test_health_tracks_the_database(own_postgres: EmbeddedPostgres) -> Non
             await poll_until(is_(SERVING), within=20)
     finally:
         await running.stop(0)
+
+
+async def test_the_probes_port_serves_health_alone(own_postgres: EmbeddedPostgres) -> None:
+    """--health-listen: plaintext grpc.health.v1 and nothing else, answering as the main
+    port does; awp.liveness stays SERVING while PostgreSQL is away (restarting the server
+    would not bring it back), until the server shuts down."""
+    conn = await connect(own_postgres.dsn)
+    await migrate(conn)
+    await conn.close()
+    running = await app.start(
+        ServerConfig(
+            database_url=own_postgres.dsn,
+            listen="127.0.0.1:0",
+            health_listen="127.0.0.1:0",
+            metrics_listen=None,
+            insecure=True,
+            health_check_interval_s=0.1,
+        )
+    )
+    assert running.health_port not in (0, running.port)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.health_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def status(service: str = "") -> int:
+            response = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            return response.status
+
+        try:
+            await poll_until(lambda: _is(status(), SERVING), "SERVING on the probes port")
+            assert await status(app.LIVENESS_SERVICE) == SERVING
+            assert await status("awp.v1.WorkerService") == SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await channel.unary_unary("/awp.v1.ControlService/ListWorkers")(b"")
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+            own_postgres.stop(mode="immediate")
+            await poll_until(lambda: _is(status(), NOT_SERVING), "NOT_SERVING without PostgreSQL")
+            assert await status(app.LIVENESS_SERVICE) == SERVING
+        finally:
+            await running.stop(0)
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+        assert gone.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def _is(status: Awaitable[int], expected: int) -> bool:
+    return await status == expected

@@ -17,6 +17,7 @@ from typing import Final
 from rich.text import Text
 
 from awp_cli import render
+from awp_cli.dev.lifetime import Record, die_with_parent
 from awp_cli.errors import CliError, Exit
 
 # The console scripts of pyproject.toml: run from beside this interpreter when installed,
@@ -55,6 +56,8 @@ class Child:
     # Where this session's lines start in the log.
     log_offset: int = 0
     restarts: list[float] = field(default_factory=list)
+    # Where the stack notes its children, for the next start to find any left running.
+    record: Record | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +74,11 @@ class Child:
                 env=self.env,
                 # Own session: the terminal's Ctrl-C must not reach it before its turn.
                 start_new_session=True,
+                # If the stack dies without stopping it, it is asked to stop as usual.
+                preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509 (lifetime.py)
             )
+        if self.record is not None:
+            self.record.add(self.name, self.process.pid)
 
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()

@@ -62,10 +62,25 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=(
             "Starts a private PostgreSQL (its data kept in --data-dir across runs), "
             "awp-server, awp-coordinator and --workers awp-workers, on loopback without "
-            "tokens. Ctrl-C (or SIGTERM) stops them: workers first, so they drain."
+            "tokens. Ctrl-C (or SIGTERM) stops them: workers first, so they drain. Killed, "
+            "it takes them along; what a killed one left is stopped at the next start. "
+            "`make cluster` runs it with 2 servers and 2 coordinators (deploy/README.md)."
         ),
     )
     dev.add_argument("--workers", type=_count, default=2, help="worker processes (default 2)")
+    dev.add_argument(
+        "--servers",
+        type=_at_least_one,
+        default=1,
+        help="awp-server processes, on --listen's port and the next ones; workers are "
+        "spread over them (default 1)",
+    )
+    dev.add_argument(
+        "--coordinators",
+        type=_at_least_one,
+        default=1,
+        help="awp-coordinator processes: one leads, the others stand by (default 1)",
+    )
     dev.add_argument(
         "--data-dir",
         type=Path,
@@ -92,8 +107,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--metrics-port",
         type=int,
         default=9464,
-        help="Prometheus port of the server; the coordinator's is the next, then one per "
-        "worker (default 9464; 0 picks free ports)",
+        help="Prometheus port of the (first) server; the next ports go to the other "
+        "servers, the coordinators, then one per worker (default 9464; 0 picks free ports)",
     )
     dev.add_argument(
         "--console-port",
@@ -138,6 +153,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def _say(prefix: str) -> Callable[[str], None]:
     def say(message: str) -> None:
         style = "yellow" if message.startswith("warning") else "dim"
@@ -156,12 +178,15 @@ def _say(prefix: str) -> Callable[[str], None]:
 def run_dev(args: argparse.Namespace) -> Exit:
     from awp_cli.dev.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
 
-    if not 0 <= args.metrics_port <= 65535 - 2 - args.workers:
+    processes = args.servers + args.coordinators + args.workers
+    if not 0 <= args.metrics_port <= 65535 - processes:
         raise usage(f"--metrics-port {args.metrics_port} leaves no room for every process")
     config = StackConfig(
         data_dir=args.data_dir,
         listen=args.listen,
         workers=args.workers,
+        servers=args.servers,
+        coordinators=args.coordinators,
         concurrency=args.concurrency or 1,
         modules=tuple(args.module),
         metrics_port=args.metrics_port,
@@ -197,19 +222,19 @@ def run_dev(args: argparse.Namespace) -> Exit:
 def _print_ready(stack: Stack) -> None:
     m = stack.metrics
     logs = ",".join(c.name for c in stack.children())
-    worker_ports = ", ".join(f":{m[w.name]}" for w in stack.workers)
-    workers = f", {worker_ports} (workers)" if worker_ports else ""
+    first, *others = [c for c in stack.children() if c.name in m]
+    metrics = ", ".join(
+        [f"http://127.0.0.1:{m[first.name]}/metrics ({first.name})"]
+        + [f":{m[c.name]} ({c.name})" for c in others]
+    )
     address_hint = "" if stack.address == DEFAULT_ADDRESS else f" --address {stack.address}"
     postgres = stack.postgres
     assert postgres is not None
+    servers = ", ".join(stack.addresses)
     lines = [
-        ("server", f"{stack.address}  (plaintext, no tokens: loopback only)"),
+        ("server", f"{servers}  (plaintext, no tokens: loopback only)"),
         *([("console", stack.console_url)] if stack.console_url else []),
-        (
-            "metrics",
-            f"http://127.0.0.1:{m['awp-server']}/metrics (server), "
-            f":{m['awp-coordinator']} (coordinator){workers}",
-        ),
+        ("metrics", metrics),
         (
             "workers",
             f"{len(stack.workers)} x kinds mock,python, concurrency {stack.config.concurrency}",

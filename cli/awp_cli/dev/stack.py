@@ -1,10 +1,11 @@
-"""The all-in-one local stack behind `awp dev` and `awp demo`.
+"""The local stack behind `awp dev`, `awp demo` and `awp cluster`.
 
-A private PostgreSQL (kept in DATA_DIR/pg across runs), then awp-server, awp-coordinator
-and N awp-workers as child processes, each in its own session so that a Ctrl-C in the
-terminal reaches only `awp dev`, which then stops them in the order that loses nothing:
-workers first (they drain and finish or hand back their leases), then the coordinator,
-the server, and PostgreSQL last. Everything listens on loopback only, without tokens.
+A private PostgreSQL (kept in DATA_DIR/pg across runs), then the awp-servers, the
+awp-coordinators and N awp-workers as child processes, each in its own session so that a
+Ctrl-C in the terminal reaches only the stack, which then stops them in the order that
+loses nothing: workers first (they drain and finish or hand back their leases), then the
+coordinators, the servers, and PostgreSQL last. Everything listens on loopback only,
+without tokens. The children end with the stack even when it is killed (lifetime.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_cli.dev.children import Child, LogEcho, command, stop_group
+from awp_cli.dev.lifetime import Record, die_with_parent, stop_processes
 from awp_cli.errors import CliError, Exit, usage
 from awp_common.flags import host_port, is_loopback
 from awp_db.migrate import migrate_when_reachable
@@ -47,16 +49,21 @@ SESSION_LABEL: Final = "awp-dev-session"
 STARTUP_TIMEOUT_S: Final = 60.0
 # A child that keeps dying is given up on rather than restarted forever.
 MAX_RESTARTS_PER_MINUTE: Final = 3
+# How long children left by a killed stack get to stop before they are killed.
+STALE_GRACE_S: Final = 10.0
 
 
 @dataclass(frozen=True)
 class StackConfig:
     data_dir: Path
+    # The first server's address; the others listen on the next ports.
     listen: str = "127.0.0.1:50051"
     workers: int = 2
+    servers: int = 1
+    coordinators: int = 1
     concurrency: int = 8
     modules: tuple[str, ...] = ()
-    # Server, coordinator, then one per worker; 0 picks free ports.
+    # Servers, coordinators, then one per worker; 0 picks free ports.
     metrics_port: int = 9464
     worker_shutdown_timeout: float = 10.0
     # fsync off: only for throwaway data (`awp demo`).
@@ -77,17 +84,20 @@ class Stack:
         self.data_dir = config.data_dir.expanduser().resolve()
         self.logs = self.data_dir / "logs"
         self.postgres: EmbeddedPostgres | None = None
-        self.server: Child | None = None
-        self.coordinator: Child | None = None
+        self.servers: list[Child] = []
+        self.coordinators: list[Child] = []
         self.workers: list[Child] = []
         self.console: Child | None = None
+        # Where each server listens, and the first of them (what clients are told).
+        self.addresses: list[str] = []
         self.address = ""
         self.console_url = ""
         self.metrics: dict[str, int] = {}
         # Decided in _plan_ports.
-        self.listen = config.listen
+        self.listens: list[str] = []
         self.postgres_port = 0
         self.session = secrets.token_hex(4)
+        self.record = Record(self.data_dir / "children.jsonl")
         self._lock: IO[str] | None = None
         self._echo: LogEcho | None = None
 
@@ -98,6 +108,7 @@ class Stack:
         host, port = _loopback(self.config.listen)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._take_lock()
+        self._stop_stale()
         self._plan_ports(host, port)
         if self.config.verbose:
             self._echo = LogEcho(self.children)
@@ -105,35 +116,42 @@ class Stack:
         self._start_postgres()
         assert self.postgres is not None
         env = dict(os.environ)
-        self.server = self._child(
-            "awp-server",
-            "server",
-            [
-                "--database-url", self.postgres.dsn,
-                "--listen", self.listen,
-                "--insecure",
-                "--log-format", "text",
-                "--metrics-listen", self._metrics_flag("awp-server"),
-            ],
-            env,
-        )  # fmt: skip
-        self.address = self._wait_listening(self.server)
-        self._wait_serving(self.server)
-        self.say(f"awp-server listening on {self.address}")
-        self.coordinator = self._child(
-            "awp-coordinator",
-            "coordinator",
-            [
-                "--database-url", self.postgres.dsn,
-                "--log-format", "text",
-                "--metrics-listen", self._metrics_flag("awp-coordinator"),
-            ],
-            env,
-        )  # fmt: skip
+        names = self._names("server", self.config.servers)
+        for name, listen in zip(names, self.listens, strict=True):
+            server = self._child(
+                "awp-server",
+                name,
+                [
+                    "--database-url", self.postgres.dsn,
+                    "--listen", listen,
+                    "--insecure",
+                    "--log-format", "text",
+                    "--metrics-listen", self._metrics_flag(name),
+                ],
+                env,
+            )  # fmt: skip
+            self.servers.append(server)
+            self.addresses.append(self._wait_listening(server))
+            self._wait_serving(server, self.addresses[-1])
+            self.say(f"awp-server listening on {self.addresses[-1]}")
+        self.address = self.addresses[0]
+        for name in self._names("coordinator", self.config.coordinators):
+            coordinator = self._child(
+                "awp-coordinator",
+                name,
+                [
+                    "--database-url", self.postgres.dsn,
+                    "--log-format", "text",
+                    "--metrics-listen", self._metrics_flag(name),
+                ],
+                env,
+            )  # fmt: skip
+            self.coordinators.append(coordinator)
         for index in range(1, self.config.workers + 1):
             name = f"worker-{index}"
             argv = [
-                "--server", self.address,
+                # Spread over the servers, as a load balancer in front of them would.
+                "--server", self.addresses[(index - 1) % len(self.addresses)],
                 "--name", f"dev-{name}",
                 "--kinds", "mock,python",
                 "--concurrency", str(self.config.concurrency),
@@ -152,8 +170,8 @@ class Stack:
     def _start_console(self, port: int, env: dict[str, str]) -> None:
         argv = ["console", "--address", self.address, "--listen", f"127.0.0.1:{port}",
                 "--log-format", "text"]  # fmt: skip
-        for name in ("awp-server", "awp-coordinator"):
-            argv += ["--metrics-url", f"http://127.0.0.1:{self.metrics[name]}/metrics"]
+        for child in [*self.servers, *self.coordinators]:
+            argv += ["--metrics-url", f"http://127.0.0.1:{self.metrics[child.name]}/metrics"]
         console = self.console = self._child("awp", "console", argv, env)
         for _ in self._until("the console to listen", console):
             if found := CONSOLE_LISTENING.search(console.log_text()):
@@ -161,6 +179,11 @@ class Stack:
                 # A restart (supervise) keeps the address printed, even when port 0 chose it.
                 console.argv[console.argv.index("--listen") + 1] = found[1].split("//", 1)[1]
                 return
+
+    @staticmethod
+    def _names(role: str, count: int) -> list[str]:
+        """ "server" alone, or "server-1", "server-2"...: the log files and metrics keys."""
+        return [role] if count == 1 else [f"{role}-{i}" for i in range(1, count + 1)]
 
     def _take_lock(self) -> None:
         # Two stacks on one data directory would stop each other's PostgreSQL.
@@ -181,18 +204,33 @@ class Stack:
         lock.flush()
         self._lock = lock
 
+    def _stop_stale(self) -> None:
+        """Stops what a stack killed on this directory left running (its PostgreSQL is
+        found by its own pid file, in _start_postgres)."""
+        survivors = self.record.survivors()
+        if survivors:
+            names = ", ".join(f"{entry.name} (pid {entry.pid})" for entry in survivors)
+            self.say(f"stopping what an earlier stack left running: {names}")
+            for entry in stop_processes(survivors, STALE_GRACE_S):
+                self.say(f"warning: {entry.name} (pid {entry.pid}) had to be killed")
+        self.record.clear()
+
     def _plan_ports(self, host: str, port: int) -> None:
         """Every port of the stack chosen before anything starts, all distinct: ports
         left to the children (0) would let the kernel hand one of them to two."""
-        names = ["awp-server", "awp-coordinator"] + [
-            f"worker-{i}" for i in range(1, self.config.workers + 1)
+        servers = self.config.servers
+        names = [
+            *self._names("server", servers),
+            *self._names("coordinator", self.config.coordinators),
+            *(f"worker-{i}" for i in range(1, self.config.workers + 1)),
         ]
         base = self.config.metrics_port
-        spare = iter(free_ports(len(names) + 2))
+        spare = iter(free_ports(len(names) + servers + 1))
         self.metrics = {name: (base + i if base else next(spare)) for i, name in enumerate(names)}
-        self.listen = f"{host}:{port or next(spare)}"
+        ports = [port + i if port else next(spare) for i in range(servers)]
+        self.listens = [f"{host}:{p}" for p in ports]
         self.postgres_port = next(spare)
-        wanted = [(host, port, "--listen")] if port else []
+        wanted = [(host, p, "--listen") for p in ports] if port else []
         wanted += [("127.0.0.1", p, f"metrics of {name}") for name, p in self.metrics.items()]
         for where, number, what in wanted:
             if not _port_free(where, number):
@@ -215,7 +253,8 @@ class Stack:
                 # The lock is ours, so this one was left by an awp dev that was killed.
                 self.say("stopping a PostgreSQL left running by an earlier awp dev")
                 postgres.stop()
-            postgres.start()
+            # Fast shutdown (SIGINT) when the stack dies without stopping it.
+            postgres.start(preexec_fn=die_with_parent(signal.SIGINT))
         except (subprocess.SubprocessError, OSError) as exc:
             raise CliError(
                 Exit.SERVER,
@@ -228,7 +267,9 @@ class Stack:
             raise CliError(Exit.SERVER, f"cannot migrate the database: {exc}") from None
 
     def _child(self, script: str, name: str, args: list[str], env: dict[str, str]) -> Child:
-        child = Child(name, [*command(script), *args], self.logs / f"{name}.log", env)
+        child = Child(
+            name, [*command(script), *args], self.logs / f"{name}.log", env, record=self.record
+        )
         child.start()
         return child
 
@@ -239,8 +280,8 @@ class Stack:
                 return found[1]
         raise AssertionError("unreachable")
 
-    def _wait_serving(self, server: Child) -> None:
-        with grpc.insecure_channel(self.address) as channel:
+    def _wait_serving(self, server: Child, address: str) -> None:
+        with grpc.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             for _ in self._until("awp-server to report SERVING", server):
                 try:
@@ -284,7 +325,7 @@ class Stack:
             time.sleep(0.05)
 
     def children(self) -> list[Child]:
-        started = [self.server, self.coordinator, *self.workers, self.console]
+        started = [*self.servers, *self.coordinators, *self.workers, self.console]
         return [c for c in started if c is not None]
 
     # ------------------------------------------------------------ run
@@ -292,7 +333,7 @@ class Stack:
     def supervise(self, reload: threading.Event | None = None) -> None:
         """Blocks until interrupted. A worker or the coordinator that exits is started
         again, as a process manager would (a worker whose session ended permanently must
-        register anew); the server exiting, or a child that keeps dying, ends the stack.
+        register anew); a server exiting, or a child that keeps dying, ends the stack.
         When `reload` is set, the workers are restarted (awp dev --reload)."""
         while True:
             time.sleep(0.25)
@@ -305,7 +346,7 @@ class Stack:
                     continue
                 now = time.monotonic()
                 child.restarts = [t for t in child.restarts if now - t < 60] + [now]
-                if child is self.server or len(child.restarts) > MAX_RESTARTS_PER_MINUTE:
+                if child in self.servers or len(child.restarts) > MAX_RESTARTS_PER_MINUTE:
                     raise child.died(code)
                 self.say(f"{child.name} exited with code {code}; starting it again")
                 child.start()
@@ -326,15 +367,15 @@ class Stack:
     def stop(self, hurry: threading.Event) -> list[str]:
         """Stops everything in order; returns what did not stop cleanly."""
         problems: list[str] = []
-        if self.server is not None and self.server.exit_code() is not None:
+        if any(server.exit_code() is not None for server in self.servers):
             # No server to drain to: waiting out the workers' shutdown timeout is pointless.
             hurry.set()
         drain_s = self.config.worker_shutdown_timeout + 10
         for group, grace in (
             ([self.console] if self.console else [], 5.0),
             (self.workers, drain_s),
-            ([self.coordinator] if self.coordinator else [], 15.0),
-            ([self.server] if self.server else [], 15.0),
+            (self.coordinators, 15.0),
+            (self.servers, 15.0),
         ):
             problems += stop_group(group, grace, hurry)
         if self.postgres is not None:
@@ -345,6 +386,7 @@ class Stack:
         if self._echo is not None:
             self._echo.stop()
             self._echo = None
+        self.record.clear()
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -405,7 +447,7 @@ def operate(stack: Stack, body: Callable[[Stack], Exit], *, interrupted: Exit) -
                 stack.say(
                     "stopping: workers drain first (up to "
                     f"{stack.config.worker_shutdown_timeout:g}s; Ctrl-C again to hand their "
-                    "tasks back now), then coordinator, server, PostgreSQL"
+                    "tasks back now), then coordinators, servers, PostgreSQL"
                 )
             problems = stack.stop(hurry)
         finally:

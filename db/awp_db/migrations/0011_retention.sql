@@ -1,9 +1,10 @@
--- Retention (DESIGN.md §7, docs/retention.md): the leading coordinator deletes finished
+-- Retention (docs/design.md §7, docs/retention.md): the leading coordinator deletes finished
 -- runs past the retention age, oldest first, a small batch per transaction, with every
 -- row that belongs to them (awp_db.retention).
 
 -- The candidates, oldest first, without reading every run; id breaks ties so that a
--- dry run can page through them (and makes the order total).
+-- dry run can page through them (and makes the order total). The coordinator's
+-- run-outcome gauges read the runs of the last few minutes from here too (sql/stats.sql).
 CREATE INDEX runs_finished ON runs (finished_at, id) WHERE finished_at IS NOT NULL;
 
 COMMENT ON INDEX runs_finished IS

@@ -22,3 +22,36 @@ ORDER BY 1, 2, 3
 SELECT (extract(epoch FROM clock_timestamp() - min(created_at)) * 1000)::float8 AS age_ms
   FROM dispatches
  WHERE state = 'pending'
+
+-- name: gauges
+-- The coordinator's Prometheus gauges, every query on a partial index: (section, state,
+-- label, n). label: the executor kind (dispatches, ready_tasks, and the kinds live
+-- workers serve: counted 0 rather than missing) or the workflow name (finished_runs,
+-- within the last $1 seconds by the live clock).
+SELECT 'dispatches' AS section, state, executor_kind AS label, count(*) AS n
+  FROM dispatches
+ WHERE state IN ('pending', 'leased')
+ GROUP BY state, executor_kind
+UNION ALL
+SELECT 'ready_tasks', 'ready', executor_kind, count(*)
+  FROM tasks
+ WHERE state = 'ready'
+ GROUP BY executor_kind
+UNION ALL
+SELECT 'workers', state, NULL, count(*)
+  FROM workers
+ WHERE state IN ('active', 'draining')
+ GROUP BY state
+UNION ALL
+SELECT DISTINCT 'served_kinds', 'served', unnest(executor_kinds), 0
+  FROM workers
+ WHERE state IN ('active', 'draining')
+UNION ALL
+SELECT 'running_runs', 'running', NULL, count(*)
+  FROM runs
+ WHERE state = 'running'
+UNION ALL
+SELECT 'finished_runs', r.state, w.name, count(*)
+  FROM runs r JOIN workflows w ON w.id = r.workflow_id
+ WHERE r.finished_at > clock_timestamp() - make_interval(secs => $1::float8)
+ GROUP BY r.state, w.name

@@ -1,0 +1,92 @@
+"""The queue, fleet and run-outcome gauges the leader exports: what the database holds,
+read on partial indexes (awp_db.stats.gauges), and only while leading."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry
+
+from awp_coordinator import queue_gauges
+from awp_coordinator.queue_gauges import QueueGauges
+from awp_db import stats
+from awp_db.connect import Pool
+from kit import poll_until, spec, start_run
+from kit.db import dispatch_all, drive_to_end, register
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+async def _read(pool: Pool, gauges: QueueGauges) -> None:
+    gauges.latest = await stats.gauges(pool, queue_gauges.RUN_OUTCOME_WINDOW_S)
+
+
+async def test_the_gauges_follow_the_queue_and_the_outcomes(pool: Pool) -> None:
+    registry = CollectorRegistry()
+    gauges = QueueGauges(registry)
+    assert "awp_dispatches" not in {m.name for m in registry.collect()}, "none before a read"
+
+    worker = await register(pool, ["mock"], max_concurrency=10)
+    await register(pool, ["python"], name="idle")
+    first = await start_run(pool, spec("gauged", 3))
+    await _read(pool, gauges)
+    assert _value(registry, "awp_ready_tasks", executor_kind="mock") == 3
+    assert _value(registry, "awp_dispatches", state="pending", executor_kind="mock") == 0
+    assert _value(registry, "awp_oldest_pending_dispatch_seconds") == 0
+    assert _value(registry, "awp_workers", state="active") == 2
+    assert _value(registry, "awp_workers", state="draining") == 0
+    assert _value(registry, "awp_running_runs") == 1
+
+    await dispatch_all(pool)
+    (leased, *_) = await worker.claim(1)
+    await _read(pool, gauges)
+    assert _value(registry, "awp_ready_tasks", executor_kind="mock") == 0
+    assert _value(registry, "awp_dispatches", state="pending", executor_kind="mock") == 2
+    assert _value(registry, "awp_dispatches", state="leased", executor_kind="mock") == 1
+    oldest = _value(registry, "awp_oldest_pending_dispatch_seconds")
+    assert oldest is not None and oldest > 0
+
+    await worker.complete(leased)
+    assert await drive_to_end(pool, first, worker) == "succeeded"
+    failing = await start_run(pool, spec("gauged-failing", 1, max_attempts=1))
+    (doomed,) = await worker.dispatch_and_claim()
+    await worker.complete(doomed, "failed", retryable=False)
+    await worker.drain()
+    await _read(pool, gauges)
+    outcomes = {
+        (s.labels["workflow"], s.labels["outcome"]): s.value
+        for m in registry.collect()
+        if m.name == "awp_recent_run_outcomes"
+        for s in m.samples
+    }
+    assert outcomes == {("gauged", "succeeded"): 1, ("gauged-failing", "failed"): 1}, failing
+    assert _value(registry, "awp_running_runs") == 0
+    assert _value(registry, "awp_workers", state="active") == 1
+    # A kind without work reads 0 while a live worker serves it, and is gone after.
+    assert _value(registry, "awp_dispatches", state="pending", executor_kind="python") == 0
+    assert _value(registry, "awp_ready_tasks", executor_kind="python") == 0
+    assert _value(registry, "awp_dispatches", state="pending", executor_kind="mock") is None
+
+
+async def test_only_the_leader_exports_them(pool: Pool) -> None:
+    registry = CollectorRegistry()
+    gauges = QueueGauges(registry)
+    leading = asyncio.Event()
+    stop = asyncio.Event()
+    refreshing = asyncio.create_task(queue_gauges.refresh(gauges, pool, leading.is_set, 0.05, stop))
+    try:
+        await start_run(pool, spec("lead", 2))
+        leading.set()
+        await poll_until(
+            lambda: _value(registry, "awp_ready_tasks", executor_kind="mock") == 2,
+            "the leader's gauges",
+        )
+        leading.clear()
+        await poll_until(
+            lambda: _value(registry, "awp_running_runs") is None, "a standby exports none"
+        )
+    finally:
+        stop.set()
+        await refreshing
