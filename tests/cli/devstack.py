@@ -78,6 +78,7 @@ def launch(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Dev
             "--data-dir", str(data_dir),
             "--listen", "127.0.0.1:0",
             "--metrics-port", "0",
+            "--console-port", "0",
             *args,
         ],
         stdout=subprocess.PIPE,
@@ -102,7 +103,6 @@ def dev_stack(modules: Sequence[str]) -> Iterator[DevStack]:
     try:
         dev = launch(
             data_dir,
-            "--console-port", "0",
             "--workers", "2",
             *(arg for module in modules for arg in ("--module", module)),
             env={"PYTHONPATH": path},

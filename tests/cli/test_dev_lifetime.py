@@ -49,7 +49,13 @@ async def test_kill_9_of_awp_dev_leaves_nothing_running(data_dir: Path) -> None:
     dev = launch(data_dir, "--workers", "2")
     dev.wait_ready()
     children = Record(data_dir / "children.jsonl").entries()
-    assert sorted(c.name for c in children) == ["coordinator", "server", "worker-1", "worker-2"]
+    assert sorted(c.name for c in children) == [
+        "console",
+        "coordinator",
+        "server",
+        "worker-1",
+        "worker-2",
+    ]
     everything = [*children, _entry("postgres", _postgres_pid(data_dir))]
     assert all(entry.alive() for entry in everything)
 

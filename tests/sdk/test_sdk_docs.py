@@ -88,6 +88,7 @@ def project() -> Iterator[Project]:
             "--data-dir", str(root / "data"),
             "--listen", "127.0.0.1:0",
             "--metrics-port", "0",
+            "--console-port", "0",
             "--workers", "1",
             "--module", "hello",
             "--reload",
