@@ -65,7 +65,7 @@ demo: $(VENV)/.installed
 # The production topology as local processes (deploy/README.md): embedded PostgreSQL,
 # 2 servers, 2 coordinators (leader + standby), 4 workers, on loopback; Ctrl-C stops all.
 cluster: $(VENV)/.installed
-	$(BIN)/awp dev --servers 2 --coordinators 2 --workers 4 --module awp_demo.actions
+	$(BIN)/awp dev --servers 2 --coordinators 2 --workers 4 --module awp_demo.workflow
 
 # Rewrites deploy/image/requirements.lock: the image's exact dependency versions.
 image-lock:

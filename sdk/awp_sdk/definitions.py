@@ -42,7 +42,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from google.protobuf import duration_pb2
 
@@ -50,6 +50,7 @@ from awp.v1 import types_pb2
 from awp_common.durations import parse_duration
 from awp_kernel import definition_proto
 from awp_kernel.definition import DefinitionInvalid as RulesBroken
+from awp_kernel.definition import FailurePolicy
 from awp_protocol.errors import FieldViolation, Reason, join_violations
 from awp_protocol.jsonvalue import JsonInvalid, to_struct
 from awp_sdk.errors import DefinitionInvalid
@@ -94,6 +95,9 @@ POLICIES: Final = {
     for name, value in types_pb2.FailurePolicy.items()
     if value != types_pb2.FAILURE_POLICY_UNSPECIFIED
 }
+# A task's on_failure, as awp_sdk.workflow takes it: named here because the CLI, which
+# imports that module, reaches the kernel only through this one.
+OnFailure: TypeAlias = FailurePolicy
 # A GetWorkflow answer's workflow wraps the definition; its other fields are ignored.
 _WRAPPER_KEYS: Final = frozenset({"definition", "createdAt", "created_at"})
 

@@ -5,16 +5,20 @@
     @wf.task(retry=Retry(max_attempts=3, initial_backoff="250ms"), timeout="30s")
     async def fetch(ctx: ActionContext, input: dict) -> dict: ...
 
-    @wf.task(depends_on=[fetch])
+    @wf.task(map=Map(over=fetch, path="articles"), on_failure="continue")
     def summarize(ctx: ActionContext, input: dict) -> dict:
-        return {"summary": ctx.upstream["fetch"]["text"]}
+        return {"summary": input["item"]["text"][:200]}  # once per article
+
+    @wf.task(always=True)
+    def cleanup(ctx: ActionContext, input: dict) -> dict: ...
 
 A decorated function stays callable as before and is registered as the action
 "<workflow name>.<task key>" (``action=`` names it otherwise), so ``awp-worker --module``
 runs it once it has imported the module. Dependencies are the task objects themselves,
-never strings. A Workflow becomes the same plain data a workflow file holds
-(``to_dict``), so a workflow in code and its YAML twin give identical definitions, and
-is checked with the server's own rules before it is sent (``definition``).
+never strings; a map's ``over`` task is a dependency without being listed. A Workflow
+becomes the same plain data a workflow file holds (``to_dict``), so a workflow in code
+and its YAML twin give identical definitions, and is checked with the server's own rules
+before it is sent (``definition``).
 """
 
 from __future__ import annotations
@@ -61,8 +65,18 @@ class Retry:
         return {key: value for key, value in given.items() if value is not None}
 
 
+@dataclass(frozen=True)
+class Map:
+    """Run a task once per element of the list at ``path`` (dotted keys, e.g.
+    "result.queries") in the output of task ``over``; each element's input holds the
+    task's own input plus "item" and "index", and each has its own attempts."""
+
+    over: Task
+    path: str
+
+
 class Task:
-    """One task of a Workflow: what ``depends_on`` takes."""
+    """One task of a Workflow: what ``depends_on`` and ``Map(over=...)`` take."""
 
     def __init__(
         self,
@@ -75,20 +89,29 @@ class Task:
         depends_on: Sequence[Task],
         retry: Retry | int | None,
         timeout: Duration | None,
+        map: Map | None = None,
+        on_failure: definitions.OnFailure | None = None,
+        always: bool = False,
     ) -> None:
         self.workflow = workflow
         self.key = key
         self.action = action
         self.kind = kind
         self.input = dict(input or {})
-        self.depends_on = tuple(workflow._own(depends_on, key))
+        dependencies = workflow._own(depends_on, key)
+        if map is not None:
+            (over,) = workflow._own([map.over], key)
+            if over not in dependencies:
+                dependencies.append(over)
+        self.depends_on = tuple(dependencies)
         self.retry = Retry(max_attempts=retry) if isinstance(retry, int) else retry
         self.timeout = timeout
+        self.map = map
+        self.on_failure = on_failure
+        self.always = always
 
     def to_dict(self) -> dict[str, Any]:
         """The task as a workflow file writes it."""
-        # Map fan-out, failure policy and `always` tasks join here as keys of their own
-        # once the engine runs them.
         entry: dict[str, Any] = {"key": self.key, "kind": self.kind, "action": self.action}
         if self.input:
             entry["input"] = self.input
@@ -98,6 +121,12 @@ class Task:
             entry["retry"] = self.retry.to_dict()
         if self.timeout is not None:
             entry["timeout"] = _duration(self.timeout)
+        if self.map is not None:
+            entry["map"] = {"over": self.map.over.key, "path": self.map.path}
+        if self.on_failure is not None:
+            entry["on_failure"] = self.on_failure
+        if self.always:
+            entry["always"] = True
         return entry
 
     def __repr__(self) -> str:
@@ -153,6 +182,9 @@ class Workflow:
         input: Mapping[str, Any] | None = None,
         retry: Retry | int | None = None,
         timeout: Duration | None = None,
+        map: Map | None = None,
+        on_failure: definitions.OnFailure | None = None,
+        always: bool = False,
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
     def task(
@@ -165,13 +197,19 @@ class Workflow:
         input: Mapping[str, Any] | None = None,
         retry: Retry | int | None = None,
         timeout: Duration | None = None,
+        map: Map | None = None,
+        on_failure: definitions.OnFailure | None = None,
+        always: bool = False,
     ) -> Any:
         """Declares the decorated function a task of this workflow (kind "python").
 
         key: the task key (default: the function's name). action: the action name
         (default "<workflow name>.<key>"). depends_on: tasks that must succeed first.
         input: the task's own JSON input. retry: a Retry, or a number of attempts.
-        timeout: per attempt (default 5 minutes).
+        timeout: per attempt (default 5 minutes). map: run once per element of a list in
+        another task's output (a Map). on_failure: "fail_run" (the default) or "continue"
+        (the run goes on without this task's dependents). always: run once every other
+        task has ended, success or failure (cleanup, notification).
         """
 
         def declare(function: Callable[..., Any]) -> TaskFunction[..., Any]:
@@ -188,6 +226,9 @@ class Workflow:
                 depends_on=depends_on,
                 retry=retry,
                 timeout=timeout,
+                map=map,
+                on_failure=on_failure,
+                always=always,
             )
             self._tasks.append(declared)
             return declared
@@ -204,6 +245,9 @@ class Workflow:
         input: Mapping[str, Any] | None = None,
         retry: Retry | int | None = None,
         timeout: Duration | None = None,
+        map: Map | None = None,
+        on_failure: definitions.OnFailure | None = None,
+        always: bool = False,
     ) -> Task:
         """Declares a task whose action runs elsewhere: another executor kind (``mock``), a
         worker in another language, or an ``@action`` registered in another module."""
@@ -216,6 +260,9 @@ class Workflow:
             depends_on=depends_on,
             retry=retry,
             timeout=timeout,
+            map=map,
+            on_failure=on_failure,
+            always=always,
         )
         self._tasks.append(declared)
         return declared

@@ -10,8 +10,9 @@ def test_the_demo_succeeds_and_cleans_up() -> None:
     assert result.code == 0, result.out + result.err
     out = result.out
     assert "Traceback" not in out + result.err
-    assert "fetch_forum (2 attempts)" in out  # the flaky fetch was retried
-    assert "6 succeeded" in out
+    assert "summarize (2 attempts)" in out  # the flaky step was retried
+    assert "4 elements: 4 succeeded" in out  # one search per planned query
+    assert "9 succeeded" in out  # plan, the map task and its 4 elements, and 3 more
     assert '"keywords": [' in out  # the Python action's output
     assert "awp demo: stopped" in out
     assert "awp demo succeeded in" in out

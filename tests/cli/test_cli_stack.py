@@ -20,7 +20,7 @@ from cli.runner import Result, awp
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
-    yield from dev_stack(["awp_demo.actions"])
+    yield from dev_stack(["awp_demo.workflow"])
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -45,11 +45,11 @@ tasks:
     input: {{fail_attempts: 1}}
     retry: {{max_attempts: 3, initial_backoff: 100ms, max_backoff: 1s, multiplier: 2}}
     timeout: 30s
-  - key: summarize
+  - key: plan
     kind: python
-    action: digest.summarize
+    action: research-digest.plan
     depends_on: [flaky]
-    input: {{sources: [news, forum], max_keywords: 3}}
+    input: {{topic: cli, sources: [news, forum]}}
 """
 
 
@@ -69,7 +69,7 @@ def test_apply_list_and_get_a_workflow(stack: DevStack, tmp_path: Path) -> None:
     assert flaky["retry"]["initialBackoff"] == "0.100s"
     assert flaky["timeout"] == "30s"
     table = stack.awp("workflow", "get", "cli-flaky")
-    assert table.code == 0 and "digest.summarize" in table.out
+    assert table.code == 0 and "research-digest.plan" in table.out
 
     # `get --json` is a file `apply` takes back: edit it into version 2.
     got["definition"]["version"] = 2
@@ -97,7 +97,7 @@ def test_run_start_wait_follows_a_retry_to_success(stack: DevStack, tmp_path: Pa
     assert final["run"]["tasksByState"] == [{"state": "TASK_STATE_SUCCEEDED", "count": 3}]
     tasks = {t["key"]: t for t in final["tasks"]}
     assert tasks["flaky"]["attempts"] == 2
-    assert tasks["summarize"]["output"]["sources"] == 2
+    assert len(tasks["plan"]["output"]["queries"]) == 2
 
 
 def test_a_failing_run_exits_1(stack: DevStack, tmp_path: Path) -> None:
@@ -143,7 +143,7 @@ def test_run_get_list_watch_and_request_ids(stack: DevStack, tmp_path: Path) -> 
     got = stack.awp("run", "get", run_id, "--json").json()
     assert got["run"]["state"] == "RUN_STATE_SUCCEEDED"
     assert got["run"]["tasksByState"] == [{"state": "TASK_STATE_SUCCEEDED", "count": 3}]
-    assert {a["taskKey"] for a in got["attempts"]} == {"first", "flaky", "summarize"}
+    assert {a["taskKey"] for a in got["attempts"]} == {"first", "flaky", "plan"}
     shown = stack.awp("run", "get", run_id)
     assert shown.code == 0 and "mock retryable failure" in shown.out
     assert "3 succeeded" in shown.out

@@ -66,17 +66,13 @@ def test_durations_are_written_back_the_same_way(seconds: float, text: str) -> N
 def test_the_demo_workflow_loads() -> None:
     loaded = load(DEMO)
     d = loaded.definition
-    assert (d.name, d.version, d.concurrency, len(d.tasks)) == ("research-digest", 1, 4, 6)
-    forum = next(t for t in d.tasks if t.key == "fetch_forum")
-    assert forum.retry.initial_backoff.ToMilliseconds() == 300
-    assert forum.input["fail_attempts"] == 1
-    assert list(d.tasks[4].depends_on) == [
-        "fetch_news",
-        "fetch_papers",
-        "fetch_forum",
-        "fetch_changelog",
-    ]
-    assert loaded.where(("tasks", 2, "retry")) == f"{DEMO}:31"
+    assert (d.name, d.version, d.concurrency, len(d.tasks)) == ("research-digest", 2, 4, 5)
+    summarize = next(t for t in d.tasks if t.key == "summarize")
+    assert summarize.retry.initial_backoff.ToMilliseconds() == 300
+    assert list(summarize.depends_on) == ["search"]
+    assert (d.tasks[1].map.over, d.tasks[1].map.path) == ("plan", "queries")
+    assert d.tasks[4].always
+    assert loaded.where(("tasks", 2, "retry")) == f"{DEMO}:35"
 
 
 def test_defaults_and_aliases(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from awp_sdk import ActionContext, PermanentError, Retry, Workflow
+from awp_sdk import ActionContext, Map, PermanentError, Retry, Workflow
 
 numbers = Workflow("sdk-numbers", version=1, description="integers through the whole stack")
 
@@ -94,3 +94,33 @@ def publish(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     if BROKEN["publish"]:
         raise PermanentError("the channel is down")
     return {"published": ctx.upstream["prepare"]["prepared"]}
+
+
+# Dynamic work in code: a map over a list only known at run time, a branch whose failure
+# lets the rest go on, and a cleanup that runs at the end either way.
+fanout = Workflow("sdk-fanout", version=1)
+
+
+@fanout.task
+def listing(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"numbers": ctx.run_input["numbers"]}
+
+
+@fanout.task(map=Map(over=listing, path="numbers"))
+def square(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"index": input["index"], "square": input["item"] ** 2}
+
+
+@fanout.task(depends_on=[square])
+def add_up(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"sum": sum(out["square"] for out in ctx.upstream["square"]["outputs"])}
+
+
+@fanout.task(depends_on=[listing], on_failure="continue", retry=1)
+def audit(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    raise PermanentError("the audit log is read-only")
+
+
+@fanout.task(depends_on=[add_up, audit], always=True)
+def cleanup(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"saw": ctx.upstream_states}

@@ -191,6 +191,25 @@ def test_dependencies_are_tasks_not_names() -> None:
     assert [t["depends_on"] for t in wf.to_dict()["tasks"][1:]] == [["first"]]
 
 
+async def test_map_on_failure_and_always_declared_in_code_run(stack: Stack) -> None:
+    numbers = [3, 1, 4, 1, 5, 9, 2, 6]
+    async with stack.client() as client:
+        await client.apply(sdk_flows.fanout)
+        run = await client.start(sdk_flows.fanout, input={"numbers": numbers})
+        with pytest.raises(RunFailed) as failed:
+            await run.result(timeout=60)
+        detail = await run.get()
+    # The audit failed for good, and only it: its policy let the map and the sum go on.
+    assert (failed.value.task_key, failed.value.error) == ("audit", "the audit log is read-only")
+    tasks = detail.tasks
+    assert tasks["square"].output == {
+        "outputs": [{"index": i, "square": n * n} for i, n in enumerate(numbers)]
+    }
+    assert [tasks[f"square[{i}]"].state for i in range(len(numbers))] == ["succeeded"] * 8
+    assert tasks["add_up"].output == {"sum": sum(n * n for n in numbers)}
+    assert tasks["cleanup"].output == {"saw": {"add_up": "succeeded", "audit": "failed"}}
+
+
 async def test_the_sync_client_does_the_same_from_plain_code(stack: Stack) -> None:
     def use() -> tuple[dict[str, dict[str, object]], list[str]]:
         with Client(stack.address, token=ADMIN_TOKEN) as client:

@@ -1,10 +1,12 @@
-"""docs/sdk.md runs as written, and `awp dev --reload` runs changed action code.
+"""docs/sdk.md and the README's example run as written, and `awp dev --reload` runs
+changed action code.
 
 Each ```python block of the page starts with a comment naming its file; the blocks are
-written to a fresh directory, `awp dev --module hello --reload` is started there (real
-PostgreSQL, server, coordinator, a worker), and every block that says "run it with:
-python FILE" is run there, in page order, with AWP_ADDRESS pointing at the stack. Then
-hello.py is edited: the worker must be restarted and run the new code.
+written to a fresh directory, `awp dev --reload` is started there with a `--module` for
+every block that is not a script (real PostgreSQL, server, coordinator, a worker), and
+every block that says "run it with: python FILE" is run there, in page order, with
+AWP_ADDRESS pointing at the stack. Then hello.py is edited: the worker must be restarted
+and run the new code. The README's block is a module the workers import and a script.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import pytest
 from cli.runner import ENV, REPOSITORY
 
 DOC = REPOSITORY / "docs" / "sdk.md"
+README = REPOSITORY / "README.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
-FILE_LINE = re.compile(r"# (\w+\.py)(?: — run it with: python (\w+\.py))?\n")
+FILE_LINE = re.compile(r"# (\w+\.py)(?: — run it with: python (\w+\.py))?[^\n]*\n")
 STARTUP_S = 90
 
 
@@ -50,12 +53,12 @@ class Project:
         )
 
 
-def blocks() -> list[tuple[str, str, bool]]:
+def blocks(page: Path = DOC) -> list[tuple[str, str, bool]]:
     """(file name, code, whether the page says to run it) of every python block."""
     found = []
-    for code in BLOCK.findall(DOC.read_text()):
+    for code in BLOCK.findall(page.read_text()):
         named = FILE_LINE.match(code)
-        assert named, f"a python block of {DOC.name} does not start with '# FILE.py':\n{code}"
+        assert named, f"a python block of {page.name} does not start with '# FILE.py':\n{code}"
         found.append((named[1], code, named[2] == named[1]))
     return found
 
@@ -77,11 +80,15 @@ def project() -> Iterator[Project]:
     root = Path(tempfile.mkdtemp(prefix="awp-sdk-docs-"))
     directory = root / "project"
     directory.mkdir()
-    scripts = []
+    scripts, modules = [], []
     for name, code, run in blocks():
         (directory / name).write_text(code)
-        if run:
-            scripts.append(name)
+        (scripts if run else modules).append(name)
+    for name, code, _ in blocks(README):
+        (directory / name).write_text(code)
+        scripts.append(name)
+        modules.append(name)
+    module_args = [arg for name in modules for arg in ("--module", name.removesuffix(".py"))]
     process = subprocess.Popen(
         [
             sys.executable, "-m", "awp_cli", "dev",
@@ -90,7 +97,7 @@ def project() -> Iterator[Project]:
             "--metrics-port", "0",
             "--console-port", "0",
             "--workers", "1",
-            "--module", "hello",
+            *module_args,
             "--reload",
         ],
         cwd=directory,
@@ -121,12 +128,21 @@ def test_every_python_block_names_its_file() -> None:
     assert "hello.py" in names and len(names) == len(set(names))
 
 
+def test_the_page_starts_awp_dev_with_every_module_it_defines() -> None:
+    modules = " ".join(f"--module {name[:-3]}" for name, _, run in blocks() if not run)
+    assert f"awp dev {modules} --reload" in DOC.read_text()
+
+
 def test_the_examples_run_as_written(project: Project) -> None:
     assert project.scripts, "no runnable example"
+    outputs = {}
     for script in project.scripts:
         done = project.run(script)
         assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr}"
         print(f"\n--- python {script}\n{done.stdout}", end="")
+        outputs[script] = done.stdout
+    # What the README's comment says it prints.
+    assert outputs["digest.py"] == "{'outputs': [{'hits': 6}, {'hits': 7}]}\n"
 
 
 def test_reload_restarts_the_worker_on_changed_code(project: Project) -> None:

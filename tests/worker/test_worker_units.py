@@ -193,7 +193,13 @@ def test_several_servers_in_order() -> None:
     config = parse_config(["--server", "a:1, b:2,,c:3"], {})
     assert config.servers == ("a:1", "b:2", "c:3")
     assert parse_config([], {}).servers == ("127.0.0.1:50051",)
-    for wrong in (",", "a:1,a:1"):
+    # A host alone means the default port, as for the CLI and the SDK (gRPC would dial 443).
+    assert parse_config(["--server", "db1,[::1],b:2"], {}).servers == (
+        "db1:50051",
+        "[::1]:50051",
+        "b:2",
+    )
+    for wrong in (",", "a:1,a:1", "a,a:50051", "a:port"):
         with pytest.raises(ValueError, match="server address"):
             WorkerConfig(server=wrong)
 

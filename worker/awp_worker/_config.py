@@ -16,6 +16,7 @@ from awp_protocol.limits import (
     MAX_WORKER_NAME_CHARS,
 )
 from awp_protocol.names import check_register
+from awp_sdk.connection import DEFAULT_ADDRESS, DEFAULT_PORT, server_address
 
 # The flag each RegisterRequest field comes from, for start-up errors.
 REGISTER_FLAGS = {
@@ -46,12 +47,13 @@ class WorkerConfig:
 
     # One address, or several comma-separated (Session: moved along when one is away).
     server: str = field(
-        default="127.0.0.1:50051",
+        default=DEFAULT_ADDRESS,
         metadata=flag(
             "--server",
             "AWP_SERVER",
-            "awp-server address HOST:PORT, or several comma-separated: when one is "
-            "unreachable (even mid-drain) the worker moves to the next",
+            f"awp-server address HOST[:PORT] (port {DEFAULT_PORT} when left out), or several "
+            "comma-separated: when one is unreachable (even mid-drain) the worker moves "
+            "to the next",
         ),
     )
     # The cluster's worker token (never logged, never in repr).
@@ -231,11 +233,16 @@ class WorkerConfig:
 
     @property
     def servers(self) -> tuple[str, ...]:
-        """The server addresses, in the order they are tried."""
-        return flags.items(self.server)
+        """The server addresses, in the order they are tried, each with its port (the
+        default one when left out, as the CLI and the SDK dial it)."""
+        return tuple(server_address(item) for item in flags.items(self.server))
 
     def __post_init__(self) -> None:
         self.client_tls  # noqa: B018 (raises on a certificate without its key)
+        try:
+            self.servers  # noqa: B018 (raises on an address that is not HOST[:PORT])
+        except ValueError as exc:
+            raise ValueError(f"server address: {exc}") from None
         if not self.servers:
             raise ValueError("server address is empty")
         if len(set(self.servers)) != len(self.servers):

@@ -30,10 +30,12 @@ if TYPE_CHECKING:
     from awp_cli.dev.stack import Stack
 
 # The demo ships inside the wheel (package awp_demo), so `awp demo` works wherever `awp`
-# is installed. It is named, not imported: its actions import the worker SDK, which the
-# CLI never does; the worker processes import them.
+# is installed. It is a workflow in code, named rather than imported (it sits above the
+# CLI): `awp demo` applies it as `awp workflow apply awp_demo.workflow:wf` would, and the
+# workers import the module for its actions. workflow.yaml beside it is its twin as a file.
 DEMO_PACKAGE: Final = "awp_demo"
-DEMO_MODULE: Final = f"{DEMO_PACKAGE}.actions"
+DEMO_MODULE: Final = f"{DEMO_PACKAGE}.workflow"
+DEMO_WORKFLOW: Final = f"{DEMO_MODULE}:wf"
 DEMO_WORKFLOW_FILE: Final = "workflow.yaml"
 
 
@@ -123,10 +125,10 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "demo",
         help="start a throwaway stack, run the example workflow, stop (what `make demo` runs)",
         description=(
-            f"Runs the example workflow ({DEMO_PACKAGE}/{DEMO_WORKFLOW_FILE}) on a fresh stack "
-            "in a temporary directory: four fetches in parallel (one fails once and is "
-            "retried), a Python summary, a publish; prints the progress and the outcome, "
-            "then stops everything."
+            f"Runs the example workflow in code ({DEMO_WORKFLOW}) on a fresh stack in a "
+            "temporary directory: a plan, one search per planned query in parallel (a map), "
+            "a summary whose first attempt fails and is retried, a publish and a cleanup; "
+            "prints the progress and the outcome, then stops everything."
         ),
     )
     demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
@@ -241,7 +243,7 @@ def _print_ready(stack: Stack) -> None:
         ),
         ("logs", f"{stack.logs}/{{{logs}}}.log, {postgres.log_file}"),
         ("database", f"{postgres.dsn}  (data in {postgres.data_dir}, kept across runs)"),
-        ("try", f"awp{address_hint} workflow apply {demo_workflow()}"),
+        ("try", f"awp{address_hint} workflow apply {DEMO_WORKFLOW}"),
         ("", f"awp{address_hint} run start research-digest --wait"),
     ]
     if DEMO_MODULE not in stack.config.modules:
@@ -261,8 +263,6 @@ def _print_ready(stack: Stack) -> None:
 def run_demo(args: argparse.Namespace) -> Exit:
     from awp_cli.dev.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
 
-    if not demo_workflow().is_file():
-        raise usage(f"awp demo: the example workflow {demo_workflow()} is missing from the install")
     began = time.monotonic()
     data_dir = Path(tempfile.mkdtemp(prefix="awp-demo-"))
     config = StackConfig(
@@ -296,21 +296,21 @@ def run_demo(args: argparse.Namespace) -> Exit:
 
 async def _demo_run(stack: Stack) -> Exit:
     say = stack.say
-    loaded = workflow_file.load(demo_workflow())
+    definition = workflow_file.from_code(DEMO_WORKFLOW)
     async with Client(Connection(address=stack.address)) as client:
         created = await client.call(
             client.control.CreateWorkflow,
-            control_pb2.CreateWorkflowRequest(definition=loaded.definition),
+            control_pb2.CreateWorkflowRequest(definition=definition),
         )
-        say(f"applied {DEMO_PACKAGE}/{DEMO_WORKFLOW_FILE}:")
+        say(f"applied {DEMO_WORKFLOW}:")
         render.stdout.print(render.workflow_view(created.workflow))
         run_input = struct_pb2.Struct()
         run_input.update(DEMO_INPUT)
         started = await client.call(
             client.control.StartRun,
             control_pb2.StartRunRequest(
-                workflow_name=loaded.definition.name,
-                workflow_version=loaded.definition.version,
+                workflow_name=definition.name,
+                workflow_version=definition.version,
                 input=run_input,
             ),
         )
