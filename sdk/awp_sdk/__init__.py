@@ -48,7 +48,7 @@ from awp_sdk.errors import (
 )
 from awp_sdk.records import Attempt, Event, Run, RunDetail, TaskError, TaskStatus
 from awp_sdk.sync import Client, RunHandle
-from awp_sdk.workflow import Map, Retry, Task, TaskFunction, Workflow
+from awp_sdk.workflow import Map, Retry, Task, TaskFunction, TaskOptions, Workflow
 
 __all__ = [
     "ActionCancelled",
@@ -84,6 +84,7 @@ __all__ = [
     "Task",
     "TaskError",
     "TaskFunction",
+    "TaskOptions",
     "TaskStatus",
     "Unauthenticated",
     "Unavailable",

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 from awp.v1 import types_pb2
 from awp_sdk import definitions
@@ -75,6 +75,25 @@ class Map:
     path: str
 
 
+class TaskOptions(TypedDict, total=False):
+    """What ``@wf.task`` and ``wf.add`` take beside the key, the action and the kind.
+
+    depends_on: tasks that must succeed first. input: the task's own JSON input. retry: a
+    Retry, or a number of attempts. timeout: per attempt (default 5 minutes). map: run
+    once per element of a list in another task's output (a Map). on_failure: "fail_run"
+    (the default) or "continue" (the run goes on without this task's dependents).
+    always: run once every other task has ended, success or failure (cleanup, notify).
+    """
+
+    depends_on: Sequence[Task]
+    input: Mapping[str, Any] | None
+    retry: Retry | int | None
+    timeout: Duration | None
+    map: Map | None
+    on_failure: definitions.OnFailure | None
+    always: bool
+
+
 class Task:
     """One task of a Workflow: what ``depends_on`` and ``Map(over=...)`` take."""
 
@@ -85,30 +104,25 @@ class Task:
         *,
         action: str,
         kind: str,
-        input: Mapping[str, Any] | None,
-        depends_on: Sequence[Task],
-        retry: Retry | int | None,
-        timeout: Duration | None,
-        map: Map | None = None,
-        on_failure: definitions.OnFailure | None = None,
-        always: bool = False,
+        **options: Unpack[TaskOptions],
     ) -> None:
         self.workflow = workflow
         self.key = key
         self.action = action
         self.kind = kind
-        self.input = dict(input or {})
-        dependencies = workflow._own(depends_on, key)
-        if map is not None:
-            (over,) = workflow._own([map.over], key)
+        self.input = dict(options.get("input") or {})
+        dependencies = workflow._own(options.get("depends_on", ()), key)
+        self.map = options.get("map")
+        if self.map is not None:
+            (over,) = workflow._own([self.map.over], key)
             if over not in dependencies:
                 dependencies.append(over)
         self.depends_on = tuple(dependencies)
+        retry = options.get("retry")
         self.retry = Retry(max_attempts=retry) if isinstance(retry, int) else retry
-        self.timeout = timeout
-        self.map = map
-        self.on_failure = on_failure
-        self.always = always
+        self.timeout = options.get("timeout")
+        self.on_failure = options.get("on_failure")
+        self.always = options.get("always", False)
 
     def to_dict(self) -> dict[str, Any]:
         """The task as a workflow file writes it."""
@@ -174,17 +188,7 @@ class Workflow:
 
     @overload
     def task(
-        self,
-        *,
-        key: str | None = None,
-        action: str | None = None,
-        depends_on: Sequence[Task] = (),
-        input: Mapping[str, Any] | None = None,
-        retry: Retry | int | None = None,
-        timeout: Duration | None = None,
-        map: Map | None = None,
-        on_failure: definitions.OnFailure | None = None,
-        always: bool = False,
+        self, *, key: str | None = None, action: str | None = None, **options: Unpack[TaskOptions]
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
     def task(
@@ -193,23 +197,12 @@ class Workflow:
         *,
         key: str | None = None,
         action: str | None = None,
-        depends_on: Sequence[Task] = (),
-        input: Mapping[str, Any] | None = None,
-        retry: Retry | int | None = None,
-        timeout: Duration | None = None,
-        map: Map | None = None,
-        on_failure: definitions.OnFailure | None = None,
-        always: bool = False,
+        **options: Unpack[TaskOptions],
     ) -> Any:
         """Declares the decorated function a task of this workflow (kind "python").
 
         key: the task key (default: the function's name). action: the action name
-        (default "<workflow name>.<key>"). depends_on: tasks that must succeed first.
-        input: the task's own JSON input. retry: a Retry, or a number of attempts.
-        timeout: per attempt (default 5 minutes). map: run once per element of a list in
-        another task's output (a Map). on_failure: "fail_run" (the default) or "continue"
-        (the run goes on without this task's dependents). always: run once every other
-        task has ended, success or failure (cleanup, notification).
+        (default "<workflow name>.<key>"). The other options are TaskOptions.
         """
 
         def declare(function: Callable[..., Any]) -> TaskFunction[..., Any]:
@@ -217,18 +210,7 @@ class Workflow:
             name = action or f"{self.name}.{task_key}"
             self._registry.register(name, function)
             declared = TaskFunction(
-                self,
-                function,
-                key=task_key,
-                action=name,
-                kind="python",
-                input=input,
-                depends_on=depends_on,
-                retry=retry,
-                timeout=timeout,
-                map=map,
-                on_failure=on_failure,
-                always=always,
+                self, function, key=task_key, action=name, kind="python", **options
             )
             self._tasks.append(declared)
             return declared
@@ -236,34 +218,12 @@ class Workflow:
         return declare(fn) if fn is not None else declare
 
     def add(
-        self,
-        key: str,
-        *,
-        action: str,
-        kind: str = "python",
-        depends_on: Sequence[Task] = (),
-        input: Mapping[str, Any] | None = None,
-        retry: Retry | int | None = None,
-        timeout: Duration | None = None,
-        map: Map | None = None,
-        on_failure: definitions.OnFailure | None = None,
-        always: bool = False,
+        self, key: str, *, action: str, kind: str = "python", **options: Unpack[TaskOptions]
     ) -> Task:
         """Declares a task whose action runs elsewhere: another executor kind (``mock``), a
-        worker in another language, or an ``@action`` registered in another module."""
-        declared = Task(
-            self,
-            key,
-            action=action,
-            kind=kind,
-            input=input,
-            depends_on=depends_on,
-            retry=retry,
-            timeout=timeout,
-            map=map,
-            on_failure=on_failure,
-            always=always,
-        )
+        worker in another language, or an ``@action`` registered in another module. The
+        options are TaskOptions."""
+        declared = Task(self, key, action=action, kind=kind, **options)
         self._tasks.append(declared)
         return declared
 
