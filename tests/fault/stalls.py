@@ -9,6 +9,7 @@ pg_stat_activity (client_port), which is how a test finds its open transaction.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 import workload
+from asyncpg import Record
 from cluster import Cluster, wait_for
 from figures import report_figure
 from probes import seconds_between, wait_run
@@ -31,6 +33,8 @@ TASKS = 1200
 TASK_MS = 20
 # Attempts at SIGSTOP/partitioning the replica at the moment it holds a lock others want.
 MAX_CATCHES = 400
+# How long the replica, busy with the run, may go without being seen in a transaction.
+TRANSACTION_SEEN_WITHIN_S = 10.0
 # Results the other replica must accept while the stalled one is still stopped.
 ACCEPTED_DURING_STALL = 40
 # What the stall may cost beyond twice the stall bound (test_stalls.py says why twice):
@@ -86,21 +90,42 @@ async def catch_in_transaction(
 ) -> datetime:
     """stop()s the replica until it is caught idle inside a transaction that another
     session waits for (go() and retry otherwise); returns when that transaction went
-    idle, on the database clock: the moment the cluster began to wait for it."""
-    cluster = replicas.cluster
+    idle, on the database clock: the moment the cluster began to wait for it.
+
+    Each try first lets the replica run until it is seen inside a transaction: stopped
+    again the instant it is let go, it would barely run between tries and never open a
+    new one (CI once spent all MAX_CATCHES tries in a few milliseconds that way)."""
     for _ in range(MAX_CATCHES):
+        await _until_in_transaction(replicas)
         stop()
-        stalled = await cluster.fetchrow(
-            "SELECT pid, state_change FROM pg_stat_activity"
-            " WHERE client_port = ANY($1::int[]) AND state = 'idle in transaction'"
-            " AND backend_xid IS NOT NULL",
-            replicas.proxy.upstream_ports(),
-        )
+        stalled = await _open_transaction(replicas)
         if stalled is not None and await _blocks_someone(replicas, stalled["pid"]):
             since: datetime = stalled["state_change"]
             return since
         go()
     raise AssertionError(f"never caught the replica in a blocking transaction ({MAX_CATCHES}x)")
+
+
+async def _open_transaction(replicas: Replicas) -> Record | None:
+    """The stalled replica's backend that is idle inside a transaction that wrote, if any."""
+    return await replicas.cluster.fetchrow(
+        "SELECT pid, state_change FROM pg_stat_activity"
+        " WHERE client_port = ANY($1::int[]) AND state = 'idle in transaction'"
+        " AND backend_xid IS NOT NULL",
+        replicas.proxy.upstream_ports(),
+    )
+
+
+async def _until_in_transaction(replicas: Replicas) -> None:
+    """Polls without pause: the replica's transactions last milliseconds, shorter than
+    wait_for's interval."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TRANSACTION_SEEN_WITHIN_S
+    while await _open_transaction(replicas) is None:
+        if loop.time() > deadline:
+            raise AssertionError(
+                f"the replica opened no transaction in {TRANSACTION_SEEN_WITHIN_S:.0f}s"
+            )
 
 
 async def _blocks_someone(replicas: Replicas, pid: int) -> bool:
