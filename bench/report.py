@@ -116,6 +116,54 @@ def print_table(results: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+def _peer_for(results: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The Graphile Worker figures with as many processes of as many slots as entry's."""
+    if entry["name"] != "single_run":
+        return None
+    for peer in results:
+        if peer["name"] == "graphile_worker" and (peer["workers"], peer["worker_concurrency"]) == (
+            entry["workers"],
+            entry["worker_concurrency"],
+        ):
+            return peer
+    return None
+
+
+def compare(results: list[dict[str, Any]]) -> None:
+    """Adds to each single_run entry its ratio to Graphile Worker of the same shape:
+    AWP's median tasks/s over the peer's median steady jobs/s."""
+    for entry in results:
+        peer = _peer_for(results, entry)
+        if peer is not None:
+            ratio = entry["tasks_per_s"]["median"] / peer["tasks_per_s"]["median"]
+            entry["vs_graphile_worker"] = round(ratio, 3)
+
+
+def print_comparison(results: list[dict[str, Any]]) -> None:
+    compared = [(e, _peer_for(results, e)) for e in results if "vs_graphile_worker" in e]
+    if not compared:
+        return
+    tasks = compared[0][0]["tasks_per_run"]
+    table = Table(
+        title=f"AWP and Graphile Worker, same PostgreSQL, same run: {tasks:,} no-op tasks"
+    )
+    for column in (
+        "processes x slots", "AWP tasks/s", "Graphile steady jobs/s", "Graphile from spawn",
+        "AWP / Graphile steady",
+    ):  # fmt: skip
+        table.add_column(column, justify="right")
+    for entry, peer in compared:
+        assert peer is not None
+        table.add_row(
+            f"{entry['workers']} x {entry['worker_concurrency']}",
+            _fmt(entry, "tasks_per_s"),
+            _fmt(peer, "tasks_per_s"),
+            _fmt({"repetitions": peer["repetitions"], **peer["jobs_per_s"]}, "proc"),
+            f"{entry['vs_graphile_worker']:.2f}",
+        )
+    console.print(table)
+
+
 def machine() -> dict[str, Any]:
     model = "unknown"
     with contextlib.suppress(OSError):

@@ -19,11 +19,10 @@ from uuid import UUID
 
 import asyncpg
 from cluster import Cluster, Window
-from processes import BIN, WORKER_CONCURRENCY, PgProcesses, wait_for
+from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, wait_for
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.connect import connect
-from awp_db.embedded import EmbeddedPostgres
 
 SCENARIOS = ("single_run", "many_runs", "chain", "recovery")
 
@@ -281,7 +280,7 @@ def profile_stop(spies: list[subprocess.Popen[bytes]]) -> None:
 
 
 async def run_case(
-    pg: EmbeddedPostgres,
+    pg: Postgres,
     case: Case,
     repetition: int,
     sizes: Sizes,

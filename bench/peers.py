@@ -1,0 +1,101 @@
+"""The fastest PostgreSQL job queue a Python user would compare AWP with, measured on the
+same PostgreSQL as AWP in the same run: Graphile Worker 0.17.3 (Node.js), driven by
+bench/peers/graphile_bench.js (see its header for what it times).
+
+Its figure set per configuration (P processes x C concurrency), in jobs/s over N no-op
+jobs, median/min/max of the repetitions:
+* steady: first job started -> last job done (processing only, no start-up);
+* proc: worker processes spawned -> last job done (includes Node's start-up);
+* e2e: first of N one-by-one addJob calls -> last job done.
+AWP's tasks/s counts from StartRun (which creates all the run's tasks) to the run's end
+with its workers already running: compared with `steady`, Graphile's is the kinder clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from awp_db.connect import connect
+
+PEERS = Path(__file__).resolve().parent / "peers"
+GRAPHILE_VERSION = "0.17.3"
+DATABASE = "graphile_bench"
+# RESULT graphile-worker procs=1 concurrency=8 n=1000 runs=3 jobs_per_s proc: median=.. | ...
+_RESULT = re.compile(r"^RESULT graphile-worker procs=(\d+) concurrency=(\d+) n=(\d+) runs=(\d+)")
+_FIGURE = re.compile(r"(\w+): median=([\d.]+) min=([\d.]+) max=([\d.]+)")
+
+
+def _install() -> None:
+    if shutil.which("npm") is None:
+        raise SystemExit("Node.js and npm are needed for the peer figures (or pass --no-peers)")
+    if not (PEERS / "node_modules" / "graphile-worker").exists():
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=PEERS, check=True
+        )
+
+
+def parse(output: str) -> list[dict[str, Any]]:
+    """The RESULT lines of graphile_bench.js as results.json entries."""
+    entries = []
+    for line in output.splitlines():
+        head = _RESULT.match(line)
+        if head is None:
+            continue
+        procs, concurrency, jobs, runs = (int(g) for g in head.groups())
+        figures = {
+            name: {"median": float(med), "min": float(low), "max": float(high)}
+            for name, med, low, high in _FIGURE.findall(line)
+        }
+        entries.append(
+            {
+                "name": "graphile_worker",
+                "peer": f"Graphile Worker {GRAPHILE_VERSION}",
+                "workers": procs,
+                "worker_concurrency": concurrency,
+                "runs": 1,
+                "tasks_per_run": jobs,
+                "repetitions": runs,
+                # The one AWP is compared with (see module docstring).
+                "tasks_per_s": figures["steady"],
+                "jobs_per_s": figures,
+            }
+        )
+    return entries
+
+
+async def graphile_worker(
+    admin_dsn: str, dsn: str, configs: list[tuple[int, int]], jobs: int, repetitions: int
+) -> list[dict[str, Any]]:
+    await asyncio.to_thread(_install)
+    admin = await connect(admin_dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {DATABASE}")
+    finally:
+        await admin.close()
+    env = {
+        "DATABASE_URL": dsn,
+        "N_JOBS": str(jobs),
+        "RUNS": str(repetitions),
+        "CONFIGS": " ".join(f"{p}x{c}" for p, c in configs),
+        "PATH": _path(),
+    }
+    process = await asyncio.create_subprocess_exec(
+        "node", str(PEERS / "graphile_bench.js"), "bench",
+        cwd=PEERS, env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"graphile_bench.js exited {process.returncode}")
+    return parse(out.decode())
+
+
+def _path() -> str:
+    node = shutil.which("node")
+    assert node is not None
+    return str(Path(node).parent)
