@@ -106,11 +106,19 @@ UPDATE tasks m
 RETURNING m.id, m.elements_left
 
 -- name: cancel_element_dispatches
--- The live dispatches of the elements of the map tasks $1 (a map task failed).
+-- The live dispatches of the elements of the map tasks $1 (a map task failed), locked in
+-- id order as heartbeats lock leased ones (awp_db.locks).
+WITH live AS (
+    SELECT d.id
+      FROM dispatches d JOIN tasks t ON d.task_id = t.id
+     WHERE t.parent_id = ANY($1::bigint[]) AND d.state IN ('pending', 'leased')
+     ORDER BY d.id
+       FOR UPDATE OF d
+)
 UPDATE dispatches d
    SET state = 'canceled', finished_at = clock_timestamp()
-  FROM tasks t
- WHERE t.parent_id = ANY($1::bigint[]) AND d.task_id = t.id AND d.state IN ('pending', 'leased')
+  FROM live
+ WHERE d.id = live.id
 
 -- name: cancel_element_attempts
 UPDATE attempts a

@@ -8,10 +8,19 @@ SELECT id, run_id, worker_id, state, lease_token_hash
 
 -- name: renew
 -- Validity is re-checked under the row lock against the live clock, so a renewal and
--- a reaper settling the same lease can never both win.
+-- a reaper settling the same lease can never both win. The rows are locked in id order
+-- first (awp_db.locks): an UPDATE alone locks them in whatever order its plan visits
+-- them, and a heartbeat meeting its own worker's Complete the other way round deadlocked.
+WITH held AS (
+    SELECT id FROM dispatches
+     WHERE id = ANY($2::bigint[]) AND worker_id = $1 AND state = 'leased'
+     ORDER BY id
+       FOR UPDATE
+)
 UPDATE dispatches d
    SET lease_expires_at = least(clock_timestamp() + $3 * interval '1 millisecond', d.attempt_deadline)
- WHERE d.id = ANY($2::bigint[]) AND d.worker_id = $1 AND d.state = 'leased'
+  FROM held
+ WHERE d.id = held.id
    AND d.lease_expires_at > clock_timestamp() AND d.attempt_deadline > clock_timestamp()
 RETURNING d.id, d.lease_expires_at,
           extract(epoch FROM d.lease_expires_at - clock_timestamp()) * 1000 AS lease_remaining_ms,
@@ -19,10 +28,15 @@ RETURNING d.id, d.lease_expires_at,
 
 -- name: shorten
 -- The worker's heartbeat stream broke: its leases now expire after the stream grace.
-UPDATE dispatches
-   SET lease_expires_at = least(lease_expires_at, clock_timestamp() + $2 * interval '1 millisecond')
- WHERE worker_id = $1 AND state = 'leased'
-RETURNING id
+-- Locked in id order first, as renew.
+WITH held AS (
+    SELECT id FROM dispatches WHERE worker_id = $1 AND state = 'leased' ORDER BY id FOR UPDATE
+)
+UPDATE dispatches d
+   SET lease_expires_at = least(d.lease_expires_at, clock_timestamp() + $2 * interval '1 millisecond')
+  FROM held
+ WHERE d.id = held.id
+RETURNING d.id
 
 -- name: worker_leases
 SELECT id, run_id FROM dispatches WHERE worker_id = ANY($1::uuid[]) AND state = 'leased'

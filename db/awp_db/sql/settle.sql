@@ -78,10 +78,18 @@ UPDATE tasks t
 RETURNING t.id, t.run_id, t.key, t.state
 
 -- name: cancel_live_dispatches
-UPDATE dispatches
+-- Leased rows are also locked by heartbeats (no run lock): id order (awp_db.locks).
+WITH live AS (
+    SELECT id FROM dispatches
+     WHERE run_id = ANY($1::uuid[]) AND state IN ('pending', 'leased')
+     ORDER BY id
+       FOR UPDATE
+)
+UPDATE dispatches d
    SET state = 'canceled', finished_at = clock_timestamp()
- WHERE run_id = ANY($1::uuid[]) AND state IN ('pending', 'leased')
-RETURNING id
+  FROM live
+ WHERE d.id = live.id
+RETURNING d.id
 
 -- name: cancel_running_attempts
 UPDATE attempts a
