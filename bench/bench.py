@@ -63,7 +63,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import peers
 from peers import graphile_worker
 from pg15 import DebianPostgres
 from processes import Postgres
@@ -140,9 +139,7 @@ async def main_async(args: argparse.Namespace) -> int:
         if args.peers and "single_run" in selected:
             console.print(f"peer: Graphile Worker {PEER_CONFIGS} on the same PostgreSQL")
             loadavg = os.getloadavg()
-            for entry in await graphile_worker(
-                pg.dsn, pg.dsn_for(peers.DATABASE), PEER_CONFIGS, sizes.single_tasks, repetitions
-            ):
+            for entry in await graphile_worker(pg, PEER_CONFIGS, sizes.single_tasks, repetitions):
                 entry.update(machine=env, postgres=described, loadavg_before=loadavg)
                 results.append(entry)
             compare(results)
@@ -187,7 +184,7 @@ def main() -> int:
         "--no-peers",
         dest="peers",
         action="store_false",
-        help="skip Graphile Worker (run by default when every single_run case runs)",
+        help="skip Graphile Worker (run by default whenever single_run runs)",
     )
     parser.add_argument(
         "--py-spy", type=Path, default=None, metavar="DIR",

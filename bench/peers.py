@@ -20,6 +20,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from processes import Postgres
+
 from awp_db.connect import connect
 
 PEERS = Path(__file__).resolve().parent / "peers"
@@ -69,17 +71,18 @@ def parse(output: str) -> list[dict[str, Any]]:
 
 
 async def graphile_worker(
-    admin_dsn: str, dsn: str, configs: list[tuple[int, int]], jobs: int, repetitions: int
+    pg: Postgres, configs: list[tuple[int, int]], jobs: int, repetitions: int
 ) -> list[dict[str, Any]]:
+    """Graphile Worker's figures on a fresh database of pg, one entry per configuration."""
     await asyncio.to_thread(_install)
-    admin = await connect(admin_dsn)
+    admin = await connect(pg.dsn)
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         await admin.execute(f"CREATE DATABASE {DATABASE}")
     finally:
         await admin.close()
     env = {
-        "DATABASE_URL": dsn,
+        "DATABASE_URL": pg.dsn_for(DATABASE),
         "N_JOBS": str(jobs),
         "RUNS": str(repetitions),
         "CONFIGS": " ".join(f"{p}x{c}" for p, c in configs),
