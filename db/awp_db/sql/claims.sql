@@ -63,17 +63,21 @@ SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, l.worker_id, s.key AS 
        l.lease_expires_at, l.attempt_deadline,
        extract(epoch FROM l.lease_expires_at - statement_timestamp()) * 1000 AS lease_remaining_ms,
        extract(epoch FROM l.attempt_deadline - statement_timestamp()) * 1000 AS attempt_remaining_ms,
-       r.input AS run_input, s.depends_on,
-       -- Larger outputs ($8: limits.MAX_INLINE_OUTPUT_JSON_BYTES) are fetched on their own.
-       (SELECT jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb))
-          FROM tasks u
-         WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)
-           AND coalesce(octet_length(u.output::text), 0) <= $8) AS upstream_outputs,
-       -- All succeeded, unless the task is an always task.
-       (SELECT jsonb_object_agg(u.key, u.state)
-          FROM tasks u
-         WHERE u.run_id = l.run_id AND u.key = ANY(s.depends_on)) AS upstream_states
+       r.input AS run_input, s.depends_on, up.upstream_outputs, up.upstream_states
   FROM leased l
   JOIN started s ON s.id = l.task_id
   JOIN runs r ON r.id = l.run_id
+  -- Each upstream task found by its (run_id, key) index entry: filtering the run's tasks
+  -- by "key = ANY(depends_on)" instead made PostgreSQL 15 read every task of the run
+  -- for every lease (measured: 4 of the 5 ms a claim of 8 took in a run of 1,000).
+  LEFT JOIN LATERAL (
+      SELECT -- Larger outputs ($8: limits.MAX_INLINE_OUTPUT_JSON_BYTES) are fetched on
+             -- their own.
+             jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb))
+                 FILTER (WHERE coalesce(octet_length(u.output::text), 0) <= $8) AS upstream_outputs,
+             -- All succeeded, unless the task is an always task.
+             jsonb_object_agg(u.key, u.state) AS upstream_states
+        FROM unnest(s.depends_on) AS upstream (key)
+        JOIN tasks u ON u.run_id = l.run_id AND u.key = upstream.key
+  ) up ON true
  ORDER BY l.id
