@@ -63,6 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cost_model import COST_MODEL
 from peers import graphile_worker
 from pg15 import DebianPostgres
 from processes import Postgres
@@ -73,6 +74,7 @@ from report import (
     console,
     machine,
     print_comparison,
+    print_cost_table,
     print_table,
     write_results,
 )
@@ -116,7 +118,7 @@ async def main_async(args: argparse.Namespace) -> int:
         pg.start()
         for case in cases(selected, sizes):
             reps = []
-            for repetition in range(1, repetitions + 1):
+            for repetition in range(1, (1 if case.once else repetitions) + 1):
                 started = time.monotonic()
                 figures = await run_case(pg, case, repetition, sizes, logdir, args.py_spy)
                 reps.append(figures)
@@ -150,7 +152,8 @@ async def main_async(args: argparse.Namespace) -> int:
             console.print(f"PostgreSQL log kept: {pg.log_file}")
         else:
             shutil.rmtree(pg_dir, ignore_errors=True)
-    print_table([entry for entry in results if "peer" not in entry])
+    print_table([e for e in results if "peer" not in e and e["name"] not in COST_MODEL])
+    print_cost_table(results)
     print_comparison(results)
     console.print(f"results written to {output}")
     return 0

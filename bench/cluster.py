@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 import grpc
@@ -148,6 +149,25 @@ class Cluster:
 
         await wait_for(registered, f"{expected} workers to register", within=120)
         return added
+
+    async def wait_runs(self, run_ids: list[UUID], within: float = 600.0) -> list[asyncpg.Record]:
+        """The runs' rows once none is running; raises unless all succeeded."""
+
+        async def finished() -> list[asyncpg.Record] | None:
+            self._check_alive()
+            rows = await self.query(
+                "SELECT id, state, created_at, finished_at FROM runs WHERE id = ANY($1::uuid[])",
+                run_ids,
+            )
+            return rows if all(row["state"] != "running" for row in rows) else None
+
+        rows = await wait_for(
+            finished, f"{len(run_ids)} run(s) to finish", within=within, every=0.05
+        )
+        bad = [row for row in rows if row["state"] != "succeeded"]
+        if bad:
+            raise RuntimeError(f"runs did not succeed: {[(str(r['id']), r['state']) for r in bad]}")
+        return rows
 
     def _check_alive(self) -> None:
         for proc in self.procs:

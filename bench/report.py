@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from cost_model import COST_MODEL
 from processes import KINDS, WORKER_CONCURRENCY
 from rich.console import Console
 from rich.table import Table
@@ -39,6 +40,19 @@ FIGURES = (
     "claims_per_task",
     "db_xacts_per_task",
     "coordinator_passes_per_task",
+    # the cost model's (bench/cost_model.py)
+    "tasks_in_run",
+    "start_run_ms",
+    "get_run_ms",
+    "get_run_kb",
+    "get_run_tasks",
+    "list_runs_ms",
+    "db_bytes_per_task",
+    "start_all_s",
+    "run_duration_p50_s",
+    "run_duration_p99_s",
+    "output_mb_per_s",
+    "wal_mb_per_1000_tasks",
 )
 
 
@@ -116,6 +130,44 @@ def print_table(results: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+def print_cost_table(results: list[dict[str, Any]]) -> None:
+    measured = [e for e in results if e["name"] in COST_MODEL]
+    if not measured:
+        return
+    table = Table(title="Cost model (one repetition each)")
+    for column in (
+        "scenario", "workers", "runs x tasks", "tasks/s", "StartRun ms", "start all s",
+        "run p50/p99 s", "fairness", "GetRun ms / KB / tasks", "DB bytes/task",
+        "output MB/s", "WAL MB/1k tasks", "CPU ms/task srv/coord/wrk/pg",
+        "peak RSS MB srv/coord/wrk",
+    ):  # fmt: skip
+        table.add_column(column, justify="right" if column != "scenario" else "left")
+    for entry in measured:
+        cpu = entry["cpu_s_per_task"]
+        rss = entry["peak_rss_mb"]
+        tasks = entry.get("tasks_in_run", {}).get("median", entry["tasks_per_run"])
+        table.add_row(
+            entry["name"],
+            str(entry["workers"]),
+            f"{entry['runs']:,} x {tasks:,.0f}",
+            _fmt(entry, "tasks_per_s"),
+            _fmt(entry, "start_run_ms"),
+            _fmt(entry, "start_all_s", 1),
+            f"{_fmt(entry, 'run_duration_p50_s', 2)}/{_fmt(entry, 'run_duration_p99_s', 2)}",
+            _fmt(entry, "fairness", 2),
+            "/".join(_fmt(entry, k) for k in ("get_run_ms", "get_run_kb", "get_run_tasks")),
+            _fmt(entry, "db_bytes_per_task"),
+            _fmt(entry, "output_mb_per_s", 1),
+            _fmt(entry, "wal_mb_per_1000_tasks", 1),
+            "/".join(
+                f"{cpu[k]['median'] * 1000:.2f}"
+                for k in ("server", "coordinator", "worker", "postgres")
+            ),
+            "/".join(f"{rss[k]['median']:.0f}" for k in KINDS),
+        )
+    console.print(table)
+
+
 def _peer_for(results: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, Any] | None:
     """The Graphile Worker figures with as many processes of as many slots as entry's."""
     if entry["name"] != "single_run":
@@ -179,12 +231,17 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _identity(entry: dict[str, Any]) -> tuple[str, int, int, int]:
+    """What makes an entry a different case: scenario, workers and the work's shape."""
+    return (entry["name"], entry["workers"], entry.get("runs", 1), entry.get("tasks_per_run", 0))
+
+
 def write_results(path: Path, results: list[dict[str, Any]], replace: bool) -> None:
     merged = results
     if not replace and path.exists():
-        fresh = {(e["name"], e["workers"]) for e in results}
-        kept = [e for e in json.loads(path.read_text()) if (e["name"], e["workers"]) not in fresh]
+        fresh = {_identity(e) for e in results}
+        kept = [e for e in json.loads(path.read_text()) if _identity(e) not in fresh]
         order = {name: i for i, name in enumerate(SCENARIOS)}
-        merged = sorted([*kept, *results], key=lambda e: (order.get(e["name"], 99), e["workers"]))
+        merged = sorted([*kept, *results], key=lambda e: (order.get(e["name"], 99), _identity(e)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(merged, indent=2) + "\n")

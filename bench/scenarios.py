@@ -19,12 +19,13 @@ from uuid import UUID
 
 import asyncpg
 from cluster import Cluster, Window
+from cost_model import COST_MODEL, concurrent_runs, payload, run_size
 from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, wait_for
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.connect import connect
 
-SCENARIOS = ("single_run", "many_runs", "chain", "recovery")
+SCENARIOS = ("single_run", "many_runs", "chain", "recovery", *COST_MODEL)
 
 
 # --- workflows -----------------------------------------------------------------------------
@@ -72,24 +73,6 @@ async def start_runs(cluster: Cluster, wf: types_pb2.WorkflowDefinition, count: 
     return [UUID(answer.run.id) for answer in answers]
 
 
-async def wait_runs(
-    cluster: Cluster, run_ids: list[UUID], within: float = 600.0
-) -> list[asyncpg.Record]:
-    async def finished() -> list[asyncpg.Record] | None:
-        cluster._check_alive()
-        rows = await cluster.query(
-            "SELECT id, state, created_at, finished_at FROM runs WHERE id = ANY($1::uuid[])",
-            run_ids,
-        )
-        return rows if all(row["state"] != "running" for row in rows) else None
-
-    rows = await wait_for(finished, f"{len(run_ids)} run(s) to finish", within=within, every=0.05)
-    bad = [row for row in rows if row["state"] != "succeeded"]
-    if bad:
-        raise RuntimeError(f"runs did not succeed: {[(str(r['id']), r['state']) for r in bad]}")
-    return rows
-
-
 def _seconds(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds()
 
@@ -115,6 +98,10 @@ class Sizes:
     many_tasks: int = 1000
     chain_tasks: int = 200
     recovery_sleep_ms: int = 20_000
+    run_sizes: tuple[int, ...] = (10_000, 100_000)
+    concurrent_runs: int = 1000
+    concurrent_tasks: int = 10
+    payload_pairs: int = 500
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -124,6 +111,9 @@ class Sizes:
             many_tasks=250,
             chain_tasks=50,
             recovery_sleep_ms=6_000,
+            run_sizes=(1_000, 12_000),  # the second one fans out through map tasks
+            concurrent_runs=100,
+            payload_pairs=50,
         )
 
 
@@ -133,7 +123,7 @@ async def single_run(
     wf = definition("bench", tasks)
     await window.start()
     run_ids = await start_runs(cluster, wf, runs)
-    rows = await wait_runs(cluster, run_ids)
+    rows = await cluster.wait_runs(run_ids)
     figures = await window.stop(runs * tasks)
     t0 = min(row["created_at"] for row in rows)
     ends = [_seconds(t0, row["finished_at"]) for row in rows]
@@ -149,7 +139,7 @@ async def chain(cluster: Cluster, window: Window, sizes: Sizes) -> dict[str, Any
     n = sizes.chain_tasks
     await window.start()
     (run_id,) = await start_runs(cluster, definition("chain", n, chain=True), 1)
-    rows = await wait_runs(cluster, [run_id])
+    rows = await cluster.wait_runs([run_id])
     figures = await window.stop(n)
     attempts = await cluster.query(
         """SELECT t.key, a.started_at, a.finished_at
@@ -207,7 +197,7 @@ async def recovery(cluster: Cluster, window: Window, sizes: Sizes) -> dict[str, 
         return rows if len(rows) == WORKER_CONCURRENCY else None
 
     restarted = await wait_for(all_restarted, "attempt 2 of all 8 tasks", within=60, every=0.02)
-    rows = await wait_runs(cluster, [run_id], within=sizes.recovery_sleep_ms / 1000 * 4 + 60)
+    rows = await cluster.wait_runs([run_id], within=sizes.recovery_sleep_ms / 1000 * 4 + 60)
     figures = await window.stop(WORKER_CONCURRENCY)
     wrong = [row["name"] for row in restarted if row["name"] != "bench-worker-2"]
     if wrong:
@@ -227,10 +217,13 @@ class Case:
     workers: int
     tasks: int
     runs: int = 1
+    # The cost model's scenarios are long and measure growth, not noise: once.
+    once: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.name}/{self.workers}w"
+        size = f"/{self.runs}x{self.tasks}" if self.name in COST_MODEL else ""
+        return f"{self.name}/{self.workers}w{size}"
 
 
 def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
@@ -245,6 +238,12 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
         elif name == "recovery":
             # One worker holds the leases and is killed; a second one starts to take over.
             chosen.append(Case(name, 2, WORKER_CONCURRENCY))
+        elif name == "run_size":
+            chosen += [Case(name, 16, tasks, once=True) for tasks in sizes.run_sizes]
+        elif name == "concurrent_runs":
+            chosen.append(Case(name, 4, sizes.concurrent_tasks, sizes.concurrent_runs, once=True))
+        elif name == "payload":
+            chosen.append(Case(name, 4, 2 * sizes.payload_pairs, once=True))
     return chosen
 
 
@@ -287,8 +286,8 @@ async def run_case(
     logdir: Path,
     spy_dir: Path | None,
 ) -> dict[str, Any]:
-    database = f"awp_bench_{case.name}_{case.workers}_{repetition}"
-    caselogs = logdir / f"{case.name}-{case.workers}w-{repetition}"
+    database = f"awp_bench_{case.name}_{case.workers}_{case.runs}_{case.tasks}_{repetition}"
+    caselogs = logdir / f"{case.label.replace('/', '-')}-{repetition}"
     caselogs.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(pg, database, caselogs)
     admin = await connect(pg.dsn, application_name="awp-bench-admin")
@@ -302,8 +301,14 @@ async def run_case(
             figures = await single_run(cluster, window, sizes, case.runs, case.tasks)
         elif case.name == "chain":
             figures = await chain(cluster, window, sizes)
-        else:
+        elif case.name == "recovery":
             figures = await recovery(cluster, window, sizes)
+        elif case.name == "run_size":
+            figures = await run_size(cluster, window, case.tasks)
+        elif case.name == "concurrent_runs":
+            figures = await concurrent_runs(cluster, window, case.runs, case.tasks)
+        else:
+            figures = await payload(cluster, window, case.tasks // 2)
         profile_stop(spies)
         spies = []
         return figures

@@ -13,7 +13,7 @@ from google.protobuf import struct_pb2
 
 from awp.v1 import worker_pb2
 from awp_protocol.jsonvalue import struct_to_dict
-from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS
+from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
 from awp_sdk.actions import DEFAULT_REGISTRY, ActionRegistry
 from awp_worker import ActionCancelled, ActionContext, PermanentError, RetryableError, action
 from awp_worker._executors import (
@@ -77,7 +77,16 @@ async def test_mock_fail_attempts_is_retryable_until_the_attempt_passes_it() -> 
     assert (await mock.execute(make_ctx(attempt=3), {"fail_attempts": 2}))["attempt"] == 3  # type: ignore[index]
 
 
-@pytest.mark.parametrize("bad", [{"sleep_ms": "x"}, {"fail_attempts": True}, {"fail": 3}])
+async def test_mock_output_bytes_pads_the_output_up_to_the_output_limit() -> None:
+    output = await MockExecutor().execute(make_ctx(), {"output_bytes": 100_000})
+    assert output["padding"] == "x" * 100_000  # type: ignore[index]
+    with pytest.raises(PermanentError, match=f"output_bytes must be at most {MAX_OUTPUT_BYTES}"):
+        await MockExecutor().execute(make_ctx(), {"output_bytes": MAX_OUTPUT_BYTES + 1})
+
+
+@pytest.mark.parametrize(
+    "bad", [{"sleep_ms": "x"}, {"fail_attempts": True}, {"fail": 3}, {"output_bytes": "big"}]
+)
 async def test_mock_rejects_malformed_fields(bad: dict[str, Any]) -> None:
     with pytest.raises(PermanentError, match="mock"):
         await MockExecutor().execute(make_ctx(), bad)

@@ -134,7 +134,9 @@ class MockExecutor:
 
     Output: ``{"action": ..., "echo": input, "attempt": n}``. Input fields:
     ``sleep_ms`` sleeps first (cancellable); ``fail`` (a message or ``true``) fails
-    permanently; ``fail_attempts: N`` fails retryably while the attempt is <= N.
+    permanently; ``fail_attempts: N`` fails retryably while the attempt is <= N;
+    ``output_bytes: N`` adds ``"padding"``, N characters, to the output (large outputs
+    without large inputs, for the payload benchmark).
     """
 
     async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
@@ -153,7 +155,15 @@ class MockExecutor:
             raise RetryableError(
                 f"mock retryable failure: attempt {ctx.attempt} <= fail_attempts {fail_attempts:g}"
             )
-        return {"action": ctx.action, "echo": input, "attempt": ctx.attempt}
+        output: dict[str, Any] = {"action": ctx.action, "echo": input, "attempt": ctx.attempt}
+        padding = int(_number(input, "output_bytes"))
+        if padding > MAX_OUTPUT_BYTES:
+            raise PermanentError(
+                f"mock: input.output_bytes must be at most {MAX_OUTPUT_BYTES}, got {padding}"
+            )
+        if padding > 0:
+            output["padding"] = "x" * padding
+        return output
 
 
 def _number(input: dict[str, Any], name: str) -> float:
