@@ -73,6 +73,7 @@ image-lock:
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench.py
+	$(PY) bench/publish.py
 
 # Rewrites db/awp_db/schema.sql from a database migrated from empty (after a new migration).
 schema: $(VENV)/.installed

@@ -112,6 +112,7 @@ async def main_async(args: argparse.Namespace) -> int:
         f"data in {pg_dir}; logs in {logdir}"
     )
     env = machine()
+    measured_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     console.print(f"machine: {env}; loadavg {os.getloadavg()}")
     results: list[dict[str, Any]] = []
     try:
@@ -134,15 +135,16 @@ async def main_async(args: argparse.Namespace) -> int:
                     f"steal {figures['cpu_steal']:.0%}]"
                 )
             entry = aggregate(case, reps, sizes)
-            entry["machine"] = env
-            entry["postgres"] = described
+            entry.update(machine=env, postgres=described, measured_at=measured_at)
             results.append(entry)
             write_results(output, results, replace=not args.scenario and not args.quick)
         if args.peers and "single_run" in selected:
             console.print(f"peer: Graphile Worker {PEER_CONFIGS} on the same PostgreSQL")
             loadavg = os.getloadavg()
             for entry in await graphile_worker(pg, PEER_CONFIGS, sizes.single_tasks, repetitions):
-                entry.update(machine=env, postgres=described, loadavg_before=loadavg)
+                entry.update(
+                    machine=env, postgres=described, measured_at=measured_at, loadavg_before=loadavg
+                )
                 results.append(entry)
             compare(results)
             write_results(output, results, replace=not args.scenario and not args.quick)

@@ -1,0 +1,244 @@
+"""Writes the benchmark's tables into README.md and docs/performance.md from
+bench/results.json, between the markers below, so the figures a reader sees are the
+figures of one run, with the machine, the PostgreSQL and the load they were measured
+under. `make bench` runs it after bench.py; tests/test_bench_tables.py fails when the
+committed documents and results.json disagree.
+
+    .venv/bin/python bench/publish.py            # rewrite both documents
+    .venv/bin/python bench/publish.py --check    # exit 1 if they are out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results.json"
+BEGIN = "<!-- bench/publish.py: generated from bench/results.json, do not edit by hand -->"
+END = "<!-- bench/publish.py: end -->"
+Entry = dict[str, Any]
+# Typography of the documents' tables (spelled out: ruff flags them as look-alikes).
+DASH, TIMES = "\u2013", "\u00d7"
+NONE = DASH
+
+
+def _find(results: list[Entry], name: str, workers: int | None = None) -> Entry | None:
+    for entry in results:
+        if entry["name"] == name and (workers is None or entry.get("workers") == workers):
+            return entry
+    return None
+
+
+def _num(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _figure(entry: Entry | None, name: str, digits: int = 0, spread: bool = True) -> str:
+    if entry is None or name not in entry:
+        return NONE
+    value = entry[name]
+    text = _num(value["median"], digits)
+    if spread and entry.get("repetitions", 1) > 1:
+        text += f" ({_num(value['min'], digits)}{DASH}{_num(value['max'], digits)})"
+    return text
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def conditions(results: list[Entry]) -> str:
+    """One sentence: when, on what, and how loaded the machine was."""
+    first = results[0]
+    machine = first["machine"]
+    loads = [
+        value
+        for entry in results
+        for rep in entry.get("loadavg", [])
+        for value in (rep["before"][0], rep["after"][0])
+    ]
+    steal = max((rep["cpu_steal"] for e in results for rep in e.get("loadavg", [])), default=0)
+    when = first.get("measured_at", "date not recorded")
+    load = "load not recorded"
+    if loads:
+        load = f"1-minute load average {min(loads):.1f}{DASH}{max(loads):.1f}"
+    return (
+        f"Measured {when} on {machine['nproc']} {TIMES} {machine['cpu_model']} "
+        f"({machine['memory_gb']} GB), {first['postgres']}; {load}, CPU steal at most "
+        f"{steal:.0%}."
+    )
+
+
+def readme_block(results: list[Entry]) -> list[str]:
+    rows = []
+    for workers in (1, 4):
+        awp = _find(results, "single_run", workers)
+        peer = _find(results, "graphile_worker", workers)
+        ratio = f"{awp['vs_graphile_worker']:.2f}" if awp and "vs_graphile_worker" in awp else NONE
+        rows.append(
+            [
+                f"{workers} process{'es' if workers > 1 else ''} {TIMES} 8 slots",
+                _figure(awp, "tasks_per_s"),
+                _figure(peer, "tasks_per_s"),
+                ratio,
+            ]
+        )
+    lines = _table(
+        ["1,000 no-op tasks, same PostgreSQL, same run", "AWP tasks/s", "Graphile Worker jobs/s",
+         "AWP / Graphile"],
+        rows,
+    )  # fmt: skip
+    many, chain, recovery = (_find(results, n) for n in ("many_runs", "chain", "recovery"))
+    sixteen = _find(results, "single_run", 16)
+    also = (
+        f"Also from that run: 16 workers {_figure(sixteen, 'tasks_per_s', spread=False)}"
+        f" tasks/s; ten concurrent runs {_figure(many, 'tasks_per_s', spread=False)} tasks/s"
+        f" aggregate (fairness {_figure(many, 'fairness', 2, spread=False)}); chain hop p50"
+        f" {_figure(chain, 'hop_ms_p50', 1, spread=False)} ms; all 8 leases of a `kill -9`ed"
+        f" worker re-dispatched in {_figure(recovery, 'redispatch_s', 2, spread=False)} s."
+    )
+    return [conditions(results), "", *lines, "", also]
+
+
+def _cpu(entry: Entry) -> str:
+    cpu = entry.get("cpu_s_per_task", {})
+    kinds = ("server", "coordinator", "worker", "postgres")
+    return " / ".join(f"{cpu[k]['median'] * 1000:.2f}" if k in cpu else NONE for k in kinds)
+
+
+def performance_block(results: list[Entry]) -> list[str]:
+    core = [e for e in results if e["name"] in ("single_run", "many_runs", "chain", "recovery")]
+    lines = [conditions(results), "", f"Median (min{DASH}max) of the repetitions:", ""]
+    lines += _table(
+        ["scenario", "workers", f"runs {TIMES} tasks", "tasks/s", "fairness", "hop p50 / p99 ms",
+         "re-dispatch s", "xacts/task", "CPU ms/task server / coordinator / worker / PostgreSQL"],
+        (
+            [e["name"], str(e["workers"]), f"{e['runs']} {TIMES} {e['tasks_per_run']:,}",
+             _figure(e, "tasks_per_s"), _figure(e, "fairness", 2),
+             _joined(e, "hop_ms_p50", "hop_ms_p99", digits=1),
+             _figure(e, "redispatch_s", 2), _figure(e, "db_xacts_per_task", 2), _cpu(e)]
+            for e in core
+        ),
+    )  # fmt: skip
+    peers = [e for e in results if "peer" in e]
+    if peers:
+        lines += ["", "The peer, same PostgreSQL, right after:", ""]
+        lines += _table(
+            ["peer", f"processes {TIMES} slots", "steady jobs/s", "from spawn jobs/s",
+             "AWP / peer"],
+            (
+                [p["peer"], f"{p['workers']} {TIMES} {p['worker_concurrency']}",
+                 _figure(p, "tasks_per_s"), _num(p["jobs_per_s"]["proc"]["median"]),
+                 _ratio(results, p)]
+                for p in peers
+            ),
+        )  # fmt: skip
+    lines += _cost_model(results)
+    return lines
+
+
+def _ratio(results: list[Entry], peer: Entry) -> str:
+    awp = _find(results, "single_run", peer["workers"])
+    return f"{awp['vs_graphile_worker']:.2f}" if awp and "vs_graphile_worker" in awp else NONE
+
+
+def _cost_model(results: list[Entry]) -> list[str]:
+    lines: list[str] = []
+    sizes = [e for e in results if e["name"] == "run_size"]
+    if sizes:
+        lines += ["", "Run size (one run, 16 workers):", ""]
+        lines += _table(
+            ["tasks", "StartRun ms", "tasks/s", "GetRun ms / KB / tasks listed", "ListRuns ms",
+             "DB bytes/task", "CPU ms/task", "peak RSS MB server / coordinator / worker"],
+            (
+                [_figure(e, "tasks_in_run"), _figure(e, "start_run_ms"), _figure(e, "tasks_per_s"),
+                 _joined(e, "get_run_ms", "get_run_kb", "get_run_tasks"),
+                 _figure(e, "list_runs_ms", 1), _figure(e, "db_bytes_per_task"), _cpu(e), _rss(e)]
+                for e in sizes
+            ),
+        )  # fmt: skip
+    runs = _find(results, "concurrent_runs")
+    if runs:
+        lines += ["", f"{runs['runs']:,} runs of {runs['tasks_per_run']} tasks started at once, "
+                  f"{runs['workers']} workers:", ""]  # fmt: skip
+        lines += _table(
+            ["start all s", "tasks/s", "fairness", "run p50 / p99 s", "xacts/task", "CPU ms/task"],
+            [[_figure(runs, "start_all_s", 1), _figure(runs, "tasks_per_s"),
+              _figure(runs, "fairness", 2),
+              _joined(runs, "run_duration_p50_s", "run_duration_p99_s", digits=2),
+              _figure(runs, "db_xacts_per_task", 2), _cpu(runs)]],
+        )  # fmt: skip
+    big = _find(results, "payload")
+    if big:
+        pairs = big["tasks_per_run"] // 2
+        lines += ["", f"{pairs} producers of ~100 KB outputs, each read by one consumer, "
+                  f"{big['workers']} workers:", ""]  # fmt: skip
+        lines += _table(
+            ["tasks/s", "output MB/s", "WAL MB per 1,000 tasks", "CPU ms/task"],
+            [[_figure(big, "tasks_per_s"), _figure(big, "output_mb_per_s", 1),
+              _figure(big, "wal_mb_per_1000_tasks", 1), _cpu(big)]],
+        )  # fmt: skip
+    return lines
+
+
+def _rss(entry: Entry) -> str:
+    rss = entry.get("peak_rss_mb", {})
+    kinds = ("server", "coordinator", "worker")
+    return " / ".join(f"{rss[k]['median']:.0f}" for k in kinds if k in rss)
+
+
+def _joined(entry: Entry, *names: str, digits: int = 0) -> str:
+    return " / ".join(_figure(entry, name, digits) for name in names)
+
+
+def replace_block(text: str, block: list[str], where: Path) -> str:
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+    if not pattern.search(text):
+        raise SystemExit(f"{where}: the markers {BEGIN!r} ... {END!r} are missing")
+    return pattern.sub(lambda _: "\n".join([BEGIN, *block, END]), text, count=1)
+
+
+DOCUMENTS: dict[Path, Callable[[list[Entry]], list[str]]] = {
+    ROOT / "README.md": readme_block,
+    ROOT / "docs" / "performance.md": performance_block,
+}
+
+
+def outdated(results: list[Entry]) -> list[Path]:
+    """The documents whose generated part differs from what results.json says."""
+    stale = []
+    for path, render in DOCUMENTS.items():
+        text = path.read_text()
+        if replace_block(text, render(results), path) != text:
+            stale.append(path)
+    return stale
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a document is stale")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    results: list[Entry] = json.loads(args.results.read_text())
+    if args.check:
+        stale = outdated(results)
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is out of date: run bench/publish.py")
+        return 1 if stale else 0
+    for path, render in DOCUMENTS.items():
+        path.write_text(replace_block(path.read_text(), render(results), path))
+        print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
