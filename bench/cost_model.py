@@ -7,7 +7,8 @@ size of outputs. Each is a script-measured figure, one repetition by default.
   items and N / 1,000 map tasks fan out over it (each element its own task, created
   when the source succeeds). Figures: StartRun's latency, tasks/s from StartRun to the
   run's end, GetRun and one ListRuns page on the finished run (latency, answer size,
-  tasks listed), database bytes per task, peak RSS of each process.
+  tasks listed and left out), paging through every task with ListTasks, database bytes
+  per task, peak RSS of each process.
 * ``concurrent_runs``: R small runs (10 tasks) started at once (64 StartRun calls in
   flight), 4 workers: time to start them all, aggregate tasks/s, fairness (slowest
   run's end / the median run's, both counted from the first start) and the run
@@ -107,6 +108,11 @@ async def run_size(cluster: Cluster, window: Window, tasks: int) -> dict[str, An
     started = time.perf_counter()
     listed = await cluster.control.ListRuns(control_pb2.ListRunsRequest(), timeout=60)
     list_runs_s = time.perf_counter() - started
+    started = time.perf_counter()
+    paged = await _list_tasks(cluster, run_id)
+    list_tasks_s = time.perf_counter() - started
+    if paged != total:
+        raise RuntimeError(f"ListTasks paged through {paged} tasks of {total}")
     figures.update(
         tasks_in_run=total,
         start_run_ms=start_run_s * 1000,
@@ -115,10 +121,25 @@ async def run_size(cluster: Cluster, window: Window, tasks: int) -> dict[str, An
         get_run_kb=got.ByteSize() / 1024,
         get_run_tasks=len(got.tasks),
         list_runs_ms=list_runs_s * 1000,
+        get_run_tasks_omitted=got.tasks_omitted,
+        list_tasks_s=list_tasks_s,
         list_runs_kb=listed.ByteSize() / 1024,
         db_bytes_per_task=(await _database_bytes(cluster) - size0) / total,
     )
     return figures
+
+
+async def _list_tasks(cluster: Cluster, run_id: UUID) -> int:
+    """Pages through every task of the run as a client would; how many there were."""
+    assert cluster.control is not None
+    request = control_pb2.ListTasksRequest(run_id=str(run_id))
+    count = 0
+    while True:
+        page = await cluster.control.ListTasks(request, timeout=60)
+        count += len(page.tasks)
+        if not page.next_page_token:
+            return count
+        request.page_token = page.next_page_token
 
 
 async def concurrent_runs(

@@ -157,12 +157,14 @@ def _cost_model(results: list[Entry]) -> list[str]:
     if sizes:
         lines += ["", "Run size (one run, 16 workers):", ""]
         lines += _table(
-            ["tasks", "StartRun ms", "tasks/s", "GetRun ms / KB / tasks listed", "ListRuns ms",
-             "DB bytes/task", "CPU ms/task", "peak RSS MB server / coordinator / worker"],
+            ["tasks", "StartRun ms", "tasks/s", "GetRun ms / KB / tasks listed",
+             "ListTasks, all pages s", "ListRuns ms", "DB bytes/task", "CPU ms/task",
+             "peak RSS MB server / coordinator / worker"],
             (
                 [_figure(e, "tasks_in_run"), _figure(e, "start_run_ms"), _figure(e, "tasks_per_s"),
                  _joined(e, "get_run_ms", "get_run_kb", "get_run_tasks"),
-                 _figure(e, "list_runs_ms", 1), _figure(e, "db_bytes_per_task"), _cpu(e), _rss(e)]
+                 _figure(e, "list_tasks_s", 1), _figure(e, "list_runs_ms", 1),
+                 _figure(e, "db_bytes_per_task"), _cpu(e), _rss(e)]
                 for e in sizes
             ),
         )  # fmt: skip

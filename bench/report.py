@@ -47,6 +47,8 @@ FIGURES = (
     "get_run_kb",
     "get_run_tasks",
     "list_runs_ms",
+    "get_run_tasks_omitted",
+    "list_tasks_s",
     "db_bytes_per_task",
     "start_all_s",
     "run_duration_p50_s",

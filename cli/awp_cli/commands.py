@@ -214,6 +214,25 @@ async def run_get(client: Client, args: argparse.Namespace) -> Exit:
     return Exit.OK
 
 
+async def run_tasks(client: Client, args: argparse.Namespace) -> Exit:
+    """Every task of a run, map elements included, page by page (GetRun lists 10,000)."""
+    request = control_pb2.ListTasksRequest(run_id=args.run_id)
+    # --json prints one answer holding every page; tables go out page by page.
+    answer = control_pb2.ListTasksResponse()
+    while True:
+        page = await client.call(client.control.ListTasks, request)
+        answer.tasks.extend(page.tasks)
+        answer.tracebacks_omitted += page.tracebacks_omitted
+        if not args.json:
+            render.stdout.print(render.task_list(page.tasks))
+        if not page.next_page_token:
+            break
+        request.page_token = page.next_page_token
+    if args.json:
+        render.print_json(answer)
+    return Exit.OK
+
+
 async def run_output(client: Client, args: argparse.Namespace) -> Exit:
     """The whole output, however large (GetRun leaves large ones out)."""
     request = control_pb2.GetTaskOutputRequest(run_id=args.run_id, task_key=args.task_key)

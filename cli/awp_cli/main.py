@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     get_run = add(runs, "get", commands.run_get, "show a run with its tasks and attempts")
     get_run.add_argument("run_id", metavar="RUN_ID")
+    tasks = add(
+        runs, "tasks", commands.run_tasks, "list every task of a run, map elements included"
+    )
+    tasks.add_argument("run_id", metavar="RUN_ID")
     output = add(runs, "output", commands.run_output, "print one task's output as JSON")
     output.add_argument("run_id", metavar="RUN_ID")
     output.add_argument("task_key", metavar="TASK")

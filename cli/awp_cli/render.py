@@ -481,7 +481,28 @@ def omissions_view(answer: control_pb2.GetRunResponse) -> list[RenderableType]:
         notes.append(f"{answer.attempts_omitted} later attempts not shown: awp logs RUN [TASK]")
     if answer.tracebacks_omitted:
         notes.append(f"{answer.tracebacks_omitted} tracebacks not shown: awp logs RUN TASK")
+    if answer.tasks_omitted:
+        notes.append(
+            f"{answer.tasks_omitted} later tasks not shown (map elements counted above only "
+            "as far as listed): awp run tasks RUN"
+        )
     return [Text(note, style="yellow") for note in notes]
+
+
+def task_list(tasks: Sequence[control_pb2.Task]) -> Table:
+    """Every task listed as it is, map elements included (a page of ListTasks)."""
+    table = Table(box=None, header_style="bold")
+    for column in ("TASK", "STATE", "ATTEMPTS"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("RESULT")
+    for task in tasks:
+        table.add_row(
+            task.key,
+            styled(task_state(task.state)),
+            _attempts_text(task),
+            Text(_output_text(task), no_wrap=True, overflow="ellipsis"),
+        )
+    return table
 
 
 def run_summary(answer: control_pb2.GetRunResponse) -> RenderableType:

@@ -154,6 +154,7 @@ class ControlApi:
             _run(answer.run),
             tuple(_task(task, outputs) for task in answer.tasks),
             tuple(map(_attempt, answer.attempts)),
+            answer.tasks_omitted,
         )
 
     async def get_task(self, run_id: str, key: str) -> tuple[models.Run, models.Task | None]:

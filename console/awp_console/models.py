@@ -113,6 +113,8 @@ class RunDetail:
     tasks: tuple[Task, ...]
     # GetRun's: errors without traceback or log tail.
     attempts: tuple[Attempt, ...]
+    # Later tasks (map elements past GetRun's 10,000) not listed.
+    tasks_omitted: int = 0
 
 
 @dataclass(frozen=True, slots=True)

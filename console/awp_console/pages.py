@@ -107,6 +107,7 @@ async def run(request: Request) -> Response:
         who,
         "run.html",
         run=detail.run,
+        tasks_omitted=detail.tasks_omitted,
         drawing=drawing,
         states=[t.state for t in detail.tasks],
         data=data,

@@ -32,6 +32,11 @@ MAX_REQUEST_ID_CHARS: Final = 128
 MAX_CANCEL_REASON_CHARS: Final = 1024
 MAX_SEQ: Final = 2**63 - 1  # seq is a PostgreSQL bigint
 MAX_PAGE_SIZE: Final = 1000
+# GetRun lists at most this many tasks and as many attempts (its answer's budget would
+# hold about 50,000 bare tasks, but reading and converting them all would cost the
+# server more than a page): every declared task fits; beyond are map elements, which
+# ListTasks pages through.
+MAX_GET_RUN_ROWS: Final = MAX_TASKS
 # ListAttempts: a page of attempts at every limit above (type, message, traceback, log
 # tail: ~33,000 characters, up to 4 UTF-8 bytes each) stays under the 4 MiB a gRPC client
 # receives by default.

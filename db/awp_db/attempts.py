@@ -66,9 +66,11 @@ async def page(
     return await rows_as(AttemptDetail, conn, Q["page"], run_id, task_key, after_id, limit)
 
 
-async def final_tracebacks(conn: Conn | Pool, run_id: UUID) -> dict[str, str]:
-    """The traceback of each failed task's last attempt, by task key, where it kept one."""
-    return {row["key"]: row["traceback"] for row in await conn.fetch(Q["final_tracebacks"], run_id)}
+async def final_tracebacks(conn: Conn | Pool, run_id: UUID, task_ids: list[int]) -> dict[str, str]:
+    """The traceback of each of those tasks that failed, from its last attempt, by task
+    key, where it kept one (only the tasks listed: a run may hold 100,000 failures)."""
+    rows = await conn.fetch(Q["final_tracebacks"], run_id, task_ids)
+    return {row["key"]: row["traceback"] for row in rows}
 
 
 async def has_task(conn: Conn | Pool, run_id: UUID, key: str) -> bool:

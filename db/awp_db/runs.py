@@ -52,6 +52,7 @@ class RunInfo:
 
 @dataclass(frozen=True, slots=True)
 class TaskInfo:
+    id: int  # its order in the run, and ListTasks' page token
     key: str
     state: str
     executor_kind: str
@@ -166,12 +167,24 @@ async def task_counts(conn: Conn | Pool, run_ids: list[UUID]) -> dict[UUID, dict
     return counts
 
 
-async def tasks(conn: Conn | Pool, run_id: UUID) -> list[TaskInfo]:
-    return await rows_as(TaskInfo, conn, Q["tasks"], run_id, MAX_INLINE_OUTPUT_JSON_BYTES)
+async def tasks(
+    conn: Conn | Pool, run_id: UUID, *, after: int = 0, limit: int | None = None
+) -> list[TaskInfo]:
+    """The run's tasks in order, from the one after task id `after`, `limit` of them
+    (None: all)."""
+    return await rows_as(
+        TaskInfo, conn, Q["tasks"], run_id, MAX_INLINE_OUTPUT_JSON_BYTES, after, limit
+    )
 
 
-async def attempts(conn: Conn | Pool, run_id: UUID) -> list[AttemptInfo]:
-    return await rows_as(AttemptInfo, conn, Q["attempts"], run_id)
+async def attempts(conn: Conn | Pool, run_id: UUID, limit: int | None = None) -> list[AttemptInfo]:
+    """The run's attempts, oldest first, `limit` of them (None: all)."""
+    return await rows_as(AttemptInfo, conn, Q["attempts"], run_id, limit)
+
+
+async def attempt_count(conn: Conn | Pool, run_id: UUID) -> int:
+    count: int = await conn.fetchval(Q["attempt_count"], run_id)
+    return count
 
 
 async def request_cancel(conn: Conn, run_id: UUID, reason: str, by: str) -> bool:

@@ -192,6 +192,18 @@ class AsyncClient:
         answer = await self.call(self.control.GetRun, control_pb2.GetRunRequest(run_id=run_id))
         return RunDetail.from_proto(answer)
 
+    async def list_tasks(self, run_id: str) -> AsyncIterator[TaskStatus]:
+        """Every task of the run, map elements included, in get_run's order, a page at a
+        time (get_run lists the first 10,000)."""
+        request = control_pb2.ListTasksRequest(run_id=run_id)
+        while True:
+            answer = await self.call(self.control.ListTasks, request)
+            for task in answer.tasks:
+                yield TaskStatus.from_proto(task)
+            if not answer.next_page_token:
+                return
+            request.page_token = answer.next_page_token
+
     async def list_runs(
         self, *, workflow: str | None = None, state: str | None = None, page_size: int = 100
     ) -> AsyncIterator[Run]:

@@ -204,11 +204,14 @@ class Attempt:
 
 @dataclass(frozen=True)
 class RunDetail:
-    """A run with all its tasks (by key, in definition order) and attempts."""
+    """A run with its tasks (by key, in definition order) and attempts. A run past
+    10,000 tasks (map elements) has the rest counted in tasks_omitted: Client.list_tasks
+    yields them all."""
 
     run: Run
     tasks: dict[str, TaskStatus]
     attempts: tuple[Attempt, ...]
+    tasks_omitted: int = 0
 
     @classmethod
     def from_proto(cls, answer: control_pb2.GetRunResponse) -> RunDetail:
@@ -216,6 +219,7 @@ class RunDetail:
             run=Run.from_proto(answer.run),
             tasks={t.key: TaskStatus.from_proto(t) for t in answer.tasks},
             attempts=tuple(Attempt.from_proto(a) for a in answer.attempts),
+            tasks_omitted=answer.tasks_omitted,
         )
 
     def outputs(self) -> dict[str, dict[str, Any]]:

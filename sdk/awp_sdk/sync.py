@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from awp_sdk.client import Applied, AsyncClient, AsyncRunHandle, WorkflowLike
 from awp_sdk.connection import Connection
-from awp_sdk.records import Event, Run, RunDetail
+from awp_sdk.records import Event, Run, RunDetail, TaskStatus
 from awp_sdk.watch import GIVE_UP_AFTER_S
 from awp_sdk.workflow import Workflow
 
@@ -151,6 +151,10 @@ class Client:
 
     def get_run(self, run_id: str) -> RunDetail:
         return self._run(self._async.get_run(run_id))
+
+    def list_tasks(self, run_id: str) -> Iterator[TaskStatus]:
+        """Every task of the run, map elements included, a page at a time."""
+        return self._iterate(self._async.list_tasks(run_id))
 
     def list_runs(
         self, *, workflow: str | None = None, state: str | None = None, page_size: int = 100

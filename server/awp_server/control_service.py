@@ -41,6 +41,7 @@ from awp_protocol.errors import Reason, quote
 from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
 from awp_protocol.limits import (
     MAX_ATTEMPTS_PAGE_SIZE,
+    MAX_GET_RUN_ROWS,
     MAX_INPUT_BYTES,
     MAX_PAGE_SIZE,
     MAX_PRUNE_RUNS,
@@ -61,6 +62,7 @@ audit = logging.getLogger("awp.audit")
 WORKFLOWS_PAGE: Final = (100, MAX_PAGE_SIZE)  # (default, max) page size
 RUNS_PAGE: Final = (50, MAX_PAGE_SIZE)
 ATTEMPTS_PAGE: Final = (MAX_ATTEMPTS_PAGE_SIZE, MAX_ATTEMPTS_PAGE_SIZE)
+TASKS_PAGE: Final = (MAX_PAGE_SIZE, MAX_PAGE_SIZE)
 PRUNE_CALL: Final = (1000, MAX_PRUNE_RUNS)  # (default, max) runs per PruneRuns
 # Events read per query while catching a watcher up.
 WATCH_BATCH: Final = 500
@@ -156,15 +158,48 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         # One snapshot: the counts, tasks, attempts and revision all agree.
         async with reads.snapshot(self._pool) as conn:
             run_row = await runs.get(conn, run_id)
-            task_rows = await runs.tasks(conn, run_id)
-            attempt_rows = await runs.attempts(conn, run_id)
-            tracebacks = await attempts.final_tracebacks(conn, run_id)
+            counts = (await runs.task_counts(conn, [run_id])).get(run_id, {})
+            task_rows = await runs.tasks(conn, run_id, limit=MAX_GET_RUN_ROWS)
+            attempt_rows = await runs.attempts(conn, run_id, limit=MAX_GET_RUN_ROWS)
+            unlisted_attempts = 0
+            if len(attempt_rows) == MAX_GET_RUN_ROWS:
+                unlisted_attempts = await runs.attempt_count(conn, run_id) - MAX_GET_RUN_ROWS
+            tracebacks = await attempts.final_tracebacks(
+                conn, run_id, [row.id for row in task_rows]
+            )
         answer = control_pb2.GetRunResponse(
-            run=convert.run_to_proto(run_row, convert.task_counts(row.state for row in task_rows)),
+            run=convert.run_to_proto(run_row, counts),
             tasks=[convert.task_to_proto(row, tracebacks.get(row.key)) for row in task_rows],
             attempts=[convert.attempt_to_proto(row) for row in attempt_rows],
+            tasks_omitted=sum(counts.values()) - len(task_rows),
+            attempts_omitted=unlisted_attempts,
         )
         delivery.trim_run(answer)
+        return answer
+
+    @unary
+    async def ListTasks(
+        self, request: control_pb2.ListTasksRequest, context: Context
+    ) -> control_pb2.ListTasksResponse:
+        run_id = runs.parse_run_id(request.run_id)
+        size = _page_size(request.page_size, *TASKS_PAGE)
+        after = 0
+        if request.page_token:
+            (after,) = _decode_token(request.page_token, "t", (int,))
+            if not 0 < after <= MAX_SEQ:  # a task id, a PostgreSQL bigint
+                raise _bad_token()
+        async with reads.snapshot(self._pool) as conn:
+            await runs.get(conn, run_id)  # RUN_NOT_FOUND before an empty page
+            found = await runs.tasks(conn, run_id, after=after, limit=size + 1)
+            page = found[:size]
+            tracebacks = await attempts.final_tracebacks(conn, run_id, [row.id for row in page])
+        answer = control_pb2.ListTasksResponse(
+            tasks=[convert.task_to_proto(row, tracebacks.get(row.key)) for row in page]
+        )
+        delivery.trim_tasks(answer)
+        kept = len(answer.tasks)
+        if kept < len(page) or len(found) > size:
+            answer.next_page_token = _encode_token("t", [page[kept - 1].id])
         return answer
 
     @unary

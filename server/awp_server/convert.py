@@ -256,13 +256,6 @@ def attempt_detail_to_proto(row: AttemptDetail) -> control_pb2.Attempt:
     )
 
 
-def task_counts(task_states: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for state in task_states:
-        counts[state] = counts.get(state, 0) + 1
-    return counts
-
-
 def event_to_proto(row: StoredEvent) -> types_pb2.StateEvent:
     """A stored event; one of a type this server cannot name (written by a newer version
     during an upgrade) goes out as EVENT_TYPE_UNSPECIFIED, without a transition."""

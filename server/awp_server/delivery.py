@@ -8,6 +8,7 @@ out; GetUpstreamOutputs and GetTaskOutput deliver the rest one budget at a time.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from uuid import UUID
 
 from google.protobuf import struct_pb2
 
@@ -30,11 +31,21 @@ def fill_upstream(answer: worker_pb2.ClaimResponse, issued: Sequence[claims.Issu
     claim itself): upstream outputs, in lease and key order, while the budget lasts;
     every output left out is named in its lease's omitted_upstream_keys."""
     left = MAX_RESPONSE_BYTES - answer.ByteSize()
+    # Leases of one run share upstream tasks (every element of a map has the list's
+    # task upstream): each output is converted once per answer, then copied, which
+    # protobuf does natively. Converting it per lease took over half the server's CPU
+    # in a 100,000-element run.
+    converted: dict[tuple[UUID, str], struct_pb2.Struct] = {}
     for lease, source in zip(answer.leases, issued, strict=True):
         omitted = list(source.omitted_upstream_keys)
         left -= sum(_key_cost(key) for key in omitted)
         for key in sorted(source.upstream_outputs):
-            struct = dict_to_struct(source.upstream_outputs[key]) or struct_pb2.Struct()
+            struct = converted.get((source.run_id, key))
+            if struct is None:
+                output = source.upstream_outputs[key]
+                struct = converted[source.run_id, key] = (
+                    dict_to_struct(output) or struct_pb2.Struct()
+                )
             cost = struct.ByteSize() + _key_cost(key)
             if cost > left:
                 omitted.append(key)
@@ -51,9 +62,21 @@ def _key_cost(key: str) -> int:
 
 def trim_run(answer: control_pb2.GetRunResponse) -> None:
     """Leaves out of a GetRun answer, until it fits: the newest attempts, then outputs
-    (last tasks first), then tracebacks, counting what it left out. The run and its
-    tasks' own fields always stay (a definition is bounded by MAX_TASKS)."""
-    left_out = _leave_out(answer)
+    (last tasks first), then tracebacks, then the last tasks, counting what it left out
+    (the run's own fields, with its task counts, always stay)."""
+    _trim(answer, _leave_out_of_run(answer))
+
+
+def trim_tasks(answer: control_pb2.ListTasksResponse) -> None:
+    """Fits a ListTasks page: outputs, then tracebacks, then the last tasks (the next
+    page starts after the last one kept) are left out; at least one task stays."""
+    _trim(answer, _leave_out_of_tasks(answer, None))
+
+
+_Trimmed = control_pb2.GetRunResponse | control_pb2.ListTasksResponse
+
+
+def _trim(answer: _Trimmed, left_out: Iterator[int]) -> None:
     # Sizes freed are estimates (a length prefix is 1 to 5 bytes): measure again.
     while (excess := answer.ByteSize() - MAX_RESPONSE_BYTES) > 0:
         for freed in left_out:
@@ -64,13 +87,21 @@ def trim_run(answer: control_pb2.GetRunResponse) -> None:
             return
 
 
-def _leave_out(answer: control_pb2.GetRunResponse) -> Iterator[int]:
+def _leave_out_of_run(answer: control_pb2.GetRunResponse) -> Iterator[int]:
     """Leaves one more part out at each step; yields roughly the bytes it freed."""
     while answer.attempts:
         freed = answer.attempts[-1].ByteSize() + _ELEMENT_OVERHEAD
         del answer.attempts[-1]
         answer.attempts_omitted += 1
         yield freed
+    yield from _leave_out_of_tasks(answer, answer)
+
+
+def _leave_out_of_tasks(
+    answer: _Trimmed, counted_in: control_pb2.GetRunResponse | None
+) -> Iterator[int]:
+    """Outputs, then tracebacks, then whole tasks (counted in `counted_in`'s
+    tasks_omitted when given), last tasks first."""
     for task in reversed(answer.tasks):
         if task.HasField("output"):
             freed = task.output.ByteSize() + _ELEMENT_OVERHEAD
@@ -83,3 +114,9 @@ def _leave_out(answer: control_pb2.GetRunResponse) -> Iterator[int]:
             task.error.traceback = ""
             answer.tracebacks_omitted += 1
             yield freed
+    while len(answer.tasks) > 1:
+        freed = answer.tasks[-1].ByteSize() + _ELEMENT_OVERHEAD
+        del answer.tasks[-1]
+        if counted_in is not None:
+            counted_in.tasks_omitted += 1
+        yield freed

@@ -1,7 +1,8 @@
 """Every answer is deliverable to a client with gRPC's default 4 MiB receive limit,
 however large the outputs (DESIGN.md §4 "Sizes"): a Claim issues only the leases one
 answer can carry, a lease names the upstream outputs it leaves out and its holder
-fetches them with GetUpstreamOutputs, GetRun leaves large outputs out (GetTaskOutput)."""
+fetches them with GetUpstreamOutputs, GetRun leaves large outputs out (GetTaskOutput)
+and lists at most 10,000 tasks (ListTasks pages through any number)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from typing import Any
 import grpc
 import pytest
 
-from awp.v1 import control_pb2, control_pb2_grpc, worker_pb2, worker_pb2_grpc
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import coordination
 from awp_db.connect import Pool
 from awp_protocol.errors import Reason, decode_details
 from awp_protocol.jsonvalue import canonical_json, parse_object, struct_to_dict
 from awp_protocol.limits import MAX_OUTPUT_BYTES, MAX_RESPONSE_BYTES
+from awp_server import control_service, delivery
 from kit import ADMIN_TOKEN, ServerHandle, poll_until, spec, start_run
 from kit.db import dispatch_all
 from kit.rawworker import RawWorker, register
@@ -267,3 +269,66 @@ async def test_get_run_of_a_run_with_many_failures_stays_within_the_budget(
         f"\nFIGURE GetRun budget: {len(answer.attempts)} of {2 * tasks} attempts shown, "
         f"{answer.ByteSize()} bytes"
     )
+
+
+async def test_get_run_lists_its_first_rows_and_list_tasks_pages_through_every_task(
+    small_channel: grpc.aio.Channel,
+    stub: worker_pb2_grpc.WorkerServiceStub,
+    pool: Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GetRun's row cap (10,000: the first map elements past it) made small to test.
+    monkeypatch.setattr(control_service, "MAX_GET_RUN_ROWS", 5)
+    tasks = 12
+    run_id = await start_run(pool, spec("many", tasks=tasks))
+    worker = await register(stub, concurrency=tasks)
+    await complete_upstreams(pool, worker, {f"t{i}": {"i": i} for i in range(tasks)})
+    control = control_pb2_grpc.ControlServiceStub(small_channel)
+    auth = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
+
+    answer = await control.GetRun(
+        control_pb2.GetRunRequest(run_id=str(run_id)), metadata=auth, timeout=10
+    )
+    assert [task.key for task in answer.tasks] == [f"t{i}" for i in range(5)]
+    assert answer.tasks_omitted == tasks - 5
+    assert sum(count.count for count in answer.run.tasks_by_state) == tasks
+    assert len(answer.attempts) == 5 and answer.attempts_omitted == tasks - 5
+
+    request = control_pb2.ListTasksRequest(run_id=str(run_id), page_size=5)
+    pages: list[list[str]] = []
+    while True:
+        page = await control.ListTasks(request, metadata=auth, timeout=10)
+        pages.append([task.key for task in page.tasks])
+        assert all(struct_to_dict(task.output) == {"i": int(task.key[1:])} for task in page.tasks)
+        if not page.next_page_token:
+            break
+        request.page_token = page.next_page_token
+    assert pages == [[f"t{i}" for i in range(s, min(s + 5, tasks))] for s in range(0, tasks, 5)]
+
+    for token in ("nonsense", "dDox"):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await control.ListTasks(
+                control_pb2.ListTasksRequest(run_id=str(run_id), page_token=token),
+                metadata=auth,
+                timeout=10,
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert decode_details(caught.value.trailing_metadata()).violations[0].field == "page_token"
+
+
+def test_a_tasks_page_over_the_budget_ends_early_and_keeps_its_first_task() -> None:
+    # 1,000 tasks failing with the longest message and traceback: ~24 MiB.
+    answer = control_pb2.ListTasksResponse(
+        tasks=[
+            control_pb2.Task(
+                key=f"t{i:04d}",
+                error=types_pb2.TaskError(message="m" * 8000, traceback="t" * 16_000),
+            )
+            for i in range(1000)
+        ]
+    )
+    delivery.trim_tasks(answer)
+    assert answer.ByteSize() <= MAX_RESPONSE_BYTES
+    assert answer.tracebacks_omitted == 1000
+    assert [task.key for task in answer.tasks] == [f"t{i:04d}" for i in range(len(answer.tasks))]
+    assert 300 < len(answer.tasks) < 1000

@@ -23,11 +23,12 @@ SELECT a.id, t.key AS task_key, a.attempt, a.state, a.worker_id, w.name AS worke
  LIMIT $4
 
 -- name: final_tracebacks
--- The traceback of each failed task's last attempt, where it kept one.
+-- The traceback of the last attempt of each of the tasks $2 that failed, where it kept one.
 SELECT t.key, a.traceback
   FROM tasks t
   JOIN attempts a ON a.task_id = t.id AND a.attempt = t.attempts
- WHERE t.run_id = $1 AND t.state = 'failed' AND a.traceback IS NOT NULL
+ WHERE t.run_id = $1 AND t.id = ANY($2::bigint[]) AND t.state = 'failed'
+   AND a.traceback IS NOT NULL
 
 -- name: has_task
 SELECT EXISTS (SELECT 1 FROM tasks WHERE run_id = $1 AND key = $2)

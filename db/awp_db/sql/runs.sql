@@ -45,22 +45,30 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
 SELECT run_id, state, count(*) AS n FROM tasks WHERE run_id = ANY($1::uuid[]) GROUP BY run_id, state
 
 -- name: tasks
--- Declared tasks first, then each map's elements in index order (they are created so).
+-- Declared tasks first, then each map's elements in index order (they are created so):
+-- up to $4 of them (NULL: all) after the task id $3 (0: from the first).
 -- Outputs over $2 bytes of JSON text are left out (output_omitted): GetTaskOutput.
-SELECT t.key, t.state, t.executor_kind, t.action, t.depends_on, t.attempts, t.max_attempts,
+SELECT t.id, t.key, t.state, t.executor_kind, t.action, t.depends_on, t.attempts, t.max_attempts,
        CASE WHEN octet_length(t.output::text) <= $2 THEN t.output END AS output,
        coalesce(octet_length(t.output::text) > $2, false) AS output_omitted, t.error,
        t.retry_at, t.finished_at, t.reused_from_run_id, t.hand_backs,
        p.key AS map_parent, t.map_index
   FROM tasks t LEFT JOIN tasks p ON p.id = t.parent_id
- WHERE t.run_id = $1 ORDER BY t.id
+ WHERE t.run_id = $1 AND t.id > $3
+ ORDER BY t.id
+ LIMIT $4
 
 -- name: attempts
+-- The first $2 (NULL: all), oldest first.
 SELECT t.key AS task_key, a.attempt, a.state, a.worker_id, a.dispatch_id, a.fencing_token,
        a.started_at, a.deadline, a.finished_at, a.error
   FROM attempts a JOIN tasks t ON t.id = a.task_id
  WHERE a.run_id = $1
  ORDER BY a.id
+ LIMIT $2
+
+-- name: attempt_count
+SELECT count(*) FROM attempts WHERE run_id = $1
 
 -- name: request_cancel
 UPDATE runs SET cancel_requested_at = now(), cancel_reason = $2, cancel_requested_by = $3

@@ -532,9 +532,14 @@ class GetRunResponse(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     ATTEMPTS_OMITTED_FIELD_NUMBER: _builtins.int
     TRACEBACKS_OMITTED_FIELD_NUMBER: _builtins.int
+    TASKS_OMITTED_FIELD_NUMBER: _builtins.int
     attempts_omitted: _builtins.int
     tracebacks_omitted: _builtins.int
     """Failed tasks whose traceback is left out past the budget (ListAttempts has them)."""
+    tasks_omitted: _builtins.int
+    """The last tasks of the run, left out past 10,000 tasks or the budget (ListTasks has
+    them all).
+    """
     @_builtins.property
     def run(self) -> Global___Run: ...
     @_builtins.property
@@ -551,14 +556,71 @@ class GetRunResponse(_message.Message):
         attempts: _abc.Iterable[Global___Attempt] | None = ...,
         attempts_omitted: _builtins.int = ...,
         tracebacks_omitted: _builtins.int = ...,
+        tasks_omitted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "attempts_omitted", b"attempts_omitted", "run", b"run", "tasks", b"tasks", "tracebacks_omitted", b"tracebacks_omitted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "attempts_omitted", b"attempts_omitted", "run", b"run", "tasks", b"tasks", "tasks_omitted", b"tasks_omitted", "tracebacks_omitted", b"tracebacks_omitted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRunResponse: _TypeAlias = GetRunResponse  # noqa: Y015
+
+@_typing.final
+class ListTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    page_size: _builtins.int
+    """Default 1,000, at most 1,000."""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class ListTasksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TRACEBACKS_OMITTED_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    tracebacks_omitted: _builtins.int
+    """Tasks of this page whose traceback is left out past the budget (ListAttempts has
+    them); outputs left out are flagged on their task (Task.output_omitted).
+    """
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Task]: ...
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[Global___Task] | None = ...,
+        next_page_token: _builtins.str = ...,
+        tracebacks_omitted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "tasks", b"tasks", "tracebacks_omitted", b"tracebacks_omitted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
 
 @_typing.final
 class GetTaskOutputRequest(_message.Message):

@@ -59,6 +59,11 @@ class ControlServiceStub:
                 request_serializer=awp_dot_v1_dot_control__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.GetRunResponse.FromString,
                 _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/awp.v1.ControlService/ListTasks',
+                request_serializer=awp_dot_v1_dot_control__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
         self.GetTaskOutput = channel.unary_unary(
                 '/awp.v1.ControlService/GetTaskOutput',
                 request_serializer=awp_dot_v1_dot_control__pb2.GetTaskOutputRequest.SerializeToString,
@@ -150,8 +155,20 @@ class ControlServiceServicer:
         of its last attempt; the attempts' errors carry their type and message only: their
         tracebacks and log tails are ListAttempts'.
         The answer stays within 3 MiB, whatever the run's size: past that budget, outputs,
-        tracebacks and attempts are left out and counted (Task.output_omitted,
-        tracebacks_omitted, attempts_omitted); GetTaskOutput and ListAttempts return them.
+        tracebacks, attempts and then the last tasks (map elements come last) are left out
+        and counted (Task.output_omitted, tracebacks_omitted, attempts_omitted,
+        tasks_omitted); GetTaskOutput, ListAttempts and ListTasks return them. At most
+        10,000 tasks and 10,000 attempts are listed; the run's task counts cover them all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTasks(self, request, context):
+        """The tasks of a run in GetRun's order (declared tasks, then each map's elements in
+        index order), a page at a time: at most page_size tasks and 3 MiB, outputs and
+        tracebacks left out (and flagged) past that budget. For runs larger than GetRun
+        lists (a map fans out to 1,000 elements per map task).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -274,6 +291,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=awp_dot_v1_dot_control__pb2.GetRunRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.GetRunResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=awp_dot_v1_dot_control__pb2.ListTasksRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.ListTasksResponse.SerializeToString,
             ),
             'GetTaskOutput': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTaskOutput,
@@ -461,6 +483,33 @@ class ControlService:
             '/awp.v1.ControlService/GetRun',
             awp_dot_v1_dot_control__pb2.GetRunRequest.SerializeToString,
             awp_dot_v1_dot_control__pb2.GetRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/ListTasks',
+            awp_dot_v1_dot_control__pb2.ListTasksRequest.SerializeToString,
+            awp_dot_v1_dot_control__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,8 +62,16 @@ class ControlServiceStub:
     of its last attempt; the attempts' errors carry their type and message only: their
     tracebacks and log tails are ListAttempts'.
     The answer stays within 3 MiB, whatever the run's size: past that budget, outputs,
-    tracebacks and attempts are left out and counted (Task.output_omitted,
-    tracebacks_omitted, attempts_omitted); GetTaskOutput and ListAttempts return them.
+    tracebacks, attempts and then the last tasks (map elements come last) are left out
+    and counted (Task.output_omitted, tracebacks_omitted, attempts_omitted,
+    tasks_omitted); GetTaskOutput, ListAttempts and ListTasks return them. At most
+    10,000 tasks and 10,000 attempts are listed; the run's task counts cover them all.
+    """
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListTasksRequest, _control_pb2.ListTasksResponse]
+    """The tasks of a run in GetRun's order (declared tasks, then each map's elements in
+    index order), a page at a time: at most page_size tasks and 3 MiB, outputs and
+    tracebacks left out (and flagged) past that budget. For runs larger than GetRun
+    lists (a map fans out to 1,000 elements per map task).
     """
     GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetTaskOutputRequest, _control_pb2.GetTaskOutputResponse]
     """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
@@ -134,8 +142,16 @@ class ControlServiceAsyncStub(ControlServiceStub):
     of its last attempt; the attempts' errors carry their type and message only: their
     tracebacks and log tails are ListAttempts'.
     The answer stays within 3 MiB, whatever the run's size: past that budget, outputs,
-    tracebacks and attempts are left out and counted (Task.output_omitted,
-    tracebacks_omitted, attempts_omitted); GetTaskOutput and ListAttempts return them.
+    tracebacks, attempts and then the last tasks (map elements come last) are left out
+    and counted (Task.output_omitted, tracebacks_omitted, attempts_omitted,
+    tasks_omitted); GetTaskOutput, ListAttempts and ListTasks return them. At most
+    10,000 tasks and 10,000 attempts are listed; the run's task counts cover them all.
+    """
+    ListTasks: _aio.UnaryUnaryMultiCallable[_control_pb2.ListTasksRequest, _control_pb2.ListTasksResponse]  # type: ignore[assignment]
+    """The tasks of a run in GetRun's order (declared tasks, then each map's elements in
+    index order), a page at a time: at most page_size tasks and 3 MiB, outputs and
+    tracebacks left out (and flagged) past that budget. For runs larger than GetRun
+    lists (a map fans out to 1,000 elements per map task).
     """
     GetTaskOutput: _aio.UnaryUnaryMultiCallable[_control_pb2.GetTaskOutputRequest, _control_pb2.GetTaskOutputResponse]  # type: ignore[assignment]
     """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
@@ -233,8 +249,22 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         of its last attempt; the attempts' errors carry their type and message only: their
         tracebacks and log tails are ListAttempts'.
         The answer stays within 3 MiB, whatever the run's size: past that budget, outputs,
-        tracebacks and attempts are left out and counted (Task.output_omitted,
-        tracebacks_omitted, attempts_omitted); GetTaskOutput and ListAttempts return them.
+        tracebacks, attempts and then the last tasks (map elements come last) are left out
+        and counted (Task.output_omitted, tracebacks_omitted, attempts_omitted,
+        tasks_omitted); GetTaskOutput, ListAttempts and ListTasks return them. At most
+        10,000 tasks and 10,000 attempts are listed; the run's task counts cover them all.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _control_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.ListTasksResponse, _abc.Awaitable[_control_pb2.ListTasksResponse]]:
+        """The tasks of a run in GetRun's order (declared tasks, then each map's elements in
+        index order), a page at a time: at most page_size tasks and 3 MiB, outputs and
+        tracebacks left out (and flagged) past that budget. For runs larger than GetRun
+        lists (a map fans out to 1,000 elements per map task).
         """
 
     @_abc_1.abstractmethod
