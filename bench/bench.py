@@ -25,15 +25,21 @@ Scenarios:
   tasks/s and fairness (slowest run's finish time / the median run's, both from the start);
 * ``chain``: one run of 200 tasks, each depending on the previous, 4 workers: per-hop
   latency = next attempt's started_at - previous attempt's finished_at (database clock);
+* ``latency``: 50 runs of one task started one after another, 1 idle worker: StartRun
+  call -> attempt started, p50 and p99 (the peer's counterpart: addJob -> job started);
 * ``recovery``: worker A holds 8 leases of tasks sleeping 20 s (longer than the 15 s
   lease TTL), worker B is idle; A is killed with SIGKILL. Figures: seconds from the kill
   until all 8 tasks run again as attempt 2 (on B), and until the run succeeds. The
   tasks' retry policy has initial backoff 0 so the figure is the platform's detection
   and re-dispatch time; the default policy (1 s backoff) would add 1 s.
 
+* the cost model (bench/cost_model.py): ``run_size``, ``concurrent_runs``, ``payload``,
+  once each;
+
 * the peer (unless ``--no-peers``, and only when single_run runs): Graphile Worker on
-  the same PostgreSQL right after, 1 and 4 processes of 8 slots (bench/peers.py); each
-  single_run entry of the same shape gets its ratio ``vs_graphile_worker``.
+  the same PostgreSQL right after, 1 and 4 processes of 8 slots, and its single-job
+  latency (bench/peers.py); each single_run entry of the same shape gets its ratio
+  ``vs_graphile_worker``.
 
 Per scenario it also records empty claims per task (awp-server's
 ``awp_claims_total{outcome="empty"}``), database transactions per task
@@ -75,6 +81,7 @@ from report import (
     machine,
     print_comparison,
     print_cost_table,
+    print_idle_table,
     print_table,
     write_results,
 )
@@ -141,7 +148,10 @@ async def main_async(args: argparse.Namespace) -> int:
         if args.peers and "single_run" in selected:
             console.print(f"peer: Graphile Worker {PEER_CONFIGS} on the same PostgreSQL")
             loadavg = os.getloadavg()
-            for entry in await graphile_worker(pg, PEER_CONFIGS, sizes.single_tasks, repetitions):
+            peer = await graphile_worker(
+                pg, PEER_CONFIGS, sizes.single_tasks, repetitions, sizes.latency_runs
+            )
+            for entry in peer:
                 entry.update(
                     machine=env, postgres=described, measured_at=measured_at, loadavg_before=loadavg
                 )
@@ -154,8 +164,9 @@ async def main_async(args: argparse.Namespace) -> int:
             console.print(f"PostgreSQL log kept: {pg.log_file}")
         else:
             shutil.rmtree(pg_dir, ignore_errors=True)
-    print_table([e for e in results if "peer" not in e and e["name"] not in COST_MODEL])
+    print_table([e for e in results if "cpu_s_per_task" in e and e["name"] not in COST_MODEL])
     print_cost_table(results)
+    print_idle_table(results)
     print_comparison(results)
     console.print(f"results written to {output}")
     return 0

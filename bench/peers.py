@@ -9,6 +9,8 @@ jobs, median/min/max of the repetitions:
 * e2e: first of N one-by-one addJob calls -> last job done.
 AWP's tasks/s counts from StartRun (which creates all the run's tasks) to the run's end
 with its workers already running: compared with `steady`, Graphile's is the kinder clock.
+Its single-job latency (addJob called -> job started, one idle worker woken by its
+LISTEN, jobs one after another) is the counterpart of AWP's ``latency`` scenario.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ DATABASE = "graphile_bench"
 # RESULT graphile-worker procs=1 concurrency=8 n=1000 runs=3 jobs_per_s proc: median=.. | ...
 _RESULT = re.compile(r"^RESULT graphile-worker procs=(\d+) concurrency=(\d+) n=(\d+) runs=(\d+)")
 _FIGURE = re.compile(r"(\w+): median=([\d.]+) min=([\d.]+) max=([\d.]+)")
+# RESULT graphile-worker latency n=50 ms p50=1.92 p99=3.10
+_LATENCY = re.compile(r"^RESULT graphile-worker latency n=(\d+) ms p50=([\d.]+) p99=([\d.]+)")
 
 
 def _install() -> None:
@@ -45,6 +49,23 @@ def parse(output: str) -> list[dict[str, Any]]:
     """The RESULT lines of graphile_bench.js as results.json entries."""
     entries = []
     for line in output.splitlines():
+        latency = _LATENCY.match(line)
+        if latency is not None:
+            jobs, p50, p99 = int(latency[1]), float(latency[2]), float(latency[3])
+            entries.append(
+                {
+                    "name": "graphile_worker_latency",
+                    "peer": f"Graphile Worker {GRAPHILE_VERSION}",
+                    "workers": 1,
+                    "worker_concurrency": 1,
+                    "runs": jobs,
+                    "tasks_per_run": 1,
+                    "repetitions": 1,
+                    "start_latency_ms_p50": {"median": p50, "min": p50, "max": p50},
+                    "start_latency_ms_p99": {"median": p99, "min": p99, "max": p99},
+                }
+            )
+            continue
         head = _RESULT.match(line)
         if head is None:
             continue
@@ -71,9 +92,10 @@ def parse(output: str) -> list[dict[str, Any]]:
 
 
 async def graphile_worker(
-    pg: Postgres, configs: list[tuple[int, int]], jobs: int, repetitions: int
+    pg: Postgres, configs: list[tuple[int, int]], jobs: int, repetitions: int, latency_jobs: int
 ) -> list[dict[str, Any]]:
-    """Graphile Worker's figures on a fresh database of pg, one entry per configuration."""
+    """Graphile Worker's figures on a fresh database of pg: one entry per configuration,
+    and one for its latency."""
     await asyncio.to_thread(_install)
     admin = await connect(pg.dsn)
     try:
@@ -86,6 +108,7 @@ async def graphile_worker(
         "N_JOBS": str(jobs),
         "RUNS": str(repetitions),
         "CONFIGS": " ".join(f"{p}x{c}" for p, c in configs),
+        "LATENCY_JOBS": str(latency_jobs),
         "PATH": _path(),
     }
     process = await asyncio.create_subprocess_exec(

@@ -97,13 +97,19 @@ def readme_block(results: list[Entry]) -> list[str]:
          "AWP / Graphile"],
         rows,
     )  # fmt: skip
-    many, chain, recovery = (_find(results, n) for n in ("many_runs", "chain", "recovery"))
+    many, chain, recovery, latency, peer_latency = (
+        _find(results, n)
+        for n in ("many_runs", "chain", "recovery", "latency", "graphile_worker_latency")
+    )
     sixteen = _find(results, "single_run", 16)
     also = (
         f"Also from that run: 16 workers {_figure(sixteen, 'tasks_per_s', spread=False)}"
         f" tasks/s; ten concurrent runs {_figure(many, 'tasks_per_s', spread=False)} tasks/s"
         f" aggregate (fairness {_figure(many, 'fairness', 2, spread=False)}); chain hop p50"
-        f" {_figure(chain, 'hop_ms_p50', 1, spread=False)} ms; all 8 leases of a `kill -9`ed"
+        f" {_figure(chain, 'hop_ms_p50', 1, spread=False)} ms; single-task latency p50"
+        f" {_figure(latency, 'start_latency_ms_p50', 1, spread=False)} ms (Graphile Worker"
+        f" {_figure(peer_latency, 'start_latency_ms_p50', 1, spread=False)} ms); all 8 leases"
+        " of a `kill -9`ed"
         f" worker re-dispatched in {_figure(recovery, 'redispatch_s', 2, spread=False)} s."
     )
     return [conditions(results), "", *lines, "", also]
@@ -129,7 +135,7 @@ def performance_block(results: list[Entry]) -> list[str]:
             for e in core
         ),
     )  # fmt: skip
-    peers = [e for e in results if "peer" in e]
+    peers = [e for e in results if e["name"] == "graphile_worker"]
     if peers:
         lines += ["", "The peer, same PostgreSQL, right after:", ""]
         lines += _table(
@@ -141,6 +147,19 @@ def performance_block(results: list[Entry]) -> list[str]:
                  _ratio(results, p)]
                 for p in peers
             ),
+        )  # fmt: skip
+    awp, peer = _find(results, "latency"), _find(results, "graphile_worker_latency")
+    if awp or peer:
+        lines += ["", "Single-task latency, one idle worker, one task after another:", ""]
+        lines += _table(
+            ["", "from", "p50 ms", "p99 ms"],
+            [
+                ["AWP", "StartRun called -> attempt started",
+                 _figure(awp, "start_latency_ms_p50", 1), _figure(awp, "start_latency_ms_p99", 1)],
+                [peer["peer"] if peer else "peer", "addJob called -> job started",
+                 _figure(peer, "start_latency_ms_p50", 1),
+                 _figure(peer, "start_latency_ms_p99", 1)],
+            ],
         )  # fmt: skip
     lines += _cost_model(results)
     return lines

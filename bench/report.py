@@ -34,6 +34,8 @@ FIGURES = (
     "fairness",
     "hop_ms_p50",
     "hop_ms_p99",
+    "start_latency_ms_p50",
+    "start_latency_ms_p99",
     "redispatch_s",
     "run_success_s",
     "empty_claims_per_task",
@@ -55,6 +57,18 @@ FIGURES = (
     "run_duration_p99_s",
     "output_mb_per_s",
     "wal_mb_per_1000_tasks",
+    # idle sessions (bench/idle_sessions.py)
+    "heartbeats_per_s",
+    "server_cpu_cores",
+    "server_cpu_ms_per_heartbeat",
+    "coordinator_cpu_cores",
+    "pg_cpu_cores",
+    "pg_cpu_ms_per_heartbeat",
+    "db_commits_per_s",
+    "db_row_writes_per_s",
+    "wal_kb_per_s",
+    "sim_cpu_cores",
+    "server_peak_rss_mb",
 )
 
 
@@ -75,6 +89,8 @@ def aggregate(case: Case, reps: list[dict[str, Any]], sizes: Sizes) -> dict[str,
         if values:
             entry[name] = summary(values)
     for group in ("cpu_s_per_task", "peak_rss_mb"):
+        if group not in reps[0]:
+            continue  # idle sessions run no tasks
         entry[group] = {
             kind: summary([rep[group][kind] for rep in reps]) for kind in reps[0][group]
         }
@@ -105,6 +121,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
     table = Table(title="AWP benchmarks: median (min-max) of the repetitions", show_lines=False)
     for column in (
         "scenario", "workers", "tasks/s", "fairness", "hop p50 ms", "hop p99 ms",
+        "start p50/p99 ms",
         "redispatch s", "success s", "empty claims/task", "xacts/task",
         "CPU ms/task srv/coord/wrk/pg", "peak RSS MB srv/coord/wrk",
     ):  # fmt: skip
@@ -119,6 +136,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
             _fmt(entry, "fairness", 2),
             _fmt(entry, "hop_ms_p50", 1),
             _fmt(entry, "hop_ms_p99", 1),
+            f"{_fmt(entry, 'start_latency_ms_p50', 1)}/{_fmt(entry, 'start_latency_ms_p99', 1)}",
             _fmt(entry, "redispatch_s", 2),
             _fmt(entry, "run_success_s", 1),
             _fmt(entry, "empty_claims_per_task", 3),
@@ -167,6 +185,30 @@ def print_cost_table(results: list[dict[str, Any]]) -> None:
             ),
             "/".join(f"{rss[k]['median']:.0f}" for k in KINDS),
         )
+    console.print(table)
+
+
+def print_idle_table(results: list[dict[str, Any]]) -> None:
+    measured = [e for e in results if e["name"] == "idle_sessions"]
+    if not measured:
+        return
+    table = Table(title="Idle worker sessions heartbeating on one server (one repetition each)")
+    columns = {
+        "sessions": ("workers", 0), "heartbeats/s": ("heartbeats_per_s", 0),
+        "server cores": ("server_cpu_cores", 2), "server ms/hb": ("server_cpu_ms_per_heartbeat", 2),
+        "PostgreSQL cores": ("pg_cpu_cores", 2), "PG ms/hb": ("pg_cpu_ms_per_heartbeat", 2),
+        "commits/s": ("db_commits_per_s", 0), "row writes/s": ("db_row_writes_per_s", 0),
+        "WAL kB/s": ("wal_kb_per_s", 0), "simulator cores": ("sim_cpu_cores", 2),
+        "server RSS MB": ("server_peak_rss_mb", 0),
+    }  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right")
+    for entry in measured:
+        cells = [
+            str(entry["workers"]) if name == "workers" else _fmt(entry, name, digits)
+            for name, digits in columns.values()
+        ]
+        table.add_row(*cells)
     console.print(table)
 
 

@@ -20,12 +20,21 @@ from uuid import UUID
 import asyncpg
 from cluster import Cluster, Window
 from cost_model import COST_MODEL, concurrent_runs, payload, run_size
+from idle_sessions import idle_sessions
 from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, wait_for
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.connect import connect
 
-SCENARIOS = ("single_run", "many_runs", "chain", "recovery", *COST_MODEL)
+SCENARIOS = (
+    "single_run",
+    "many_runs",
+    "chain",
+    "latency",
+    "recovery",
+    *COST_MODEL,
+    "idle_sessions",
+)
 
 
 # --- workflows -----------------------------------------------------------------------------
@@ -97,11 +106,13 @@ class Sizes:
     many_runs: int = 10
     many_tasks: int = 1000
     chain_tasks: int = 200
+    latency_runs: int = 50
     recovery_sleep_ms: int = 20_000
     run_sizes: tuple[int, ...] = (10_000, 100_000)
     concurrent_runs: int = 1000
     concurrent_tasks: int = 10
     payload_pairs: int = 500
+    idle_sessions: tuple[int, ...] = (100, 1000, 5000)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -110,10 +121,12 @@ class Sizes:
             many_runs=4,
             many_tasks=250,
             chain_tasks=50,
+            latency_runs=10,
             recovery_sleep_ms=6_000,
             run_sizes=(1_000, 12_000),  # the second one fans out through map tasks
             concurrent_runs=100,
             payload_pairs=50,
+            idle_sessions=(50, 300),
         )
 
 
@@ -156,6 +169,31 @@ async def chain(cluster: Cluster, window: Window, sizes: Sizes) -> dict[str, Any
     figures["hop_ms_p99"] = percentile(hops, 99)
     figures["hop_ms_max"] = max(hops)
     figures["tasks_per_s"] = n / _seconds(rows[0]["created_at"], rows[0]["finished_at"])
+    return figures
+
+
+async def latency(cluster: Cluster, window: Window, runs: int) -> dict[str, Any]:
+    """Single-task latency: runs of one task started one after another, each once the
+    previous has finished (the worker idle, its Claim parked). A sample runs from just
+    before the StartRun call (the client's clock) to the attempt's started_at (the
+    database's: the same machine's clock)."""
+    assert cluster.control is not None
+    wf = definition("latency", 1)
+    await cluster.control.CreateWorkflow(control_pb2.CreateWorkflowRequest(definition=wf))
+    await window.start()
+    samples = []
+    for i in range(runs):
+        started = time.time()
+        answer = await cluster.control.StartRun(
+            control_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"latency-{i}")
+        )
+        run_id = UUID(answer.run.id)
+        await cluster.wait_runs([run_id], within=30)
+        rows = await cluster.query("SELECT started_at FROM attempts WHERE run_id = $1", run_id)
+        samples.append((rows[0]["started_at"].timestamp() - started) * 1000)
+    figures = await window.stop(runs)
+    figures["start_latency_ms_p50"] = percentile(samples, 50)
+    figures["start_latency_ms_p99"] = percentile(samples, 99)
     return figures
 
 
@@ -235,6 +273,8 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
             chosen.append(Case(name, 4, sizes.many_tasks, sizes.many_runs))
         elif name == "chain":
             chosen.append(Case(name, 4, sizes.chain_tasks))
+        elif name == "latency":
+            chosen.append(Case(name, 1, 1, sizes.latency_runs))
         elif name == "recovery":
             # One worker holds the leases and is killed; a second one starts to take over.
             chosen.append(Case(name, 2, WORKER_CONCURRENCY))
@@ -244,6 +284,9 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
             chosen.append(Case(name, 4, sizes.concurrent_tasks, sizes.concurrent_runs, once=True))
         elif name == "payload":
             chosen.append(Case(name, 4, 2 * sizes.payload_pairs, once=True))
+        elif name == "idle_sessions":
+            # "workers": simulated sessions, which hold no lease and only heartbeat.
+            chosen += [Case(name, n, 0, once=True) for n in sizes.idle_sessions]
     return chosen
 
 
@@ -289,6 +332,9 @@ async def run_case(
     database = f"awp_bench_{case.name}_{case.workers}_{case.runs}_{case.tasks}_{repetition}"
     caselogs = logdir / f"{case.label.replace('/', '-')}-{repetition}"
     caselogs.mkdir(parents=True, exist_ok=True)
+    if case.name == "idle_sessions":
+        return await idle_sessions(pg, case.workers, caselogs)
+    caselogs.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(pg, database, caselogs)
     admin = await connect(pg.dsn, application_name="awp-bench-admin")
     spies: list[subprocess.Popen[bytes]] = []
@@ -301,6 +347,8 @@ async def run_case(
             figures = await single_run(cluster, window, sizes, case.runs, case.tasks)
         elif case.name == "chain":
             figures = await chain(cluster, window, sizes)
+        elif case.name == "latency":
+            figures = await latency(cluster, window, case.runs)
         elif case.name == "recovery":
             figures = await recovery(cluster, window, sizes)
         elif case.name == "run_size":

@@ -175,10 +175,10 @@ async def active_lease_count(conn: Conn, worker_id: UUID) -> int:
     return count
 
 
-async def touch(conn: Conn, worker_id: UUID) -> str | None:
-    """Records a heartbeat; the session's state, or None if it is no longer live."""
-    state: str | None = await conn.fetchval(Q["touch"], worker_id)
-    return state
+async def touch(conn: Conn, worker_ids: Sequence[UUID]) -> dict[UUID, str]:
+    """Records a heartbeat of each session; the state of each one still live (the
+    others, no longer live, are left out)."""
+    return {row["id"]: row["state"] for row in await conn.fetch(Q["touch"], list(worker_ids))}
 
 
 async def open_stream(conn: Conn, worker_id: UUID) -> int | None:

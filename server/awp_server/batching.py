@@ -1,4 +1,5 @@
-"""Coalescing concurrent Claim and Complete calls into shared transactions (DESIGN.md §11).
+"""Coalescing concurrent Claim and Complete calls, and heartbeats, into shared
+transactions (DESIGN.md §11).
 
 Every Claim and every Complete of a run takes that run's row lock and bumps its
 revision, so the calls of one busy run are serialised by PostgreSQL anyway. Here calls
@@ -30,8 +31,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+from uuid import UUID
 
-from awp_db import claims, leases
+from awp_db import claims, leases, workers
 from awp_db.connect import DEFAULT_LIMITS, Conn, Pool, SessionLimits
 from awp_kernel.errors import AwpError
 from awp_kernel.fencing import ResultVerdict
@@ -47,6 +49,9 @@ LANES = 1
 # Transactions of one kind that may straggle past their lane at once: bounds the pool
 # connections a stuck database ties up (two kinds: 10 of the default 20).
 SPARE_LANES = 4
+# Heartbeats recorded by one statement at most (5,000 sessions at the default 5 s
+# interval send 1,000 a second).
+MAX_HEARTBEATS_PER_WRITE = 1000
 
 C = TypeVar("C")  # one call
 R = TypeVar("R")  # its answer
@@ -69,6 +74,9 @@ class _Batcher(Generic[C, R]):
     kind = "call"
     # Serve a call whose caller went away (Complete: its results are still written).
     serve_abandoned = True
+    # How long the first call of an idle batcher waits for others to join it: 0 starts
+    # its transaction in the same event-loop turn (no latency added).
+    linger_s = 0.0
 
     def __init__(
         self,
@@ -97,14 +105,23 @@ class _Batcher(Generic[C, R]):
         # Retrieved even when nobody awaits it any more (the caller went away).
         pending.answer.add_done_callback(_retrieve)
         self._queue.append(pending)
-        if not self._scheduled:
-            # Start at the end of this loop turn: calls woken together batch together.
-            self._scheduled = True
-            loop.call_soon(self._start)
+        self._schedule()
         if self.serve_abandoned:
             return await asyncio.shield(pending.answer)
         # Cancelling the caller cancels the answer: the batch then leaves the call out.
         return await pending.answer
+
+    def _schedule(self) -> None:
+        """Starts the queued calls at the end of this loop turn (or after the linger):
+        calls woken together batch together."""
+        if self._scheduled:
+            return
+        self._scheduled = True
+        loop = asyncio.get_running_loop()
+        if self.linger_s:
+            loop.call_later(self.linger_s, self._start)
+        else:
+            loop.call_soon(self._start)
 
     def _start(self) -> None:
         self._scheduled = False
@@ -174,7 +191,13 @@ class _Batcher(Generic[C, R]):
                 self._stragglers -= 1
             else:
                 self._busy -= 1
-            self._start()
+            if self.linger_s:
+                # Calls that queued meanwhile wait out a window too, or a steady
+                # trickle would make every transaction a small one.
+                if self._queue:
+                    self._schedule()
+            else:
+                self._start()
 
     async def _bounded(self, batch: list[_Pending[C, R]], lane: _Lane) -> Sequence[R | AwpError]:
         """The batch's transaction, on a connection of its own, within its deadline."""
@@ -295,6 +318,30 @@ class ClaimBatcher(_Batcher[claims.ClaimCall, list[claims.IssuedLease]]):
                 log.debug("Claim batch rolled back for %d departed callers", len(gone))
                 if not batch:
                     return []
+
+
+class TouchBatcher(_Batcher[UUID, str | None]):
+    """Heartbeats of all the sessions this server serves, recorded together: one
+    statement and one commit for the heartbeats of a short window, so the writes of
+    idle sessions grow slower than their number (docs/performance.md, "Idle workers")."""
+
+    kind = "heartbeat"
+    # Heartbeats arrive spread out (each session's every 5 s), so without a window
+    # nearly every one would be a statement and a commit of its own (measured: 224
+    # commits/s for 1,000 sessions). A heartbeat's answer waits this long at most, a
+    # hundredth of the default interval; the writes then stay near one per window.
+    linger_s = 0.05
+
+    async def touch(self, worker_id: UUID) -> str | None:
+        """The session's state once its heartbeat is recorded; None if it is no longer
+        live."""
+        return await self._submit(worker_id, 1)
+
+    async def _transaction(
+        self, conn: Conn, batch: list[_Pending[UUID, str | None]]
+    ) -> Sequence[str | None]:
+        states = await workers.touch(conn, [p.call for p in batch])
+        return [states.get(p.call) for p in batch]
 
 
 def _settle(pending: _Pending[C, R], outcome: R | AwpError | BaseException) -> None:

@@ -34,7 +34,12 @@ from awp_protocol.limits import (
 from awp_protocol.names import check_register
 from awp_protocol.results import check_result
 from awp_server import delivery, metrics
-from awp_server.batching import ClaimBatcher, CompleteBatcher
+from awp_server.batching import (
+    MAX_HEARTBEATS_PER_WRITE,
+    ClaimBatcher,
+    CompleteBatcher,
+    TouchBatcher,
+)
 from awp_server.config import ServerConfig
 from awp_server.convert import TASK_STATES, WORKER_STATES, duration_from_ms, timestamp
 from awp_server.errors import abort, unary
@@ -94,6 +99,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         )
         self.completes = CompleteBatcher(
             pool, max_size=MAX_RESULTS_PER_COMPLETE, limits=config.session_limits
+        )
+        # And so do the heartbeats of all streams.
+        self.touches = TouchBatcher(
+            pool, max_size=MAX_HEARTBEATS_PER_WRITE, limits=config.session_limits
         )
 
     @unary
@@ -207,21 +216,24 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             async for request in self._until_shutdown(request_iterator):
                 worker_id, presented = _session(request.session)
                 refs = _lease_refs(request.leases, "leases")
-                async with self._pool.acquire() as conn:
-                    if session is None:
+                if session is None:
+                    async with self._pool.acquire() as conn:
                         session = await workers.authenticate(conn, worker_id, presented)
                         token = presented
                         epoch = await workers.open_stream(conn, session.worker_id)
-                    elif worker_id != str(session.worker_id) or not tokens.matches(
-                        presented, tokens.digest(token)
-                    ):
-                        raise errors.session_invalid("a stream serves one session")
-                    state = await workers.touch(conn, session.worker_id)
-                    if state is None:
-                        raise errors.session_invalid("worker session is no longer live")
-                    answers = await leases.renew(
-                        conn, session.worker_id, refs, self._config.lease_ttl_ms
-                    )
+                elif worker_id != str(session.worker_id) or not tokens.matches(
+                    presented, tokens.digest(token)
+                ):
+                    raise errors.session_invalid("a stream serves one session")
+                state = await self.touches.touch(session.worker_id)
+                if state is None:
+                    raise errors.session_invalid("worker session is no longer live")
+                answers: list[leases.LeaseAnswer] = []
+                if refs:
+                    async with self._pool.acquire() as conn:
+                        answers = await leases.renew(
+                            conn, session.worker_id, refs, self._config.lease_ttl_ms
+                        )
                 for answer in answers:
                     metrics.LEASE_ANSWERS.labels(answer.status).inc()
                 stopped = state == "stopped"

@@ -1,4 +1,5 @@
-"""Concurrent Claims and Completes share transactions; each call is still served on its own."""
+"""Concurrent Claims, Completes and heartbeats share transactions; each call is still
+served on its own."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import pytest
 from asyncpg import Connection
 from asyncpg.exceptions import LockNotAvailableError
 
-from awp_db import claims, dispatching, leases
+from awp_db import claims, dispatching, leases, workers
 from awp_db.connect import Pool, SessionLimits, connect, create_pool
 from awp_kernel.errors import AwpError, ErrorKind
 from awp_kernel.fencing import ResultVerdict
-from awp_server.batching import ClaimBatcher, CompleteBatcher
+from awp_server.batching import ClaimBatcher, CompleteBatcher, TouchBatcher
 from awp_server.errors import as_awp_error
 from kit import poll_until, spec, start_run
 from kit.db import DbWorker, dispatch_all, register
@@ -88,6 +89,24 @@ async def test_the_batcher_coalesces_calls_that_would_queue(pool: Pool) -> None:
     assert await batcher.complete(str(w.worker_id), w.session_token, [_ok(mine[0])]) == [
         ResultVerdict.DUPLICATE
     ]
+
+
+async def test_heartbeats_of_many_sessions_are_recorded_by_one_statement(pool: Pool) -> None:
+    fleet = [await register(pool, name=f"w{i}") for i in range(30)]
+    gone = await register(pool, name="gone")
+    async with pool.acquire() as conn:
+        await workers.mark_offline(conn, [gone.worker_id])
+        before = await conn.fetchval("SELECT max(last_heartbeat_at) FROM workers")
+    batcher = TouchBatcher(pool, max_size=1000)
+    states = await asyncio.gather(*(batcher.touch(w.worker_id) for w in [*fleet, gone]))
+    # Each session answered as on its own; the offline one is no longer live.
+    assert states == ["active"] * 30 + [None]
+    assert batcher.batches == 1
+    async with pool.acquire() as conn:
+        seen = await conn.fetch(
+            "SELECT name, last_heartbeat_at > $1 AS touched FROM workers", before
+        )
+    assert {row["name"] for row in seen if row["touched"]} == {f"w{i}" for i in range(30)}
 
 
 async def test_a_call_that_breaks_the_shared_transaction_fails_alone(pool: Pool) -> None:

@@ -27,9 +27,18 @@ SELECT worker_id, count(*) AS n
  GROUP BY worker_id
 
 -- name: touch
-UPDATE workers SET last_heartbeat_at = now()
- WHERE id = $1 AND state IN ('active', 'draining')
-RETURNING state
+-- The heartbeats of several sessions at once (awp_server.batching.TouchBatcher): the rows
+-- are locked in id order (locks.py) before they are written.
+WITH live AS (
+    SELECT id FROM workers
+     WHERE id = ANY($1::uuid[]) AND state IN ('active', 'draining')
+     ORDER BY id
+       FOR UPDATE
+)
+UPDATE workers w SET last_heartbeat_at = now()
+  FROM live
+ WHERE w.id = live.id
+RETURNING w.id, w.state
 
 -- name: open_stream
 UPDATE workers SET stream_epoch = stream_epoch + 1, last_heartbeat_at = now()
