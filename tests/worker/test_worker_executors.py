@@ -6,6 +6,7 @@ import asyncio
 import math
 import threading
 import time
+import zlib
 from typing import Any
 
 import pytest
@@ -78,8 +79,13 @@ async def test_mock_fail_attempts_is_retryable_until_the_attempt_passes_it() -> 
 
 
 async def test_mock_output_bytes_pads_the_output_up_to_the_output_limit() -> None:
-    output = await MockExecutor().execute(make_ctx(), {"output_bytes": 100_000})
-    assert output["padding"] == "x" * 100_000  # type: ignore[index]
+    output = await MockExecutor().execute(make_ctx(), {"output_bytes": 100_001})
+    again = await MockExecutor().execute(make_ctx(attempt=2), {"output_bytes": 100_001})
+    padding = output["padding"]  # type: ignore[index]
+    assert len(padding) == 100_001 and set(padding) <= set("0123456789abcdef")
+    assert again["padding"] == padding  # type: ignore[index]
+    # Not compressible away: zlib keeps most of it (hex digits: 4 bits each at best).
+    assert len(zlib.compress(padding.encode())) > 45_000
     with pytest.raises(PermanentError, match=f"output_bytes must be at most {MAX_OUTPUT_BYTES}"):
         await MockExecutor().execute(make_ctx(), {"output_bytes": MAX_OUTPUT_BYTES + 1})
 

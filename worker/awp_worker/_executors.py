@@ -12,6 +12,7 @@ import contextvars
 import inspect
 import json
 import math
+import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -135,7 +136,7 @@ class MockExecutor:
     Output: ``{"action": ..., "echo": input, "attempt": n}``. Input fields:
     ``sleep_ms`` sleeps first (cancellable); ``fail`` (a message or ``true``) fails
     permanently; ``fail_attempts: N`` fails retryably while the attempt is <= N;
-    ``output_bytes: N`` adds ``"padding"``, N characters, to the output (large outputs
+    ``output_bytes: N`` adds ``"padding"``, N hex digits, to the output (large outputs
     without large inputs, for the payload benchmark).
     """
 
@@ -162,7 +163,9 @@ class MockExecutor:
                 f"mock: input.output_bytes must be at most {MAX_OUTPUT_BYTES}, got {padding}"
             )
         if padding > 0:
-            output["padding"] = "x" * padding
+            # Seeded, so the output is the same on every attempt; random, so PostgreSQL
+            # cannot compress it away (payload figures would flatter AWP).
+            output["padding"] = random.Random(padding).randbytes(padding // 2 + 1).hex()[:padding]
         return output
 
 
