@@ -157,6 +157,8 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.ListAttemptsRequest.run_id": MAX_ID_CHARS,
     "awp.v1.ListAttemptsRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.ListAttemptsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
+    "awp.v1.ListTasksRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.ListTasksRequest.page_token": MAX_PAGE_TOKEN_CHARS,
     "awp.v1.WatchRunRequest.run_id": MAX_ID_CHARS,
     "awp.v1.PruneRunsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
 }
