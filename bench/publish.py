@@ -208,6 +208,22 @@ def _cost_model(results: list[Entry]) -> list[str]:
             [[_figure(big, "tasks_per_s"), _figure(big, "output_mb_per_s", 1),
               _figure(big, "wal_mb_per_1000_tasks", 1), _cpu(big)]],
         )  # fmt: skip
+    idle = [e for e in results if e["name"] == "idle_sessions"]
+    if idle:
+        lines += ["", "Idle worker sessions heartbeating on one awp-server (one run each):", ""]
+        lines += _table(
+            ["sessions", "heartbeats/s", "server cores", "server ms/heartbeat",
+             "PostgreSQL cores", "PostgreSQL ms/heartbeat", "commits/s", "row writes/s",
+             "WAL kB/s", "server RSS MB"],
+            (
+                [f"{e['workers']:,}", _figure(e, "heartbeats_per_s"),
+                 _figure(e, "server_cpu_cores", 2), _figure(e, "server_cpu_ms_per_heartbeat", 2),
+                 _figure(e, "pg_cpu_cores", 2), _figure(e, "pg_cpu_ms_per_heartbeat", 3),
+                 _figure(e, "db_commits_per_s"), _figure(e, "db_row_writes_per_s"),
+                 _figure(e, "wal_kb_per_s"), _figure(e, "server_peak_rss_mb")]
+                for e in idle
+            ),
+        )  # fmt: skip
     return lines
 
 
