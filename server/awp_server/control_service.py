@@ -183,11 +183,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.ListTasksResponse:
         run_id = runs.parse_run_id(request.run_id)
         size = _page_size(request.page_size, *TASKS_PAGE)
-        after = 0
-        if request.page_token:
-            (after,) = _decode_token(request.page_token, "t", (int,))
-            if not 0 < after <= MAX_SEQ:  # a task id, a PostgreSQL bigint
-                raise _bad_token()
+        after = _after_id(request.page_token, "t")
         async with reads.snapshot(self._pool) as conn:
             await runs.get(conn, run_id)  # RUN_NOT_FOUND before an empty page
             found = await runs.tasks(conn, run_id, after=after, limit=size + 1)
@@ -221,11 +217,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         run_id = runs.parse_run_id(request.run_id)
         task_key = request.task_key or None
         size = _page_size(request.page_size, *ATTEMPTS_PAGE)
-        after = 0
-        if request.page_token:
-            (after,) = _decode_token(request.page_token, "a", (int,))
-            if not 0 < after <= MAX_SEQ:  # an attempt id, a PostgreSQL bigint
-                raise _bad_token()
+        after = _after_id(request.page_token, "a")
         async with reads.snapshot(self._pool) as conn:
             await runs.get(conn, run_id)  # RUN_NOT_FOUND before an empty page
             if task_key is not None and not await attempts.has_task(conn, run_id, task_key):
@@ -513,6 +505,16 @@ def _decode_token(token: str, kind: str, shape: tuple[type, ...]) -> list[Any]:
     ):
         raise _bad_token()
     return decoded[1:]
+
+
+def _after_id(token: str, kind: str) -> int:
+    """The row id a keyset page token of this kind resumes after; 0 for the first page."""
+    if not token:
+        return 0
+    (after,) = _decode_token(token, kind, (int,))
+    if not 0 < after <= MAX_SEQ:  # a row id, a PostgreSQL bigint
+        raise _bad_token()
+    return int(after)
 
 
 def _bad_token() -> AwpError:
