@@ -210,17 +210,20 @@ def _cost_model(results: list[Entry]) -> list[str]:
         )  # fmt: skip
     idle = [e for e in results if e["name"] == "idle_sessions"]
     if idle:
-        lines += ["", "Idle worker sessions heartbeating on one awp-server (one run each):", ""]
+        when = idle[0].get("measured_at", "")
+        title = f"Idle worker sessions heartbeating on one awp-server (one run each, {when}):"
+        lines += ["", title, ""]
         lines += _table(
             ["sessions", "heartbeats/s", "server cores", "server ms/heartbeat",
-             "PostgreSQL cores", "PostgreSQL ms/heartbeat", "commits/s", "row writes/s",
-             "WAL kB/s", "server RSS MB"],
+             "PostgreSQL cores", "PostgreSQL ms/heartbeat", "commits/s", "write xacts/s",
+             "row writes/s", "WAL kB/s", "server RSS MB"],
             (
                 [f"{e['workers']:,}", _figure(e, "heartbeats_per_s"),
                  _figure(e, "server_cpu_cores", 2), _figure(e, "server_cpu_ms_per_heartbeat", 2),
                  _figure(e, "pg_cpu_cores", 2), _figure(e, "pg_cpu_ms_per_heartbeat", 3),
-                 _figure(e, "db_commits_per_s"), _figure(e, "db_row_writes_per_s"),
-                 _figure(e, "wal_kb_per_s"), _figure(e, "server_peak_rss_mb")]
+                 _figure(e, "db_commits_per_s"), _figure(e, "db_write_xacts_per_s"),
+                 _figure(e, "db_row_writes_per_s"), _figure(e, "wal_kb_per_s"),
+                 _figure(e, "server_peak_rss_mb")]
                 for e in idle
             ),
         )  # fmt: skip
