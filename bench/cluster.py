@@ -28,10 +28,13 @@ from processes import (
     wait_for,
 )
 
-from awp.v1 import control_pb2_grpc
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import connect
 from awp_db.embedded import free_port
 from awp_db.migrate import migrate
+
+# StartRun calls in flight while starting many runs.
+START_CONCURRENCY = 64
 
 # --- one cluster per repetition ----------------------------------------------------------
 
@@ -149,6 +152,26 @@ class Cluster:
 
         await wait_for(registered, f"{expected} workers to register", within=120)
         return added
+
+    async def start_runs(self, wf: types_pb2.WorkflowDefinition, count: int) -> list[UUID]:
+        """Creates the workflow and starts `count` runs of it, START_CONCURRENCY StartRun
+        calls in flight at most (what a busy API client might do)."""
+        control = self.control
+        assert control is not None
+        await control.CreateWorkflow(control_pb2.CreateWorkflowRequest(definition=wf))
+        gate = asyncio.Semaphore(START_CONCURRENCY)
+
+        async def one(i: int) -> UUID:
+            async with gate:
+                answer = await control.StartRun(
+                    control_pb2.StartRunRequest(
+                        workflow_name=wf.name, workflow_version=wf.version, request_id=f"bench-{i}"
+                    ),
+                    timeout=300,
+                )
+            return UUID(answer.run.id)
+
+        return list(await asyncio.gather(*(one(i) for i in range(count))))
 
     async def wait_runs(self, run_ids: list[UUID], within: float = 600.0) -> list[asyncpg.Record]:
         """The runs' rows once none is running; raises unless all succeeded."""

@@ -21,7 +21,6 @@ size of outputs. Each is a script-measured figure, one repetition by default.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from typing import Any
@@ -33,8 +32,6 @@ from awp.v1 import control_pb2, types_pb2
 from awp_protocol.limits import MAX_MAP_ELEMENTS, MAX_TASKS
 
 COST_MODEL = ("run_size", "concurrent_runs", "payload")
-# StartRun calls in flight while starting many runs: what a busy API client might do.
-START_CONCURRENCY = 64
 PAYLOAD_BYTES = 100_000
 
 
@@ -67,24 +64,6 @@ def payload_pairs(name: str, pairs: int) -> types_pb2.WorkflowDefinition:
     return wf
 
 
-async def _start(cluster: Cluster, wf: types_pb2.WorkflowDefinition, count: int) -> list[UUID]:
-    assert cluster.control is not None
-    await cluster.control.CreateWorkflow(control_pb2.CreateWorkflowRequest(definition=wf))
-    gate = asyncio.Semaphore(START_CONCURRENCY)
-
-    async def one(i: int) -> UUID:
-        async with gate:
-            answer = await cluster.control.StartRun(  # type: ignore[union-attr]
-                control_pb2.StartRunRequest(
-                    workflow_name=wf.name, workflow_version=wf.version, request_id=f"cost-{i}"
-                ),
-                timeout=300,
-            )
-        return UUID(answer.run.id)
-
-    return list(await asyncio.gather(*(one(i) for i in range(count))))
-
-
 async def _database_bytes(cluster: Cluster) -> int:
     rows = await cluster.query("SELECT pg_database_size(current_database()) AS n")
     return int(rows[0]["n"])
@@ -96,7 +75,7 @@ async def run_size(cluster: Cluster, window: Window, tasks: int) -> dict[str, An
     size0 = await _database_bytes(cluster)
     await window.start()
     started = time.perf_counter()
-    (run_id,) = await _start(cluster, wf, 1)
+    (run_id,) = await cluster.start_runs(wf, 1)
     start_run_s = time.perf_counter() - started
     (row,) = await cluster.wait_runs([run_id], within=max(120.0, tasks / 50))
     counted = await cluster.query("SELECT count(*) AS n FROM tasks WHERE run_id = $1", run_id)
@@ -148,7 +127,7 @@ async def concurrent_runs(
     wf = fan_out("small", tasks)
     await window.start()
     started = time.perf_counter()
-    run_ids = await _start(cluster, wf, runs)
+    run_ids = await cluster.start_runs(wf, runs)
     start_all_s = time.perf_counter() - started
     rows = await cluster.wait_runs(run_ids, within=600)
     figures = await window.stop(runs * tasks)
@@ -170,7 +149,7 @@ async def payload(cluster: Cluster, window: Window, pairs: int) -> dict[str, Any
     lsn = "SELECT pg_current_wal_lsn() AS lsn"
     wal0 = (await cluster.query(lsn))[0]["lsn"]
     await window.start()
-    (run_id,) = await _start(cluster, wf, 1)
+    (run_id,) = await cluster.start_runs(wf, 1)
     (row,) = await cluster.wait_runs([run_id], within=300)
     figures = await window.stop(2 * pairs)
     wal1 = (await cluster.query(lsn))[0]["lsn"]

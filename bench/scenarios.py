@@ -66,22 +66,6 @@ def definition(
     return wf
 
 
-async def start_runs(cluster: Cluster, wf: types_pb2.WorkflowDefinition, count: int) -> list[UUID]:
-    assert cluster.control is not None
-    await cluster.control.CreateWorkflow(control_pb2.CreateWorkflowRequest(definition=wf))
-    answers = await asyncio.gather(
-        *(
-            cluster.control.StartRun(
-                control_pb2.StartRunRequest(
-                    workflow_name=wf.name, workflow_version=wf.version, request_id=f"bench-{i}"
-                )
-            )
-            for i in range(count)
-        )
-    )
-    return [UUID(answer.run.id) for answer in answers]
-
-
 def _seconds(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds()
 
@@ -135,7 +119,7 @@ async def single_run(
 ) -> dict[str, Any]:
     wf = definition("bench", tasks)
     await window.start()
-    run_ids = await start_runs(cluster, wf, runs)
+    run_ids = await cluster.start_runs(wf, runs)
     rows = await cluster.wait_runs(run_ids)
     figures = await window.stop(runs * tasks)
     t0 = min(row["created_at"] for row in rows)
@@ -151,7 +135,7 @@ async def single_run(
 async def chain(cluster: Cluster, window: Window, sizes: Sizes) -> dict[str, Any]:
     n = sizes.chain_tasks
     await window.start()
-    (run_id,) = await start_runs(cluster, definition("chain", n, chain=True), 1)
+    (run_id,) = await cluster.start_runs(definition("chain", n, chain=True), 1)
     rows = await cluster.wait_runs([run_id])
     figures = await window.stop(n)
     attempts = await cluster.query(
@@ -207,7 +191,7 @@ async def recovery(cluster: Cluster, window: Window, sizes: Sizes) -> dict[str, 
         initial_backoff_ms=0,
     )
     await window.start()
-    (run_id,) = await start_runs(cluster, wf, 1)
+    (run_id,) = await cluster.start_runs(wf, 1)
 
     async def all_running_on_victim() -> bool:
         rows = await cluster.query(

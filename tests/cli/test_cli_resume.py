@@ -90,6 +90,12 @@ def test_a_failing_action_shows_its_traceback_and_log_tail(stack: DevStack, tmp_
 
     every = stack.awp("logs", run_id, "--json").json()["attempts"]
     assert sorted(a["taskKey"] for a in every) == ["fetch", "parse", "side"]
+
+    listed = stack.awp("run", "tasks", run_id)
+    assert listed.code == 0, listed.err
+    assert "parse" in listed.out and "KeyError: 'missing'" in listed.out
+    tasks = stack.awp("run", "tasks", run_id, "--json").json()["tasks"]
+    assert {t["key"]: t["state"] for t in tasks}["parse"] == "TASK_STATE_FAILED"
     [parse] = [a for a in every if a["taskKey"] == "parse"]
     assert parse["error"]["type"] == "KeyError"
     assert parse["error"]["traceback"].endswith("KeyError: 'missing'\n")

@@ -102,6 +102,14 @@ async def test_list_runs_pages_through_every_run_once(stack: Stack) -> None:
         succeeded = [r async for r in client.list_runs(state="succeeded", page_size=2)]
         assert sorted(r.id for r in succeeded) == sorted(started)
         assert {r.task_counts["succeeded"] for r in succeeded} == {3}
+        # Every task of a run, in the run's order, through ListTasks' pages.
+        tasks = [t async for t in client.list_tasks(started[0])]
+        assert [(t.key, t.state) for t in tasks] == [
+            ("first", "succeeded"),
+            ("second", "succeeded"),
+            ("third", "succeeded"),
+        ]
+        assert (await client.get_run(started[0])).tasks_omitted == 0
 
 
 async def test_cancel_ends_a_run_and_result_says_so(stack: Stack) -> None:

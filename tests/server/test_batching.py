@@ -109,6 +109,20 @@ async def test_heartbeats_of_many_sessions_are_recorded_by_one_statement(pool: P
     assert {row["name"] for row in seen if row["touched"]} == {f"w{i}" for i in range(30)}
 
 
+async def test_heartbeats_arriving_one_after_another_wait_for_one_window(pool: Pool) -> None:
+    # Heartbeats arrive spread out, not in one loop turn: without the linger the first
+    # would start its own statement at once and the rest would follow in another.
+    fleet = [await register(pool, name=f"w{i}") for i in range(3)]
+    batcher = TouchBatcher(pool, max_size=1000)
+    touches = []
+    for w in fleet:
+        touches.append(asyncio.ensure_future(batcher.touch(w.worker_id)))
+        for _ in range(5):
+            await asyncio.sleep(0)  # loop turns: a linger-less batch would start here
+    assert await asyncio.gather(*touches) == ["active"] * 3
+    assert batcher.batches == 1
+
+
 async def test_a_call_that_breaks_the_shared_transaction_fails_alone(pool: Pool) -> None:
     await start_run(pool, spec("isolated", 2))
     good, bad = await register(pool, name="good"), await register(pool, name="bad")
