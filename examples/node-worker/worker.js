@@ -15,10 +15,10 @@
 // (fail_attempts: N fails while attempt <= N) -- the same contract as awp-worker's.
 //
 // Usage:
-//   node worker.js --server 127.0.0.1:50051 --token $AWP_WORKER_TOKEN [--name n]
-//                  [--concurrency 4] [--shutdown-timeout 30] [--safety-margin 1]
+//   node worker.js --server 127.0.0.1:50051 --worker-token $AWP_WORKER_TOKEN [--name n]
+//                  [--concurrency 4] [--shutdown-grace 30] [--safety-margin 1]
 // Every flag also reads an environment variable: AWP_SERVER, AWP_WORKER_TOKEN,
-// AWP_WORKER_NAME, AWP_WORKER_CONCURRENCY, AWP_WORKER_SHUTDOWN_TIMEOUT,
+// AWP_WORKER_NAME, AWP_WORKER_CONCURRENCY, AWP_WORKER_SHUTDOWN_GRACE,
 // AWP_WORKER_SAFETY_MARGIN.
 //
 // Exit codes: 0 after a clean drain; 1 on an internal failure; 3 when the server

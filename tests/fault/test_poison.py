@@ -55,7 +55,7 @@ async def test_a_poison_result_among_eight_coalesced_is_isolated(cluster: Cluste
         [
             str(BIN_DIR / "awp-worker"),
             "--server", cluster.server_address,
-            "--token", WORKER_TOKEN,
+            "--worker-token", WORKER_TOKEN,
             "--name", "poison-worker",
             "--kinds", "python",
             "--module", "poison_actions",
