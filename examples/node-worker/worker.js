@@ -317,11 +317,11 @@ class Worker {
     if (this.draining) return;
     this.draining = true;
     if (this.slotFreed) this.slotFreed();
-    log('info', 'draining', { leases: this.leases.size, timeout_ms: this.cfg.shutdownTimeoutMs });
+    log('info', 'draining', { leases: this.leases.size, timeout_ms: this.cfg.shutdownGraceMs });
     try {
       if (!this.session) return this.exit(EXIT_OK);
       await this.withRetry('Drain', () => this.call('Drain', { session: this.session, hand_back: [] }));
-      const until = Date.now() + this.cfg.shutdownTimeoutMs;
+      const until = Date.now() + this.cfg.shutdownGraceMs;
       while (this.leases.size > 0 && Date.now() < until) await sleep(50);
       const handBack = [...this.leases.values()].map((h) => ({
         dispatch_id: h.lease.dispatch_id,
