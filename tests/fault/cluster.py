@@ -67,7 +67,7 @@ class Timings:
     offline_after_s: float = 4.0
     # A worker's claim long poll; short so a restarted server is not kept waiting on it.
     claim_wait_s: float = 2.0
-    shutdown_timeout_s: float = 15.0
+    shutdown_grace_s: float = 15.0
 
 
 async def wait_for(
@@ -342,7 +342,7 @@ class Cluster:
         *,
         concurrency: int = 4,
         server: str | None = None,
-        shutdown_timeout: float | None = None,
+        shutdown_grace: float | None = None,
         within: float = 20.0,
         wait_registered: bool = True,
     ) -> WorkerProcess:
@@ -351,7 +351,7 @@ class Cluster:
             name,
             concurrency=concurrency,
             server=server,
-            shutdown_timeout=shutdown_timeout,
+            shutdown_grace=shutdown_grace,
             within=within,
             wait_registered=wait_registered,
         )
@@ -362,7 +362,7 @@ class Cluster:
                 str(BIN_DIR / "awp-worker"),
                 "--server",
                 server or self.server_address,
-                "--token",
+                "--worker-token",
                 WORKER_TOKEN,
                 "--name",
                 name,
@@ -370,14 +370,14 @@ class Cluster:
                 "mock",
                 "--concurrency",
                 str(concurrency),
-                "--shutdown-timeout",
-                str(shutdown_timeout if shutdown_timeout is not None else t.shutdown_timeout_s),
+                "--shutdown-grace",
+                str(shutdown_grace if shutdown_grace is not None else t.shutdown_grace_s),
                 "--safety-margin",
                 str(t.safety_margin_s),
                 "--claim-wait",
                 str(t.claim_wait_s),
-                "--metrics-port",
-                "0",
+                "--metrics-listen",
+                "off",
                 "--log-format",
                 "json",
             ],

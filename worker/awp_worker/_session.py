@@ -69,7 +69,7 @@ class Session:
         self._config = config
         self._metrics = metrics
         self._metadata: Metadata = (
-            (("authorization", f"Bearer {config.token}"),) if config.token else None
+            (("authorization", f"Bearer {config.worker_token}"),) if config.worker_token else None
         )
         self._addresses = config.servers
         # One channel per address (connected on first use); calls go through the current one.
