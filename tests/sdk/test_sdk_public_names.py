@@ -31,7 +31,8 @@ ALL = (
 
 MODULES = {
     "awp_sdk.actions": "ActionCancelled ActionContext ActionFunc ActionRegistry "
-    "DEFAULT_REGISTRY PermanentError RegisteredAction RetryableError action",
+    "DEFAULT_REGISTRY OutputError PermanentError RegisteredAction RetryableError action "
+    "output_struct",
     "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
     "awp_sdk.decode": "applied attempt event identity message_json pruned run run_detail span "
@@ -52,6 +53,7 @@ MODULES = {
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWorkflow",
     "awp_sdk.sync": "Client RunHandle",
+    "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
     "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow",
