@@ -56,7 +56,7 @@ MODULES = {
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
-    "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow",
+    "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow check_options",
 }
 
 CLIENT_METHODS = (
