@@ -15,6 +15,7 @@ request)`` calls it with the token and deadline.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -144,6 +145,14 @@ class AsyncClient:
         self, method: Callable[..., grpc.aio.UnaryStreamCall[Req, Resp]], request: Req
     ) -> grpc.aio.UnaryStreamCall[Req, Resp]:
         return self.channel.stream(method, request)
+
+    def as_caller(self, token: str) -> AsyncClient:
+        """A client sharing this one's channel that calls with another token: one
+        connection for many callers (the web console's sessions). Closing it leaves the
+        channel open; closing this client closes it for both."""
+        caller = AsyncClient(connection=dataclasses.replace(self.connection, token=token))
+        caller._channel = self.channel.as_caller(caller.connection)
+        return caller
 
     async def close(self) -> None:
         if self._channel is not None:

@@ -15,12 +15,14 @@ from awp_sdk import (
     AsyncClient,
     Client,
     FailurePolicy,
+    PermissionDenied,
     RunFailed,
     RunState,
     StoredWorkflow,
     TaskState,
     WorkerState,
 )
+from kit import WORKER_TOKEN
 
 
 async def test_each_call_answers_in_records(stack: Stack) -> None:
@@ -66,7 +68,7 @@ async def test_each_call_answers_in_records(stack: Stack) -> None:
 def test_the_sync_client_has_every_call_of_the_async_one() -> None:
     """The same names and parameters: a method added to one only is a test failure."""
     for name, method in inspect.getmembers(AsyncClient, inspect.isfunction):
-        if name.startswith("_") or name in {"call", "stream", "close"}:
+        if name.startswith("_") or name in {"as_caller", "call", "stream", "close"}:
             continue
         assert hasattr(Client, name), f"Client lacks {name}"
         mine = list(inspect.signature(getattr(Client, name)).parameters)
@@ -92,3 +94,15 @@ def test_every_control_rpc_has_a_client_method() -> None:
     snake["WhoAmI"] = "who_am_i"
     missing = [rpc for rpc, method in snake.items() if not hasattr(AsyncClient, method)]
     assert missing == []
+
+
+async def test_callers_share_one_channel_each_with_its_token(stack: Stack) -> None:
+    async with stack.client() as admin:
+        worker = admin.as_caller(WORKER_TOKEN)
+        assert worker.channel._channel is admin.channel._channel
+        assert (await worker.who_am_i()).roles == frozenset({"worker"})
+        assert "admin" in (await admin.who_am_i()).roles
+        with pytest.raises(PermissionDenied):
+            await worker.get_stats()
+        await worker.close()  # the channel stays open for its owner
+        assert (await admin.get_stats()).active_leases == 0

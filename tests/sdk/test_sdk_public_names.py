@@ -60,7 +60,7 @@ MODULES = {
 }
 
 CLIENT_METHODS = (
-    "apply call cancel close control get_run get_stats get_task_output get_workflow "
+    "apply as_caller call cancel close control get_run get_stats get_task_output get_workflow "
     "list_attempts list_attempts_page list_runs list_runs_page list_tasks list_tasks_page "
     "list_workers list_workflows list_workflows_page prune_runs retry run start stream "
     "watch who_am_i"
@@ -135,7 +135,7 @@ def test_the_clients_and_handles_have_exactly_these_methods() -> None:
         return sorted(name for name, _ in inspect.getmembers(cls) if not name.startswith("_"))
 
     assert methods(awp_sdk.AsyncClient) == sorted([*CLIENT_METHODS.split(), "channel"])
-    sync_only = {"call", "stream", "control", "channel"}
+    sync_only = {"as_caller", "call", "stream", "control", "channel"}
     assert methods(awp_sdk.Client) == sorted(set(CLIENT_METHODS.split()) - sync_only)
     assert methods(awp_sdk.AsyncRunHandle) == sorted(HANDLE_METHODS.split())
     assert methods(awp_sdk.RunHandle) == sorted(HANDLE_METHODS.split())
