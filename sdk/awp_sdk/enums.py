@@ -63,6 +63,9 @@ class WorkerState(StrEnum):
 
 
 class EventType(StrEnum):
+    # The server's own word for a type it cannot name (written by a newer version during
+    # an upgrade, types.proto): a value it sends, unlike every other enum's UNSPECIFIED.
+    UNSPECIFIED = "unspecified"
     RUN_CREATED = "run_created"
     RUN_STATE = "run_state"
     TASK_STATE = "task_state"

@@ -185,7 +185,8 @@ class TaskPage(Page[TaskStatus]):
 
 @dataclass(frozen=True)
 class Event:
-    """One state change of a run (a StateEvent). The subject's states before and after
+    """One state change of a run (a StateEvent; type "unspecified" when the server
+    cannot name it, during an upgrade). The subject's states before and after
     are in ``from_state``/``to_state`` (from_state None: just created; both None for
     run_cancel_requested), of the subject's kind: a RunState, TaskState or AttemptState."""
 
