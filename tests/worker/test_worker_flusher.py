@@ -15,10 +15,11 @@ from test_worker_units import FakeRpcError
 from awp.v1 import worker_pb2
 from awp_protocol.errors import FieldsInvalid
 from awp_protocol.results import check_result
+from awp_sdk.actions import output_struct
 from awp_worker._backoff import Backoff
 from awp_worker._completer import DROPPED, MAX_SERVER_FAULTS, REJECTED, ResultFlusher
 from awp_worker._errors import SessionLost
-from awp_worker._executors import failure, output_struct, success
+from awp_worker._executors import failure, success
 from awp_worker._lease import HeldLease, LeaseClock, LeaseTable
 from awp_worker._metrics import Metrics
 from kit import poll_until as eventually
