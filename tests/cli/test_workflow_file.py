@@ -293,7 +293,7 @@ def test_apply_of_an_invalid_file_needs_no_server(tmp_path: Path) -> None:
     path = write(tmp_path, CYCLE)
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
-        address = "127.0.0.1:%d" % closed.getsockname()[1]
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
     result = awp("workflow", "apply", str(path), "--address", address)
     assert result.code == Exit.USAGE, result.err
     assert "cannot reach" not in result.err
