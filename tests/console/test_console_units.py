@@ -3,6 +3,7 @@ re-dispatch figure and the settings' checks."""
 
 from __future__ import annotations
 
+import argparse
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import awp_server.metrics  # noqa: F401 (its counters, in this process's default registry)
+from awp_common import flags
 from awp_console import graph, metrics, recovery
 from awp_console.graph import Item, draw
 from awp_console.models import Attempt, Identity, TaskError, Worker
@@ -18,6 +20,7 @@ from awp_console.settings import Settings
 from awp_coordinator.metrics import Metrics
 from awp_protocol.roles import Role
 from awp_protocol.states import HANDED_BACK
+from awp_sdk.connection import Connection
 
 
 def test_a_fan_out_is_one_node_with_its_count_until_expanded() -> None:
@@ -228,3 +231,19 @@ def test_the_console_answers_only_to_its_own_host_names() -> None:
     assert Settings(listen="10.1.2.3:80", insecure=True).hosts() == ["10.1.2.3"]
     named = Settings(listen="10.1.2.3:80", insecure=True, allowed_hosts=("awp.example",))
     assert named.hosts() == ["awp.example"]
+
+
+def test_the_server_address_defaults_as_every_clients() -> None:
+    """One default (the SDK's), and a host alone means its default port, as for `awp`."""
+
+    def read(*given: str, environ: dict[str, str] | None = None) -> Settings:
+        parser = argparse.ArgumentParser()
+        flags.add_flags(parser, Settings)
+        return flags.settings(Settings, parser, parser.parse_args(given), environ or {})
+
+    assert read().address == Settings().address == Connection().address
+    assert read("--address", "awp.internal").address == "awp.internal:50051"
+    assert read(environ={"AWP_ADDRESS": "[::1]"}).address == "[::1]:50051"
+    assert read("--address", "awp.internal:7000").address == "awp.internal:7000"
+    with pytest.raises(SystemExit):
+        read("--address", "awp.internal:port")
