@@ -247,3 +247,40 @@ def test_the_server_address_defaults_as_every_clients() -> None:
     assert read("--address", "awp.internal:7000").address == "awp.internal:7000"
     with pytest.raises(SystemExit):
         read("--address", "awp.internal:port")
+
+
+def test_a_map_is_one_node_with_its_task_and_its_progress() -> None:
+    # plan -> search (a map over plan) -> merge; the elements share the map's dependency.
+    items = [
+        Item("plan", []),
+        Item("search", ["plan"]),
+        Item("merge", ["search"]),
+        *(Item(f"search[{i}]", ["plan"]) for i in range(5)),
+    ]
+    drawn = draw(items)
+    assert [(n.kind, n.label, n.parent) for n in drawn.nodes] == [
+        ("task", "plan", -1),
+        ("fanout", "search", 1),
+        ("task", "merge", -1),
+    ]
+    assert drawn.edges == [(0, 1, 6), (1, 2, 1)]
+    states = [
+        "succeeded",
+        "running",
+        "pending",
+        "succeeded",
+        "failed",
+        "running",
+        "skipped",
+        "ready",
+    ]
+    counts = drawn.counts(states)
+    # The map task's own state is not one of its elements'.
+    assert counts[1] == {"succeeded": 1, "failed": 1, "running": 1, "skipped": 1, "ready": 1}
+    assert graph.map_progress(counts[1]) == "3/5 done, 1 failed"
+    assert graph.map_progress({"running": 4}) == "0/4 done"
+    # Expanded, each element is a node before the map task, which ends after them.
+    expanded = draw(items, expand={"search"})
+    x = {n.label: n.x for n in expanded.nodes}
+    assert x["plan"] < x["search[0]"] == x["search[4]"] < x["search"] < x["merge"]
+    assert all(n.kind == "task" and n.parent == -1 for n in expanded.nodes)
