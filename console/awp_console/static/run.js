@@ -1,16 +1,13 @@
 // The run page: live task states from the console's event stream (one WatchRun behind
 // it), the graph recoloured in place, a virtualised task list, and the task panel.
 // Every change is applied to the data at once and drawn at the next animation frame,
-// so thousands of changes a second cost one repaint each frame.
+// so thousands of changes a second cost one repaint each frame. bars.js draws the state
+// bars and a map's progress; stream.js holds the event stream.
 "use strict";
 
 (() => {
   const data = JSON.parse(document.getElementById("run-data").textContent);
-  const runId = data.run.id;
   const STATES = data.states;
-  const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
-  const TERMINAL_TASK = new Set(["succeeded", "failed", "canceled", "skipped"]);
-  const SVG = "http://www.w3.org/2000/svg";
   const ROW_H = 28;
 
   const tasks = data.tasks; // [key, state, attempts, max_attempts]
@@ -23,8 +20,6 @@
   let nodeEls = [];
   let nodeCounts = [];
   const runCounts = {};
-  let lastSeq = data.run.last_seq;
-  let runState = data.run.state;
 
   const dirtyNodes = new Set();
   let listDirty = false;
@@ -35,49 +30,9 @@
     if (!frame) frame = requestAnimationFrame(draw);
   }
 
-  // ------------------------------------------------------------ bars
-
-  function barParts(counts, width) {
-    let total = 0;
-    for (const s of STATES) total += counts[s] || 0;
-    const parts = [];
-    let x = 0;
-    if (!total) return parts;
-    for (const s of STATES) {
-      const n = counts[s] || 0;
-      if (!n) continue;
-      const w = Math.max((width * n) / total, 1);
-      parts.push([s, x, w, n]);
-      x += w;
-    }
-    return parts;
-  }
-
-  // Updates a bar in place: one rect per state, reused, so a redraw changes attributes
-  // only (no elements made or dropped while a run streams in).
-  function drawBar(parent, counts, width, height) {
-    const rects = new Map();
-    for (const rect of parent.querySelectorAll("rect")) rects.set(rect.getAttribute("class"), rect);
-    const seen = new Set();
-    for (const [s, x, w, n] of barParts(counts, width)) {
-      const name = "s-" + s;
-      let rect = rects.get(name);
-      if (!rect) {
-        rect = document.createElementNS(SVG, "rect");
-        rect.setAttribute("class", name);
-        rect.setAttribute("y", "0");
-        rect.setAttribute("height", String(height));
-        rect.appendChild(document.createElementNS(SVG, "title"));
-        parent.appendChild(rect);
-      }
-      rect.setAttribute("x", x.toFixed(2));
-      rect.setAttribute("width", w.toFixed(2));
-      const text = n + " " + s.replace("_", " ");
-      if (rect.firstChild && rect.firstChild.textContent !== text) rect.firstChild.textContent = text;
-      seen.add(name);
-    }
-    for (const [name, rect] of rects) if (!seen.has(name)) rect.remove();
-  }
+  // The bars and a map's progress, drawn by bars.js with this page's states.
+  const drawBar = (parent, counts, width, height) => window.awpBars.drawBar(STATES, parent, counts, width, height);
+  const mapProgress = (counts) => window.awpBars.mapProgress(STATES, counts);
 
   // ------------------------------------------------------------ graph
 
@@ -95,18 +50,6 @@
     if (fitted) fit();
     applyZoom();
     schedule();
-  }
-
-  // What graph.map_progress writes: "12/40 done, 2 failed".
-  function mapProgress(counts) {
-    let total = 0;
-    let done = 0;
-    for (const s of STATES) {
-      const n = counts[s] || 0;
-      total += n;
-      if (TERMINAL_TASK.has(s)) done += n;
-    }
-    return done + "/" + total + " done" + (counts.failed ? ", " + counts.failed + " failed" : "");
   }
 
   function drawNode(n) {
@@ -438,7 +381,6 @@
         }
       } else if (type === "run_state" || type === "run_cancel_requested") {
         runChanged = true;
-        if (type === "run_state") runState = state;
       }
     }
     schedule();
@@ -450,39 +392,6 @@
     const answer = await fetch(box.dataset.src, { credentials: "same-origin" });
     if (answer.ok) box.innerHTML = await answer.text();
     if (selected) loadPanel(); // its retry button depends on the run's state
-  }
-
-  const live = document.getElementById("live-status");
-  function follow() {
-    if (TERMINAL.has(runState)) {
-      live.textContent = "ended: nothing more will change";
-      live.className = "live ended";
-      return;
-    }
-    const source = new EventSource("/api/runs/" + encodeURIComponent(runId) + "/events?after=" + lastSeq);
-    source.addEventListener("open", () => {
-      live.textContent = "live";
-      live.className = "live";
-    });
-    source.addEventListener("events", (message) => {
-      lastSeq = +message.lastEventId || lastSeq;
-      apply(JSON.parse(message.data));
-    });
-    source.addEventListener("end", () => {
-      source.close();
-      live.textContent = "ended: nothing more will change";
-      live.className = "live ended";
-    });
-    source.addEventListener("failed", (message) => {
-      source.close();
-      live.textContent = "live updates stopped: " + JSON.parse(message.data).error;
-      live.className = "live lost";
-    });
-    source.addEventListener("error", () => {
-      // The browser reconnects by itself (resuming after the last seq) unless it gave up.
-      live.textContent = source.readyState === EventSource.CLOSED ? "live updates stopped: reload the page" : "reconnecting…";
-      live.className = "live lost";
-    });
   }
 
   // ------------------------------------------------------------ drawing
@@ -520,7 +429,7 @@
   for (const t of tasks) runCounts[t[1]] = (runCounts[t[1]] || 0) + 1;
   bindGraph();
   refilter();
-  follow();
+  window.awpFollow(data.run, apply);
   // For tests and the benchmark: the page has drawn what it was given.
   requestAnimationFrame(() => {
     document.documentElement.dataset.runPage = "ready";
