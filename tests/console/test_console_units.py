@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import awp_server.metrics  # noqa: F401 (its counters, in this process's default registry)
 from awp_common import flags
-from awp_console import graph, metrics, recovery
+from awp_console import graph, metrics, pages, recovery
 from awp_console.graph import Item, draw
-from awp_console.models import Attempt, Identity, TaskError, Worker
+from awp_console.models import Attempt, Identity, Task, TaskError, Worker
 from awp_console.sessions import Sessions
 from awp_console.settings import Settings
 from awp_coordinator.metrics import Metrics
@@ -284,3 +284,44 @@ def test_a_map_is_one_node_with_its_task_and_its_progress() -> None:
     x = {n.label: n.x for n in expanded.nodes}
     assert x["plan"] < x["search[0]"] == x["search[4]"] < x["search"] < x["merge"]
     assert all(n.kind == "task" and n.parent == -1 for n in expanded.nodes)
+
+
+def _task(key: str, state: str, finished_s: float | None = None, error: str = "") -> Task:
+    base = datetime(2025, 1, 1, tzinfo=UTC)
+    return Task(
+        key,
+        state,
+        "mock",
+        "noop",
+        (),
+        1,
+        3,
+        error=TaskError(error) if error else None,
+        finished_at=None if finished_s is None else base + timedelta(seconds=finished_s),
+    )
+
+
+def test_a_failed_run_failed_on_its_first_failed_task_a_map_s_element_first() -> None:
+    tasks = [
+        _task("fetch", "succeeded", 1),
+        _task("each", "failed", 5, "element each[1] failed"),
+        _task("later", "failed", 9, "later"),
+        _task("each[0]", "succeeded", 3),
+        _task("each[1]", "failed", 5, "item -2 is negative"),
+    ]
+    found = pages.first_failure(tasks)
+    assert found is not None
+    assert (found.task_key, found.error) == ("each[1]", TaskError("item -2 is negative"))
+    assert pages.first_failure(tasks[:1]) is None
+
+
+def test_a_task_shows_its_last_attempt_s_error() -> None:
+    retried = _task("t", "succeeded", 2, "boom")  # the task keeps its first failure
+    failed_then_ok = [
+        _attempt("t", 1, "interrupted", "w", 0, 1),
+        _attempt("t", 2, "succeeded", "w", 1, 2),
+    ]
+    assert pages.shown_error(retried, failed_then_ok) is None
+    assert pages.shown_error(retried, failed_then_ok[:1]) == TaskError("lost")
+    never_ran = _task("map", "failed", 2, "element map[3] failed")
+    assert pages.shown_error(never_ran, []) == TaskError("element map[3] failed")
