@@ -131,6 +131,7 @@ async def run(request: Request) -> Response:
     data = {
         "run": {"id": detail.run.id, "state": detail.run.state, "last_seq": detail.run.last_seq},
         "tasks": _task_rows(detail.tasks),
+        "tasks_omitted": detail.tasks_omitted,
         **_graph_data(drawing),
         "states": TASK_STATES,
     }
@@ -196,6 +197,7 @@ async def run_graph(request: Request) -> Response:
             # The tasks drawn, as the page's data has them: a map's elements made since
             # the page loaded are among them.
             "tasks": _task_rows(detail.tasks),
+            "tasks_omitted": detail.tasks_omitted,
             "too_large": drawing.too_large,
         }
     )

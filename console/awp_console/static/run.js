@@ -17,6 +17,9 @@
   // The task a fan-out node shows as its map (-1: none): its state is not counted with
   // the elements'.
   let nodeParents = data.parents;
+  // Tasks past GetRun's listing: the page neither lists nor draws them, nor follows the
+  // map elements among them.
+  let omitted = data.tasks_omitted;
   let nodeEls = [];
   let nodeCounts = [];
   const runCounts = {};
@@ -135,7 +138,8 @@
       unplaced = true;
       return nodeOfKey.get(fanoutOf(t[0])) ?? 0;
     });
-    if (unplaced) reloadGraphSoon();
+    omitted = fresh.tasks_omitted;
+    if (unplaced && !omitted) reloadGraphSoon();
     nodeKinds = fresh.nodes;
     nodeParents = fresh.parents.map((p) => (p >= 0 ? indexOf.get(fresh.tasks[p][0]) : -1));
     document.getElementById("collapse").hidden = expanded.size === 0;
@@ -352,7 +356,7 @@
   function newElement(key, state) {
     const name = fanoutOf(key);
     const parent = name === null ? undefined : indexOf.get(name);
-    if (parent === undefined) return undefined;
+    if (parent === undefined || omitted) return undefined;
     const i = tasks.length;
     addTask([key, state, 0, tasks[parent][3]]);
     const n = nodeOf[parent];
