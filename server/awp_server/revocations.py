@@ -159,7 +159,8 @@ async def until_shutdown(
                 receive.add_done_callback(_retrieved)
             if pushed is None:
                 pushed = asyncio.ensure_future(stream.wait_pushed())
-            await asyncio.wait({receive, shutdown, pushed}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {receive, shutdown, pushed}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if shutdown.done() and not receive.done():
                 return
             if pushed.done():

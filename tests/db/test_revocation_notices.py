@@ -13,6 +13,7 @@ import pytest
 from awp_db import coordination, revocations
 from awp_db.connect import Pool, connect
 from awp_db.signals import LEASE_REVOKED_CHANNEL
+from awp_db.workers import OfflineRule
 from kit import poll_until, spec, start_run
 from kit.db import converge_cancel, register
 
@@ -100,6 +101,22 @@ async def test_a_reaped_lease_tells_its_holder(pool: Pool, notices: Notices) -> 
     async with pool.acquire() as conn:
         reaped = await coordination.reap_expired(conn)
     assert reaped.interrupted == 1
+    assert await _heard(notices, pool) == [f"{worker.id}:{lease.dispatch_id}"]
+
+
+async def test_a_session_gone_offline_tells_it_of_its_leases(pool: Pool, notices: Notices) -> None:
+    """The session may still have a stream open somewhere (a network split): the
+    server holding it pushes REVOKED before the session's next heartbeat is refused."""
+    await start_run(pool, spec("o", tasks=1))
+    worker = await register(pool)
+    (lease,) = await worker.dispatch_and_claim()
+    await pool.execute(
+        "UPDATE workers SET last_heartbeat_at = now() - interval '1 hour' WHERE id = $1",
+        worker.id,
+    )
+    async with pool.acquire() as conn:
+        offline = await coordination.mark_silent_offline(conn, OfflineRule(intervals=3))
+    assert offline.workers == [worker.id]
     assert await _heard(notices, pool) == [f"{worker.id}:{lease.dispatch_id}"]
 
 

@@ -5,7 +5,7 @@ running leases, a drain stops the session and a shutdown timeout hands leases ba
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 from uuid import UUID
@@ -32,26 +32,6 @@ ServerFactory = Callable[..., Awaitable[ServerHandle]]
 async def server(start_server: ServerFactory) -> ServerHandle:
     # Short intervals so that renewals happen within a test's lifetime.
     return await start_server(heartbeat_interval_s=0.5, lease_ttl_s=3.0)
-
-
-@pytest.fixture
-async def coordinator(pool: Pool, database_dsn: str) -> AsyncIterator[Coordinator]:
-    coord = Coordinator(
-        pool,
-        CoordinatorConfig(
-            database_url=database_dsn,
-            scan_interval_s=0.1,
-            metrics_listen=None,
-        ),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(coord.run(stop))
-    try:
-        yield coord
-    finally:
-        stop.set()
-        async with asyncio.timeout(10):
-            await task
 
 
 def worker_config(server: ServerHandle, **overrides: Any) -> WorkerConfig:
