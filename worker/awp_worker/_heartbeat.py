@@ -159,6 +159,8 @@ class HeartbeatStream:
         for answer in response.leases:
             held = owner.leases.get(answer.dispatch_id)
             if held is None:
+                if answer.status in _REVOKED:
+                    owner.leases.revoked_before_held(answer.dispatch_id, _REVOKED[answer.status])
                 continue
             if answer.status == worker_pb2.LEASE_STATUS_RENEWED:
                 if answer.HasField("lease_remaining"):

@@ -97,8 +97,10 @@ class WorkerServiceServicer:
         or task canceled, the lease reaped, the session ended) it sends a response at once
         listing it REVOKED, without waiting for the next request. Such a response answers
         no request; it repeats the session state last known and may name dispatches the
-        worker no longer holds (ignore those). Read responses as they come, not one per
-        request. Without it (the push can be lost) the next heartbeat still says REVOKED.
+        worker does not hold: no longer (ignore those), or not yet (the push overtook the
+        Claim answer: best not run that lease when it arrives). Read responses as they
+        come, not one per request. The push can be lost; the next heartbeat still says
+        REVOKED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

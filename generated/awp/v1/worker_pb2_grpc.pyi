@@ -68,8 +68,10 @@ class WorkerServiceStub:
     or task canceled, the lease reaped, the session ended) it sends a response at once
     listing it REVOKED, without waiting for the next request. Such a response answers
     no request; it repeats the session state last known and may name dispatches the
-    worker no longer holds (ignore those). Read responses as they come, not one per
-    request. Without it (the push can be lost) the next heartbeat still says REVOKED.
+    worker does not hold: no longer (ignore those), or not yet (the push overtook the
+    Claim answer: best not run that lease when it arrives). Read responses as they
+    come, not one per request. The push can be lost; the next heartbeat still says
+    REVOKED.
     """
     Complete: _grpc.UnaryUnaryMultiCallable[_worker_pb2.CompleteRequest, _worker_pb2.CompleteResponse]
     """Reports results, fenced by the lease: a result from a holder that lost its
@@ -108,8 +110,10 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     or task canceled, the lease reaped, the session ended) it sends a response at once
     listing it REVOKED, without waiting for the next request. Such a response answers
     no request; it repeats the session state last known and may name dispatches the
-    worker no longer holds (ignore those). Read responses as they come, not one per
-    request. Without it (the push can be lost) the next heartbeat still says REVOKED.
+    worker does not hold: no longer (ignore those), or not yet (the push overtook the
+    Claim answer: best not run that lease when it arrives). Read responses as they
+    come, not one per request. The push can be lost; the next heartbeat still says
+    REVOKED.
     """
     Complete: _aio.UnaryUnaryMultiCallable[_worker_pb2.CompleteRequest, _worker_pb2.CompleteResponse]  # type: ignore[assignment]
     """Reports results, fenced by the lease: a result from a holder that lost its
@@ -163,8 +167,10 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         or task canceled, the lease reaped, the session ended) it sends a response at once
         listing it REVOKED, without waiting for the next request. Such a response answers
         no request; it repeats the session state last known and may name dispatches the
-        worker no longer holds (ignore those). Read responses as they come, not one per
-        request. Without it (the push can be lost) the next heartbeat still says REVOKED.
+        worker does not hold: no longer (ignore those), or not yet (the push overtook the
+        Claim answer: best not run that lease when it arrives). Read responses as they
+        come, not one per request. The push can be lost; the next heartbeat still says
+        REVOKED.
         """
 
     @_abc_1.abstractmethod
