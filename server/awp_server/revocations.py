@@ -103,7 +103,12 @@ class Revoker:
                 try:
                     async with self._pool.acquire() as conn:
                         revoked = await revocations.confirmed(conn, candidates)
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                except (
+                    OSError,
+                    asyncpg.PostgresError,
+                    asyncpg.InterfaceError,
+                    TimeoutError,
+                ) as exc:
                     # The heartbeats still revoke these, at their own pace.
                     log.warning("could not check revoked leases", extra={"error": repr(exc)})
                     continue

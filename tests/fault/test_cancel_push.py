@@ -33,10 +33,10 @@ BOUND_S = 5.0
 async def _two_servers(cluster: Cluster) -> str:
     """The front server (the cluster's address) and the back one; returns the back's."""
     await cluster.start_server()
-    back = f"127.0.0.1:{free_port()}"
-    await cluster.start_server("server-b", port=int(back.rpartition(":")[2]))
+    port = free_port()
+    await cluster.start_server("server-b", port=port)
     await cluster.start_coordinator()
-    return back
+    return f"127.0.0.1:{port}"
 
 
 async def _cancel_and_time(

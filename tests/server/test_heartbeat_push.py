@@ -17,7 +17,7 @@ import pytest
 from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_db.connect import Pool
 from kit import WORKER_TOKEN, ServerFactory, ServerHandle, poll_until, spec, start_run
-from kit.db import converge_cancel, dispatch_all
+from kit.db import converge_cancel, dispatch_all, revocation_notices_off
 from kit.rawworker import RawWorker
 
 HEARTBEAT_INTERVAL_S = 30.0
@@ -70,13 +70,8 @@ async def test_a_lost_notice_is_made_up_for_when_the_listener_reconnects(
     holder: tuple[RawWorker, UUID, int], pool: Pool, database_dsn: str
 ) -> None:
     worker, run_id, dispatch_id = holder
-    # The cancel's notice is lost: the trigger is off while it commits.
-    async with pool.acquire() as conn:
-        await conn.execute("ALTER TABLE dispatches DISABLE TRIGGER dispatches_lease_revoked")
-        try:
-            await converge_cancel(pool, run_id)
-        finally:
-            await conn.execute("ALTER TABLE dispatches ENABLE TRIGGER dispatches_lease_revoked")
+    async with revocation_notices_off(pool):  # the cancel's notice is lost
+        await converge_cancel(pool, run_id)
     assert worker.answers[dispatch_id] == [RENEWED]
     # The server's LISTEN connection breaks; on reconnect, whatever was missed is read
     # again: the stream's last-reported lease is checked and found revoked.
