@@ -12,6 +12,7 @@ import pytest
 
 from awp_db import coordination, revocations
 from awp_db.connect import Pool, connect
+from awp_db.listen import Inbox
 from awp_db.signals import LEASE_REVOKED_CHANNEL
 from awp_db.workers import OfflineRule
 from kit import poll_until, spec, start_run
@@ -138,3 +139,14 @@ def test_a_malformed_payload_is_refused() -> None:
     assert revocations.parse("") is None
     worker = uuid.uuid4()
     assert revocations.parse(f"{worker}:42") == revocations.Revoked(worker, 42)
+
+
+async def test_an_inbox_keeps_payloads_up_to_its_limit_then_says_some_were_missed() -> None:
+    inbox = Inbox(limit=2)
+    for payload in ("a", "b", "a", "c"):
+        inbox.notify(payload)
+    assert await inbox.wait(0)
+    assert inbox.take() == ({"a", "b"}, True)  # "c" did not fit: the consumer re-reads all
+    assert inbox.take() == (set(), False)
+    inbox.wake()  # what a reconnect does: anything may have been missed
+    assert inbox.take() == (set(), True)

@@ -9,6 +9,7 @@ pushed, not answered.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from uuid import UUID
 
@@ -30,25 +31,34 @@ async def server(start_server: ServerFactory) -> ServerHandle:
     return await start_server(heartbeat_interval_s=HEARTBEAT_INTERVAL_S, lease_ttl_s=90.0)
 
 
-@pytest.fixture
-async def holder(server: ServerHandle, pool: Pool) -> AsyncIterator[tuple[RawWorker, UUID, int]]:
-    """A worker whose stream has reported (and renewed) its one lease of a running run."""
-    run_id = await start_run(pool, spec("push", tasks=1))
+@contextlib.asynccontextmanager
+async def _holding(
+    server: ServerHandle, pool: Pool, tasks: int
+) -> AsyncIterator[tuple[RawWorker, UUID, list[int]]]:
+    """A worker whose stream has reported (and renewed) every lease of a running run."""
+    run_id = await start_run(pool, spec("push", tasks=tasks))
     async with server.channel() as channel:
         worker = RawWorker(worker_pb2_grpc.WorkerServiceStub(channel), WORKER_TOKEN, "raw")
-        await worker.register()
+        await worker.register(concurrency=tasks)
         await dispatch_all(pool)
-        (lease,) = await worker.claim()
+        held = [lease.dispatch_id for lease in await worker.claim(tasks)]
+        assert len(held) == tasks
         worker.start_heartbeat()
 
         async def renewed() -> bool:
-            return worker.answers.get(lease.dispatch_id) == [RENEWED]
+            return all(worker.answers.get(d) == [RENEWED] for d in held)
 
         await poll_until(renewed, within=10)
         try:
-            yield worker, run_id, lease.dispatch_id
+            yield worker, run_id, held
         finally:
             await worker.stop_heartbeat()
+
+
+@pytest.fixture
+async def holder(server: ServerHandle, pool: Pool) -> AsyncIterator[tuple[RawWorker, UUID, int]]:
+    async with _holding(server, pool, 1) as (worker, run_id, (dispatch_id,)):
+        yield worker, run_id, dispatch_id
 
 
 async def _revoked(worker: RawWorker, dispatch_id: int, within: float) -> None:
@@ -64,6 +74,16 @@ async def test_a_cancel_is_pushed_down_the_holders_stream(
     worker, run_id, dispatch_id = holder
     await converge_cancel(pool, run_id)
     await _revoked(worker, dispatch_id, within=5.0)
+
+
+async def test_a_mass_cancel_is_pushed_whole(server: ServerHandle, pool: Pool) -> None:
+    async with _holding(server, pool, 50) as (worker, run_id, held):
+        await converge_cancel(pool, run_id)
+
+        async def all_told() -> bool:
+            return all(worker.answers.get(d) == [RENEWED, REVOKED] for d in held)
+
+        await poll_until(all_told, "REVOKED pushed for every lease", within=5.0)
 
 
 async def test_a_lost_notice_is_made_up_for_when_the_listener_reconnects(
