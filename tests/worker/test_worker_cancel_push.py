@@ -21,7 +21,7 @@ import pytest
 from runtime_harness import Running
 
 from awp.v1 import control_pb2, control_pb2_grpc
-from awp_coordinator import Coordinator
+from awp_coordinator.coordinator import Coordinator
 from awp_db import runs
 from awp_db.connect import Pool
 from awp_sdk.actions import ActionRegistry
