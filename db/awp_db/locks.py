@@ -132,6 +132,11 @@ async def dispatches_for_settlement(
     return await rows_as(LockedDispatch, conn, Q["dispatches_for_settlement"], list(dispatch_ids))
 
 
+async def lease(conn: Conn, dispatch_id: int, worker_id: UUID) -> bool:
+    """Waits for one lease of the worker and locks it; False if no longer its lease."""
+    return await conn.fetchval(Q["lease"], dispatch_id, worker_id) is not None
+
+
 async def expired_dispatches(conn: Conn, dispatch_ids: Sequence[int]) -> list[ExpiredDispatch]:
     """The leases among these that are still past their expiry or deadline, locked."""
     return await rows_as(ExpiredDispatch, conn, Q["expired_dispatches"], list(dispatch_ids))

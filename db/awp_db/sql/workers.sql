@@ -33,7 +33,7 @@ WITH live AS (
     SELECT id FROM workers
      WHERE id = ANY($1::uuid[]) AND state IN ('active', 'draining')
      ORDER BY id
-       FOR UPDATE
+       FOR NO KEY UPDATE
 )
 UPDATE workers w SET last_heartbeat_at = now()
   FROM live
