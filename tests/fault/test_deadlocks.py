@@ -38,12 +38,12 @@ pytestmark = pytest.mark.fault
 
 WORKERS, CONCURRENCY = 4, 6
 LOAD_S = 60.0  # how long new runs keep coming; the test ends some 30-60 s later
-IN_FLIGHT = 6  # runs kept going at once
+IN_FLIGHT = 8  # runs kept going at once
 # Many tasks per run, so that a worker's claims and completions meet on one run's lock.
 FLAKY = workload.definition(
     "flaky",
     [
-        workload.Task(f"t{i:02d}", (), {"fail_attempts": 1, "sleep_ms": i % 4 * 20})
+        workload.Task(f"t{i:02d}", (), {"fail_attempts": 2, "sleep_ms": i % 4 * 20})
         for i in range(16)
     ],
     max_attempts=3,
