@@ -38,6 +38,10 @@ their rows deleted child first) and a Claim's pending dispatches (SKIP LOCKED; l
 rewrites fencing_token, a key). And no transaction writes a row twice where one
 statement can do it (settle.end_attempts writes a failure's diagnostics with its end).
 
+Apart from the order: a server's liveness write (workers.sql record_liveness) upserts
+its own `servers` row and prunes others' stale ones SKIP LOCKED, holding nothing else;
+two concurrent CreateWorkflow calls of one version meet only in its unique index.
+
 A statement that skips locked rows (SKIP LOCKED) never waits, so cannot break the
 order. Every other comment about locking points here.
 """

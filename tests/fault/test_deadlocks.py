@@ -5,7 +5,8 @@ between the replicas, and every kind of transaction at once for LOAD_S seconds: 
 batched across sessions, completions of successes and of failures that carry a
 traceback (settlement plus diagnostics), retries, runs failing (the rest of the run
 stopped while its leases are out), cancels of runs whose long steps are running,
-heartbeats, offline sweeps and retention pruning finished runs meanwhile.
+heartbeats, a worker killed (lost stream, reaped leases, offline sweep) and another
+drained (hand-backs), and retention pruning finished runs meanwhile.
 
 Every deadlock is a transaction PostgreSQL aborted and, where a handler ran it, an
 INTERNAL answer: the contract says neither ever happens (DESIGN.md §6). The scenario
@@ -119,6 +120,15 @@ class Load:
                 await asyncio.wait_for(stop.wait(), 0.5)
 
 
+async def _churn(cluster: Cluster) -> None:
+    """A worker killed (its stream lost, its leases shortened and reaped, its session
+    swept offline) and another drained (hand-backs), each started again."""
+    await asyncio.sleep(LOAD_S / 3)  # when, under the load: not a wait for an event
+    await cluster.restart("w3", graceful=False)
+    await asyncio.sleep(LOAD_S / 3)
+    await cluster.restart("w1")
+
+
 def _internal_answers(cluster: Cluster) -> list[str]:
     return [
         line
@@ -154,6 +164,7 @@ async def test_no_deadlock_and_no_internal_answer_under_multi_replica_load(
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(timer())
+            group.create_task(_churn(cluster))
             group.create_task(load.prune(stop))
             for index in range(IN_FLIGHT):
                 group.create_task(load.slot(index, stop))
