@@ -10,6 +10,7 @@ deadlock once held and shows the other side no longer closes the cycle.
   the attempt's foreign keys again: FOR KEY SHARE on the worker's row, which a Claim of
   that worker held FOR UPDATE while it waited for the run the settlement held (issue 25).
 - No lock of the order conflicts with a foreign-key check at all.
+- A lost stream's shortening, like a renewal, holds no lease while it waits for another.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from awp_db import leases, locks, settle
+from awp_db import leases, locks, settle, workers
 from awp_db.connect import Conn, Pool, connect
 from awp_db.events import EventBatch
 from awp_db.leases import LeaseRef
@@ -179,3 +180,30 @@ async def test_no_lock_of_the_order_keeps_a_foreign_key_check_waiting(
             ):
                 share = f"SELECT 1 FROM {table} WHERE id = $1 FOR KEY SHARE"
                 assert await _locked(checker, share, key), f"{table} row locked too strongly"
+
+
+async def test_a_lost_streams_shortening_waits_for_a_busy_lease_holding_no_other(
+    pool: Pool, database_dsn: str, holder: Conn
+) -> None:
+    await start_run(pool, spec("two", 2))
+    worker = await register(pool, name="w1")
+    low, high = sorted(await worker.dispatch_and_claim(), key=lambda lease: lease.dispatch_id)
+    async with pool.acquire() as conn:
+        epoch = await workers.open_stream(conn, worker.worker_id)
+    assert epoch is not None
+    shortener = await connect(database_dsn)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT 1 FROM dispatches WHERE id = $1 FOR UPDATE", high.dispatch_id)
+        shortening = asyncio.create_task(
+            leases.stream_lost(shortener, worker.worker_id, epoch, grace_ms=300)
+        )
+        pid = shortener.get_server_pid()
+        await poll_until(lambda: _waits_for_a_lock(pool, pid), "the shortening to wait", within=10)
+        lock = "SELECT 1 FROM dispatches WHERE id = $1 FOR NO KEY UPDATE"
+        assert await _locked(holder, lock, low.dispatch_id)
+        await held.rollback()
+        assert await asyncio.wait_for(shortening, 10) == 2
+    finally:
+        await shortener.close()
