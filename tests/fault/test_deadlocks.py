@@ -13,12 +13,18 @@ INTERNAL answer: the contract says neither ever happens (DESIGN.md §6). The sce
 counts PostgreSQL's own tally for its database (pg_stat_database.deadlocks, read once
 every process has gone and their backends have reported) and every INTERNAL the servers
 logged; both must be 0, and the common invariant check (kit.invariants.health) runs too.
+
+Before the fix (main at 1cd0bdc) this scenario counted 8 deadlocks and 8 INTERNAL answers
+in 358 runs, every one a heartbeat's renewal holding one lease of a run while waiting for
+another that a settlement held before stopping the failed run (tests/db/test_lock_order.py
+replays it, and the other cycles, one by one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import random
 from dataclasses import dataclass, field
@@ -49,11 +55,12 @@ FLAKY = workload.definition(
     ],
     max_attempts=3,
 )
+# A failure stops the run while the same workers hold (and renew) its other branches.
 DOOMED = workload.definition(
     "doomed",
     [
         workload.Task("start", (), {}),
-        *(workload.Task(f"b{i}", ("start",), {"sleep_ms": 50 * i}) for i in range(6)),
+        *(workload.Task(f"b{i}", ("start",), {"sleep_ms": 400}) for i in range(10)),
         workload.Task("bad", ("start",), {"sleep_ms": 100, "fail": "doomed on purpose"}),
     ],
 )
@@ -77,7 +84,7 @@ class Load:
     async def slot(self, index: int, stop: asyncio.Event) -> None:
         kinds = random.Random(index)
         while not stop.is_set():
-            workflow = kinds.choice((FLAKY, FLAKY, DOOMED, SLOW))
+            workflow = kinds.choice((FLAKY, DOOMED, DOOMED, SLOW))
             run_id = await workload.start(self.control, workflow)
             self.runs.append(run_id)
             if workflow is SLOW:
@@ -141,6 +148,8 @@ def _internal_answers(cluster: Cluster) -> list[str]:
 async def test_no_deadlock_and_no_internal_answer_under_multi_replica_load(
     cluster: Cluster,
 ) -> None:
+    # Heartbeats (lease renewals) more often than elsewhere: more of them meet settlements.
+    cluster.timings = dataclasses.replace(cluster.timings, heartbeat_s=0.1)
     await cluster.start_server("server")
     other_port = free_port()
     await cluster.start_server("server2", port=other_port)
