@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from awp_db import attempts, locks, settle, workers
+from awp_db import locks, settle, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import queries
@@ -64,7 +64,7 @@ class ResultIn:
 
     def error(self) -> dict[str, Any] | None:
         """The error as tasks, attempts and events keep it (the traceback and log tail
-        are the attempt's alone: attempts.record_diagnostics)."""
+        are the attempt's alone: settle.Ending)."""
         if self.outcome != "failed":
             return None
         error: dict[str, Any] = {"message": self.error_message or "", "retryable": self.retryable}
@@ -85,7 +85,12 @@ class DrainOutcome:
 async def renew(
     conn: Conn, worker_id: UUID, leases: Sequence[LeaseRef], lease_ttl_ms: int
 ) -> list[LeaseAnswer]:
-    """Answers each lease a heartbeat lists: RENEWED, REVOKED or UNKNOWN."""
+    """Answers each lease a heartbeat lists: RENEWED, REVOKED or UNKNOWN.
+
+    The server calls it outside a transaction, so no statement holds a lease while
+    waiting for another (awp_db.locks): the free leases are renewed at once, then each
+    busy one (a settlement or a cancel is deciding it) alone, once it is free.
+    """
     if not leases:
         return []
     rows = {
@@ -99,13 +104,21 @@ async def renew(
         and row["worker_id"] == worker_id
         and tokens.matches(lease.lease_token, row["lease_token_hash"])
     ]
-    renewed = {
+    locked = {
         row["id"]: row for row in await conn.fetch(Q["renew"], worker_id, owned, lease_ttl_ms)
     }
+    for busy in [d for d in owned if d not in locked and rows[d]["state"] == "leased"]:
+        async with conn.transaction():
+            if await locks.lease(conn, busy, worker_id):
+                locked.update(
+                    (row["id"], row)
+                    for row in await conn.fetch(Q["renew"], worker_id, [busy], lease_ttl_ms)
+                )
     answers = []
     owned_set = set(owned)
     for lease in leases:
-        if (row := renewed.get(lease.dispatch_id)) is not None:
+        row = locked.get(lease.dispatch_id)
+        if row is not None and row["lease_expires_at"] is not None:
             answers.append(
                 LeaseAnswer(
                     lease.dispatch_id,
@@ -163,7 +176,6 @@ async def complete_many(
             await locks.runs_of_dispatches(conn, ids)
             locked = {row.id: row for row in await locks.dispatches_for_settlement(conn, ids)}
         endings: list[settle.Ending] = []
-        diagnostics: list[attempts.Diagnostics] = []
         for call, session in zip(calls, sessions, strict=True):
             if not isinstance(session, workers.Session):
                 outcomes.append(session)
@@ -195,16 +207,13 @@ async def complete_many(
                             error=result.error(),
                             retryable=result.retryable,
                             digest=digest,
+                            traceback=result.traceback,
+                            log_tail=result.log_tail,
                         )
                     )
-                    if result.traceback or result.log_tail:
-                        diagnostics.append(
-                            attempts.Diagnostics(row.id, result.traceback, result.log_tail)
-                        )
             outcomes.append(verdicts)
         if endings:
             await settle.end_attempts(conn, endings, events)
-            await attempts.record_diagnostics(conn, diagnostics)
             events.notify(COORDINATOR_CHANNEL, "completed")
             await events.flush(conn)
     return outcomes
@@ -296,16 +305,40 @@ async def drain(
 
 
 async def stream_lost(conn: Conn, worker_id: UUID, epoch: int, grace_ms: int) -> int:
-    """Shortens the worker's leases to the stream grace, unless a newer stream exists."""
+    """Shortens the worker's leases to the stream grace, unless a newer stream exists.
+
+    As a renewal, it never waits for one lease while holding another (awp_db.locks): the
+    free leases are shortened in one transaction, then each busy one in a transaction of
+    its own, once it is free (and if it is still this worker's lease).
+    """
+    shortened, busy = await _shorten(conn, worker_id, epoch, grace_ms, None)
+    for dispatch_id in busy:
+        shortened += (await _shorten(conn, worker_id, epoch, grace_ms, dispatch_id))[0]
+    return shortened
+
+
+async def _shorten(
+    conn: Conn, worker_id: UUID, epoch: int, grace_ms: int, busy: int | None
+) -> tuple[int, list[int]]:
+    """Shortens the free leases (or waits for the busy one given): how many, and which
+    ones were busy."""
     async with conn.transaction():
         session = await locks.session(conn, worker_id)
         if session is None or session.stream_epoch != epoch:
-            return 0
-        shortened = await conn.fetch(Q["shorten"], worker_id, grace_ms)
+            return 0, []
+        if busy is not None and not await locks.lease(conn, busy, worker_id):
+            return 0, []
+        held = await worker_leases(conn, [worker_id]) if busy is None else [busy]
+        shortened = [
+            row["id"]
+            for row in await conn.fetch(
+                Q["shorten"], worker_id, None if busy is None else [busy], grace_ms
+            )
+        ]
         if shortened:
             # The coordinator sleeps until the earliest expiry it knows: tell it.
             await settle.notify_coordinator(conn, "stream_lost")
-    return len(shortened)
+    return len(shortened), sorted(set(held) - set(shortened))
 
 
 async def worker_leases(conn: Conn, worker_ids: Sequence[UUID]) -> list[int]:

@@ -58,6 +58,11 @@ class Ending:
     error: dict[str, Any] | None = None
     retryable: bool = True
     result_hash: bytes | None = None
+    # A failure's diagnostics, kept on its attempt only ("" for none): written by the
+    # statement that ends the attempt, for a second write of the row would be checked
+    # against its foreign keys again, taking locks out of order (awp_db.locks).
+    traceback: str = ""
+    log_tail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,8 @@ def ending_of(
     retryable: bool = True,
     digest: bytes | None = None,
     hand_back: bool = False,
+    traceback: str = "",
+    log_tail: str = "",
 ) -> Ending:
     """The Ending of a dispatch row locked for settlement (its attempt, task and policy)."""
     assert row.attempt is not None, "only a leased dispatch has an attempt to end"
@@ -104,6 +111,8 @@ def ending_of(
         error=error,
         retryable=retryable,
         result_hash=digest,
+        traceback=traceback,
+        log_tail=log_tail,
     )
 
 
@@ -161,6 +170,8 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         [e.task_id for e in endings],
         [d.task_state for d in decisions],
         [d.retry_in_ms for d in decisions],
+        [e.traceback or None for e in endings],
+        [e.log_tail or None for e in endings],
     ):
         if row["run_may_finish"]:
             may_have_finished.add(row["run_id"])

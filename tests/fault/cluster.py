@@ -31,7 +31,8 @@ from awp.v1 import control_pb2_grpc, worker_pb2_grpc
 from awp_db import leadership
 from awp_db.embedded import EmbeddedPostgres, free_port
 from kit import poll_until
-from kit.invariants import Expect, RunCost, check_invariants
+from kit.invariants import Expect, RunCost, ScenarioHealth, check_invariants
+from kit.invariants.health import deadlocks
 
 T = TypeVar("T")
 
@@ -169,9 +170,15 @@ class Cluster:
     async def check_invariants(
         self, expected: Mapping[UUID, Expect], *, report_each: bool = True
     ) -> dict[UUID, RunCost]:
-        """The invariant check; each run's cost joins the figures unless the scenario
-        (of many runs) reports their totals itself."""
-        costs = await check_invariants(await self.pool(), expected)
+        """The invariant check, with no deadlock and no INTERNAL answer so far among them;
+        each run's cost joins the figures unless the scenario (of many runs) reports their
+        totals itself."""
+        pool = await self.pool()
+        health = ScenarioHealth(
+            await deadlocks(pool),
+            {name: p.output(current_only=False) for name, p in self.processes.items()},
+        )
+        costs = await check_invariants(pool, expected, health=health)
         self.invariants_checked = True
         if report_each:
             for cost in costs.values():

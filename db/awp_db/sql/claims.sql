@@ -4,7 +4,9 @@
 -- One statement leases up to $4 dispatches of the runs $3 (locked already: locks.sql
 -- claimable_runs), creates their attempts and moves their tasks queued -> running.
 -- Dispatch rows another transaction holds (e.g. being canceled) are skipped, never
--- waited for, so the lock order holds.
+-- waited for, so the lock order holds. FOR UPDATE, not the order's FOR NO KEY UPDATE:
+-- leasing rewrites fencing_token, a unique (key) column, which takes that strength
+-- anyway; nothing references a pending dispatch, so no foreign-key check waits for it.
 -- $1/$5: one entry per slot offered, its worker and its lease token's digest; the
 -- n-th dispatch picked goes to the n-th slot (slots of several sessions whose rows
 -- this transaction locked may be listed one session after the other).
