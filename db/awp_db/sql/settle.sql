@@ -9,7 +9,9 @@
 -- $10/$11 a failure's traceback and log tail (NULL for none; migration 0007), written
 -- here rather than by a second UPDATE of the attempt, which PostgreSQL would check
 -- against the attempt's foreign keys again, locking its worker's row (awp_db.locks).
--- A task keeps the output only of a success. A task sent back to `ready` was handed back
+-- A task keeps the output only of a success, and its error only while it has not
+-- succeeded: a later attempt's success clears an earlier one's error, which stays on that
+-- attempt (clients show a task's error as its last attempt's). A task sent back to `ready` was handed back
 -- free of charge (awp_kernel.retry.decide_hand_back): it counts one more free hand-back.
 -- Runs and dispatches are locked by the caller, so no other writer touches these
 -- attempts and tasks meanwhile.
@@ -40,7 +42,8 @@ WITH e AS (
     UPDATE tasks t
        SET state = e.task_state,
            output = coalesce(CASE WHEN e.task_state = 'succeeded' THEN e.output::jsonb END, t.output),
-           error = coalesce(e.error::jsonb, t.error),
+           error = CASE WHEN e.task_state = 'succeeded' THEN NULL
+                        ELSE coalesce(e.error::jsonb, t.error) END,
            retry_at = CASE WHEN e.task_state = 'waiting_retry'
                            THEN clock_timestamp() + e.retry_in_ms * interval '1 millisecond' END,
            finished_at = CASE WHEN e.task_state IN ('succeeded', 'failed') THEN clock_timestamp() END,
