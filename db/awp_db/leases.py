@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
 from awp_db import locks, settle, workers
@@ -20,7 +20,8 @@ from awp_db.queries import queries
 from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict, judge_result
-from awp_kernel.results import result_hash
+from awp_kernel.results import digest_of
+from awp_protocol.results import CheckedResult, StoredError
 from awp_protocol.states import HANDED_BACK
 
 Q = queries("leases")
@@ -45,32 +46,8 @@ class LeaseAnswer:
     attempt_remaining_ms: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class ResultIn:
-    dispatch_id: int
-    lease_token: str
-    outcome: Literal["succeeded", "failed"]
-    output: dict[str, Any] | None = None
-    error_message: str | None = None
-    retryable: bool = True
-    # A failure's optional diagnostics ("" when the worker sent none).
-    error_type: str = ""
-    traceback: str = ""
-    log_tail: str = ""
-
-    def digest(self) -> bytes:
-        details = {"type": self.error_type, "traceback": self.traceback, "log_tail": self.log_tail}
-        return result_hash(self.outcome, self.output, self.error_message, self.retryable, details)
-
-    def error(self) -> dict[str, Any] | None:
-        """The error as tasks, attempts and events keep it (the traceback and log tail
-        are the attempt's alone: settle.Ending)."""
-        if self.outcome != "failed":
-            return None
-        error: dict[str, Any] = {"message": self.error_message or "", "retryable": self.retryable}
-        if self.error_type:
-            error["type"] = self.error_type
-        return error
+# A result as Complete reports it, checked: the protocol's one result type, taken as it is.
+ResultIn = CheckedResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +134,7 @@ async def complete_many(
     events = EventBatch()
     outcomes: list[list[ResultVerdict] | errors.AwpError] = []
     # Hashed before any lock is taken: the locks are held only for the judgement.
-    digests = {result.dispatch_id: result.digest() for call in calls for result in call.results}
+    digests = {result.dispatch_id: digest_of(result) for call in calls for result in call.results}
     async with conn.transaction():
         sessions = await workers.authenticate_many(
             conn, [(call.worker_id, call.session_token) for call in calls]
@@ -205,7 +182,6 @@ async def complete_many(
                             result.outcome,
                             output=result.output,
                             error=result.error(),
-                            retryable=result.retryable,
                             digest=digest,
                             traceback=result.traceback,
                             log_tail=result.log_tail,
@@ -250,7 +226,7 @@ async def _interrupt(
     await locks.runs_of_dispatches(conn, dispatch_ids)
     endings = [
         settle.ending_of(
-            row, "interrupted", error={"message": reason, "retryable": True}, hand_back=hand_back
+            row, "interrupted", error=StoredError(reason, retryable=True), hand_back=hand_back
         )
         for row in await locks.dispatches_for_settlement(conn, dispatch_ids)
         if row.state == "leased" and (worker_id is None or row.worker_id == worker_id)

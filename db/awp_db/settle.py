@@ -28,6 +28,7 @@ from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide, decide_hand_back
 from awp_kernel.states import run_outcome
 from awp_protocol.limits import MAX_FREE_HAND_BACKS
+from awp_protocol.results import StoredError
 
 Q = queries("settle")
 
@@ -55,8 +56,8 @@ class Ending:
     hand_backs: int = 0
     hand_back: bool = False
     output: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    retryable: bool = True
+    # Its retryable flag is the one the retry rule reads (None: a success).
+    error: StoredError | None = None
     result_hash: bytes | None = None
     # A failure's diagnostics, kept on its attempt only ("" for none): written by the
     # statement that ends the attempt, for a second write of the row would be checked
@@ -82,8 +83,7 @@ def ending_of(
     end: AttemptEnd,
     *,
     output: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    retryable: bool = True,
+    error: StoredError | None = None,
     digest: bytes | None = None,
     hand_back: bool = False,
     traceback: str = "",
@@ -109,7 +109,6 @@ def ending_of(
         hand_back=hand_back,
         output=output,
         error=error,
-        retryable=retryable,
         result_hash=digest,
         traceback=traceback,
         log_tail=log_tail,
@@ -132,7 +131,8 @@ def _decision(ending: Ending) -> TaskDecision:
     charged = ending.attempt - ending.hand_backs
     if ending.hand_back:
         return decide_hand_back(ending.policy, charged, ending.hand_backs)
-    return decide(ending.policy, charged, ending.end, ending.retryable)
+    retryable = ending.error is None or ending.error.retryable
+    return decide(ending.policy, charged, ending.end, retryable)
 
 
 def _hand_back_payload(ending: Ending, decision: TaskDecision) -> dict[str, Any]:
@@ -166,7 +166,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
         [e.result_hash for e in endings],
         [e.end for e in endings],
         outputs,
-        [_json(e.error) for e in endings],
+        [None if e.error is None else json.dumps(e.error.to_json()) for e in endings],
         [e.task_id for e in endings],
         [d.task_state for d in decisions],
         [d.retry_in_ms for d in decisions],
@@ -182,7 +182,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
     for ending, decision in zip(endings, decisions, strict=True):
         payload: dict[str, Any] = {"dispatch_id": ending.dispatch_id}
         if ending.error is not None:
-            payload["error"] = ending.error
+            payload["error"] = ending.error.to_json()
         task_payload: dict[str, Any] = {}
         if ending.hand_back:
             payload["hand_back"] = task_payload["hand_back"] = _hand_back_payload(ending, decision)

@@ -310,7 +310,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         worker_id, token = _session(request.session)
         if not 1 <= len(request.results) <= MAX_RESULTS_PER_COMPLETE:
             raise errors.invalid("results", f"must hold 1 to {MAX_RESULTS_PER_COMPLETE} results")
-        results = [_result_in(index, r) for index, r in enumerate(request.results)]
+        results = [check_result(f"results[{i}]", r) for i, r in enumerate(request.results)]
         if len({r.dispatch_id for r in results}) != len(results):
             raise errors.invalid("results", "at most one result per dispatch")
         verdicts = await self.completes.complete(worker_id, token, results)
@@ -387,18 +387,3 @@ def _now() -> timestamp_pb2.Timestamp:
     value = timestamp_pb2.Timestamp()
     value.GetCurrentTime()
     return value
-
-
-def _result_in(index: int, result: worker_pb2.TaskResult) -> leases.ResultIn:
-    checked = check_result(f"results[{index}]", result)
-    return leases.ResultIn(
-        result.dispatch_id,
-        result.lease_token,
-        checked.outcome,
-        output=checked.output,
-        error_message=checked.error_message,
-        retryable=checked.retryable,
-        error_type=checked.error_type,
-        traceback=checked.traceback,
-        log_tail=checked.log_tail,
-    )
