@@ -21,6 +21,7 @@ from awp_db.events import EventBatch
 from awp_db.queries import queries
 from awp_kernel import errors, tokens
 from awp_protocol.limits import MAX_CLAIM_INPUT_JSON_BYTES, MAX_INLINE_OUTPUT_JSON_BYTES
+from awp_protocol.names import idempotency_key
 
 Q = queries("claims")
 
@@ -55,6 +56,10 @@ class IssuedLease:
     upstream_outputs: dict[str, dict[str, Any]]
     omitted_upstream_keys: tuple[str, ...]
     upstream_states: dict[str, str]
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.run_id, self.task_key)
 
 
 class ClaimAbandoned(Exception):

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from awp_protocol.jsonvalue import struct_to_dict, to_struct
+from awp_protocol.names import idempotency_key
 from awp_sdk.actions import ActionContext, ActionFunc, _is_async, output_struct
 
 
@@ -97,7 +98,7 @@ class ActionEnvironment:
             action=self.action,
             attempt=self.attempt,
             max_attempts=self.max_attempts,
-            idempotency_key=f"{self.run_id}/{self.task_key}",
+            idempotency_key=idempotency_key(self.run_id, self.task_key),
             fencing_token=self.fencing_token,
             deadline=time.monotonic() + self.timeout,
             worker_id=self.worker_id,

@@ -189,7 +189,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     input=dict_to_struct(lease.input),
                     attempt=lease.attempt,
                     max_attempts=lease.max_attempts,
-                    idempotency_key=f"{lease.run_id}/{lease.task_key}",
+                    idempotency_key=lease.idempotency_key,
                     lease_expires_at=timestamp(lease.lease_expires_at),
                     lease_remaining=duration_from_ms(lease.lease_remaining_ms),
                     attempt_deadline=timestamp(lease.attempt_deadline),
