@@ -13,13 +13,15 @@ from datetime import datetime
 from typing import Literal
 from uuid import UUID
 
+from asyncpg import Record
+
 from awp_db import locks, settle, workers
-from awp_db.connect import Conn
+from awp_db.connect import Conn, Pool
 from awp_db.events import EventBatch
 from awp_db.queries import queries
 from awp_db.signals import COORDINATOR_CHANNEL
-from awp_kernel import errors, tokens
-from awp_kernel.fencing import ResultVerdict, judge_result
+from awp_kernel import errors
+from awp_kernel.fencing import ResultVerdict, holds_lease, judge_result, lease_is_live
 from awp_kernel.results import digest_of
 from awp_protocol.results import CheckedResult, StoredError
 from awp_protocol.states import HANDED_BACK
@@ -59,6 +61,64 @@ class DrainOutcome:
     charged: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class LiveLease:
+    """A lease its caller holds and may still use (live_lease)."""
+
+    dispatch_id: int
+    run_id: UUID
+    task_key: str
+    attempt: int
+    fencing_token: int
+    # The keys of the task's upstream tasks (whose outputs the holder may fetch).
+    depends_on: list[str]
+
+
+async def held(conn: Conn | Pool, worker_id: UUID, leases: Sequence[LeaseRef]) -> dict[int, Record]:
+    """Those of the leases listed that worker_id holds (awp_kernel.fencing.holds_lease),
+    in the order listed, by dispatch id, whether still live or not: an unlocked read (a
+    dispatch's holder and token digest never change once leased)."""
+    if not leases:
+        return {}
+    rows = {
+        row["id"]: row
+        for row in await conn.fetch(Q["lease_digests"], [lease.dispatch_id for lease in leases])
+    }
+    return {
+        lease.dispatch_id: row
+        for lease in leases
+        if (row := rows.get(lease.dispatch_id)) is not None
+        and holds_lease(worker_id, lease.lease_token, row["worker_id"], row["lease_token_hash"])
+    }
+
+
+async def live_lease(
+    conn: Conn | Pool, worker_id: UUID, dispatch_id: int, lease_token: str
+) -> LiveLease | None:
+    """The lease if worker_id holds it with lease_token and it is live by the database
+    clock now (awp_kernel.fencing: holds_lease and lease_is_live); None otherwise. An
+    unlocked read: for a call that uses the lease without settling it (fetching upstream
+    outputs, appending to a stream); what such a call writes must not depend on the
+    lease staying live past this answer."""
+    row = await conn.fetchrow(Q["live_lease"], dispatch_id)
+    if (
+        row is None
+        or not holds_lease(worker_id, lease_token, row["worker_id"], row["lease_token_hash"])
+        or not lease_is_live(
+            row["state"], row["now"], row["lease_expires_at"], row["attempt_deadline"]
+        )
+    ):
+        return None
+    return LiveLease(
+        dispatch_id,
+        row["run_id"],
+        row["task_key"],
+        row["attempt"],
+        row["fencing_token"],
+        list(row["depends_on"]),
+    )
+
+
 async def renew(
     conn: Conn, worker_id: UUID, leases: Sequence[LeaseRef], lease_ttl_ms: int
 ) -> list[LeaseAnswer]:
@@ -70,17 +130,8 @@ async def renew(
     """
     if not leases:
         return []
-    rows = {
-        row["id"]: row
-        for row in await conn.fetch(Q["lease_digests"], [lease.dispatch_id for lease in leases])
-    }
-    owned = [
-        lease.dispatch_id
-        for lease in leases
-        if (row := rows.get(lease.dispatch_id)) is not None
-        and row["worker_id"] == worker_id
-        and tokens.matches(lease.lease_token, row["lease_token_hash"])
-    ]
+    rows = await held(conn, worker_id, leases)
+    owned = list(rows)
     locked = {
         row["id"]: row for row in await conn.fetch(Q["renew"], worker_id, owned, lease_ttl_ms)
     }
@@ -165,8 +216,9 @@ async def complete_many(
                     verdicts.append(ResultVerdict.LEASE_LOST)
                     continue
                 verdict = judge_result(
-                    holder_and_token_match=row.worker_id == session.worker_id
-                    and tokens.matches(result.lease_token, row.lease_token_hash),
+                    holds=holds_lease(
+                        session.worker_id, result.lease_token, row.worker_id, row.lease_token_hash
+                    ),
                     state=row.state,
                     stored_result_hash=row.result_hash,
                     result_hash=digest,
@@ -250,17 +302,7 @@ async def drain(
         )
         handed_back = charged = 0
         if hand_back:
-            rows = {
-                row["id"]: row
-                for row in await conn.fetch(Q["lease_digests"], [h.dispatch_id for h in hand_back])
-            }
-            valid = [
-                h.dispatch_id
-                for h in hand_back
-                if (row := rows.get(h.dispatch_id)) is not None
-                and row["worker_id"] == session.worker_id
-                and tokens.matches(h.lease_token, row["lease_token_hash"])
-            ]
+            valid = list(await held(conn, session.worker_id, hand_back))
             handed_back, settled = await _interrupt(
                 conn,
                 valid,

@@ -6,8 +6,20 @@
 SELECT id, run_id, worker_id, state, lease_token_hash
   FROM dispatches WHERE id = ANY($1::bigint[])
 
+-- name: live_lease
+-- The lease $1 as awp_kernel.fencing judges it (holder, token digest, state, times and
+-- the database clock), with what its holder may use it for. Unlocked read.
+SELECT d.run_id, d.worker_id, d.state, d.lease_token_hash, d.lease_expires_at,
+       d.attempt_deadline, clock_timestamp() AS now, d.fencing_token,
+       t.key AS task_key, t.depends_on, a.attempt
+  FROM dispatches d
+  JOIN tasks t ON t.id = d.task_id
+  LEFT JOIN attempts a ON a.dispatch_id = d.id
+ WHERE d.id = $1
+
 -- name: renew
--- Validity is re-checked under the row lock against the live clock, so a renewal and
+-- The lease rule (awp_kernel.fencing: holder, state, expiry and deadline), restated where
+-- the row is locked: validity is re-checked under the row lock against the live clock, so a renewal and
 -- a reaper settling the same lease can never both win. The leases are locked first, in
 -- id order, skipping busy ones (awp_db.locks: a renewal holds no run lock, so it must
 -- never wait for one lease while holding another); an UPDATE alone locks them in
