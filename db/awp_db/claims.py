@@ -19,7 +19,7 @@ import asyncpg
 from awp_db import locks, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
-from awp_db.queries import queries
+from awp_db.queries import named, queries
 from awp_kernel import errors, tokens
 from awp_protocol.limits import MAX_CLAIM_INPUT_JSON_BYTES, MAX_INLINE_OUTPUT_JSON_BYTES
 from awp_protocol.names import idempotency_key
@@ -229,15 +229,17 @@ async def _take(
     slots = [claimer for claimer in group for _ in range(claimer.missing)]
     secrets = [tokens.new_token() for _ in slots]
     rows = await conn.fetch(
-        Q["take"],
-        [claimer.session.worker_id for claimer in slots],
-        list(kinds),
-        run_ids,
-        len(slots),
-        [tokens.digest(secret) for secret in secrets],
-        lease_ttl_ms,
-        MAX_CLAIM_INPUT_JSON_BYTES,
-        MAX_INLINE_OUTPUT_JSON_BYTES,
+        *named(
+            Q["take"],
+            slot_workers=[claimer.session.worker_id for claimer in slots],
+            kinds=list(kinds),
+            run_ids=run_ids,
+            slots=len(slots),
+            token_digests=[tokens.digest(secret) for secret in secrets],
+            lease_ttl_ms=lease_ttl_ms,
+            max_input_bytes=MAX_CLAIM_INPUT_JSON_BYTES,
+            max_inline_output_bytes=MAX_INLINE_OUTPUT_JSON_BYTES,
+        )
     )
     for row in rows:
         slot = row["token_index"] - 1

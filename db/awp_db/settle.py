@@ -23,7 +23,7 @@ from awp_db import dynamic
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.locks import LockedDispatch
-from awp_db.queries import queries
+from awp_db.queries import named, queries
 from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide, decide_hand_back
 from awp_kernel.states import run_outcome
@@ -160,18 +160,20 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
     may_have_finished: set[UUID] = set()
     finished: list[dynamic.Finished] = []
     for row in await conn.fetch(
-        Q["end_attempts"],
-        [e.dispatch_id for e in endings],
-        [_DISPATCH_STATE[e.end] for e in endings],
-        [e.result_hash for e in endings],
-        [e.end for e in endings],
-        outputs,
-        [None if e.error is None else json.dumps(e.error.to_json()) for e in endings],
-        [e.task_id for e in endings],
-        [d.task_state for d in decisions],
-        [d.retry_in_ms for d in decisions],
-        [e.traceback or None for e in endings],
-        [e.log_tail or None for e in endings],
+        *named(
+            Q["end_attempts"],
+            dispatch_ids=[e.dispatch_id for e in endings],
+            dispatch_states=[_DISPATCH_STATE[e.end] for e in endings],
+            result_hashes=[e.result_hash for e in endings],
+            attempt_states=[e.end for e in endings],
+            outputs=outputs,
+            errors=[None if e.error is None else json.dumps(e.error.to_json()) for e in endings],
+            task_ids=[e.task_id for e in endings],
+            task_states=[d.task_state for d in decisions],
+            retry_in_ms=[d.retry_in_ms for d in decisions],
+            tracebacks=[e.traceback or None for e in endings],
+            log_tails=[e.log_tail or None for e in endings],
+        )
     ):
         if row["run_may_finish"]:
             may_have_finished.add(row["run_id"])

@@ -4,9 +4,8 @@
 
 -- name: end_attempts
 -- Ends each attempt with its dispatch and applies the retry decision to its task, in
--- one statement. Per ending: $1 dispatch id, $2 dispatch state, $3 result hash,
--- $4 attempt state, $5 output, $6 error, $7 task id, $8 task state, $9 retry delay (ms),
--- $10/$11 a failure's traceback and log tail (NULL for none; migration 0007), written
+-- one statement. One entry per ending in each parameter; :tracebacks and :log_tails hold
+-- a failure's traceback and log tail (NULL for none; migration 0007), written
 -- here rather than by a second UPDATE of the attempt, which PostgreSQL would check
 -- against the attempt's foreign keys again, locking its worker's row (awp_db.locks).
 -- A task keeps the output only of a success, and its error only while it has not
@@ -21,8 +20,10 @@
 -- stays live) and always tasks waiting for their turn (awp_db.dynamic).
 WITH e AS (
     SELECT *
-      FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::text[],
-                  $7::bigint[], $8::text[], $9::bigint[], $10::text[], $11::text[])
+      FROM unnest(:dispatch_ids::bigint[], :dispatch_states::text[], :result_hashes::bytea[],
+                  :attempt_states::text[], :outputs::text[], :errors::text[], :task_ids::bigint[],
+                  :task_states::text[], :retry_in_ms::bigint[], :tracebacks::text[],
+                  :log_tails::text[])
            AS e (dispatch_id, dispatch_state, result_hash, attempt_state, output, error,
                  task_id, task_state, retry_in_ms, traceback, log_tail)
 ), ended_dispatches AS (

@@ -4,10 +4,11 @@
 WITH registered AS (
     INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash,
                          heartbeat_interval_ms)
-    VALUES ($1, $2, $3, $4, $5, $6, $7)
+    VALUES (:name, :protocol_version, :executor_kinds, :max_concurrency, :labels,
+            :session_token_hash, :heartbeat_interval_ms)
     RETURNING id, registered_at
 )
-SELECT id, registered_at, pg_notify($8, 'register') FROM registered
+SELECT id, registered_at, pg_notify(:channel, 'register') FROM registered
 
 -- name: session
 -- Unlocked; locks.sql has the locking reads of sessions.
