@@ -29,8 +29,8 @@ from processes import (
 )
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_common.processes import free_port
 from awp_db.connect import connect
-from awp_db.embedded import free_port
 from awp_db.migrate import migrate
 
 # StartRun calls in flight while starting many runs.

@@ -21,7 +21,7 @@ import yaml
 from google.protobuf import duration_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.roles import Role, file_entry
 from fault.process import Process

@@ -36,7 +36,7 @@ from probes import wait_run
 from process import Process
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault
