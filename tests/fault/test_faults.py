@@ -28,7 +28,7 @@ import workload
 from cluster import WORKER_TOKEN, Cluster, WorkerProcess, wait_for
 from figures import report_figure
 from holding import start_holder
-from probes import revision, seconds_between, wait_attempt, wait_run
+from probes import seconds_between, wait_attempt, wait_run
 from victims import freeze_holding, kill_holding
 
 from awp.v1 import worker_pb2
@@ -135,11 +135,26 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
             return rich_error(error).reason
         return str(worker_pb2.CompleteOutcome.Name(outcome))
 
+    # What the replay targets: the dead holder's attempt, and every event about it. (Not
+    # the run's revision: the run goes on meanwhile, attempt 2 may finish at any moment.)
+    async def replayed_attempt() -> tuple[object, ...]:
+        row = await cluster.fetchrow(
+            """
+            SELECT a.state, a.output, a.finished_at,
+                   (SELECT count(*) FROM state_events e
+                     WHERE e.run_id = a.run_id AND e.task_key = 'only' AND e.attempt = 1)
+              FROM attempts a WHERE a.dispatch_id = $1
+            """,
+            lease.dispatch_id,
+        )
+        assert row is not None
+        return tuple(row)
+
     # While the dead session is still live (not yet offline) the lease itself fences...
-    before = await revision(cluster, run_id)
+    before = await replayed_attempt()
     first = await replay_complete()
     assert first in ("COMPLETE_OUTCOME_LEASE_LOST", "SESSION_INVALID"), first
-    assert await revision(cluster, run_id) == before
+    assert await replayed_attempt() == before
     # ...and once the coordinator has marked it offline, the session does.
     await wait_for(
         lambda: cluster.fetchval(
@@ -147,9 +162,9 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
         ),
         "the dead holder's session to go offline",
     )
-    before = await revision(cluster, run_id)
+    before = await replayed_attempt()
     assert await replay_complete() == "SESSION_INVALID"
-    assert await revision(cluster, run_id) == before
+    assert await replayed_attempt() == before
     print(f"FENCE replay while live: {first}; after offline: SESSION_INVALID")
 
     await wait_run(cluster, run_id)
