@@ -20,7 +20,7 @@ import yaml
 from google.protobuf import duration_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_common.processes import clean_env, command, free_port
+from awp_common.processes import clean_env, command, free_ports
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.roles import Role, file_entry
 from fault.process import Process
@@ -144,11 +144,12 @@ async def start(directory: Path, dsn: str) -> ConsoleStack:
     credentials.write_text(yaml.safe_dump({"credentials": entries}))
     env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(TESTS), env.get("PYTHONPATH"))))
-    server_metrics, coordinator_metrics = free_port(), free_port()
+    # Chosen together: two free_port() calls in a row may return the same port.
+    server_metrics, coordinator_metrics, listen = free_ports(3)
     try:
         server = _spawn(stack, "server", [
             *command("awp-server"), "--database-url", dsn,
-            "--listen", f"127.0.0.1:{free_port()}", "--credentials-file", str(credentials),
+            "--listen", f"127.0.0.1:{listen}", "--credentials-file", str(credentials),
             "--metrics-listen", f"127.0.0.1:{server_metrics}",
             "--lease-ttl", "2", "--heartbeat-interval", "0.25", "--stream-grace", "0.75",
             "--log-format", "text",
