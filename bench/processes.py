@@ -86,6 +86,8 @@ def spawn(kind: str, name: str, args: list[str], logdir: Path) -> Proc:
 
 
 def launch_proc(kind: str, name: str, argv: list[str], logdir: Path) -> Proc:
+    """Any process of the benchmark (AWP's binaries, the session simulator) by the one
+    launcher of awp_common.processes, its output in logdir/name.log."""
     log = logdir / f"{name}.log"
     launched = launch(argv, log, env=clean_env(), banner=f"=== bench {name}: {' '.join(argv)}")
     return Proc(kind, name, launched.popen, log)
