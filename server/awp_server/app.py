@@ -133,13 +133,15 @@ async def _record_liveness(pool: Pool, interval_s: float) -> None:
 
 async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer:
     """Starts serving on config.listen (port 0 picks a free one); CredentialsInvalid
-    before anything starts when the credentials cannot be used."""
+        before anything starts when the credentials cannot be used, PoolerMismatch when a URL
+    leads to another kind of pool than --database-pool-mode says."""
     credentials = None
     if not config.insecure:
         credentials = CredentialStore(
             config.credentials_file, shorthand(config.worker_token, config.admin_token)
         )
     if pool is None:
+        await pooler.check_modes(config.database_url, config.session_url, config.database_pool_mode)
         pool = await create_pool(
             config.database_url,
             min_size=0,

@@ -162,10 +162,10 @@ async def start(directory: Path, dsn: str) -> ConsoleStack:
         ], env)  # fmt: skip
         stack.worker = _spawn(stack, "worker", [
             *command("awp-worker"), "--server", stack.address,
-            "--token", TOKENS["fleet"], "--name", "console-test-worker",
+            "--worker-token", TOKENS["fleet"], "--name", "console-test-worker",
             "--kinds", "python,mock", "--module", "console.console_actions", "--concurrency", "8",
-            "--claim-wait", "2", "--safety-margin", "0.5", "--shutdown-timeout", "5",
-            "--metrics-port", "0", "--log-format", "text",
+            "--claim-wait", "2", "--safety-margin", "0.5", "--shutdown-grace", "5",
+            "--metrics-listen", "off", "--log-format", "text",
         ], env)  # fmt: skip
         console = _spawn(stack, "console", [
             *command("awp"), "console", "--address", stack.address,

@@ -282,7 +282,7 @@ class Cluster:
         *,
         concurrency: int = 4,
         server: str | None = None,
-        shutdown_timeout: float | None = None,
+        shutdown_grace: float | None = None,
         within: float = 20.0,
         wait_registered: bool = True,
     ) -> WorkerProcess:
@@ -291,7 +291,7 @@ class Cluster:
             name,
             concurrency=concurrency,
             server=server,
-            shutdown_timeout=shutdown_timeout,
+            shutdown_grace=shutdown_grace,
             within=within,
             wait_registered=wait_registered,
         )
@@ -300,7 +300,7 @@ class Cluster:
             server=server or self.server_address,
             name=name,
             concurrency=concurrency,
-            shutdown_timeout=shutdown_timeout,
+            shutdown_grace=shutdown_grace,
         )
         process = self.add(name, argv)
         return await self._spawn_worker(process, wait_registered, within)

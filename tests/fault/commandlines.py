@@ -33,7 +33,7 @@ class Timings:
     offline_after_s: float = 4.0
     # A worker's claim long poll; short so a restarted server is not kept waiting on it.
     claim_wait_s: float = 2.0
-    shutdown_timeout_s: float = 15.0
+    shutdown_grace_s: float = 15.0
 
 
 def server(t: Timings, *, database_url: str, listen: str) -> list[str]:
@@ -67,20 +67,20 @@ def coordinator(
 
 
 def worker(
-    t: Timings, *, server: str, name: str, concurrency: int, shutdown_timeout: float | None
+    t: Timings, *, server: str, name: str, concurrency: int, shutdown_grace: float | None
 ) -> list[str]:
     """A worker of the mock executor."""
     return [
         *command("awp-worker"),
         "--server", server,
-        "--token", WORKER_TOKEN,
+        "--worker-token", WORKER_TOKEN,
         "--name", name,
         "--kinds", "mock",
         "--concurrency", str(concurrency),
-        "--shutdown-timeout",
-        str(shutdown_timeout if shutdown_timeout is not None else t.shutdown_timeout_s),
+        "--shutdown-grace",
+        str(shutdown_grace if shutdown_grace is not None else t.shutdown_grace_s),
         "--safety-margin", str(t.safety_margin_s),
         "--claim-wait", str(t.claim_wait_s),
-        "--metrics-port", "0",
+        "--metrics-listen", "off",
         "--log-format", "json",
     ]  # fmt: skip

@@ -1,6 +1,6 @@
 """WorkerRuntime against the real awp-server and coordinator (in-process) over real
 PostgreSQL: runs go to completion, failures follow the retry rule, cancellation revokes
-running leases, a drain stops the session and a shutdown timeout hands leases back."""
+running leases, a drain stops the session and a shutdown grace hands leases back."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from uuid import UUID
 import pytest
 from runtime_harness import Running
 
-from awp_coordinator import Coordinator, CoordinatorConfig
+from awp_coordinator.config import CoordinatorConfig
+from awp_coordinator.coordinator import Coordinator
 from awp_db import runs
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_OUTPUT_BYTES
@@ -57,12 +58,12 @@ async def coordinator(pool: Pool, database_dsn: str) -> AsyncIterator[Coordinato
 def worker_config(server: ServerHandle, **overrides: Any) -> WorkerConfig:
     settings: dict[str, Any] = {
         "server": server.address,
-        "token": WORKER_TOKEN,
+        "worker_token": WORKER_TOKEN,
         "name": "it-worker",
         "kinds": ("mock",),
         "concurrency": 4,
         "claim_wait": 0.5,
-        "shutdown_timeout": 10.0,
+        "shutdown_grace": 10.0,
         "safety_margin": 0.5,
     }
     settings.update(overrides)
@@ -236,7 +237,7 @@ async def test_a_drain_right_after_a_cancel_stops_cleanly(
     for, and the session's end is not mistaken for a lost one (exit 0, not 3)."""
     server = await start_server(heartbeat_interval_s=30.0, lease_ttl_s=60.0)
     run_id = await start_run(pool, spec("raced", tasks=1, task_input={"sleep_ms": 60_000}))
-    worker = start_worker(worker_config(server, shutdown_timeout=60.0))
+    worker = start_worker(worker_config(server, shutdown_grace=60.0))
     await cancel_once_held(worker, pool, run_id)
     assert worker.runtime.held_leases == 1  # no heartbeat has told it yet
 
@@ -263,11 +264,11 @@ async def test_renewals_keep_a_task_longer_than_the_lease_ttl(
     assert worker.runtime.metrics.safety_cancellations._value.get() == 0
 
 
-async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
+async def test_a_shutdown_grace_hands_the_lease_back_for_an_immediate_retry(
     server: ServerHandle, coordinator: Coordinator, pool: Pool
 ) -> None:
     run_id = await start_run(pool, spec("handback", tasks=1, task_input={"sleep_ms": 60_000}))
-    first = start_worker(worker_config(server, name="first", shutdown_timeout=0.5))
+    first = start_worker(worker_config(server, name="first", shutdown_grace=0.5))
 
     async def held() -> bool:
         return first.runtime.held_leases == 1
@@ -295,7 +296,7 @@ async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
 
 
 async def test_a_wrong_worker_token_exits_with_code_3(server: ServerHandle) -> None:
-    worker = start_worker(worker_config(server, token="wrong"))
+    worker = start_worker(worker_config(server, worker_token="wrong"))
     assert await worker.exit_code() == EXIT_SESSION_LOST
 
 

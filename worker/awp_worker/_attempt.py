@@ -23,7 +23,7 @@ from awp.v1 import worker_pb2
 from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import task_state_name
-from awp_sdk.actions import ActionContext
+from awp_sdk.actions import ActionContext, output_struct
 from awp_worker._completer import DROPPED, ResultFlusher
 from awp_worker._diagnostics import LogTail, collecting
 from awp_worker._errors import Kind, classify, describe, error_reason
@@ -31,7 +31,6 @@ from awp_worker._executors import (
     Executor,
     failure,
     failure_from_exception,
-    output_struct,
     success,
 )
 from awp_worker._lease import STOOD_DOWN, HeldLease, LeaseClock, Phase, StandDown, seconds

@@ -144,9 +144,21 @@ class ResultFlusher:
         A batch the server refuses is never sent again as it was: it is split in halves
         until each refused result stands alone, and that one is reported as failed
         instead (``_replace``), so the others are recorded and the task follows its
-        retry rule.
+        retry rule. Every accepted part of the batch goes before any replacement
+        (issue 25.5): a replacement may fail its run, which revokes the leases of
+        results still waiting to be sent, and finished work would be thrown away.
         """
-        sent = await self._send(list(batch))
+        refused: list[tuple[HeldLease, Exception]] = []
+        await self._isolate(list(batch), refused)
+        for held, refusal in refused:
+            await self._replace(held, refusal)
+
+    async def _isolate(
+        self, batch: list[HeldLease], refused: list[tuple[HeldLease, Exception]]
+    ) -> None:
+        """Sends batch, bisecting what the server refuses; each result refused alone is
+        added to refused, unsent."""
+        sent = await self._send(batch)
         if sent is None:
             return
         todo, answer = sent
@@ -159,10 +171,10 @@ class ResultFlusher:
                 describe(answer),
             )
             half = len(todo) // 2
-            await self.deliver(todo[:half])
-            await self.deliver(todo[half:])
+            await self._isolate(todo[:half], refused)
+            await self._isolate(todo[half:], refused)
         else:
-            await self._replace(todo[0], answer)
+            refused.append((todo[0], answer))
 
     async def _send(
         self, todo: list[HeldLease]

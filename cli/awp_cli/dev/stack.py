@@ -65,7 +65,7 @@ class StackConfig:
     modules: tuple[str, ...] = ()
     # Servers, coordinators, then one per worker; 0 picks free ports.
     metrics_port: int = 9464
-    worker_shutdown_timeout: float = 10.0
+    worker_shutdown_grace: float = 10.0
     # fsync off: only for throwaway data (`awp demo`).
     unsafe_fast: bool = False
     # Also copy every child's log lines to the console, prefixed by its name.
@@ -155,9 +155,9 @@ class Stack:
                 "--name", f"dev-{name}",
                 "--kinds", "mock,python",
                 "--concurrency", str(self.config.concurrency),
-                "--metrics-port", str(self.metrics.get(name, 0)),
+                "--metrics-listen", self._metrics_flag(name),
                 "--log-format", "text",
-                "--shutdown-timeout", f"{self.config.worker_shutdown_timeout:g}",
+                "--shutdown-grace", f"{self.config.worker_shutdown_grace:g}",
                 "--label", f"{SESSION_LABEL}={self.session}",
             ]  # fmt: skip
             for module in self.config.modules:
@@ -343,7 +343,7 @@ class Stack:
         """Stops the workers as `awp dev` does on Ctrl-C (they drain: running tasks finish
         or are handed back, no attempt is lost), then starts them again: new code runs."""
         for problem in stop_group(
-            self.workers, self.config.worker_shutdown_timeout + 10, threading.Event()
+            self.workers, self.config.worker_shutdown_grace + 10, threading.Event()
         ):
             self.say(f"warning: {problem}")
         for worker in self.workers:
@@ -356,9 +356,9 @@ class Stack:
         """Stops everything in order; returns what did not stop cleanly."""
         problems: list[str] = []
         if any(server.exit_code() is not None for server in self.servers):
-            # No server to drain to: waiting out the workers' shutdown timeout is pointless.
+            # No server to drain to: waiting out the workers' shutdown grace is pointless.
             hurry.set()
-        drain_s = self.config.worker_shutdown_timeout + 10
+        drain_s = self.config.worker_shutdown_grace + 10
         for group, grace in (
             ([self.console] if self.console else [], 5.0),
             (self.workers, drain_s),
@@ -410,7 +410,7 @@ def operate(stack: Stack, body: Callable[[Stack], Exit], *, interrupted: Exit) -
             if started:
                 stack.say(
                     "stopping: workers drain first (up to "
-                    f"{stack.config.worker_shutdown_timeout:g}s; Ctrl-C again to hand their "
+                    f"{stack.config.worker_shutdown_grace:g}s; Ctrl-C again to hand their "
                     "tasks back now), then coordinators, servers, PostgreSQL"
                 )
             problems = stack.stop(hurry)
