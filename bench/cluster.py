@@ -55,6 +55,7 @@ class Cluster:
         self.db: asyncpg.Connection | None = None  # the script's connection to the bench db
         self.own_queries = 0  # statements the script ran on it (each one transaction)
         self._workers = 0
+        self._worker_args: tuple[str, ...] = ()
 
     async def query(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         assert self.db is not None
@@ -62,7 +63,8 @@ class Cluster:
         rows: list[asyncpg.Record] = await self.db.fetch(sql, *args)
         return rows
 
-    async def start(self, workers: int) -> None:
+    async def start(self, workers: int, worker_args: tuple[str, ...] = ()) -> None:
+        self._worker_args = worker_args
         admin = await connect(self.pg.dsn)
         try:
             await admin.execute(f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
@@ -137,6 +139,7 @@ class Cluster:
                         "--kinds", "mock",
                         "--concurrency", str(WORKER_CONCURRENCY),
                         "--name", f"bench-worker-{self._workers}",
+                        *self._worker_args,
                     ],
                     self.logdir,
                 )

@@ -19,7 +19,7 @@ from awp_common.tls import server_credentials
 from awp_db import pooler, workers
 from awp_db.connect import Pool, PoolMode, create_pool
 from awp_db.listen import Listener
-from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
+from awp_db.signals import DISPATCH_CHANNEL, LEASE_REVOKED_CHANNEL, RUN_EVENTS_CHANNEL
 from awp_protocol.limits import TRANSPORT_RECEIVE_BYTES
 from awp_server import metrics
 from awp_server.auth import RoleInterceptor
@@ -152,7 +152,9 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         )
         if config.database_pool_mode is PoolMode.TRANSACTION:
             await pooler.check_limits(pool, config.session_limits)
-    listener = Listener(config.session_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
+    listener = Listener(
+        config.session_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL, LEASE_REVOKED_CHANNEL]
+    )
     await listener.start()
     shutting_down = asyncio.Event()
     # Metrics first, so that calls refused for a bad token are counted too; the request
@@ -171,9 +173,8 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             ("grpc.max_receive_message_length", TRANSPORT_RECEIVE_BYTES),
         ],
     )
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(
-        WorkerService(pool, listener, config, shutting_down), server
-    )
+    worker_service = WorkerService(pool, listener, config, shutting_down)
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(worker_service, server)
     control_pb2_grpc.add_ControlServiceServicer_to_server(ControlService(pool, listener), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -203,6 +204,7 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             name="awp-health",
         )
     )
+    running.tasks.append(asyncio.create_task(worker_service.revoker.run(), name="awp-revocations"))
     running.tasks.append(
         asyncio.create_task(
             _record_liveness(pool, config.heartbeat_interval_s), name="awp-liveness"

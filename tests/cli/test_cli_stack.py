@@ -266,7 +266,7 @@ def test_bad_workflow_files_name_the_file_and_line(stack: DevStack, tmp_path: Pa
         in result.err
     )
 
-    # Rules only the server checks come back as field violations, mapped to lines too.
+    # The server's own rules (checked before any call) name fields, mapped to lines too.
     cyclic = write(
         tmp_path,
         "cyclic.yaml",

