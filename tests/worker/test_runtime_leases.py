@@ -103,7 +103,7 @@ async def test_a_pushed_revocation_cancels_at_once(fake: FakeServer) -> None:
 
 
 async def test_a_revocation_that_overtakes_its_lease_keeps_it_from_running(
-    fake: FakeServer,
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A push can arrive before the Claim answer carrying the lease: the worker keeps
     it, and never runs the lease when it comes."""
@@ -122,6 +122,7 @@ async def test_a_revocation_that_overtakes_its_lease_keeps_it_from_running(
     await eventually(lambda: early.state == "leased")
     revoked = worker.runtime.metrics.revocations.labels("revoked")
     await eventually(lambda: revoked._value.get() == 2)
+    assert stood_down(caplog) == [StandDown.REVOKED, StandDown.REVOKED]
     assert worker.runtime.held_leases == 0
     metrics = worker.runtime.metrics
     assert metrics.executions.labels("mock", "cancelled")._value.get() == 1  # `held` only

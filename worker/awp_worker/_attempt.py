@@ -71,7 +71,9 @@ class Attempts:
                 # Revoked (a pushed REVOKED) before the Claim answer arrived: never run it.
                 owner.metrics.revocations.labels(status).inc()
                 LeaseLog(log, held.log_fields).warning(
-                    "lease %s by the server before it arrived: not running it", status
+                    "lease %s by the server before it arrived: not running it",
+                    status,
+                    extra={STOOD_DOWN: StandDown.REVOKED},
                 )
                 continue
             owner.leases.add(held)
