@@ -29,8 +29,8 @@ from processes import (
 )
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_common.processes import free_ports
 from awp_db.connect import connect
-from awp_db.embedded import free_port
 from awp_db.migrate import migrate
 
 # StartRun calls in flight while starting many runs.
@@ -48,9 +48,8 @@ class Cluster:
         self.dsn = pg.dsn_for(database)
         self.logdir = logdir
         self.procs: list[Proc] = []
-        self.grpc_port = free_port()
-        self.server_metrics = free_port()
-        self.coordinator_metrics = free_port()
+        # Chosen together: two free_port() calls in a row may return the same port.
+        self.grpc_port, self.server_metrics, self.coordinator_metrics = free_ports(3)
         self.channel: grpc.aio.Channel | None = None
         self.control: control_pb2_grpc.ControlServiceStub | None = None
         self.db: asyncpg.Connection | None = None  # the script's connection to the bench db

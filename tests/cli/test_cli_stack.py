@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 from cli.devstack import DevStack, dev_stack
 from cli.runner import Result, awp
 

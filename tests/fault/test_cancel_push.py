@@ -18,7 +18,7 @@ from probes import wait_run
 from process import REPO
 
 from awp.v1 import control_pb2
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault

@@ -17,10 +17,11 @@ import time
 
 import pytest
 import workload
-from cluster import BIN_DIR, WORKER_TOKEN, Cluster
+from cluster import WORKER_TOKEN, Cluster
 from figures import report_figure
 from probes import wait_run
 
+from awp_common.processes import command
 from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault
@@ -53,7 +54,7 @@ async def test_a_poison_result_among_eight_coalesced_is_isolated(cluster: Cluste
     worker = await cluster.start_foreign_worker(
         "poison-worker",
         [
-            str(BIN_DIR / "awp-worker"),
+            *command("awp-worker"),
             "--server", cluster.server_address,
             "--worker-token", WORKER_TOKEN,
             "--name", "poison-worker",

@@ -36,7 +36,7 @@ from probes import wait_run
 from process import Process
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db.embedded import free_port
+from awp_common.processes import free_port, free_ports
 from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault
@@ -285,7 +285,8 @@ async def test_a_worker_whose_server_stops_with_it_drains_through_another(
 ) -> None:
     """The server and the worker stop together (one pod each of a rollout): the worker
     finishes its drain through the next server of its list and exits 0."""
-    first, second = free_port(), free_port()
+    # Chosen together: two free_port() calls in a row may return the same port.
+    first, second = free_ports(2)
     server = await cluster.start_server("server-a", port=first)
     await cluster.start_server("server-b", port=second)
     await cluster.start_coordinator()

@@ -16,8 +16,8 @@ import pytest
 
 from awp_cli.main import build_parser
 from awp_common import flags
+from awp_common.processes import free_port
 from awp_coordinator.coordinator import Coordinator
-from awp_db.embedded import free_port
 from awp_sdk import AsyncClient
 from awp_sdk.connection import Connection
 from cli.runner import ENV, awp_async

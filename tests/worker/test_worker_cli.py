@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import urllib.request
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from worker_fakes import TOKEN, FakeServer, FakeWorkerService, start_fake
 
 from awp.v1 import worker_pb2
 from awp_common import flags
+from awp_common.processes import free_port
 from awp_worker._config import WorkerConfig
 from kit import poll_until
 from kit.proto import output
@@ -39,13 +39,6 @@ async def fake() -> AsyncIterator[FakeServer]:
         yield server
     finally:
         await server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def spawn(tmp_path: Path, *argv: str, **variables: str) -> asyncio.subprocess.Process:

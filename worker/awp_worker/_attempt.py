@@ -33,7 +33,7 @@ from awp_worker._executors import (
     failure_from_exception,
     success,
 )
-from awp_worker._lease import HeldLease, LeaseClock, Phase, seconds
+from awp_worker._lease import STOOD_DOWN, HeldLease, LeaseClock, Phase, StandDown, seconds
 from awp_worker._logging import LeaseLog, bind
 from awp_worker._owner import Owner
 from awp_worker._supervisor import Supervisor
@@ -71,7 +71,9 @@ class Attempts:
                 # Revoked (a pushed REVOKED) before the Claim answer arrived: never run it.
                 owner.metrics.revocations.labels(status).inc()
                 LeaseLog(log, held.log_fields).warning(
-                    "lease %s by the server before it arrived: not running it", status
+                    "lease %s by the server before it arrived: not running it",
+                    status,
+                    extra={STOOD_DOWN: StandDown.REVOKED},
                 )
                 continue
             owner.leases.add(held)
@@ -194,7 +196,11 @@ class Attempts:
         except grpc.RpcError as exc:
             if error_reason(exc) != Reason.LEASE_LOST and classify(exc) is not Kind.PERMANENT:
                 raise
-            lease_log.warning("lease lost before the action started (%s)", describe(exc))
+            lease_log.warning(
+                "lease lost before the action started (%s)",
+                describe(exc),
+                extra={STOOD_DOWN: StandDown.LEASE_LOST},
+            )
             return False
         return True
 
@@ -203,7 +209,8 @@ class Attempts:
         self._owner.metrics.safety_cancellations.inc()
         lease_log.warning(
             "safety deadline passed (the lease could no longer be confirmed): "
-            "execution cancelled, nothing reported"
+            "execution cancelled, nothing reported",
+            extra={STOOD_DOWN: StandDown.SAFETY_DEADLINE},
         )
 
     def _report(self, held: HeldLease, result: worker_pb2.TaskResult, lease_log: LeaseLog) -> None:
@@ -239,6 +246,7 @@ def revoke(owner: Owner, held: HeldLease, status: str) -> None:
         "lease %s by the server (%s): stopping it, reporting nothing",
         status,
         held.phase.value,
+        extra={STOOD_DOWN: StandDown.REVOKED},
     )
     owner.leases.release(held)
     held.cancel("revoked")

@@ -26,7 +26,7 @@ from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
 from awp_worker._backoff import Backoff
 from awp_worker._errors import Kind, classify, describe, server_fault, session_lost
 from awp_worker._executors import failure
-from awp_worker._lease import HeldLease
+from awp_worker._lease import STOOD_DOWN, HeldLease, StandDown
 from awp_worker._logging import LeaseLog
 from awp_worker._owner import Owner
 
@@ -56,7 +56,7 @@ _ANSWERS = {
         "the server holds a different result for this lease; ours dropped",
     ),
     worker_pb2.COMPLETE_OUTCOME_LEASE_LOST: (
-        "lease_lost", logging.WARNING,
+        StandDown.LEASE_LOST, logging.WARNING,
         "lease lost before the result arrived; the server discarded it",
     ),
 }  # fmt: skip
@@ -268,7 +268,9 @@ class ResultFlusher:
 
     def _settle(self, held: HeldLease, outcome: str, level: int, message: str) -> None:
         self._owner.metrics.completes.labels(outcome).inc()
-        LeaseLog(log, held.log_fields).log(level, "%s", message)
+        # LEASE_LOST: the lease was no longer ours; the metric's label says the same.
+        extra = {STOOD_DOWN: StandDown.LEASE_LOST} if outcome == StandDown.LEASE_LOST else {}
+        LeaseLog(log, held.log_fields).log(level, "%s", message, extra=extra)
         self._owner.settled(held, outcome)
 
 

@@ -22,6 +22,25 @@ from awp_protocol.limits import MAX_WORKER_CONCURRENCY
 from awp_sdk.actions import ActionContext
 
 
+class StandDown(enum.StrEnum):
+    """Every way a worker gives up a lease that is no longer its own, reporting no result
+    the server would accept. The log line that says so carries it as ``stood_down``, so
+    a test that freezes a worker can tell any of them from a result it wrongly kept."""
+
+    # The lease could not be confirmed before its local safety deadline.
+    SAFETY_DEADLINE = "safety_deadline"
+    # A heartbeat (or the final Drain) answered that the server no longer counts it.
+    REVOKED = "revoked"
+    # Complete (or the upstream fetch before the action) answered LEASE_LOST.
+    LEASE_LOST = "lease_lost"
+    # The whole session ended (marked offline while silent): every lease with it.
+    SESSION_LOST = "session_lost"
+
+
+# The structured log field that names a StandDown.
+STOOD_DOWN = "stood_down"
+
+
 def seconds(duration: duration_pb2.Duration) -> float:
     return duration.seconds + duration.nanos / 1e9
 

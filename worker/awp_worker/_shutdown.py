@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from awp.v1 import types_pb2, worker_pb2
 from awp_worker._attempt import revoke
 from awp_worker._errors import SessionLost
-from awp_worker._lease import Phase
+from awp_worker._lease import STOOD_DOWN, Phase, StandDown
 from awp_worker._lifecycle import EXIT_FAILURE, EXIT_OK, EXIT_SESSION_LOST, State
 from awp_worker._owner import Owner
 from awp_worker._supervisor import Supervisor
@@ -160,6 +160,7 @@ class Shutdown:
             "session ended permanently (%s): all work stopped, exiting so that a new "
             "worker registers",
             error,
+            extra={STOOD_DOWN: StandDown.SESSION_LOST},
         )
         for held in self._owner.leases:
             held.cancel("session lost")
