@@ -38,7 +38,7 @@ from figures import report_figure
 from google.protobuf import duration_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 from kit.invariants.health import settled_deadlocks
 
 pytestmark = pytest.mark.fault
