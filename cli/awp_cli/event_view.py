@@ -6,59 +6,38 @@ from typing import Final
 
 from rich.text import Text
 
-from awp.v1 import types_pb2
-from awp_cli.render import attempt_state, run_state, styled, task_state
+from awp_cli.render import styled
 from awp_common.durations import format_duration
-from awp_protocol.jsonvalue import struct_to_dict
-from awp_sdk.decode import when
+from awp_sdk.enums import EventType
+from awp_sdk.records import Event
 
 # The events that show a run's progress; attempt detail is left to `awp run watch`.
 PROGRESS_EVENTS: Final = frozenset(
-    {
-        types_pb2.EVENT_TYPE_RUN_STATE,
-        types_pb2.EVENT_TYPE_TASK_STATE,
-        types_pb2.EVENT_TYPE_RUN_CANCEL_REQUESTED,
-    }
+    {EventType.RUN_STATE, EventType.TASK_STATE, EventType.RUN_CANCEL_REQUESTED}
 )
-_TRANSITION_NAMES: Final = {
-    "run_transition": run_state,
-    "task_transition": task_state,
-    "attempt_transition": attempt_state,
-}
 
 
-def _transition(event: types_pb2.StateEvent) -> tuple[str, str]:
-    """(from, to) state names: from is '' when the subject was just created."""
-    which = event.WhichOneof("transition")
-    if which is None:
-        return "", ""
-    change = getattr(event, which)
-    name = _TRANSITION_NAMES[which]
-    return (name(change.from_state) if change.from_state else ""), name(change.to_state)
-
-
-def event_line(event: types_pb2.StateEvent) -> Text:
+def event_line(event: Event) -> Text:
     """One state change as a short line: time, seq, what moved, and why when known."""
-    stamp = when(event.created_at)
+    stamp = event.created_at
     clock = stamp.astimezone().strftime("%H:%M:%S.%f")[:-3] if stamp else "--:--:--.---"
     subject = event.task_key or "run"
     if event.attempt:
         subject += f" #{event.attempt}"
     text = Text.assemble((f"{clock} {event.seq:>4}  ", "dim"), f"{subject:<20} ")
-    payload = struct_to_dict(event.payload) if event.HasField("payload") else {}
-    if event.type == types_pb2.EVENT_TYPE_ATTEMPT_STATE:
+    payload = event.payload
+    if event.type is EventType.ATTEMPT_STATE:
         text.append("attempt ", style="dim")
-    if event.type == types_pb2.EVENT_TYPE_RUN_CREATED:
+    if event.type is EventType.RUN_CREATED:
         text.append(f"created ({payload.get('workflow', '?')}@{payload.get('version', '?')})")
-    elif event.type == types_pb2.EVENT_TYPE_RUN_CANCEL_REQUESTED:
+    elif event.type is EventType.RUN_CANCEL_REQUESTED:
         reason = payload.get("reason")
         text.append("cancel requested" + (f": {reason}" if reason else ""), style="yellow")
     else:
-        before, after = _transition(event)
-        if before:
-            text.append(styled(before))
+        if event.from_state is not None:
+            text.append(styled(event.from_state))
             text.append(" -> ", style="dim")
-        text.append(styled(after))
+        text.append(styled(event.to_state or ""))
     if by := payload.get("by"):
         text.append(f"  by {by}", style="dim")
     if retried := payload.get("retried_from"):

@@ -16,17 +16,17 @@ from typing import NoReturn
 
 from rich.text import Text
 
-from awp_cli import commands, credentials, render
-from awp_cli.client import Client, cli_error
+from awp_cli import commands, credentials, render, run_commands
 from awp_cli.dev import command as dev
-from awp_cli.errors import CliError, Exit
+from awp_cli.errors import CliError, Exit, exit_error
 from awp_common import flags
 from awp_console.main import add_command as add_console
 from awp_protocol.states import RUN_STATES
+from awp_sdk.client import AsyncClient
 from awp_sdk.connection import Connection
 from awp_sdk.errors import AwpError
 
-Handler = Callable[[Client, argparse.Namespace], Awaitable[Exit]]
+Handler = Callable[[AsyncClient, argparse.Namespace], Awaitable[Exit]]
 
 EPILOG = """\
 exit codes: 0 ok, 1 the run failed or was canceled, 2 bad usage or input (including
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run", aliases=["runs"], help="start, watch, cancel, retry and prune runs"
     )
     runs = run.add_subparsers(dest="action", required=True, metavar="ACTION")
-    start = add(runs, "start", commands.run_start, "start a run of a workflow")
+    start = add(runs, "start", run_commands.run_start, "start a run of a workflow")
     start.add_argument("workflow", type=commands.workflow_ref, help="NAME or NAME@VERSION")
     start.add_argument(
         "--input", type=commands.json_object, help="run input: a JSON object, or @FILE"
@@ -105,20 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="follow the run to its end; exit 0 if it succeeded, 1 if it failed or was canceled",
     )
-    get_run = add(runs, "get", commands.run_get, "show a run with its tasks and attempts")
+    get_run = add(runs, "get", run_commands.run_get, "show a run with its tasks and attempts")
     get_run.add_argument("run_id", metavar="RUN_ID")
     tasks = add(
-        runs, "tasks", commands.run_tasks, "list every task of a run, map elements included"
+        runs, "tasks", run_commands.run_tasks, "list every task of a run, map elements included"
     )
     tasks.add_argument("run_id", metavar="RUN_ID")
-    output = add(runs, "output", commands.run_output, "print one task's output as JSON")
+    output = add(runs, "output", run_commands.run_output, "print one task's output as JSON")
     output.add_argument("run_id", metavar="RUN_ID")
     output.add_argument("task_key", metavar="TASK")
-    list_runs = add(runs, "list", commands.run_list, "list runs, newest first")
+    list_runs = add(runs, "list", run_commands.run_list, "list runs, newest first")
     list_runs.add_argument("--workflow", help="only runs of this workflow")
     list_runs.add_argument("--state", choices=RUN_STATES, help="only runs in this state")
     list_runs.add_argument("--limit", type=_positive, default=50, help="at most this many")
-    watch = add(runs, "watch", commands.run_watch, "print a run's events until it ends")
+    watch = add(runs, "watch", run_commands.run_watch, "print a run's events until it ends")
     watch.add_argument("run_id", metavar="RUN_ID")
     watch.add_argument(
         "--after-seq", type=int, default=0, help="only events after this seq (to resume)"
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry = add(
         runs,
         "retry",
-        commands.run_retry,
+        run_commands.run_retry,
         "start a new run of a finished run's workflow and input that reuses what succeeded",
     )
     retry.add_argument("run_id", metavar="RUN_ID")
@@ -144,14 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="follow the new run to its end; exit 0 if it succeeded, 1 if not",
     )
-    cancel = add(runs, "cancel", commands.run_cancel, "cancel a run")
+    cancel = add(runs, "cancel", run_commands.run_cancel, "cancel a run")
     cancel.add_argument("run_id", metavar="RUN_ID")
     cancel.add_argument("--reason", help="recorded with the cancel request")
     cancel.add_argument("--wait", action="store_true", help="wait until the run has ended")
     prune = add(
         runs,
         "prune",
-        commands.run_prune,
+        run_commands.run_prune,
         "delete finished runs older than an age, with everything they hold (admin role)",
     )
     prune.add_argument(
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs = add(
         commands_,
         "logs",
-        commands.logs,
+        run_commands.logs,
         "every attempt of a run (or of one task): worker, times, outcome, error, traceback "
         "and log tail",
     )
@@ -195,7 +195,7 @@ def _positive(text: str) -> int:
 
 
 async def _with_client(target: Connection, handler: Handler, args: argparse.Namespace) -> Exit:
-    async with Client(target) as client:
+    async with AsyncClient(connection=target) as client:
         return await handler(client, args)
 
 
@@ -213,8 +213,7 @@ def run(argv: Sequence[str] | None = None) -> Exit:
         report(error)
         return error.code
     except AwpError as error:
-        # Raised outside a call, e.g. an enum value this version cannot name.
-        failure = cli_error(error)
+        failure = exit_error(error)
         report(failure)
         return failure.code
     except KeyboardInterrupt:

@@ -22,10 +22,9 @@ from typing import Any, Final
 
 import yaml
 
-from awp.v1 import types_pb2
 from awp_cli.errors import CliError, Exit, usage
 from awp_sdk import definitions
-from awp_sdk.definitions import Path_, canonical_key, parse_field, render_path
+from awp_sdk.definitions import Definition, Path_, canonical_key, parse_field, render_path
 from awp_sdk.errors import DefinitionInvalid
 from awp_sdk.workflow import Workflow
 
@@ -37,7 +36,7 @@ class WorkflowFile:
     """A parsed file: the definition, and where in the file a field was written."""
 
     path: Path
-    definition: types_pb2.WorkflowDefinition
+    definition: Definition
     line_of: Callable[[Path_], int | None]
 
     def where(self, field_path: Path_) -> str:
@@ -66,7 +65,7 @@ def load(path: Path) -> WorkflowFile:
     if data is None:
         raise usage(f"{path}: the file is empty")
     _, root = definitions.unwrap(data)
-    loaded = WorkflowFile(path, types_pb2.WorkflowDefinition(), lambda p: line_of((*root, *p)))
+    loaded = WorkflowFile(path, Definition(), lambda p: line_of((*root, *p)))
     try:
         definition = definitions.definition(data)
     except DefinitionInvalid as error:
@@ -148,7 +147,7 @@ def is_code_reference(source: str) -> bool:
     return bool(_CODE_REFERENCE.fullmatch(source)) and not Path(source).exists()
 
 
-def from_code(reference: str) -> types_pb2.WorkflowDefinition:
+def from_code(reference: str) -> Definition:
     """The definition of the awp_sdk.Workflow at MODULE:ATTRIBUTE, checked with the server's
     rules; the working directory is importable, as for `python -m` and awp-worker."""
     module_name, _, attribute = reference.partition(":")

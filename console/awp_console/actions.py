@@ -97,7 +97,7 @@ async def cancel(request: Request) -> Response:
     check_write(request, form, who, "CancelRun")
     run_id = request.path_params["run_id"]
     reason = str(form.get("reason", "")).strip()
-    await who.api.cancel_run(run_id, reason or f"canceled from the console by {who.identity.name}")
+    await who.api.cancel(run_id, reason or f"canceled from the console by {who.identity.name}")
     log.info("cancel requested", extra={"run_id": run_id, "credential": who.identity.name})
     return RedirectResponse(f"/runs/{quote(run_id)}", status_code=303)
 
@@ -107,10 +107,10 @@ async def retry(request: Request) -> Response:
     form = await request.form()
     check_write(request, form, who, "RetryRun")
     run_id = request.path_params["run_id"]
-    started = await who.api.retry_run(
+    started = await who.api.retry(
         run_id,
-        from_task=str(form.get("from_task", "")).strip(),
-        request_id=str(form.get("request_id", "")).strip(),
+        from_task=str(form.get("from_task", "")).strip() or None,
+        request_id=str(form.get("request_id", "")).strip() or None,
     )
     log.info(
         "retry started",

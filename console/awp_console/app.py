@@ -21,7 +21,7 @@ def create_app(settings: Settings) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The channel belongs to the server's event loop: made here, closed here.
-        connection = api.Connection(settings)
+        connection = api.connect(settings)
         app.state.console = web.Console(
             settings, connection, Sessions(settings.session_idle_s), web.templates()
         )
@@ -58,7 +58,7 @@ def create_app(settings: Settings) -> Starlette:
         ],
         exception_handlers={
             web.SignInNeeded: web.on_sign_in_needed,
-            api.ApiError: web.on_api_error,
+            api.AwpError: web.on_api_error,
             HTTPException: web.on_http_error,
         },
         lifespan=lifespan,

@@ -21,8 +21,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from awp_console import api, models
-from awp_console.web import caller
+from awp_console import api
+from awp_console.web import caller, told
+from awp_sdk.records import Event
 
 BATCH_INTERVAL_S: Final = 0.1
 MAX_BATCH: Final = 2_000
@@ -37,22 +38,22 @@ async def events(request: Request) -> Response:
     given = request.headers.get("last-event-id") or request.query_params.get("after", "0")
     if not given.isdigit():
         raise HTTPException(400, "after (or Last-Event-ID) must be a seq, a whole number")
-    return EventSourceResponse(_batches(who.api.watch_run(run_id, int(given))), ping=PING_S)
+    return EventSourceResponse(_batches(api.watch(who.api, run_id, int(given))), ping=PING_S)
 
 
-def _compact(event: models.Event) -> Compact:
-    return (event.type, event.task_key, event.attempt, event.to_state)
+def _compact(event: Event) -> Compact:
+    return (event.type, event.task_key or "", event.attempt or 0, event.to_state or "")
 
 
-async def _batches(stream: AsyncIterator[models.Event]) -> AsyncIterator[ServerSentEvent]:
-    queue: asyncio.Queue[models.Event | api.ApiError | None] = asyncio.Queue()
+async def _batches(stream: AsyncIterator[Event]) -> AsyncIterator[ServerSentEvent]:
+    queue: asyncio.Queue[Event | api.AwpError | None] = asyncio.Queue()
 
     async def relay() -> None:
         try:
             async for event in stream:
                 await queue.put(event)
             await queue.put(None)
-        except api.ApiError as error:
+        except api.AwpError as error:
             await queue.put(error)
 
     reader = asyncio.create_task(relay())
@@ -61,7 +62,7 @@ async def _batches(stream: AsyncIterator[models.Event]) -> AsyncIterator[ServerS
             batch: list[Compact] = []
             last_seq = 0
             item = await queue.get()
-            while isinstance(item, models.Event):
+            while isinstance(item, Event):
                 batch.append(_compact(item))
                 last_seq = item.seq
                 if len(batch) >= MAX_BATCH or queue.empty():
@@ -72,10 +73,10 @@ async def _batches(stream: AsyncIterator[models.Event]) -> AsyncIterator[ServerS
             if item is None:
                 yield ServerSentEvent("", event="end")
                 return
-            if isinstance(item, api.Unreachable):
+            if isinstance(item, api.UNREACHABLE):
                 return  # closed without `end`: the browser reconnects and resumes
-            if isinstance(item, api.ApiError):
-                yield ServerSentEvent(json.dumps({"error": str(item)}), event="failed")
+            if isinstance(item, api.AwpError):
+                yield ServerSentEvent(json.dumps({"error": told(item)}), event="failed")
                 return
             await asyncio.sleep(BATCH_INTERVAL_S)  # a rate, not a wait for anything
     finally:

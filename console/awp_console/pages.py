@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -14,10 +14,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from awp_console import graph, metrics, models, recovery
-from awp_console.api import ControlApi
+from awp_console import api, graph, metrics, recovery
 from awp_console.web import Caller, caller, console_of, page
 from awp_protocol.states import RUN_STATES, TASK_STATES, TERMINAL_RUN_STATES
+from awp_sdk.client import AsyncClient
+from awp_sdk.records import Attempt, Run, RunDetail, StoredWorkflow, TaskError, TaskStatus
 
 RUNS_PAGE: Final = 25
 # The overview measures re-dispatch times over the newest runs of at most this many tasks
@@ -38,7 +39,7 @@ class Failure:
     """The task a failed run failed on, and why."""
 
     task_key: str
-    error: models.TaskError | None
+    error: TaskError | None
 
 
 async def overview(request: Request) -> Response:
@@ -47,7 +48,7 @@ async def overview(request: Request) -> Response:
     stats, workers, recent, scraped = await asyncio.gather(
         who.api.get_stats(),
         who.api.list_workers(include_inactive=True),
-        who.api.list_runs(page_size=RECOVERY_RUNS),
+        who.api.list_runs_page(page_size=RECOVERY_RUNS),
         metrics.scrape(urls) if urls else _nothing(),
     )
     small = [r for r in recent.items if r.task_count <= RECOVERY_MAX_TASKS]
@@ -57,8 +58,8 @@ async def overview(request: Request) -> Response:
     queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for count in stats.tasks_by_state:
         queue[count.executor_kind][count.state] += count.count
-    for count in stats.dispatches_by_state:
-        queue[count.executor_kind][f"dispatch_{count.state}"] += count.count
+    for dispatches in stats.dispatches_by_state:
+        queue[dispatches.executor_kind][f"dispatch_{dispatches.state}"] += dispatches.count
     return page(
         request,
         who,
@@ -87,21 +88,23 @@ async def runs(request: Request) -> Response:
         raise HTTPException(400, f"state must be one of {', '.join(RUN_STATES)}")
     token = request.query_params.get("page", "")
     found, workflows = await asyncio.gather(
-        who.api.list_runs(workflow=workflow, state=state, page_token=token, page_size=RUNS_PAGE),
-        who.api.list_workflows(page_size=1000),
+        who.api.list_runs_page(
+            workflow=workflow or None, state=state or None, page_token=token, page_size=RUNS_PAGE
+        ),
+        who.api.list_workflows_page(page_size=1000),
     )
     looked_up = [
         r.id for r in found.items if r.state == "failed" and r.task_count <= FAILURE_MAX_TASKS
     ]
     details = await asyncio.gather(*(who.api.get_run(i, outputs=False) for i in looked_up))
-    failures = {d.run.id: failure for d in details if (failure := first_failure(d.tasks))}
+    failures = {d.run.id: failure for d in details if (failure := first_failure(d.tasks.values()))}
     return page(
         request,
         who,
         "runs.html",
         runs=found.items,
         failures=failures,
-        next_token=found.next_token,
+        next_token=found.next_page_token,
         first_page=not token,
         workflow=workflow,
         state=state,
@@ -110,7 +113,7 @@ async def runs(request: Request) -> Response:
     )
 
 
-def first_failure(tasks: Sequence[models.Task]) -> Failure | None:
+def first_failure(tasks: Iterable[TaskStatus]) -> Failure | None:
     """The failed task that failed first: the one that failed the run. A map's element
     comes before its map task, which fails with it."""
     failed = [t for t in tasks if t.state == "failed"]
@@ -126,11 +129,11 @@ async def run(request: Request) -> Response:
     who = await caller(request)
     run_id = request.path_params["run_id"]
     detail = await who.api.get_run(run_id, outputs=False)
-    drawing = graph.draw(_items(detail.tasks))
+    drawing = graph.draw(_items(detail))
     recoveries = await _recoveries(who.api, detail)
     data = {
         "run": {"id": detail.run.id, "state": detail.run.state, "last_seq": detail.run.last_seq},
-        "tasks": _task_rows(detail.tasks),
+        "tasks": _task_rows(detail),
         "tasks_omitted": detail.tasks_omitted,
         **_graph_data(drawing),
         "states": TASK_STATES,
@@ -142,7 +145,7 @@ async def run(request: Request) -> Response:
         run=detail.run,
         tasks_omitted=detail.tasks_omitted,
         drawing=drawing,
-        states=[t.state for t in detail.tasks],
+        states=[t.state for t in detail.tasks.values()],
         data=data,
         recoveries=recoveries,
         recovery_summary=recovery.summary(recoveries),
@@ -150,18 +153,18 @@ async def run(request: Request) -> Response:
     )
 
 
-async def _recoveries(api: ControlApi, detail: models.RunDetail) -> list[recovery.Recovery]:
+async def _recoveries(client: AsyncClient, detail: RunDetail) -> list[recovery.Recovery]:
     if not any(a.state == "interrupted" for a in detail.attempts):
         return []
-    workers = await api.list_workers(include_inactive=True)
+    workers = await client.list_workers(include_inactive=True)
     return recovery.recoveries(detail.attempts, {w.id: w for w in workers})
 
 
-def _items(tasks: Sequence[models.Task]) -> list[graph.Item]:
-    return [graph.Item(t.key, t.depends_on) for t in tasks]
+def _items(detail: RunDetail) -> list[graph.Item]:
+    return [graph.Item(t.key, t.depends_on) for t in detail.tasks.values()]
 
 
-def _actions(who: Caller, run: models.Run) -> dict[str, Any]:
+def _actions(who: Caller, run: Run) -> dict[str, Any]:
     """What the run's buttons may offer this caller (the server checks again)."""
     return {
         "may_cancel": who.identity.may("CancelRun")
@@ -186,9 +189,9 @@ async def run_graph(request: Request) -> Response:
     who = await caller(request)
     detail = await who.api.get_run(request.path_params["run_id"], outputs=False)
     expand = [name for name in request.query_params.get("expand", "").split(",") if name]
-    drawing = graph.draw(_items(detail.tasks), expand)
+    drawing = graph.draw(_items(detail), expand)
     template = console_of(request).templates.get_template("graph.html")
-    states = [t.state for t in detail.tasks]
+    states = [t.state for t in detail.tasks.values()]
     svg = template.module.drawing(drawing, states)  # type: ignore[attr-defined]
     return JSONResponse(
         {
@@ -196,7 +199,7 @@ async def run_graph(request: Request) -> Response:
             **_graph_data(drawing),
             # The tasks drawn, as the page's data has them: a map's elements made since
             # the page loaded are among them.
-            "tasks": _task_rows(detail.tasks),
+            "tasks": _task_rows(detail),
             "tasks_omitted": detail.tasks_omitted,
             "too_large": drawing.too_large,
         }
@@ -213,19 +216,19 @@ def _graph_data(drawing: graph.Drawing) -> dict[str, Any]:
     }
 
 
-def _task_rows(tasks: Sequence[models.Task]) -> list[list[Any]]:
-    return [[t.key, t.state, t.attempts, t.max_attempts] for t in tasks]
+def _task_rows(detail: RunDetail) -> list[list[Any]]:
+    return [[t.key, t.state, t.attempts, t.max_attempts] for t in detail.tasks.values()]
 
 
 async def task(request: Request) -> Response:
     who = await caller(request)
     run_id, key = request.path_params["run_id"], request.path_params["task_key"]
-    shown, found = await who.api.get_task(run_id, key)
+    shown, found = await api.get_task(who.api, run_id, key)
     if found is None:
         raise HTTPException(404, f"run {run_id} has no task {key!r}")
     workflow, attempts = await asyncio.gather(
-        who.api.get_workflow(shown.workflow_name, shown.workflow_version),
-        _all_attempts(who.api, run_id, key),
+        who.api.get_workflow(shown.workflow, shown.version),
+        api.all_attempts(who.api, run_id, key),
     )
     definition = next((d for d in workflow.tasks if d.key == key), None)
     if definition is None and (name := graph.fanout_of(key)) is not None:
@@ -244,26 +247,14 @@ async def task(request: Request) -> Response:
     )
 
 
-def shown_error(task: models.Task, attempts: Sequence[models.Attempt]) -> models.TaskError | None:
+def shown_error(task: TaskStatus, attempts: Sequence[Attempt]) -> TaskError | None:
     """The error a task's panel shows: its last attempt's, so a task that succeeded on a
     later attempt shows none (the earlier errors stay in its attempts). A task that never
     ran an attempt (a map task, one that failed before it ran) shows its own."""
     return attempts[-1].error if attempts else task.error
 
 
-async def _all_attempts(api: ControlApi, run_id: str, key: str) -> list[models.Attempt]:
-    # A task has at most its max_attempts (a few): every page, in order.
-    found: list[models.Attempt] = []
-    token = ""
-    while True:
-        page_ = await api.list_attempts(run_id, task_key=key, page_token=token)
-        found.extend(page_.items)
-        token = page_.next_token
-        if not token:
-            return found
-
-
-def _timeline(attempts: Sequence[models.Attempt]) -> list[tuple[models.Attempt, float, float]]:
+def _timeline(attempts: Sequence[Attempt]) -> list[tuple[Attempt, float, float]]:
     """(attempt, x, width) of each attempt's bar on a 0-100 scale of the task's time."""
     starts = [a.started_at for a in attempts if a.started_at is not None]
     if not starts:
@@ -286,16 +277,22 @@ async def attempts(request: Request) -> Response:
     """One ListAttempts page of the run, for the run page's attempts table."""
     who = await caller(request)
     run_id = request.path_params["run_id"]
-    found = await who.api.list_attempts(run_id, page_token=request.query_params.get("page", ""))
+    token = request.query_params.get("page", "")
+    found = await who.api.list_attempts_page(run_id, page_token=token)
     return page(
-        request, who, "attempts.html", run_id=run_id, attempts=found.items, next=found.next_token
+        request,
+        who,
+        "attempts.html",
+        run_id=run_id,
+        attempts=found.items,
+        next=found.next_page_token,
     )
 
 
 async def workflows(request: Request) -> Response:
     who = await caller(request)
-    found = await who.api.list_workflows(page_token=request.query_params.get("page", ""))
-    versions: dict[str, list[models.Workflow]] = defaultdict(list)
+    found = await who.api.list_workflows_page(page_token=request.query_params.get("page", ""))
+    versions: dict[str, list[StoredWorkflow]] = defaultdict(list)
     for workflow in found.items:
         versions[workflow.name].append(workflow)
     return page(
@@ -303,7 +300,7 @@ async def workflows(request: Request) -> Response:
         who,
         "workflows.html",
         versions=versions,
-        next_token=found.next_token,
+        next_token=found.next_page_token,
     )
 
 
@@ -315,7 +312,7 @@ async def workflow(request: Request) -> Response:
         raise HTTPException(400, "version must be a whole number")
     shown, versions = await asyncio.gather(
         who.api.get_workflow(name, int(version)),
-        who.api.list_workflows(name=name, page_size=1000),
+        who.api.list_workflows_page(name=name, page_size=1000),
     )
     drawing = graph.draw([graph.Item(t.key, t.depends_on) for t in shown.tasks])
     return page(

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from awp_console.models import Attempt, Worker
+from awp_sdk.records import Attempt, Worker
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from awp_console.models import Identity
+from awp_sdk.records import Identity
 
 COOKIE: Final = "awp_console_session"
 MAX_SESSIONS: Final = 10_000

@@ -16,7 +16,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
@@ -30,10 +30,12 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from awp_common.durations import format_duration
-from awp_console import api, graph, models
+from awp_console import api, graph
 from awp_console.sessions import COOKIE, Session, Sessions
 from awp_console.settings import Settings
 from awp_protocol.states import TASK_STATES
+from awp_sdk.client import AsyncClient
+from awp_sdk.records import Attempt, Identity
 
 log = logging.getLogger("awp.console")
 
@@ -56,7 +58,8 @@ class Console:
     """What every handler shares (app.state.console)."""
 
     settings: Settings
-    connection: api.Connection
+    # The SDK's client without a credential; each caller's shares its channel.
+    connection: AsyncClient
     sessions: Sessions
     templates: Jinja2Templates
 
@@ -70,8 +73,8 @@ class Console:
 @dataclass
 class Caller:
     session: Session | None
-    api: api.ControlApi
-    identity: models.Identity
+    api: AsyncClient
+    identity: Identity
 
 
 class SignInNeeded(Exception):
@@ -158,7 +161,7 @@ def page(request: Request, who: Caller | None, template: str, **context: Any) ->
     return response
 
 
-def roles_text(identity: models.Identity) -> str:
+def roles_text(identity: Identity) -> str:
     return ", ".join(sorted(identity.roles)) or "no roles"
 
 
@@ -176,8 +179,17 @@ async def on_sign_in_needed(request: Request, exc: Exception) -> Response:
     return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
 
 
+def told(error: api.AwpError) -> str:
+    """A failed call in one line: the server's reason (else the gRPC code) and message."""
+    return f"{error.reason or _code(error)}: {error.message}"
+
+
+def _code(error: api.AwpError) -> str:
+    return error.code.name if error.code is not None else ""
+
+
 async def on_api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, api.ApiError)
+    assert isinstance(exc, api.AwpError)
     if isinstance(exc, api.Unauthenticated):
         # The server no longer takes the session's credential (rotated out, or the server
         # now requires one): the session is over.
@@ -190,15 +202,15 @@ async def on_api_error(request: Request, exc: Exception) -> Response:
         status = 403
     elif isinstance(exc, api.NotFound):
         status = 404
-    elif isinstance(exc, api.Unreachable):
+    elif isinstance(exc, api.UNREACHABLE):
         status = 503
-    elif exc.code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "ALREADY_EXISTS"):
+    elif _code(exc) in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "ALREADY_EXISTS"):
         status = 400
     if status >= 500:
-        log.warning("awp-server call failed: %s", exc)
+        log.warning("awp-server call failed: %s", told(exc))
     if _wants_json(request):
-        return JSONResponse({"error": str(exc), "reason": exc.reason}, status_code=status)
-    return _error_page(request, status, exc.message, exc.reason or exc.code)
+        return JSONResponse({"error": told(exc), "reason": exc.reason}, status_code=status)
+    return _error_page(request, status, exc.message, exc.reason or _code(exc))
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -259,8 +271,18 @@ def _round(seconds: float) -> float:
     return float(round(seconds / 60) * 60)
 
 
-def _seconds(value: float | None) -> str:
+def _seconds(value: float | timedelta | None) -> str:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
     return "" if value is None else format_duration(_round(value))
+
+
+def outcome(attempt: Attempt) -> str:
+    """How an attempt ended, for people: its state, except that a hand-back by a
+    draining worker is told from a lost lease (both end `interrupted`)."""
+    if attempt.handed_back:
+        return "handed back"
+    return attempt.state.replace("_", " ")
 
 
 def _span(start: datetime | None, end: datetime | None, now: datetime | None = None) -> str:
@@ -324,6 +346,7 @@ def templates() -> Jinja2Templates:
         number=_number,
         bar=_bar,
         map_progress=graph.map_progress,
+        outcome=outcome,
     )
     env.globals.update(span=_span, ticking=_ticking, task_states=TASK_STATES)
     return Jinja2Templates(env=env)

@@ -56,6 +56,8 @@ from awp_protocol.jsonvalue import JsonInvalid, to_struct
 from awp_sdk.errors import DefinitionInvalid
 
 Path_ = tuple[str | int, ...]
+# A workflow definition as the SDK sends it: what a client holds without naming awp.v1.
+Definition: TypeAlias = types_pb2.WorkflowDefinition
 
 MAX_UINT32: Final = 2**32 - 1
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 from uuid import UUID
 
-from awp.v1 import control_pb2, types_pb2
-from awp_cli.client import Client
-from awp_cli.errors import CliError, Exit
+from awp_cli.errors import Exit, exit_error
 from awp_cli.follow import ProgressView, follow
 from awp_db.connect import Pool
+from awp_sdk.client import AsyncClient
 from awp_sdk.connection import Connection as Target
+from awp_sdk.enums import RunState, TaskState
+from awp_sdk.errors import AwpError
+from awp_sdk.records import Event, RunDetail
 from kit import ADMIN_TOKEN, ServerFactory, poll_until, spec, start_run
 from kit.db import drive_to_end, register
 
@@ -20,10 +22,10 @@ async def test_following_survives_a_server_restart(start_server: ServerFactory, 
     first = await start_server()
     run_id = await start_run(pool, spec("chain", tasks=3, chain=True))
     worker = await register(pool)
-    events: list[types_pb2.StateEvent] = []
+    events: list[Event] = []
     notes: list[str] = []
-    snapshots: list[control_pb2.GetRunResponse] = []
-    async with Client(Target(address=first.address, token=ADMIN_TOKEN)) as client:
+    snapshots: list[RunDetail] = []
+    async with AsyncClient(connection=Target(address=first.address, token=ADMIN_TOKEN)) as client:
         following = asyncio.create_task(
             follow(
                 client,
@@ -47,13 +49,11 @@ async def test_following_survives_a_server_restart(start_server: ServerFactory, 
         async with asyncio.timeout(30):
             final = await following
 
-    assert final.run.state == types_pb2.RUN_STATE_SUCCEEDED
+    assert final.run.state is RunState.SUCCEEDED
     assert [e.seq for e in events] == list(range(1, final.run.last_seq + 1))
     assert "resuming after seq" in notes[0]
     # The display's counts came from GetRun, and its last one is the final state.
-    assert [(c.state, c.count) for c in snapshots[-1].run.tasks_by_state] == [
-        (types_pb2.TASK_STATE_SUCCEEDED, 3)
-    ]
+    assert dict(snapshots[-1].run.task_counts) == {TaskState.SUCCEEDED: 3}
     view = ProgressView(final.run)
     view.on_snapshot(final)
     assert view.total == 3
@@ -65,11 +65,12 @@ async def _truthy(value: object) -> bool:
 
 async def test_a_missing_run_is_not_retried(start_server: ServerFactory) -> None:
     server = await start_server()
-    async with Client(Target(address=server.address, token=ADMIN_TOKEN)) as client:
+    async with AsyncClient(connection=Target(address=server.address, token=ADMIN_TOKEN)) as client:
         try:
             async with asyncio.timeout(10):
                 await follow(client, "00000000-0000-0000-0000-000000000000")
-        except CliError as error:
+        except AwpError as failure:
+            error = exit_error(failure)
             assert error.code == Exit.USAGE
             assert error.message.startswith("RUN_NOT_FOUND: ")
         else:
@@ -81,12 +82,13 @@ async def test_a_server_that_never_comes_back_is_given_up_on(
 ) -> None:
     server = await start_server()
     run_id = await start_run(pool, spec("lonely"))
-    async with Client(Target(address=server.address, token=ADMIN_TOKEN)) as client:
+    async with AsyncClient(connection=Target(address=server.address, token=ADMIN_TOKEN)) as client:
         await server.running.stop(0)
         try:
             async with asyncio.timeout(20):
                 await follow(client, str(run_id), give_up_after=1.0)
-        except CliError as error:
+        except AwpError as failure:
+            error = exit_error(failure)
             assert error.code == Exit.SERVER
             assert error.message.startswith(f"cannot reach awp-server at {server.address}")
         else:

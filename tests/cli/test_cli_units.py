@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -14,10 +13,14 @@ from rich.console import Console
 
 from awp.v1 import control_pb2, types_pb2
 from awp_cli import commands, render
-from awp_cli.client import cli_error
 from awp_cli.dev import command as dev
-from awp_cli.errors import Exit
+from awp_cli.errors import Exit, exit_error
+from awp_cli.render_fleet import stats_view
+from awp_cli.render_runs import run_view, task_counts
+from awp_cli.render_tasks import tasks_table
+from awp_sdk import decode
 from awp_sdk.errors import START_HINT, UnknownEnumValue, from_rpc_error
+from awp_sdk.records import Page
 
 
 class Failed(grpc.aio.AioRpcError):
@@ -40,37 +43,27 @@ S = grpc.StatusCode
 )
 def test_statuses_without_error_info(code: grpc.StatusCode, exit_code: Exit, message: str) -> None:
     # No ErrorInfo: the answer came from the transport or a proxy, not from AWP.
-    error = cli_error(from_rpc_error(Failed(code, "down\n now"), "h:1"))
+    error = exit_error(from_rpc_error(Failed(code, "down\n now"), "h:1"))
     assert (error.code, error.message) == (exit_code, message)
 
 
 async def test_pages_are_followed_up_to_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(commands, "MAX_PAGE", 2)
-    runs = [control_pb2.Run(id=str(i)) for i in range(5)]
+    runs = [str(i) for i in range(5)]
     asked: list[tuple[int, str]] = []
 
-    class FakeClient:
-        async def call(self, _method: Any, request: control_pb2.ListRunsRequest) -> Any:
-            asked.append((request.page_size, request.page_token))
-            start = int(request.page_token or 0)
-            end = start + request.page_size
-            return control_pb2.ListRunsResponse(
-                runs=runs[start:end], next_page_token=str(end) if end < len(runs) else ""
-            )
+    async def page(token: str, size: int) -> Page[str]:
+        asked.append((size, token))
+        start = int(token or 0)
+        end = start + size
+        return Page(tuple(runs[start:end]), str(end) if end < len(runs) else "")
 
-    request = control_pb2.ListRunsRequest()
-    answer = await commands._all_pages(FakeClient(), None, request, "runs", 3)  # type: ignore[arg-type]
-    assert [r.id for r in answer.runs] == ["0", "1", "2"]
-    assert answer.next_page_token == "3"  # where a script would go on
+    found, token = await commands.first_items(page, 3)
+    assert found == ["0", "1", "2"]
+    assert token == "3"  # where a script would go on
     assert asked == [(2, ""), (1, "2")]
-    everything = await commands._all_pages(
-        FakeClient(),  # type: ignore[arg-type]
-        None,
-        control_pb2.ListRunsRequest(),
-        "runs",
-        100,
-    )
-    assert len(everything.runs) == 5 and not everything.next_page_token
+    everything, token = await commands.first_items(page, 100)
+    assert len(everything) == 5 and not token
 
 
 def test_argument_types() -> None:
@@ -107,13 +100,14 @@ def test_default_data_dir(
 
 def test_typed_counts_are_shown_by_state_name() -> None:
     run = control_pb2.Run(
+        state=types_pb2.RUN_STATE_RUNNING,
         tasks_by_state=[
             control_pb2.TaskStateCount(state=types_pb2.TASK_STATE_PENDING, count=2),
             control_pb2.TaskStateCount(state=types_pb2.TASK_STATE_WAITING_RETRY, count=1),
-        ]
+        ],
     )
-    assert render.task_counts(run) == {"pending": 2, "waiting_retry": 1}
-    assert render.counts_text(render.task_counts(run)).plain == "2 pending · 1 waiting_retry"
+    assert task_counts(decode.run(run)) == {"pending": 2, "waiting_retry": 1}
+    assert render.counts_text(task_counts(decode.run(run))).plain == "2 pending · 1 waiting_retry"
 
     answer = control_pb2.GetStatsResponse
     stats = answer(
@@ -130,7 +124,7 @@ def test_typed_counts_are_shown_by_state_name() -> None:
         active_leases=1,
     )
     console = Console(record=True, width=120)
-    console.print(render.stats_view(stats))
+    console.print(stats_view(decode.stats(stats)))
     shown = console.export_text()
     for row in (
         r"runs\s+canceled\s+4",
@@ -143,11 +137,12 @@ def test_typed_counts_are_shown_by_state_name() -> None:
     # SDK's one enum mapping (awp_sdk.enums) says which value to upgrade for.
     stats.workers_by_state[0].state = types_pb2.WorkerState.ValueType(9)
     with pytest.raises(UnknownEnumValue, match=r"awp\.v1\.WorkerState value 9"):
-        console.print(render.stats_view(stats))
+        decode.stats(stats)
 
 
 def test_attempts_shown_charged_of_allowed_with_hand_backs_apart() -> None:
     answer = control_pb2.GetRunResponse(
+        run=control_pb2.Run(state=types_pb2.RUN_STATE_RUNNING),
         tasks=[
             control_pb2.Task(
                 key="plain", state=types_pb2.TASK_STATE_RUNNING, attempts=2, max_attempts=3
@@ -159,10 +154,10 @@ def test_attempts_shown_charged_of_allowed_with_hand_backs_apart() -> None:
                 max_attempts=1,
                 hand_backs=2,
             ),
-        ]
+        ],
     )
     console = Console(record=True, width=120)
-    console.print(render.tasks_table(answer))
+    console.print(tasks_table(decode.run_detail(answer)))
     shown = console.export_text()
     assert re.search(r"plain\s.*\s2/3\s", shown), shown
     assert re.search(r"handed\s.*\s1/1 \+2 handed back", shown), shown
@@ -211,7 +206,9 @@ def test_run_get_collapses_a_map_tasks_elements() -> None:
     console = Console(record=True, width=200)
     run = control_pb2.Run(id="r", state=types_pb2.RUN_STATE_FAILED)
     console.print(
-        render.run_view(control_pb2.GetRunResponse(run=run, tasks=tasks, attempts=attempts))
+        run_view(
+            decode.run_detail(control_pb2.GetRunResponse(run=run, tasks=tasks, attempts=attempts))
+        )
     )
     text = console.export_text()
     assert "4 elements: 2 succeeded · 1 failed · 1 canceled" in text

@@ -4,6 +4,7 @@ re-dispatch figure and the settings' checks."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,15 +13,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import awp_server.metrics  # noqa: F401 (its counters, in this process's default registry)
 from awp_common import flags
-from awp_console import graph, metrics, pages, recovery
+from awp_console import graph, metrics, pages, recovery, web
 from awp_console.graph import Item, draw
-from awp_console.models import Attempt, Identity, Task, TaskError, Worker
 from awp_console.sessions import Sessions
 from awp_console.settings import Settings
+from awp_console.web import outcome
 from awp_coordinator.metrics import Metrics
 from awp_protocol.roles import Role
 from awp_protocol.states import HANDED_BACK
 from awp_sdk.connection import Connection
+from awp_sdk.enums import AttemptState, RunState, TaskState, WorkerState
+from awp_sdk.records import Attempt, Identity, Run, TaskError, TaskStatus, Worker
 
 
 def test_a_fan_out_is_one_node_with_its_count_until_expanded() -> None:
@@ -167,12 +170,14 @@ def test_roles_decide_what_an_identity_may_call() -> None:
 
 def _attempt(key: str, number: int, state: str, worker: str, start: float, end: float) -> Attempt:
     base = datetime(2025, 1, 1, tzinfo=UTC)
-    error = TaskError("lost") if state == "interrupted" else None
+    error = TaskError("lost", False) if state == "interrupted" else None
     return Attempt(
         key,
         number,
-        state,
+        AttemptState(state),
         worker,
+        0,
+        0,
         base + timedelta(seconds=start),
         None,
         base + timedelta(seconds=end),
@@ -183,8 +188,8 @@ def _attempt(key: str, number: int, state: str, worker: str, start: float, end: 
 def _worker(worker_id: str, state: str, heard: float) -> Worker:
     base = datetime(2025, 1, 1, tzinfo=UTC)
     return Worker(
-        worker_id, f"name-{worker_id}", state, ("mock",), 4, 0, {}, 1, base,
-        base + timedelta(seconds=heard),
+        worker_id, f"name-{worker_id}", WorkerState(state), ("mock",), 4, 0, {}, 1, base,
+        base + timedelta(seconds=heard), None,
     )  # fmt: skip
 
 
@@ -208,9 +213,11 @@ def test_redispatch_after_a_worker_death_counts_from_its_last_heartbeat() -> Non
 
 def test_a_hand_back_is_told_from_a_lost_lease() -> None:
     lost = _attempt("a", 1, "interrupted", "w", 0, 1)
-    handed = Attempt("a", 1, "interrupted", "w", None, None, None, TaskError(HANDED_BACK))
-    assert lost.outcome == "interrupted" and handed.outcome == "handed back"
-    assert _attempt("a", 1, "timed_out", "w", 0, 1).outcome == "timed out"
+    handed = Attempt(
+        "a", 1, AttemptState.INTERRUPTED, "w", 0, 0, None, None, None, TaskError(HANDED_BACK, True)
+    )
+    assert outcome(lost) == "interrupted" and outcome(handed) == "handed back"
+    assert outcome(_attempt("a", 1, "timed_out", "w", 0, 1)) == "timed out"
 
 
 @pytest.mark.parametrize(
@@ -286,17 +293,19 @@ def test_a_map_is_one_node_with_its_task_and_its_progress() -> None:
     assert all(n.kind == "task" and n.parent == -1 for n in expanded.nodes)
 
 
-def _task(key: str, state: str, finished_s: float | None = None, error: str = "") -> Task:
+def _task(key: str, state: str, finished_s: float | None = None, error: str = "") -> TaskStatus:
     base = datetime(2025, 1, 1, tzinfo=UTC)
-    return Task(
+    return TaskStatus(
         key,
-        state,
+        TaskState(state),
         "mock",
         "noop",
         (),
         1,
         3,
-        error=TaskError(error) if error else None,
+        output=None,
+        error=TaskError(error, False) if error else None,
+        retry_at=None,
         finished_at=None if finished_s is None else base + timedelta(seconds=finished_s),
     )
 
@@ -311,7 +320,7 @@ def test_a_failed_run_failed_on_its_first_failed_task_a_map_s_element_first() ->
     ]
     found = pages.first_failure(tasks)
     assert found is not None
-    assert (found.task_key, found.error) == ("each[1]", TaskError("item -2 is negative"))
+    assert (found.task_key, found.error) == ("each[1]", TaskError("item -2 is negative", False))
     assert pages.first_failure(tasks[:1]) is None
 
 
@@ -322,6 +331,42 @@ def test_a_task_shows_its_last_attempt_s_error() -> None:
         _attempt("t", 2, "succeeded", "w", 1, 2),
     ]
     assert pages.shown_error(retried, failed_then_ok) is None
-    assert pages.shown_error(retried, failed_then_ok[:1]) == TaskError("lost")
+    assert pages.shown_error(retried, failed_then_ok[:1]) == TaskError("lost", False)
     never_ran = _task("map", "failed", 2, "element map[3] failed")
-    assert pages.shown_error(never_ran, []) == TaskError("element map[3] failed")
+    assert pages.shown_error(never_ran, []) == TaskError("element map[3] failed", False)
+
+
+def test_the_task_panel_shows_hand_backs_apart_and_a_map_element_s_parent() -> None:
+    task = dataclasses.replace(
+        _task("each[3]", "running"), attempts=3, hand_backs=2, map_parent="each", map_index=3
+    )
+    run = Run(
+        "r", "w", 1, RunState.RUNNING, {}, "", 1, 1, None, None, None, started_by="admin"
+    )  # fmt: skip
+    template = web.templates().env.get_template("task.html")
+    shown = template.render(
+        run=run,
+        task=task,
+        definition=None,
+        attempts=[],
+        error=None,
+        timeline=[],
+        may_cancel=False,
+        may_retry=False,
+        retry_request_id="x",
+    )
+    assert "1 of at most 3" in shown  # the charged attempts: hand-backs are free
+    assert "2 handed back by draining workers" in shown
+    assert 'element 3 of <a href="#" class="task-link" data-key="each">' in shown
+    plain = template.render(
+        run=run,
+        task=dataclasses.replace(task, hand_backs=0, attempts=1, map_parent=None, map_index=None),
+        definition=None,
+        attempts=[],
+        error=None,
+        timeline=[],
+        may_cancel=False,
+        may_retry=False,
+        retry_request_id="x",
+    )
+    assert "1 of at most 3" in plain and "handed back" not in plain and "element" not in plain

@@ -37,8 +37,8 @@ MODULES = {
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
     "awp_sdk.decode": "applied attempt event identity message_json pruned run run_detail span "
     "stats task task_error task_page when worker workflow",
-    "awp_sdk.definitions": "MAX_UINT32 OnFailure POLICIES Path_ canonical_key definition "
-    "parse_field render_path to_duration unwrap validate",
+    "awp_sdk.definitions": "Definition MAX_UINT32 OnFailure POLICIES Path_ canonical_key "
+    "definition parse_field render_path to_duration unwrap validate",
     "awp_sdk.enums": "AttemptState DispatchState EventType FailurePolicy RunState TaskState "
     "WorkerState decode encode",
     "awp_sdk.errors": "AwpError BY_REASON Conflict DeadlineExceeded DefinitionConflict "
@@ -56,6 +56,8 @@ MODULES = {
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
+    "awp_sdk.wire": "applied attempts event pruned run run_detail runs started stats tasks "
+    "workers workflow workflows",
     "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow check_options",
 }
 

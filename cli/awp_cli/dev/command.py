@@ -14,16 +14,16 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from google.protobuf import struct_pb2
 from rich.text import Text
 
-from awp.v1 import control_pb2
 from awp_cli import render, workflow_file
-from awp_cli.client import Client
-from awp_cli.commands import wait_for_run
 from awp_cli.errors import Exit, usage
 from awp_cli.follow import run_exit
+from awp_cli.render_tasks import tasks_table
+from awp_cli.render_workflows import workflow_view
+from awp_cli.run_commands import wait_for_run
 from awp_common import extras
+from awp_sdk.client import AsyncClient
 from awp_sdk.connection import DEFAULT_ADDRESS, Connection
 
 if TYPE_CHECKING:
@@ -308,24 +308,14 @@ def run_demo(args: argparse.Namespace) -> Exit:
 async def _demo_run(stack: Stack) -> Exit:
     say = stack.say
     definition = workflow_file.from_code(DEMO_WORKFLOW)
-    async with Client(Connection(address=stack.address)) as client:
-        created = await client.call(
-            client.control.CreateWorkflow,
-            control_pb2.CreateWorkflowRequest(definition=definition),
-        )
+    async with AsyncClient(connection=Connection(address=stack.address)) as client:
+        created = await client.apply(definition)
         say(f"applied {DEMO_WORKFLOW}:")
-        render.stdout.print(render.workflow_view(created.workflow))
-        run_input = struct_pb2.Struct()
-        run_input.update(DEMO_INPUT)
-        started = await client.call(
-            client.control.StartRun,
-            control_pb2.StartRunRequest(
-                workflow_name=definition.name,
-                workflow_version=definition.version,
-                input=run_input,
-            ),
-        )
-        say(f"started run {started.run.id}")
-        final = await wait_for_run(client, started.run)
-        render.stdout.print(render.tasks_table(final))
+        if created.workflow is not None:
+            render.stdout.print(workflow_view(created.workflow))
+        started = await client.start(definition.name, input=DEMO_INPUT, version=definition.version)
+        say(f"started run {started.id}")
+        assert started.started is not None  # StartRun answers with the run
+        final = await wait_for_run(client, started.started)
+        render.stdout.print(tasks_table(final))
         return run_exit(final.run)
