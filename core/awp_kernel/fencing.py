@@ -32,6 +32,21 @@ def lease_is_live(
     )
 
 
+def judge_append(
+    *,
+    holder_and_token_match: bool,
+    state: str,
+    now: datetime,
+    lease_expires_at: datetime | None,
+    attempt_deadline: datetime | None,
+) -> ResultVerdict:
+    """An output stream's append (DESIGN.md §15): the lease rule alone, as a result's.
+    There is no DUPLICATE of a finished attempt: its stream is closed."""
+    if holder_and_token_match and lease_is_live(state, now, lease_expires_at, attempt_deadline):
+        return ResultVerdict.ACCEPTED
+    return ResultVerdict.LEASE_LOST
+
+
 def judge_result(
     *,
     holder_and_token_match: bool,

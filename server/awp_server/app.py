@@ -19,7 +19,7 @@ from awp_common.tls import server_credentials
 from awp_db import pooler, workers
 from awp_db.connect import Pool, PoolMode, create_pool
 from awp_db.listen import Listener
-from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
+from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL, STREAM_CHANNEL
 from awp_protocol.limits import TRANSPORT_RECEIVE_BYTES
 from awp_server import metrics
 from awp_server.auth import RoleInterceptor
@@ -150,7 +150,7 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         )
         if config.database_pool_mode is PoolMode.TRANSACTION:
             await pooler.check_limits(pool, config.session_limits)
-    listener = Listener(config.session_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
+    listener = Listener(config.session_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL, STREAM_CHANNEL])
     await listener.start()
     shutting_down = asyncio.Event()
     # Metrics first, so that calls refused for a bad token are counted too; the request

@@ -54,6 +54,7 @@ from awp_protocol.states import TERMINAL_RUN_STATES
 from awp_server import convert, delivery
 from awp_server.auth import caller, caller_credential
 from awp_server.errors import server_stream, unary
+from awp_server.streams import StreamReaders
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -75,6 +76,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self._pool = pool
         self._listener = listener
         self._watch_poll_s = watch_poll_s
+        self.stream_readers = StreamReaders(pool, listener, watch_poll_s)
 
     # ------------------------------------------------------------ workflows
 
@@ -327,6 +329,13 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                     return
                 # Woken by a notification, or re-read anyway in case one was lost.
                 await waiter.wait(self._watch_poll_s)
+
+    @server_stream
+    async def WatchStream(
+        self, request: control_pb2.WatchStreamRequest, context: Context
+    ) -> AsyncIterator[control_pb2.WatchStreamResponse]:
+        async for response in self.stream_readers.watch(request):
+            yield response
 
     # ------------------------------------------------------------ fleet
 

@@ -22,6 +22,8 @@ everything check_committed checks:
    never decreasing along seq (every state transaction appends events and bumps once).
 5. Nothing is left leased to a stopped or offline worker, and a finished run holds no
    live dispatch and no running attempt.
+6. Output streams: no chunk stored after its lease ended, offsets contiguous per
+   attempt, positions per task (kit.stream_invariants).
 
 The checker also reports how many executions the tasks cost: at-least-once is paid for
 in extra attempts, and the output should show that price, not hide it.
@@ -38,6 +40,7 @@ from uuid import UUID
 import asyncpg
 
 from awp_protocol.states import TERMINAL_TASK_STATES
+from kit.stream_invariants import stream_problems
 
 # Any way to run a query: the checker takes a connection or a pool.
 Db = asyncpg.Connection | asyncpg.Pool
@@ -154,6 +157,7 @@ async def _committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[s
     problems.extend(await _tasks_agree_with_dispatches(conn))
     problems.extend(await _maps_agree_with_elements(conn))
     problems.extend(await _leased_to_gone_workers(conn))
+    problems.extend(await stream_problems(conn, JUDGE_TO_WRITE_SLACK_S))
     for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
         problems.extend(await _event_log(conn, run["id"]))
         problems.extend(await _nothing_live(conn, run["id"]))
