@@ -14,9 +14,9 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from awp_protocol.names import ACTION_PATTERN, ACTION_RULE
 
@@ -45,6 +45,49 @@ class ActionCancelled(asyncio.CancelledError):
     """
 
 
+class OutputStream(Protocol):
+    """The attempt's output stream (``ctx.stream``): chunks readers see live and can
+    resume (``RunHandle.stream``, ``awp run stream``). A chunk is a ``str`` (text) or
+    any other JSON value. The worker batches chunks and stores them under the attempt's
+    lease: once the lease is lost, writing raises ``ActionCancelled`` and nothing more is
+    stored. When the database is slow, a write waits (the buffer is bounded); nothing
+    is dropped. Everything written is stored before the attempt's result is reported.
+    """
+
+    def write(self, chunk: Any) -> None:
+        """Sync actions (they run in a thread): blocks while the buffer is full."""
+
+    async def awrite(self, chunk: Any) -> None:
+        """Async actions: waits while the buffer is full."""
+
+    def pipe(self, chunks: Iterable[Any]) -> int:
+        """Writes every chunk of an iterator (a model client's tokens); returns how many."""
+
+    async def apipe(self, chunks: AsyncIterable[Any]) -> int:
+        """Writes every chunk of an async iterator; returns how many."""
+
+
+class _Unattached:
+    """The stream of a context no worker made (a test's): writing says so."""
+
+    def _refuse(self) -> None:
+        raise RuntimeError("this ActionContext has no output stream: only a worker attaches one")
+
+    def write(self, chunk: Any) -> None:
+        self._refuse()
+
+    async def awrite(self, chunk: Any) -> None:
+        self._refuse()
+
+    def pipe(self, chunks: Iterable[Any]) -> int:
+        self._refuse()
+        return 0
+
+    async def apipe(self, chunks: AsyncIterable[Any]) -> int:
+        self._refuse()
+        return 0
+
+
 @dataclass(frozen=True, eq=False)
 class ActionContext:
     """What an action knows about the attempt it runs.
@@ -71,6 +114,8 @@ class ActionContext:
     # The states of the tasks this one depends on ("succeeded", or for an `always` task
     # any final state: "failed", "skipped", "canceled"), by task key.
     upstream_states: dict[str, str] = field(default_factory=dict)
+    # The attempt's output stream (OutputStream above).
+    stream: OutputStream = field(default_factory=_Unattached, repr=False)
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property

@@ -19,6 +19,7 @@ from google.protobuf import duration_pb2
 
 from awp.v1 import worker_pb2
 from awp_sdk.actions import ActionContext
+from awp_worker._stream import StreamWriter
 
 
 def seconds(duration: duration_pb2.Duration) -> float:
@@ -85,6 +86,8 @@ class HeldLease:
     task: asyncio.Task[None] | None = None
     timeout: asyncio.Timeout | None = None
     result: worker_pb2.TaskResult | None = None
+    # The attempt's output stream (ctx.stream), once the attempt runs.
+    stream: StreamWriter | None = None
     # Why the runtime cancelled the executor ("revoked", "shutdown", ...); None: it did not.
     cancel_reason: str | None = None
 
