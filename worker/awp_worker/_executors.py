@@ -137,10 +137,18 @@ class MockExecutor:
     ``sleep_ms`` sleeps first (cancellable); ``fail`` (a message or ``true``) fails
     permanently; ``fail_attempts: N`` fails retryably while the attempt is <= N;
     ``output_bytes: N`` adds ``"padding"``, N hex digits, to the output (large outputs
-    without large inputs, for the payload benchmark).
+    without large inputs, for the payload benchmark); ``stream_chunks: N`` first writes N
+    chunks ``"<attempt>:<i> "`` to the output stream, ``stream_every_ms`` apart, each
+    padded to ``stream_chunk_bytes`` (the stream tests and benchmark).
     """
 
     async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
+        every_ms = _number(input, "stream_every_ms")
+        pad = int(_number(input, "stream_chunk_bytes"))
+        for index in range(int(_number(input, "stream_chunks"))):
+            await ctx.stream.awrite(f"{ctx.attempt}:{index} ".ljust(pad, "."))
+            if every_ms > 0:
+                await asyncio.sleep(every_ms / 1000)
         sleep_ms = _number(input, "sleep_ms")
         if sleep_ms > 0:
             await asyncio.sleep(sleep_ms / 1000)
