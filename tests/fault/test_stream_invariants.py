@@ -28,7 +28,8 @@ async def _chunk(
     await pool.execute(
         f"""INSERT INTO stream_chunks (dispatch_id, chunk_offset, run_id, task_id, attempt,
                                        position, data, is_json, total_bytes, created_at)
-            SELECT d.id, $2::bigint, d.run_id, d.task_id, a.attempt, $3, 'x', false, $2::bigint + 1, {at}
+            SELECT d.id, $2::bigint, d.run_id, d.task_id, a.attempt, $3, 'x', false,
+                   $2::bigint + 1, {at}
               FROM dispatches d JOIN attempts a ON a.dispatch_id = d.id WHERE d.id = $1""",
         dispatch_id,
         offset,

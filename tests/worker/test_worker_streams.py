@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import replace
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
