@@ -20,6 +20,7 @@ from __future__ import annotations
 from awp_sdk.actions import (
     ActionCancelled,
     ActionContext,
+    OutputStream,
     PermanentError,
     RetryableError,
     action,
@@ -47,6 +48,7 @@ from awp_sdk.errors import (
     WorkflowNotFound,
 )
 from awp_sdk.records import Attempt, Event, Run, RunDetail, TaskError, TaskStatus
+from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
 from awp_sdk.workflow import Map, Retry, Task, TaskFunction, TaskOptions, Workflow
 
@@ -57,6 +59,7 @@ __all__ = [
     "AsyncClient",
     "AsyncRunHandle",
     "Attempt",
+    "AttemptBoundary",
     "AwpError",
     "Client",
     "Conflict",
@@ -69,6 +72,7 @@ __all__ = [
     "InvalidArgument",
     "Map",
     "NotFound",
+    "OutputStream",
     "PermanentError",
     "PermissionDenied",
     "RequestIdConflict",
@@ -81,6 +85,8 @@ __all__ = [
     "RunHandle",
     "RunNotFinished",
     "RunNotFound",
+    "StreamChunk",
+    "StreamItem",
     "Task",
     "TaskError",
     "TaskFunction",

@@ -28,6 +28,7 @@ from awp_sdk import definitions
 from awp_sdk.connection import Channel, Connection
 from awp_sdk.errors import InvalidArgument, RunCanceled, RunFailed, WaitTimeout
 from awp_sdk.records import Event, Run, RunDetail, TaskStatus
+from awp_sdk.streams import StreamItem, task_stream
 from awp_sdk.watch import GIVE_UP_AFTER_S, ReconnectHandler, run_events
 from awp_sdk.workflow import Workflow
 
@@ -246,6 +247,27 @@ class AsyncClient:
         ):
             yield Event.from_proto(event)
 
+    async def task_stream(
+        self,
+        run_id: str,
+        task_key: str,
+        *,
+        from_offset: int = 0,
+        give_up_after: float = GIVE_UP_AFTER_S,
+        on_reconnect: ReconnectHandler | None = None,
+    ) -> AsyncIterator[StreamItem]:
+        """The task's output stream from position `from_offset` until the task ends:
+        StreamChunk and AttemptBoundary records, resumed across reconnects."""
+        async for item in task_stream(
+            self.channel,
+            run_id,
+            task_key,
+            from_offset=from_offset,
+            give_up_after=give_up_after,
+            on_reconnect=on_reconnect,
+        ):
+            yield item
+
 
 class AsyncRunHandle:
     """One run: its id, and how to wait for it, watch it or cancel it."""
@@ -287,6 +309,10 @@ class AsyncRunHandle:
     async def watch(self, *, after_seq: int = 0) -> AsyncIterator[Event]:
         async for event in self.client.watch(self.id, after_seq=after_seq):
             yield event
+
+    async def stream(self, task_key: str, *, from_offset: int = 0) -> AsyncIterator[StreamItem]:
+        async for item in self.client.task_stream(self.id, task_key, from_offset=from_offset):
+            yield item
 
     async def cancel(self, reason: str | None = None) -> Run:
         return await self.client.cancel(self.id, reason)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from awp_sdk.client import Applied, AsyncClient, AsyncRunHandle, WorkflowLike
 from awp_sdk.connection import Connection
 from awp_sdk.records import Event, Run, RunDetail, TaskStatus
+from awp_sdk.streams import StreamItem
 from awp_sdk.watch import GIVE_UP_AFTER_S
 from awp_sdk.workflow import Workflow
 
@@ -175,6 +176,22 @@ class Client:
             self._async.watch(run_id, after_seq=after_seq, give_up_after=give_up_after)
         )
 
+    def task_stream(
+        self,
+        run_id: str,
+        task_key: str,
+        *,
+        from_offset: int = 0,
+        give_up_after: float = GIVE_UP_AFTER_S,
+    ) -> Iterator[StreamItem]:
+        """The task's output stream from `from_offset` until it ends, resumed across
+        reconnects."""
+        return self._iterate(
+            self._async.task_stream(
+                run_id, task_key, from_offset=from_offset, give_up_after=give_up_after
+            )
+        )
+
 
 class RunHandle:
     """One run: its id, and how to wait for it, watch it or cancel it."""
@@ -198,6 +215,9 @@ class RunHandle:
 
     def watch(self, *, after_seq: int = 0) -> Iterator[Event]:
         return self.client._iterate(self._handle.watch(after_seq=after_seq))
+
+    def stream(self, task_key: str, *, from_offset: int = 0) -> Iterator[StreamItem]:
+        return self.client._iterate(self._handle.stream(task_key, from_offset=from_offset))
 
     def cancel(self, reason: str | None = None) -> Run:
         return self.client._run(self._handle.cancel(reason))
