@@ -6,6 +6,7 @@ say no chunk was stored after its lease ended and offsets are contiguous.
  S1 kill -9 the writer mid-stream: attempt 1's partial chunks, its end, attempt 2 whole
  S2 SIGSTOP the writer until its task runs elsewhere, then SIGCONT: nothing stale stored
  S3 a reader cut and resumed, a server restarted, the other replica: no gap, no duplicate
+ S4 `awp run stream`, a reader process, kill -9'd and resumed with --from
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from uuid import UUID
 
 import pytest
 import workload
-from cluster import Cluster, WorkerProcess, wait_for
+from cluster import ADMIN_TOKEN, BIN_DIR, Cluster, WorkerProcess, wait_for
 from figures import report_figure
 from probes import wait_attempt, wait_run
+from process import Process
 from streams import ENDED, STARTED, Reader, reading, texts
 
 from awp.v1 import types_pb2
@@ -167,4 +169,63 @@ async def test_s3_readers_resume_across_cuts_restarts_and_replicas(cluster: Clus
     assert reader.positions() == list(range(len(rows)))
     assert reader.connections >= 3
     report_figure(f"STREAM resume: {len(rows)} chunks over {reader.connections} connections")
+    await cluster.check_invariants({run_id: Expect()})
+
+
+async def test_s4_cli_reader_killed_and_resumed_from_its_last_position(cluster: Cluster) -> None:
+    """`awp run stream --json`, a real reader process, kill -9'd mid-stream and started
+    again with --from its last position + 1: together they print every chunk once."""
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    await cluster.start_worker("w1", concurrency=1)
+    run_id = await workload.start(
+        cluster.control(),
+        workload.definition(
+            "s4", [workload.Task(KEY, input={"stream_chunks": 80, "stream_every_ms": 40})]
+        ),
+    )
+
+    def reader(name: str, *extra: str) -> Process:
+        process = cluster.add(
+            name,
+            [
+                str(BIN_DIR / "awp"),
+                "--address",
+                cluster.server_address,
+                "--token",
+                ADMIN_TOKEN,
+                "run",
+                "stream",
+                str(run_id),
+                KEY,
+                "--json",
+                *extra,
+            ],
+        )
+        process.spawn()
+        return process
+
+    def printed(process: Process) -> list[int]:
+        return [
+            line["position"]
+            for line in process.json_lines()
+            if "position" in line and ("text" in line or "json" in line)
+        ]
+
+    first = reader("reader-1")
+    await wait_for(lambda: len(printed(first)) >= 15, "the first reader's 15 chunks")
+    first.kill()
+    await first.wait_exit(10)
+    seen = printed(first)
+    second = reader("reader-2", "--from", str(seen[-1] + 1))
+    assert await second.wait_exit(60) == 0, second.tail()
+    await wait_run(cluster, run_id)
+    stored_positions = [
+        row["position"]
+        for row in await cluster.fetch(
+            "SELECT position FROM stream_chunks WHERE run_id = $1 ORDER BY position", run_id
+        )
+    ]
+    assert seen + printed(second) == stored_positions == list(range(80))
+    report_figure(f"STREAM CLI reader kill -9 at {len(seen)} chunks, resumed: 80 once each")
     await cluster.check_invariants({run_id: Expect()})
