@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
-from awp_db import coordination
+from awp_db import coordination, retention
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNK_CHARS
 from kit import ADMIN_TOKEN, ServerHandle, expect_error, poll_until, spec
@@ -210,3 +210,19 @@ async def test_watching_an_unknown_task_names_it(
     assert (error.code, error.fields) == (grpc.StatusCode.INVALID_ARGUMENT, ["task_key"])
     error = await expect_error(watch(control, "00000000-0000-0000-0000-000000000001", "t0"))
     assert error.reason == "RUN_NOT_FOUND"
+
+
+async def test_retention_deletes_a_runs_stream_with_it(
+    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    pool: Pool,
+) -> None:
+    stub, _ = stubs
+    run_id, worker, (lease,) = await leased(stub, pool, spec(tasks=1))
+    assert (await append(worker, lease, 0, "kept until the run goes")).outcome == OK
+    assert await worker.complete(lease) == OK
+    async with pool.acquire() as conn:
+        later = await conn.fetchval("SELECT clock_timestamp() + interval '1 hour'")
+        pruned = await retention.prune(conn, later, 10)
+    assert pruned.runs == 1
+    assert await pool.fetchval("SELECT count(*) FROM stream_chunks") == 0
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE id = $1", run_id) == 0
