@@ -172,7 +172,8 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(
         WorkerService(pool, listener, config, shutting_down), server
     )
-    control_pb2_grpc.add_ControlServiceServicer_to_server(ControlService(pool, listener), server)
+    control = ControlService(pool, listener, max_stream_readers=config.max_stream_readers)
+    control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     _enable_reflection(

@@ -22,7 +22,7 @@ from awp_db.listen import Listener, Waiter
 from awp_db.signals import RUN_EVENTS_CHANNEL, STREAM_CHANNEL
 from awp_kernel.errors import invalid
 from awp_protocol.errors import quote
-from awp_protocol.limits import MAX_STREAM_READERS_PER_SERVER, STREAM_READ_BATCH
+from awp_protocol.limits import STREAM_READ_BATCH
 from awp_protocol.states import TERMINAL_TASK_STATES
 from awp_server.convert import ATTEMPT_STATES
 
@@ -50,10 +50,11 @@ def chunks_in(request: worker_pb2.AppendStreamRequest) -> list[streams.ChunkIn]:
 class StreamReaders:
     """WatchStream's loop, and the count of readers this server serves."""
 
-    def __init__(self, pool: Pool, listener: Listener, poll_s: float) -> None:
+    def __init__(self, pool: Pool, listener: Listener, poll_s: float, max_readers: int) -> None:
         self._pool = pool
         self._listener = listener
         self._poll_s = poll_s
+        self._max_readers = max_readers
         self.open = 0
 
     async def watch(
@@ -62,10 +63,10 @@ class StreamReaders:
         run_id = runs.parse_run_id(request.run_id)
         if request.from_offset < 0:
             raise invalid("from_offset", f"must be at least 0, got {request.from_offset}")
-        if self.open >= MAX_STREAM_READERS_PER_SERVER:
+        if self.open >= self._max_readers:
             raise streams.stream_limit(
-                f"this server already serves {MAX_STREAM_READERS_PER_SERVER} stream readers "
-                "(its limit): try another replica or later"
+                f"this server already serves {self._max_readers} stream readers "
+                "(its --max-stream-readers): try another replica or later"
             )
         self.open += 1
         try:

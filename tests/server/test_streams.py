@@ -13,7 +13,7 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_
 from awp_db import coordination, retention
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNK_CHARS
-from kit import ADMIN_TOKEN, ServerHandle, expect_error, poll_until, spec
+from kit import ADMIN_TOKEN, ServerFactory, ServerHandle, expect_error, poll_until, spec
 from kit.db import dispatch_all
 from kit.invariants import check_committed
 from kit.rawworker import RawWorker, leased
@@ -226,3 +226,37 @@ async def test_retention_deletes_a_runs_stream_with_it(
     assert pruned.runs == 1
     assert await pool.fetchval("SELECT count(*) FROM stream_chunks") == 0
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE id = $1", run_id) == 0
+
+
+async def test_readers_past_the_servers_limit_are_refused(
+    start_server: ServerFactory, pool: Pool
+) -> None:
+    server = await start_server(max_stream_readers=2)
+    async with server.channel() as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        control = control_pb2_grpc.ControlServiceStub(channel)
+        run_id, _, _ = await leased(stub, pool, spec(tasks=1))
+        request = control_pb2.WatchStreamRequest(run_id=str(run_id), task_key="t0")
+        open_calls = [control.WatchStream(request, metadata=ADMIN) for _ in range(2)]
+        # Both are open once each has sent its attempt's start.
+        for call in open_calls:
+            first = await call.read()
+            assert first.boundary.kind == control_pb2.STREAM_BOUNDARY_KIND_STARTED
+        error = await expect_error(watch(control, run_id, "t0"))
+        assert (error.code, error.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "STREAM_LIMIT")
+        open_calls[0].cancel()
+        await poll_until(lambda: _opens(control, run_id), what="a reader admitted once one left")
+        open_calls[1].cancel()
+
+
+async def _opens(control: control_pb2_grpc.ControlServiceStub, run_id: object) -> bool:
+    call = control.WatchStream(
+        control_pb2.WatchStreamRequest(run_id=str(run_id), task_key="t0"), metadata=ADMIN
+    )
+    try:
+        await call.read()
+    except grpc.aio.AioRpcError:
+        return False
+    finally:
+        call.cancel()
+    return True

@@ -282,7 +282,7 @@ class ControlServiceServicer:
         them by attempt. Any replica serves any stream (PostgreSQL is the truth; a
         notification only wakes readers). Needs the viewer role. RUN_NOT_FOUND for an
         unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
-        the readers one server serves at once (1,000).
+        the readers one server serves at once (its --max-stream-readers, at most 1,000).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

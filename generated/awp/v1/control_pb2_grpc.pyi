@@ -133,7 +133,7 @@ class ControlServiceStub:
     them by attempt. Any replica serves any stream (PostgreSQL is the truth; a
     notification only wakes readers). Needs the viewer role. RUN_NOT_FOUND for an
     unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
-    the readers one server serves at once (1,000).
+    the readers one server serves at once (its --max-stream-readers, at most 1,000).
     """
 
 @_typing.type_check_only
@@ -228,7 +228,7 @@ class ControlServiceAsyncStub(ControlServiceStub):
     them by attempt. Any replica serves any stream (PostgreSQL is the truth; a
     notification only wakes readers). Needs the viewer role. RUN_NOT_FOUND for an
     unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
-    the readers one server serves at once (1,000).
+    the readers one server serves at once (its --max-stream-readers, at most 1,000).
     """
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -422,7 +422,7 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         them by attempt. Any replica serves any stream (PostgreSQL is the truth; a
         notification only wakes readers). Needs the viewer role. RUN_NOT_FOUND for an
         unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
-        the readers one server serves at once (1,000).
+        the readers one server serves at once (its --max-stream-readers, at most 1,000).
         """
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
