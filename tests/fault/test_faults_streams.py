@@ -7,12 +7,15 @@ say no chunk was stored after its lease ended and offsets are contiguous.
  S2 SIGSTOP the writer until its task runs elsewhere, then SIGCONT: nothing stale stored
  S3 a reader cut and resumed, a server restarted, the other replica: no gap, no duplicate
  S4 `awp run stream`, a reader process, kill -9'd and resumed with --from
+ S5 PostgreSQL gone dark mid-stream (a partition): the writer waits, memory bounded
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 import pytest
@@ -21,6 +24,7 @@ from cluster import ADMIN_TOKEN, BIN_DIR, Cluster, WorkerProcess, wait_for
 from figures import report_figure
 from probes import wait_attempt, wait_run
 from process import Process
+from proxy import TcpProxy
 from streams import ENDED, STARTED, Reader, reading, texts
 
 from awp.v1 import types_pb2
@@ -228,4 +232,70 @@ async def test_s4_cli_reader_killed_and_resumed_from_its_last_position(cluster: 
     ]
     assert seen + printed(second) == stored_positions == list(range(80))
     report_figure(f"STREAM CLI reader kill -9 at {len(seen)} chunks, resumed: 80 once each")
+    await cluster.check_invariants({run_id: Expect()})
+
+
+# --- S5 a database gone dark mid-stream: the writer waits, its memory stays bounded ---
+
+S5_CHUNKS = 3_000
+S5_CHUNK_BYTES = 4_000  # 12 MB offered per attempt: far past the writer's 1 MiB buffer
+S5_STALL_S = 3.0
+# What the worker may grow over its idle size while streaming and while it cannot store
+# anything: its 1 MiB buffer, the batch in flight, and the noise of a Python process. An
+# unbounded buffer would hold most of the 12 MB offered (the mock writes far faster than
+# the proxy lets appends through).
+S5_GROWTH_BOUND_MB = 6.0
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+async def test_s5_a_stalled_database_does_not_grow_the_writers_memory(cluster: Cluster) -> None:
+    target = urlsplit(cluster.dsn)
+    assert target.hostname is not None and target.port is not None, cluster.dsn
+    proxy = await TcpProxy(target.hostname, target.port).start()
+    try:
+        proxied = target._replace(netloc=f"{target.username}@{proxy.address}")
+        await cluster.start_server(database_url=urlunsplit(proxied))
+        await cluster.start_coordinator()
+        writer = await cluster.start_worker("w1", concurrency=1)
+        pid = writer.process.pid
+        assert pid is not None
+        idle = rss_mb(pid)
+        task_input = {"stream_chunks": S5_CHUNKS, "stream_chunk_bytes": S5_CHUNK_BYTES}
+        run_id = await workload.start(
+            cluster.control(), workload.definition("s5", [workload.Task(KEY, input=task_input)])
+        )
+        await wait_for(lambda: stored(cluster, run_id, 1, at_least=200), "the stream under way")
+        during = [rss_mb(pid)]
+        proxy.partition()
+        try:
+            stalled_at = await cluster.fetchval("SELECT count(*) FROM stream_chunks")
+            deadline = asyncio.get_running_loop().time() + S5_STALL_S
+            while asyncio.get_running_loop().time() < deadline:
+                during.append(rss_mb(pid))
+                await asyncio.sleep(0.05)
+            # Nothing was stored through the dark proxy: the writer has been waiting.
+            assert await cluster.fetchval("SELECT count(*) FROM stream_chunks") == stalled_at
+        finally:
+            proxy.heal()
+        await wait_run(cluster, run_id, within=120)
+    finally:
+        await proxy.close()
+    growth = max(during) - idle
+    report_figure(
+        f"STREAM stalled database: worker RSS {idle:.1f} MB idle -> at most {max(during):.1f} MB "
+        f"over a {S5_STALL_S:.0f} s stall (+{growth:.1f} MB), "
+        f"{S5_CHUNKS * S5_CHUNK_BYTES / 1e6:.0f} MB offered"
+    )
+    assert growth < S5_GROWTH_BOUND_MB
+    # Nothing dropped: the attempt that succeeded stored every chunk, in order.
+    last = await cluster.fetchval(
+        "SELECT max(attempt) FROM attempts WHERE run_id = $1 AND state = 'succeeded'", run_id
+    )
+    assert await stored(cluster, run_id, last) == S5_CHUNKS
     await cluster.check_invariants({run_id: Expect()})

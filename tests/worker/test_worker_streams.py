@@ -16,11 +16,12 @@ from test_worker_integration import coordinator, run_state, server, start_worker
 from awp.v1 import worker_pb2
 from awp_coordinator import Coordinator
 from awp_db.connect import Pool
+from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNK_CHARS
 from awp_sdk.actions import ActionCancelled, ActionRegistry
 from awp_worker import ActionContext
 from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK
-from awp_worker._stream import StreamSettings, StreamWriter
+from awp_worker._stream import StreamSettings, StreamTooLarge, StreamWriter
 from kit import ServerHandle, poll_until, spec, start_run
 from kit.invariants import check_committed
 
@@ -180,3 +181,22 @@ async def test_a_chunk_that_cannot_be_stored_is_refused_at_once(chunk: object) -
     writer = StreamWriter(worker_pb2.Lease(), never, lambda _: None, StreamSettings(), {})
     with pytest.raises(ValueError, match="stream chunk"):
         await writer.awrite(chunk)
+
+
+async def test_more_than_an_attempt_may_stream_fails_the_action_at_once() -> None:
+    async def store(request: worker_pb2.AppendStreamRequest) -> worker_pb2.AppendStreamResponse:
+        return worker_pb2.AppendStreamResponse(
+            outcome=worker_pb2.COMPLETE_OUTCOME_ACCEPTED,
+            next_offset=request.first_offset + len(request.chunks),
+        )
+
+    writer = StreamWriter(
+        worker_pb2.Lease(), store, lambda _: None, StreamSettings(max_buffered_bytes=1 << 30), {}
+    )
+    chunk = "z" * MAX_STREAM_CHUNK_CHARS
+    for _ in range(MAX_STREAM_BYTES_PER_ATTEMPT // len(chunk)):
+        await writer.awrite(chunk)
+    with pytest.raises(StreamTooLarge, match="more than the 16777216 an attempt may stream"):
+        await writer.awrite("one byte too many")
+    await asyncio.wait_for(writer.flush(), 60)
+    writer.close()

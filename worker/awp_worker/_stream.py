@@ -24,8 +24,12 @@ from typing import Any
 import grpc
 
 from awp.v1 import worker_pb2
-from awp_protocol.limits import MAX_STREAM_CHUNK_CHARS, MAX_STREAM_CHUNKS_PER_APPEND
-from awp_sdk.actions import ActionCancelled
+from awp_protocol.limits import (
+    MAX_STREAM_BYTES_PER_ATTEMPT,
+    MAX_STREAM_CHUNK_CHARS,
+    MAX_STREAM_CHUNKS_PER_APPEND,
+)
+from awp_sdk.actions import ActionCancelled, PermanentError
 from awp_worker._backoff import Backoff
 from awp_worker._errors import describe, is_transient
 
@@ -46,6 +50,11 @@ class StreamSettings:
 
 class StreamLost(ActionCancelled):
     """The attempt's stream can take nothing more: its lease is lost."""
+
+
+class StreamTooLarge(PermanentError):
+    """The attempt wrote more than an attempt may stream: the server would refuse it, and
+    would again on a retry."""
 
 
 def encode(chunk: Any) -> worker_pb2.StreamChunkIn:
@@ -86,6 +95,7 @@ class StreamWriter:
         self._pending: deque[tuple[worker_pb2.StreamChunkIn, int]] = deque()
         self._buffered = 0
         self._offset = 0  # of the first pending chunk
+        self._written = 0  # UTF-8 bytes of every chunk accepted, for the per-attempt bound
         self._lost: str | None = None
         self._changed = asyncio.Condition()
         self._sender: asyncio.Task[None] | None = None
@@ -160,6 +170,13 @@ class StreamWriter:
 
     def _put(self, encoded: worker_pb2.StreamChunkIn) -> None:
         self._check()
+        size = len(getattr(encoded, encoded.WhichOneof("data") or "text").encode())
+        if self._written + size > MAX_STREAM_BYTES_PER_ATTEMPT:
+            raise StreamTooLarge(
+                f"the output stream would be {self._written + size} bytes, more than the "
+                f"{MAX_STREAM_BYTES_PER_ATTEMPT} an attempt may stream"
+            )
+        self._written += size
         self._pending.append((encoded, encoded.ByteSize()))
         self._buffered += self._pending[-1][1]
         if self._sender is None:
