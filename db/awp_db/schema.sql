@@ -33,6 +33,17 @@ $$;
 
 COMMENT ON FUNCTION public.heartbeat_silence_from() IS 'When a live session''s silence starts counting: the start of the current unbroken stretch with a live server (offline rule, DESIGN.md §7).';
 
+CREATE FUNCTION public.notify_lease_revoked() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('awp_lease_revoked', OLD.worker_id::text || ':' || OLD.id::text);
+    RETURN NULL;
+END
+$$;
+
+COMMENT ON FUNCTION public.notify_lease_revoked() IS 'NOTIFY awp_lease_revoked with ''<worker uuid>:<dispatch id>'' (awp_db.signals.LEASE_REVOKED_CHANNEL).';
+
 CREATE TABLE public.attempts (
     id bigint NOT NULL,
     task_id bigint NOT NULL,
@@ -543,6 +554,10 @@ COMMENT ON INDEX public.tasks_retry_due IS 'The coordinator''s retry timers, ear
 CREATE INDEX workers_live ON public.workers USING btree (last_heartbeat_at) WHERE (state = ANY (ARRAY['active'::text, 'draining'::text]));
 
 COMMENT ON INDEX public.workers_live IS 'The coordinator finds silent live sessions by their last heartbeat.';
+
+CREATE TRIGGER dispatches_lease_revoked AFTER UPDATE OF state ON public.dispatches FOR EACH ROW WHEN (((old.state = 'leased'::text) AND (new.state = ANY (ARRAY['canceled'::text, 'expired'::text])))) EXECUTE FUNCTION public.notify_lease_revoked();
+
+COMMENT ON TRIGGER dispatches_lease_revoked ON public.dispatches IS 'A lease ended by anyone but its holder''s result: the server holding the holder''s heartbeat stream answers REVOKED at once.';
 
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_dispatch_id_fkey FOREIGN KEY (dispatch_id) REFERENCES public.dispatches(id) ON DELETE CASCADE;

@@ -18,6 +18,9 @@ DISPATCH_CHANNEL: Final = "awp_dispatch"
 RUN_EVENTS_CHANNEL: Final = "awp_run_events"
 # Readers of output streams: new chunks were stored; the payload is the task's id.
 STREAM_CHANNEL: Final = "awp_streams"
+# A lease ended by anyone but its holder's result (the trigger of migration 0012 sends
+# it); the payload is '<worker uuid>:<dispatch id>' (awp_db.revocations reads it).
+LEASE_REVOKED_CHANNEL: Final = "awp_lease_revoked"
 
 # --- advisory-lock keys: arbitrary constants shared by every AWP process ---------------
 

@@ -16,8 +16,8 @@ from awp_db import workers
 from awp_db.connect import Conn, Pool
 from awp_db.queries import queries, rows_as
 from awp_db.signals import STREAM_CHANNEL
-from awp_kernel import errors, tokens
-from awp_kernel.fencing import ResultVerdict, judge_append
+from awp_kernel import errors
+from awp_kernel.fencing import ResultVerdict, holds_lease, judge_append
 from awp_protocol.errors import Reason
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT
 
@@ -86,8 +86,9 @@ async def append(
         verdict = ResultVerdict.LEASE_LOST
         if row is not None:
             verdict = judge_append(
-                holder_and_token_match=row["worker_id"] == session.worker_id
-                and tokens.matches(lease_token, row["lease_token_hash"]),
+                holds=holds_lease(
+                    session.worker_id, lease_token, row["worker_id"], row["lease_token_hash"]
+                ),
                 state=row["state"],
                 now=row["now"],
                 lease_expires_at=row["lease_expires_at"],

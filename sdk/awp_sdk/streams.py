@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 import grpc
 
-from awp.v1 import control_pb2, types_pb2
-from awp_protocol.states import TERMINAL_TASK_STATES, task_state_name
+from awp.v1 import control_pb2
 from awp_sdk.connection import Channel, iterate
+from awp_sdk.enums import AttemptState, TaskState, decode
 from awp_sdk.errors import DeadlineExceeded, Unavailable, is_transient
 from awp_sdk.watch import GIVE_UP_AFTER_S, RECONNECT_INITIAL_S, RECONNECT_MAX_S, ReconnectHandler
 
@@ -45,11 +45,15 @@ class AttemptBoundary:
     attempt: int
     kind: Literal["started", "ended"]
     position: int
-    state: str = ""
+    state: AttemptState | None = None  # "ended" only
     error_message: str = ""
 
 
 StreamItem = StreamChunk | AttemptBoundary
+
+_TASK_ENDED = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELED, TaskState.SKIPPED}
+)
 
 
 def _chunk(chunk: control_pb2.StreamChunk) -> StreamChunk:
@@ -60,9 +64,7 @@ def _chunk(chunk: control_pb2.StreamChunk) -> StreamChunk:
 
 def _boundary(boundary: control_pb2.StreamBoundary) -> AttemptBoundary:
     ended = boundary.kind == control_pb2.STREAM_BOUNDARY_KIND_ENDED
-    state = ""
-    if ended:
-        state = types_pb2.AttemptState.Name(boundary.state).removeprefix("ATTEMPT_STATE_").lower()
+    state = decode(AttemptState, boundary.state) if ended else None
     return AttemptBoundary(
         boundary.attempt,
         "ended" if ended else "started",
@@ -135,7 +137,7 @@ async def _task_ended(channel: Channel, run_id: str, task_key: str) -> bool:
     while True:
         for task in answer.tasks:
             if task.key == task_key:
-                return task_state_name(task.state) in TERMINAL_TASK_STATES
+                return decode(TaskState, task.state) in _TASK_ENDED
         if not answer.next_page_token:
             return True  # gone (retention): nothing more will come
         answer = await channel.call(

@@ -13,7 +13,6 @@ LEASE_LOST stops the attempt through the same path as a revoked heartbeat answer
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections import deque
@@ -24,12 +23,8 @@ from typing import Any
 import grpc
 
 from awp.v1 import worker_pb2
-from awp_protocol.limits import (
-    MAX_STREAM_BYTES_PER_ATTEMPT,
-    MAX_STREAM_CHUNK_CHARS,
-    MAX_STREAM_CHUNKS_PER_APPEND,
-)
-from awp_sdk.actions import ActionCancelled, PermanentError
+from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNKS_PER_APPEND
+from awp_sdk.actions import ActionCancelled, PermanentError, stream_chunk
 from awp_worker._backoff import Backoff
 from awp_worker._errors import describe, is_transient
 
@@ -58,20 +53,9 @@ class StreamTooLarge(PermanentError):
 
 
 def encode(chunk: Any) -> worker_pb2.StreamChunkIn:
-    """A str is text; anything else must be a JSON value."""
-    if isinstance(chunk, str):
-        text, kind = chunk, "text"
-    else:
-        try:
-            text, kind = json.dumps(chunk, allow_nan=False, ensure_ascii=False), "json"
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"a stream chunk must be a str or a JSON value: {exc}") from None
-    if len(text) > MAX_STREAM_CHUNK_CHARS:
-        raise ValueError(
-            f"a stream chunk is {len(text)} characters, more than the "
-            f"{MAX_STREAM_CHUNK_CHARS} allowed: write it in pieces"
-        )
-    return worker_pb2.StreamChunkIn(**{kind: text})
+    """The chunk as AppendStream carries it (awp_sdk.actions.stream_chunk's rule)."""
+    text, is_json = stream_chunk(chunk)
+    return worker_pb2.StreamChunkIn(json=text) if is_json else worker_pb2.StreamChunkIn(text=text)
 
 
 class StreamWriter:

@@ -1,5 +1,5 @@
-"""The invariants of output streams (DESIGN.md §15), part of the one checker
-(kit.invariants runs them in every committed state).
+"""The invariants of output streams (DESIGN.md §15), checked in every committed state
+(committed.py).
 
 1. No chunk stored from an attempt after its lease ended: every chunk was written before
    its dispatch was settled, before its attempt deadline, and before any later attempt
@@ -10,13 +10,11 @@
 
 from __future__ import annotations
 
-import asyncpg
+from kit.invariants.common import Db
+from kit.invariants.runs import JUDGE_TO_WRITE_SLACK_S
 
-Db = asyncpg.Connection | asyncpg.Pool
 
-
-async def stream_problems(conn: Db, slack_s: float) -> list[str]:
-    """slack_s: how far past its deadline a chunk judged in time may be written."""
+async def stream_problems(conn: Db) -> list[str]:
     problems = []
     for row in await conn.fetch(
         """
@@ -41,7 +39,7 @@ async def stream_problems(conn: Db, slack_s: float) -> list[str]:
             problems.append(f"{what}: stored after its lease was settled")
         if row["superseded"]:
             problems.append(f"{what}: stored after a later attempt of its task had started")
-        if row["past_deadline_s"] is not None and row["past_deadline_s"] > slack_s:
+        if row["past_deadline_s"] is not None and row["past_deadline_s"] > JUDGE_TO_WRITE_SLACK_S:
             problems.append(f"{what}: stored {row['past_deadline_s']:.3f} s after its deadline")
     for row in await conn.fetch(
         """
