@@ -11,10 +11,10 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_worker_integration import coordinator, run_state, server, start_worker, worker_config
+from test_worker_integration import run_state, server, start_worker, worker_config
 
 from awp.v1 import worker_pb2
-from awp_coordinator import Coordinator
+from awp_coordinator.coordinator import Coordinator
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNK_CHARS
 from awp_sdk.actions import ActionCancelled, ActionRegistry
@@ -25,7 +25,7 @@ from awp_worker._stream import StreamSettings, StreamTooLarge, StreamWriter
 from kit import ServerHandle, poll_until, spec, start_run
 from kit.invariants import check_committed
 
-__all__ = ["coordinator", "server"]  # fixtures
+__all__ = ["server"]  # a fixture
 
 
 async def stored(pool: Pool, run_id: object) -> list[tuple[str, int, bool, str]]:
