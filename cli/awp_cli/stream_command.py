@@ -55,7 +55,11 @@ def _show(item: StreamItem, *, as_json: bool) -> None:
     if as_json:
         if isinstance(item, StreamChunk):
             kind = "json" if item.is_json else "text"
-            line = {"position": item.position, "attempt": item.attempt, "offset": item.offset}
+            line: dict[str, object] = {
+                "position": item.position,
+                "attempt": item.attempt,
+                "offset": item.offset,
+            }
             line[kind] = item.data
         else:
             line = {"boundary": item.kind, "attempt": item.attempt, "position": item.position}
