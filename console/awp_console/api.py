@@ -198,6 +198,39 @@ class ControlApi:
         finally:
             call.cancel()
 
+    async def watch_stream(
+        self, run_id: str, task_key: str, from_offset: int = 0
+    ) -> AsyncIterator[models.StreamPiece]:
+        """The task's output stream from a position, then live, until the task has ended."""
+        call = self._stub.WatchStream(
+            control_pb2.WatchStreamRequest(
+                run_id=run_id, task_key=task_key, from_offset=from_offset
+            ),
+            metadata=self._metadata,
+        )
+        try:
+            async for answer in call:
+                if answer.HasField("boundary"):
+                    b = answer.boundary
+                    ended = b.kind == control_pb2.STREAM_BOUNDARY_KIND_ENDED
+                    yield models.StreamBoundary(
+                        b.attempt,
+                        "ended" if ended else "started",
+                        _name(types_pb2.AttemptState, b.state) if ended else "",
+                        b.error_message,
+                    )
+                if answer.chunks:
+                    yield models.StreamChunks(
+                        tuple(
+                            (c.position, c.attempt, c.text if c.HasField("text") else c.json)
+                            for c in answer.chunks
+                        )
+                    )
+        except grpc.aio.AioRpcError as error:
+            raise self._connection.failure(error) from None
+        finally:
+            call.cancel()
+
     # ------------------------------------------------------------ workflows
 
     async def list_workflows(

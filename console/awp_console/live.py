@@ -80,3 +80,43 @@ async def _batches(stream: AsyncIterator[models.Event]) -> AsyncIterator[ServerS
             await asyncio.sleep(BATCH_INTERVAL_S)  # a rate, not a wait for anything
     finally:
         reader.cancel()
+
+
+async def task_stream(request: Request) -> Response:
+    """A task's output stream (WatchStream) as server-sent events: `chunks` (a list of
+    [position, attempt, text]) whose SSE id is the last position, so a browser that
+    reconnects resumes after it; `boundary` ({attempt, kind, state, error}); `end` once
+    the task has ended; `failed` with the reason when the watch is refused."""
+    who = await caller(request)
+    run_id, key = request.path_params["run_id"], request.path_params["task_key"]
+    given = request.headers.get("last-event-id")
+    if given is not None and not given.isdigit():
+        raise HTTPException(400, "Last-Event-ID must be a position, a whole number")
+    start = int(given) + 1 if given is not None else 0
+    return EventSourceResponse(
+        _stream_events(who.api.watch_stream(run_id, key, start)), ping=PING_S
+    )
+
+
+async def _stream_events(
+    pieces: AsyncIterator[models.StreamPiece],
+) -> AsyncIterator[ServerSentEvent]:
+    try:
+        async for piece in pieces:
+            if isinstance(piece, models.StreamChunks):
+                last = piece.chunks[-1][0]
+                yield ServerSentEvent(json.dumps(piece.chunks), event="chunks", id=str(last))
+            else:
+                boundary = {
+                    "attempt": piece.attempt,
+                    "kind": piece.kind,
+                    "state": piece.state,
+                    "error": piece.error_message,
+                }
+                yield ServerSentEvent(json.dumps(boundary), event="boundary")
+    except api.Unreachable:
+        return  # closed without `end`: the browser reconnects and resumes
+    except api.ApiError as error:
+        yield ServerSentEvent(json.dumps({"error": str(error)}), event="failed")
+        return
+    yield ServerSentEvent("", event="end")

@@ -187,3 +187,22 @@ class Stats:
     workers_by_state: Mapping[str, int]
     active_leases: int
     oldest_pending_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunks:
+    """Chunks of a task's output stream, in order: (position, attempt, text) each (a JSON
+    chunk as its text)."""
+
+    chunks: tuple[tuple[int, int, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBoundary:
+    attempt: int
+    kind: str  # "started" or "ended"
+    state: str  # how it ended ("" when started)
+    error_message: str
+
+
+StreamPiece = StreamChunks | StreamBoundary
