@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 import grpc
-from cluster import ADMIN_TOKEN
+from commandlines import ADMIN_TOKEN
 
 from awp.v1 import control_pb2, control_pb2_grpc
 

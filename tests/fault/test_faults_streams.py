@@ -20,7 +20,8 @@ from uuid import UUID
 
 import pytest
 import workload
-from cluster import ADMIN_TOKEN, BIN_DIR, Cluster, WorkerProcess, wait_for
+from cluster import Cluster, WorkerProcess, wait_for
+from commandlines import ADMIN_TOKEN
 from figures import report_figure
 from probes import wait_attempt, wait_run
 from process import Process
@@ -28,7 +29,7 @@ from proxy import TcpProxy
 from streams import ENDED, STARTED, Reader, reading, texts
 
 from awp.v1 import types_pb2
-from awp_db.embedded import free_port
+from awp_common.processes import command, free_port
 from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault
@@ -193,7 +194,7 @@ async def test_s4_cli_reader_killed_and_resumed_from_its_last_position(cluster: 
         process = cluster.add(
             name,
             [
-                str(BIN_DIR / "awp"),
+                *command("awp"),
                 "--address",
                 cluster.server_address,
                 "--token",
