@@ -94,29 +94,33 @@ class StreamReaders:
             self._listener.subscribe(STREAM_CHANNEL, key=str(task.id)) as new_chunks,
             self._listener.subscribe(RUN_EVENTS_CHANNEL, key=str(run_id)) as run_events,
         ):
+            refresh = True
             while True:
-                # Read in this order: a task ended here has every attempt ended, and an
-                # attempt ended here has every chunk committed, so the chunk reads below
-                # see all of them.
-                now = await streams.task(self._pool, run_id, task_key)
-                done = now is None or now.state in TERMINAL_TASK_STATES
-                marks = {
-                    m.attempt: m
-                    for m in await streams.attempts(self._pool, task.id)
-                    if m.attempt >= first
-                }
+                if refresh:
+                    # Read in this order: a task ended here has every attempt ended, and an
+                    # attempt ended here has every chunk committed, so the chunk reads
+                    # below see all of them.
+                    now = await streams.task(self._pool, run_id, task_key)
+                    done = now is None or now.state in TERMINAL_TASK_STATES
+                    marks = {
+                        m.attempt: m
+                        for m in await streams.attempts(self._pool, task.id)
+                        if m.attempt >= first
+                    }
                 caught_up = True
                 while True:
                     rows = await streams.chunks(self._pool, task.id, position, STREAM_READ_BATCH)
                     for attempt, group in itertools.groupby(rows, key=lambda c: c.attempt):
-                        # Earlier attempts are over (a later one wrote), but their end is
-                        # only sent once read: re-read if one ended after `marks`.
-                        earlier = [m for a, m in marks.items() if a < attempt and a not in ended]
-                        if any(not m.ended for m in earlier):
+                        # Earlier attempts are over (a later one wrote), but an end is only
+                        # sent as read: re-read the attempts if one is not known ended.
+                        earlier = sorted(
+                            a for a in {*marks, *started} if a < attempt and a not in ended
+                        )
+                        if any(a not in marks or not marks[a].ended for a in earlier):
                             caught_up = False
                             break
-                        for mark in earlier:
-                            for boundary in _boundaries(mark, started, ended, position):
+                        for a in earlier:
+                            for boundary in _boundaries(marks[a], started, ended, position):
                                 yield boundary
                         if attempt not in started:
                             started.add(attempt)
@@ -127,13 +131,15 @@ class StreamReaders:
                     if not caught_up or len(rows) < STREAM_READ_BATCH:
                         break
                 if not caught_up:
+                    refresh = True
                     continue
                 for mark in sorted(marks.values(), key=lambda m: m.attempt):
                     for boundary in _boundaries(mark, started, ended, position):
                         yield boundary
                 if done:
                     return
-                await _either(new_chunks, run_events, self._poll_s)
+                # New chunks alone need no re-read of the task and its attempts.
+                refresh = await _state_may_have_changed(new_chunks, run_events, self._poll_s)
 
 
 def _boundaries(
@@ -178,11 +184,18 @@ def _chunk(chunk: streams.Chunk) -> control_pb2.StreamChunk:
     return message
 
 
-async def _either(first: Waiter, second: Waiter, seconds: float) -> None:
-    """Until either waiter is woken, or seconds pass."""
-    waits = {asyncio.ensure_future(waiter.wait(seconds)) for waiter in (first, second)}
+async def _state_may_have_changed(chunks: Waiter, run_events: Waiter, seconds: float) -> bool:
+    """Waits until either waiter is woken or seconds pass; False when only new chunks
+    woke it (the task and its attempts are as last read), True otherwise (a run event,
+    or the poll: a lost notification must not hide an ending)."""
+    chunk_wait = asyncio.ensure_future(chunks.wait(seconds))
+    event_wait = asyncio.ensure_future(run_events.wait(seconds))
     try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({chunk_wait, event_wait}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for wait in waits:
+        # A cancelled wait leaves its waiter set: the next wait returns at once.
+        for wait in (chunk_wait, event_wait):
             wait.cancel()
+    woken_by_chunks = chunk_wait.done() and not chunk_wait.cancelled() and chunk_wait.result()
+    woken_by_events = event_wait.done() and not event_wait.cancelled() and event_wait.result()
+    return bool(woken_by_events or not woken_by_chunks)
