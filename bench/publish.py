@@ -183,7 +183,35 @@ def performance_block(results: list[Entry]) -> list[str]:
               _figure(cancel, "cancel_latency_ms_p99", 1),
               f"{cancel['pushed_share']['median']:.0%}"]],
         )  # fmt: skip
+    lines += _streams(results)
     lines += _cost_model(results)
+    return lines
+
+
+def _streams(results: list[Entry]) -> list[str]:
+    streams = _find(results, "streams")
+    if not streams:
+        return []
+    lines = [
+        "",
+        f"Output streams (bench/stream_bench.py; the contract: [design.md](design.md) \u00a715),"
+        f" measured {streams.get('measured_at', 'on a date not recorded')} ({_load([streams])}):"
+        " one stream of a chunk every 20 ms alone, then"
+        f" {streams['runs']} streams at once, each writing 50 chunks/s and read by its own"
+        " reader:",
+        "",
+    ]
+    lines += _table(
+        ["", "written -> delivered p50 ms", "p99 ms", "chunks stored/s",
+         "db xacts per chunk", "WAL bytes per chunk", "every reader got every chunk once"],
+        [["one stream", _figure(streams, "stream_ms_p50", 1), _figure(streams, "stream_ms_p99", 1),
+          "50", NONE, NONE, NONE],
+         [f"{streams['runs']} streams", _figure(streams, "stream_loaded_ms_p50", 0),
+          _figure(streams, "stream_loaded_ms_p99", 0), _figure(streams, "stream_chunks_per_s", 0),
+          _figure(streams, "stream_xacts_per_chunk", 3),
+          _figure(streams, "stream_wal_bytes_per_chunk", 0),
+          "yes" if streams["stream_every_reader_whole"]["median"] == 1 else "no"]],
+    )  # fmt: skip
     return lines
 
 

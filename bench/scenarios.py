@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import stream_bench
 from cancel_latency import cancel_latency
 from cluster import Cluster, Window
 from cost_model import COST_MODEL, concurrent_runs, payload, run_size
@@ -34,6 +35,7 @@ SCENARIOS = (
     "latency",
     "recovery",
     "cancel_latency",
+    "streams",
     *COST_MODEL,
     "idle_sessions",
 )
@@ -255,6 +257,9 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
             chosen.append(Case(name, 1, 1, sizes.latency_runs))
         elif name == "cancel_latency":
             chosen.append(Case(name, 1, 1, sizes.cancels))
+        elif name == "streams":
+            # 13 workers of 8 slots: room for the 100 streams at once.
+            chosen.append(Case(name, 13, 1, stream_bench.STREAMS, once=True))
         elif name == "recovery":
             # One worker holds the leases and is killed; a second one starts to take over.
             chosen.append(Case(name, 2, WORKER_CONCURRENCY))
@@ -337,6 +342,8 @@ async def run_case(
             figures = await recovery(cluster, window, sizes)
         elif case.name == "cancel_latency":
             figures = await cancel_latency(cluster, window, case.runs)
+        elif case.name == "streams":
+            figures = await stream_bench.stream_latency(cluster, window, case.runs)
         elif case.name == "run_size":
             figures = await run_size(cluster, window, case.tasks)
         elif case.name == "concurrent_runs":

@@ -19,6 +19,7 @@ from rich.text import Text
 from awp_cli import commands, credentials, render, run_commands
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit, exit_error
+from awp_cli.stream_command import run_stream
 from awp_common import flags
 from awp_console.main import add_command as add_console
 from awp_protocol.states import RUN_STATES
@@ -123,6 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument(
         "--after-seq", type=int, default=0, help="only events after this seq (to resume)"
     )
+    stream = add(
+        runs, "stream", run_stream, "print a task's output stream as it is written, to its end"
+    )
+    stream.add_argument("run_id", metavar="RUN_ID")
+    stream.add_argument("task_key", metavar="TASK")
+    stream.add_argument(
+        "--from",
+        dest="from_offset",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="start at this position (the last position received + 1, to resume)",
+    )
     retry = add(
         runs,
         "retry",
@@ -185,12 +199,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _positive(text: str) -> int:
+    return _at_least(text, 1)
+
+
+def _non_negative(text: str) -> int:
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
 
 

@@ -23,6 +23,7 @@ from awp_sdk.errors import (
     Unavailable,
 )
 from awp_sdk.records import Attempt, Event, Run, TaskStatus
+from awp_sdk.streams import StreamItem
 
 __all__ = [
     "UNREACHABLE",
@@ -34,6 +35,7 @@ __all__ = [
     "connect",
     "get_task",
     "watch",
+    "watch_stream",
 ]
 
 # No answer from awp-server at all (the browser's stream then reconnects and resumes).
@@ -76,3 +78,11 @@ def watch(client: AsyncClient, run_id: str, after_seq: int) -> AsyncIterator[Eve
     """The run's events after after_seq until it has ended. A broken stream is not
     resumed here: the browser reconnects with the last seq it got (Last-Event-ID)."""
     return client.watch(run_id, after_seq=after_seq, give_up_after=0)
+
+
+def watch_stream(
+    client: AsyncClient, run_id: str, task_key: str, from_offset: int
+) -> AsyncIterator[StreamItem]:
+    """The task's output stream from a position until the task has ended; like `watch`,
+    a broken stream is resumed by the browser (Last-Event-ID), not here."""
+    return client.task_stream(run_id, task_key, from_offset=from_offset, give_up_after=0)

@@ -42,6 +42,7 @@ def create_app(settings: Settings) -> Starlette:
         Route(f"{run}/cancel", actions.cancel, methods=["POST"]),
         Route(f"{run}/retry", actions.retry, methods=["POST"]),
         Route(f"/api{run}/events", live.events),
+        Route(f"/api{run}/tasks/{{task_key:path}}/stream", live.task_stream),
         Route("/workflows", pages.workflows),
         Route("/workflows/{name}", pages.workflow),
         Route("/workers", pages.workers),

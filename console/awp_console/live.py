@@ -24,6 +24,7 @@ from starlette.responses import Response
 from awp_console import api
 from awp_console.web import caller, told
 from awp_sdk.records import Event
+from awp_sdk.streams import StreamChunk, StreamItem
 
 BATCH_INTERVAL_S: Final = 0.1
 MAX_BATCH: Final = 2_000
@@ -81,3 +82,42 @@ async def _batches(stream: AsyncIterator[Event]) -> AsyncIterator[ServerSentEven
             await asyncio.sleep(BATCH_INTERVAL_S)  # a rate, not a wait for anything
     finally:
         reader.cancel()
+
+
+async def task_stream(request: Request) -> Response:
+    """A task's output stream (WatchStream) as server-sent events: `chunks` (a list of
+    [position, attempt, text]) whose SSE id is the last position, so a browser that
+    reconnects resumes after it; `boundary` ({attempt, kind, state, error}); `end` once
+    the task has ended; `failed` with the reason when the watch is refused."""
+    who = await caller(request)
+    run_id, key = request.path_params["run_id"], request.path_params["task_key"]
+    given = request.headers.get("last-event-id")
+    if given is not None and not given.isdigit():
+        raise HTTPException(400, "Last-Event-ID must be a position, a whole number")
+    start = int(given) + 1 if given is not None else 0
+    return EventSourceResponse(
+        _stream_events(api.watch_stream(who.api, run_id, key, start)), ping=PING_S
+    )
+
+
+async def _stream_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[ServerSentEvent]:
+    try:
+        async for item in items:
+            if isinstance(item, StreamChunk):
+                text = json.dumps(item.data) if item.is_json else item.data
+                chunk = [[item.position, item.attempt, text]]
+                yield ServerSentEvent(json.dumps(chunk), event="chunks", id=str(item.position))
+            else:
+                boundary = {
+                    "attempt": item.attempt,
+                    "kind": item.kind,
+                    "state": item.state or "",
+                    "error": item.error_message,
+                }
+                yield ServerSentEvent(json.dumps(boundary), event="boundary")
+    except api.UNREACHABLE:
+        return  # closed without `end`: the browser reconnects and resumes
+    except api.AwpError as error:
+        yield ServerSentEvent(json.dumps({"error": str(error)}), event="failed")
+        return
+    yield ServerSentEvent("", event="end")

@@ -8,10 +8,11 @@ DUPLICATE; a different result for the same lease a RESULT_CONFLICT.
 
 Ownership (holds_lease) and liveness (lease_is_live) are judged here, in Python, and
 only here: storage reads a lease's holder, token digest, state, times and the database
-clock in one query and asks these functions (awp_db.leases.held, .live_lease, and
-complete_many on its locked rows). The statements that write a lease (renew, shorten,
-reap) restate the same conditions in their WHERE clause, for there the condition must
-be read under the row lock the write takes (awp_db.locks).
+clock in one query and asks these functions (awp_db.leases.held, .live_lease,
+complete_many on its locked rows, awp_db.streams.append on its locked row). The
+statements that write a lease (renew, shorten, reap) restate the same conditions in
+their WHERE clause, for there the condition must be read under the row lock the write
+takes (awp_db.locks).
 """
 
 from __future__ import annotations
@@ -49,6 +50,22 @@ def lease_is_live(
         and now < lease_expires_at
         and now < attempt_deadline
     )
+
+
+def judge_append(
+    *,
+    holds: bool,
+    state: str,
+    now: datetime,
+    lease_expires_at: datetime | None,
+    attempt_deadline: datetime | None,
+) -> ResultVerdict:
+    """An output stream's append (DESIGN.md §15): the lease rule alone, as a result's
+    (holds from holds_lease). There is no DUPLICATE of a finished attempt: its stream is
+    closed."""
+    if holds and lease_is_live(state, now, lease_expires_at, attempt_deadline):
+        return ResultVerdict.ACCEPTED
+    return ResultVerdict.LEASE_LOST
 
 
 def judge_result(

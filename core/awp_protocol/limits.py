@@ -114,6 +114,17 @@ MAX_DEPENDENCIES: Final = 1_000  # a task's depends_on
 MAX_REPORTED_VIOLATIONS: Final = 10
 QUOTE_CHARS: Final = 40
 
+# --- output streams (AppendStream, WatchStream; docs/design.md §15)
+# A chunk's text (or JSON as text), in characters; a longer one is refused, never cut.
+MAX_STREAM_CHUNK_CHARS: Final = 64 * 1024
+MAX_STREAM_CHUNKS_PER_APPEND: Final = 1_000
+# UTF-8 bytes one attempt may stream in all: an append past it is STREAM_LIMIT.
+MAX_STREAM_BYTES_PER_ATTEMPT: Final = 16 * 1024 * 1024
+# Open WatchStream calls one server serves at once: one more is STREAM_LIMIT.
+MAX_STREAM_READERS_PER_SERVER: Final = 1_000
+# Chunks a WatchStream reads from PostgreSQL at a time (and sends in one message).
+STREAM_READ_BATCH: Final = 500
+
 # The length of every string field of every request, by field (awp_protocol.wire checks
 # them all; a test checks that none is missing).
 TEXT_LIMITS: Final[Mapping[str, int]] = {
@@ -152,6 +163,11 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.RetryRunRequest.request_id": MAX_REQUEST_ID_CHARS,
     "awp.v1.GetUpstreamOutputsRequest.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.GetUpstreamOutputsRequest.keys": MAX_TASK_KEY_CHARS,
+    "awp.v1.AppendStreamRequest.lease_token": MAX_TOKEN_CHARS,
+    "awp.v1.StreamChunkIn.text": MAX_STREAM_CHUNK_CHARS,
+    "awp.v1.StreamChunkIn.json": MAX_STREAM_CHUNK_CHARS,
+    "awp.v1.WatchStreamRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.WatchStreamRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.GetTaskOutputRequest.run_id": MAX_ID_CHARS,
     "awp.v1.GetTaskOutputRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.ListAttemptsRequest.run_id": MAX_ID_CHARS,
@@ -170,6 +186,7 @@ COUNT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.CompleteRequest.results": MAX_RESULTS_PER_COMPLETE,
     "awp.v1.DrainRequest.hand_back": MAX_WORKER_CONCURRENCY,
     "awp.v1.GetUpstreamOutputsRequest.keys": MAX_DEPENDENCIES,
+    "awp.v1.AppendStreamRequest.chunks": MAX_STREAM_CHUNKS_PER_APPEND,
     "awp.v1.WorkflowDefinition.tasks": MAX_TASKS,
     "awp.v1.TaskDefinition.depends_on": MAX_DEPENDENCIES,
 }

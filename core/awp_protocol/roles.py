@@ -42,6 +42,7 @@ ROLES_OF: Final[dict[str, frozenset[Role]]] = {
     "/awp.v1.ControlService/GetStats": READ,
     "/awp.v1.ControlService/PruneRuns": ADMIN,
     "/awp.v1.ControlService/WhoAmI": frozenset(Role),
+    "/awp.v1.ControlService/WatchStream": READ,
 }
 
 

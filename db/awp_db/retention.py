@@ -90,7 +90,8 @@ async def prune_batch(
         doomed = await locks.expired_runs(conn, before, limit)
         if not doomed:
             return Pruned()
-        # Children first: attempts reference dispatches and tasks, dispatches tasks.
+        # Children first: stream chunks and attempts reference dispatches, dispatches tasks.
+        await conn.execute(Q["delete_stream_chunks"], doomed)
         attempts = await conn.fetchval(Q["delete_attempts"], doomed)
         dispatches = await conn.fetchval(Q["delete_dispatches"], doomed)
         events = await conn.fetchval(Q["delete_state_events"], doomed)

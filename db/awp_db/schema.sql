@@ -241,6 +241,28 @@ CREATE TABLE public.state_events (
 
 COMMENT ON TABLE public.state_events IS 'Each run''s event log, seqs contiguous from 1 (written under the run''s lock); WatchRun replays it.';
 
+CREATE TABLE public.stream_chunks (
+    dispatch_id bigint NOT NULL,
+    chunk_offset bigint NOT NULL,
+    run_id uuid NOT NULL,
+    task_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    "position" bigint NOT NULL,
+    data text NOT NULL,
+    is_json boolean NOT NULL,
+    total_bytes bigint NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT stream_chunks_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT stream_chunks_chunk_offset_check CHECK ((chunk_offset >= 0)),
+    CONSTRAINT stream_chunks_position_check CHECK (("position" >= 0))
+);
+
+COMMENT ON TABLE public.stream_chunks IS 'Chunks of output an attempt streamed while it ran, fenced by its lease; read by WatchStream in position order.';
+
+COMMENT ON COLUMN public.stream_chunks.chunk_offset IS 'The chunk''s number within its attempt, from 0, contiguous (the writer''s offset).';
+
+COMMENT ON COLUMN public.stream_chunks."position" IS 'The chunk''s place in the task''s stream, contiguous across attempts (the reader''s offset).';
+
 CREATE TABLE public.tasks (
     id bigint NOT NULL,
     run_id uuid NOT NULL,
@@ -436,6 +458,9 @@ ALTER TABLE ONLY public.servers
 ALTER TABLE ONLY public.state_events
     ADD CONSTRAINT state_events_pkey PRIMARY KEY (run_id, seq);
 
+ALTER TABLE ONLY public.stream_chunks
+    ADD CONSTRAINT stream_chunks_pkey PRIMARY KEY (dispatch_id, chunk_offset);
+
 ALTER TABLE public.tasks
     ADD CONSTRAINT tasks_charged_attempts CHECK (((attempts - hand_backs) <= max_attempts)) NOT VALID;
 
@@ -506,6 +531,10 @@ COMMENT ON INDEX public.runs_finished IS 'Retention reads the finished runs past
 
 CREATE INDEX runs_running ON public.runs USING btree (last_dispatched_at NULLS FIRST, created_at) WHERE (state = 'running'::text);
 
+CREATE UNIQUE INDEX stream_chunks_position ON public.stream_chunks USING btree (task_id, "position");
+
+COMMENT ON INDEX public.stream_chunks_position IS 'WatchStream reads a task''s chunks from a position here; an append finds where its attempt starts.';
+
 CREATE UNIQUE INDEX tasks_elements ON public.tasks USING btree (parent_id, map_index) WHERE (parent_id IS NOT NULL);
 
 COMMENT ON INDEX public.tasks_elements IS 'A map task''s elements in index order: its output, and stopping them when it fails.';
@@ -556,6 +585,9 @@ ALTER TABLE ONLY public.runs
 
 ALTER TABLE ONLY public.state_events
     ADD CONSTRAINT state_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.stream_chunks
+    ADD CONSTRAINT stream_chunks_dispatch_id_fkey FOREIGN KEY (dispatch_id) REFERENCES public.dispatches(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.tasks
     ADD CONSTRAINT tasks_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES public.tasks(id) ON DELETE CASCADE;

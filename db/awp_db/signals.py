@@ -16,6 +16,8 @@ COORDINATOR_CHANNEL: Final = "awp_coordinator"
 DISPATCH_CHANNEL: Final = "awp_dispatch"
 # Every client that watches runs listens here; the payload is the run id.
 RUN_EVENTS_CHANNEL: Final = "awp_run_events"
+# Readers of output streams: new chunks were stored; the payload is the task's id.
+STREAM_CHANNEL: Final = "awp_streams"
 # A lease ended by anyone but its holder's result (the trigger of migration 0012 sends
 # it); the payload is '<worker uuid>:<dispatch id>' (awp_db.revocations reads it).
 LEASE_REVOKED_CHANNEL: Final = "awp_lease_revoked"

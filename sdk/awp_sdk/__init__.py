@@ -20,6 +20,7 @@ from __future__ import annotations
 from awp_sdk.actions import (
     ActionCancelled,
     ActionContext,
+    OutputStream,
     PermanentError,
     RetryableError,
     action,
@@ -53,6 +54,7 @@ from awp_sdk.errors import (
     RunFailed,
     RunNotFinished,
     RunNotFound,
+    StreamLimit,
     Unauthenticated,
     Unavailable,
     UnknownEnumValue,
@@ -82,6 +84,7 @@ from awp_sdk.records import (
     TaskStatus,
     Worker,
 )
+from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
 from awp_sdk.workflow import Map, Retry, Task, TaskFunction, TaskOptions, Workflow
 
@@ -92,6 +95,7 @@ __all__ = [
     "AsyncClient",
     "AsyncRunHandle",
     "Attempt",
+    "AttemptBoundary",
     "AttemptState",
     "AwpError",
     "Client",
@@ -111,6 +115,7 @@ __all__ = [
     "LeaseLost",
     "Map",
     "NotFound",
+    "OutputStream",
     "OutputsOmitted",
     "Page",
     "PermanentError",
@@ -133,6 +138,9 @@ __all__ = [
     "StoredRetry",
     "StoredTask",
     "StoredWorkflow",
+    "StreamChunk",
+    "StreamItem",
+    "StreamLimit",
     "Task",
     "TaskCount",
     "TaskError",

@@ -15,14 +15,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf import struct_pb2
 
 from awp_protocol.jsonvalue import json_size, struct_to_dict, to_struct
-from awp_protocol.limits import MAX_OUTPUT_BYTES
+from awp_protocol.limits import MAX_OUTPUT_BYTES, MAX_STREAM_CHUNK_CHARS
 from awp_protocol.names import ACTION_PATTERN, ACTION_RULE
 
 ActionFunc = Callable[["ActionContext", dict[str, Any]], Any]
@@ -48,6 +48,67 @@ class ActionCancelled(asyncio.CancelledError):
     ``except Exception`` in user code does not swallow it. Nothing is reported for a
     cancelled attempt: the server decides what happens to the task.
     """
+
+
+class OutputStream(Protocol):
+    """The attempt's output stream (``ctx.stream``): chunks readers see live and can
+    resume (``RunHandle.stream``, ``awp run stream``). A chunk is a ``str`` (text) or
+    any other JSON value. The worker batches chunks and stores them under the attempt's
+    lease: once the lease is lost, writing raises ``ActionCancelled`` and nothing more is
+    stored. When the database is slow, a write waits (the buffer is bounded); nothing
+    is dropped. Everything written is stored before the attempt's result is reported.
+    """
+
+    def write(self, chunk: Any) -> None:
+        """Sync actions (they run in a thread): blocks while the buffer is full."""
+
+    async def awrite(self, chunk: Any) -> None:
+        """Async actions: waits while the buffer is full."""
+
+    def pipe(self, chunks: Iterable[Any]) -> int:
+        """Writes every chunk of an iterator (a model client's tokens); returns how many."""
+
+    async def apipe(self, chunks: AsyncIterable[Any]) -> int:
+        """Writes every chunk of an async iterator; returns how many."""
+
+
+def stream_chunk(chunk: Any) -> tuple[str, bool]:
+    """A chunk as it is stored: (text, is_json). A str is text; anything else must be a
+    JSON value; either at most MAX_STREAM_CHUNK_CHARS characters (ValueError otherwise)."""
+    if isinstance(chunk, str):
+        text, is_json = chunk, False
+    else:
+        try:
+            text, is_json = json.dumps(chunk, allow_nan=False, ensure_ascii=False), True
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"a stream chunk must be a str or a JSON value: {exc}") from None
+    if len(text) > MAX_STREAM_CHUNK_CHARS:
+        raise ValueError(
+            f"a stream chunk is {len(text)} characters, more than the "
+            f"{MAX_STREAM_CHUNK_CHARS} allowed: write it in pieces"
+        )
+    return text, is_json
+
+
+class _Unattached:
+    """The stream of a context no worker made (a test's): writing says so."""
+
+    def _refuse(self) -> None:
+        raise RuntimeError("this ActionContext has no output stream: only a worker attaches one")
+
+    def write(self, chunk: Any) -> None:
+        self._refuse()
+
+    async def awrite(self, chunk: Any) -> None:
+        self._refuse()
+
+    def pipe(self, chunks: Iterable[Any]) -> int:
+        self._refuse()
+        return 0
+
+    async def apipe(self, chunks: AsyncIterable[Any]) -> int:
+        self._refuse()
+        return 0
 
 
 class OutputError(PermanentError):
@@ -107,6 +168,8 @@ class ActionContext:
     # The states of the tasks this one depends on ("succeeded", or for an `always` task
     # any final state: "failed", "skipped", "canceled"), by task key.
     upstream_states: dict[str, str] = field(default_factory=dict)
+    # The attempt's output stream (OutputStream above).
+    stream: OutputStream = field(default_factory=_Unattached, repr=False)
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property

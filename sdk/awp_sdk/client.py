@@ -47,6 +47,7 @@ from awp_sdk.records import (
     TaskStatus,
     Worker,
 )
+from awp_sdk.streams import StreamItem, task_stream
 from awp_sdk.watch import GIVE_UP_AFTER_S, ReconnectHandler, run_events
 from awp_sdk.workflow import Duration, Workflow
 
@@ -342,6 +343,27 @@ class AsyncClient:
             on_reconnect=on_reconnect,
         ):
             yield decode.event(event)
+
+    async def task_stream(
+        self,
+        run_id: str,
+        task_key: str,
+        *,
+        from_offset: int = 0,
+        give_up_after: float = GIVE_UP_AFTER_S,
+        on_reconnect: ReconnectHandler | None = None,
+    ) -> AsyncIterator[StreamItem]:
+        """The task's output stream from position `from_offset` until the task ends:
+        StreamChunk and AttemptBoundary records, resumed across reconnects."""
+        async for item in task_stream(
+            self.channel,
+            run_id,
+            task_key,
+            from_offset=from_offset,
+            give_up_after=give_up_after,
+            on_reconnect=on_reconnect,
+        ):
+            yield item
 
     async def prune_runs(
         self,

@@ -113,6 +113,11 @@ class LeaseLost(FailedPrecondition):
     """The lease is no longer held: revoked, expired or taken over (LEASE_LOST)."""
 
 
+class StreamLimit(AwpError):
+    """An output stream's limit (STREAM_LIMIT): the bytes one attempt may stream, or the
+    readers one server serves at once (try another replica, or later)."""
+
+
 class UnknownEnumValue(AwpError):
     """The server sent an enum value this SDK does not know (a newer server): upgrade
     awp_sdk. ``enum`` is the proto enum's full name, ``value`` the number."""
@@ -189,6 +194,7 @@ BY_REASON: Final[Mapping[str, type[AwpError]]] = {
     Reason.PROTOCOL_UNSUPPORTED: ProtocolUnsupported,
     Reason.WORKER_DRAINING: WorkerDraining,
     Reason.LEASE_LOST: LeaseLost,
+    Reason.STREAM_LIMIT: StreamLimit,
 }
 # A reason this SDK does not know yet (a newer server) falls back on the status code.
 _BY_CODE: Final[Mapping[grpc.StatusCode, type[AwpError]]] = {

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from awp_sdk.enums import RunState, TaskState
 from awp_sdk.errors import RunCanceled, RunFailed, WaitTimeout
 from awp_sdk.records import Event, Run, RunDetail, TaskError, TaskStatus
+from awp_sdk.streams import StreamItem
 
 if TYPE_CHECKING:
     from awp_sdk.client import AsyncClient
@@ -90,6 +91,11 @@ class AsyncRunHandle:
     async def watch(self, *, after_seq: int = 0) -> AsyncIterator[Event]:
         async for event in self.client.watch(self.id, after_seq=after_seq):
             yield event
+
+    async def stream(self, task_key: str, *, from_offset: int = 0) -> AsyncIterator[StreamItem]:
+        """The task's output stream (AsyncClient.task_stream)."""
+        async for item in self.client.task_stream(self.id, task_key, from_offset=from_offset):
+            yield item
 
     async def cancel(self, reason: str | None = None) -> Run:
         return await self.client.cancel(self.id, reason)

@@ -37,6 +37,7 @@ from awp_sdk.records import (
     TaskStatus,
     Worker,
 )
+from awp_sdk.streams import StreamItem
 from awp_sdk.watch import GIVE_UP_AFTER_S, ReconnectHandler
 from awp_sdk.workflow import Duration, Workflow
 
@@ -252,6 +253,27 @@ class Client:
             )
         )
 
+    def task_stream(
+        self,
+        run_id: str,
+        task_key: str,
+        *,
+        from_offset: int = 0,
+        give_up_after: float = GIVE_UP_AFTER_S,
+        on_reconnect: ReconnectHandler | None = None,
+    ) -> Iterator[StreamItem]:
+        """The task's output stream from `from_offset` until it ends, resumed across
+        reconnects."""
+        return self._iterate(
+            self._async.task_stream(
+                run_id,
+                task_key,
+                from_offset=from_offset,
+                give_up_after=give_up_after,
+                on_reconnect=on_reconnect,
+            )
+        )
+
     def prune_runs(
         self, older_than: Duration, *, dry_run: bool = False, limit: int = 0, page_token: str = ""
     ) -> Pruned:
@@ -291,6 +313,9 @@ class RunHandle:
 
     def watch(self, *, after_seq: int = 0) -> Iterator[Event]:
         return self.client._iterate(self._handle.watch(after_seq=after_seq))
+
+    def stream(self, task_key: str, *, from_offset: int = 0) -> Iterator[StreamItem]:
+        return self.client._iterate(self._handle.stream(task_key, from_offset=from_offset))
 
     def cancel(self, reason: str | None = None) -> Run:
         return self.client._run(self._handle.cancel(reason))

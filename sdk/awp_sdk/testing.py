@@ -13,8 +13,9 @@ list and an integer stays exact. What it returns is checked and converted as the
 reports it (``OutputError`` for a value the worker would refuse: not a JSON object, over
 1 MiB) and handed back as the downstream tasks would read it. Its exceptions propagate
 unchanged (RetryableError, PermanentError, KeyError...): the test decides what they
-mean. ``cancel()`` does what a worker does when the lease is revoked, and ``logs`` holds
-what the action logged through ``ctx.logger``, as a failure's log tail would.
+mean. ``cancel()`` does what a worker does when the lease is revoked, ``logs`` holds
+what the action logged through ``ctx.logger``, as a failure's log tail would, and
+``streamed`` what it wrote to ``ctx.stream``, as a reader receives it.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterable, Iterable, Iterator, Mapping
 from typing import Any
 
 from awp_protocol.jsonvalue import struct_to_dict, to_struct
 from awp_protocol.names import idempotency_key
-from awp_sdk.actions import ActionContext, ActionFunc, _is_async, output_struct
+from awp_sdk.actions import ActionContext, ActionFunc, _is_async, output_struct, stream_chunk
 
 
 def _as_leased(value: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
@@ -44,6 +46,35 @@ class _Collect(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+
+
+class _RecordedStream:
+    """``ctx.stream`` of a test: each chunk checked as the worker checks it, and kept as
+    a reader receives it (a JSON chunk read back)."""
+
+    def __init__(self, chunks: list[Any]) -> None:
+        self._chunks = chunks
+
+    def write(self, chunk: Any) -> None:
+        text, is_json = stream_chunk(chunk)
+        self._chunks.append(json.loads(text) if is_json else text)
+
+    async def awrite(self, chunk: Any) -> None:
+        self.write(chunk)
+
+    def pipe(self, chunks: Iterable[Any]) -> int:
+        count = 0
+        for chunk in chunks:
+            self.write(chunk)
+            count += 1
+        return count
+
+    async def apipe(self, chunks: AsyncIterable[Any]) -> int:
+        count = 0
+        async for chunk in chunks:
+            self.write(chunk)
+            count += 1
+        return count
 
 
 class ActionEnvironment:
@@ -87,6 +118,8 @@ class ActionEnvironment:
         self.log_level = log_level
         # What the action logged through ctx.logger during the last run, oldest first.
         self.logs: list[str] = []
+        # What the action wrote to ctx.stream, in order (every run's).
+        self.streamed: list[Any] = []
         self._context: ActionContext | None = None
         self._task: asyncio.Task[Any] | None = None
 
@@ -105,6 +138,7 @@ class ActionEnvironment:
             run_input=self.run_input,
             upstream=self.upstream,
             upstream_states=self.upstream_states,
+            stream=_RecordedStream(self.streamed),
         )
 
     def run(self, fn: ActionFunc, input: Mapping[str, Any] | None = None) -> dict[str, Any]:

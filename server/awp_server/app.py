@@ -19,7 +19,12 @@ from awp_common.tls import server_credentials
 from awp_db import pooler, workers
 from awp_db.connect import Pool, PoolMode, create_pool
 from awp_db.listen import Listener
-from awp_db.signals import DISPATCH_CHANNEL, LEASE_REVOKED_CHANNEL, RUN_EVENTS_CHANNEL
+from awp_db.signals import (
+    DISPATCH_CHANNEL,
+    LEASE_REVOKED_CHANNEL,
+    RUN_EVENTS_CHANNEL,
+    STREAM_CHANNEL,
+)
 from awp_protocol.limits import TRANSPORT_RECEIVE_BYTES
 from awp_server import metrics
 from awp_server.auth import RoleInterceptor
@@ -153,7 +158,8 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         if config.database_pool_mode is PoolMode.TRANSACTION:
             await pooler.check_limits(pool, config.session_limits)
     listener = Listener(
-        config.session_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL, LEASE_REVOKED_CHANNEL]
+        config.session_url,
+        [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL, LEASE_REVOKED_CHANNEL, STREAM_CHANNEL],
     )
     await listener.start()
     shutting_down = asyncio.Event()
@@ -175,7 +181,8 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
     )
     worker_service = WorkerService(pool, listener, config, shutting_down)
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(worker_service, server)
-    control_pb2_grpc.add_ControlServiceServicer_to_server(ControlService(pool, listener), server)
+    control = ControlService(pool, listener, max_stream_readers=config.max_stream_readers)
+    control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     _enable_reflection(

@@ -10,6 +10,7 @@ from awp_common.flags import flag, is_loopback
 from awp_common.tls import ServerTls
 from awp_db import settings
 from awp_db.connect import PoolMode, SessionLimits
+from awp_protocol.limits import MAX_STREAM_READERS_PER_SERVER
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,15 @@ class ServerConfig:
     pool_size: int = field(
         default=20,
         metadata=flag("--pool-size", "AWP_POOL_SIZE", "database connections", read=flags.whole(1)),
+    )
+    max_stream_readers: int = field(
+        default=MAX_STREAM_READERS_PER_SERVER,
+        metadata=flag(
+            "--max-stream-readers",
+            "AWP_MAX_STREAM_READERS",
+            "open WatchStream calls this server serves at once (STREAM_LIMIT beyond)",
+            read=flags.whole(1, MAX_STREAM_READERS_PER_SERVER),
+        ),
     )
     health_check_interval_s: float = field(
         default=1.0,

@@ -46,6 +46,7 @@ from awp_protocol.limits import (
     MAX_PAGE_SIZE,
     MAX_PRUNE_RUNS,
     MAX_SEQ,
+    MAX_STREAM_READERS_PER_SERVER,
     MAX_VERSION,
 )
 from awp_protocol.names import NAME_PATTERN, NAME_RULE, TASK_KEY_PATTERN, TASK_KEY_RULE
@@ -54,6 +55,7 @@ from awp_protocol.states import TERMINAL_RUN_STATES
 from awp_server import convert, delivery
 from awp_server.auth import caller, caller_credential
 from awp_server.errors import server_stream, unary
+from awp_server.streams import StreamReaders
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -71,10 +73,18 @@ WATCH_POLL_S: Final = 1.0
 
 
 class ControlService(control_pb2_grpc.ControlServiceServicer):
-    def __init__(self, pool: Pool, listener: Listener, *, watch_poll_s: float = WATCH_POLL_S):
+    def __init__(
+        self,
+        pool: Pool,
+        listener: Listener,
+        *,
+        watch_poll_s: float = WATCH_POLL_S,
+        max_stream_readers: int = MAX_STREAM_READERS_PER_SERVER,
+    ):
         self._pool = pool
         self._listener = listener
         self._watch_poll_s = watch_poll_s
+        self.stream_readers = StreamReaders(pool, listener, watch_poll_s, max_stream_readers)
 
     # ------------------------------------------------------------ workflows
 
@@ -327,6 +337,13 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                     return
                 # Woken by a notification, or re-read anyway in case one was lost.
                 await waiter.wait(self._watch_poll_s)
+
+    @server_stream
+    async def WatchStream(
+        self, request: control_pb2.WatchStreamRequest, context: Context
+    ) -> AsyncIterator[control_pb2.WatchStreamResponse]:
+        async for response in self.stream_readers.watch(request):
+            yield response
 
     # ------------------------------------------------------------ fleet
 

@@ -14,6 +14,9 @@ REVOCATIONS_PUSHED = Counter(
     "Leases answered REVOKED on a heartbeat stream before the worker's next heartbeat",
 )
 COMPLETES = Counter("awp_complete_results_total", "Reported results by verdict", ["verdict"])
+STREAM_APPENDS = Counter(
+    "awp_stream_appends_total", "Output stream appends (AppendStream) by verdict", ["verdict"]
+)
 HEARTBEAT_STREAMS = Gauge("awp_heartbeat_streams_open", "Open heartbeat streams")
 STREAMS_LOST = Counter(
     "awp_heartbeat_streams_lost_total", "Streams that broke without a drain (leases shortened)"

@@ -19,7 +19,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
-from awp_db import leases, outputs, workers
+from awp_db import leases, outputs, streams, workers
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_db.signals import DISPATCH_CHANNEL
@@ -45,6 +45,7 @@ from awp_server.config import ServerConfig
 from awp_server.convert import TASK_STATES, WORKER_STATES, duration_from_ms, timestamp
 from awp_server.errors import abort, unary
 from awp_server.revocations import Revoker, Stream, until_shutdown
+from awp_server.streams import chunks_in
 
 log = logging.getLogger("awp.server.worker")
 
@@ -369,6 +370,27 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 worker_pb2.UpstreamOutput(key=key, output_json=canonical_json(output).decode())
                 for key, output in found
             ]
+        )
+
+    @unary
+    async def AppendStream(
+        self, request: worker_pb2.AppendStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.AppendStreamResponse:
+        worker_id, token = _session(request.session)
+        chunks = chunks_in(request)
+        async with self._pool.acquire() as conn:
+            appended = await streams.append(
+                conn,
+                worker_id,
+                token,
+                request.dispatch_id,
+                request.lease_token,
+                request.first_offset,
+                chunks,
+            )
+        metrics.STREAM_APPENDS.labels(appended.verdict.value).inc()
+        return worker_pb2.AppendStreamResponse(
+            outcome=_VERDICTS[appended.verdict], next_offset=appended.next_offset
         )
 
 

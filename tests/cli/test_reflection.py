@@ -222,6 +222,18 @@ async def test_every_rpc_through_reflection(awp_server: ServerHandle, pool: Pool
             )
             [lease] = claimed["leases"]
             assert lease["taskKey"] == task and lease["idempotencyKey"] == f"{run_id}/{task}"
+            appended = await call(
+                client.unary,
+                WORKER,
+                "AppendStream",
+                {
+                    "session": session,
+                    "dispatchId": lease["dispatchId"],
+                    "leaseToken": lease["leaseToken"],
+                    "chunks": [{"text": f"{task} says hi"}, {"json": '{"n": 1}'}],
+                },
+            )
+            assert appended == {"outcome": "COMPLETE_OUTCOME_ACCEPTED", "nextOffset": "2"}
             result = {
                 "session": session,
                 "results": [
@@ -266,6 +278,20 @@ async def test_every_rpc_through_reflection(awp_server: ServerHandle, pool: Pool
             client.server_stream, CONTROL, "WatchRun", {"runId": run_id, "afterSeq": seqs[-3]}
         )
         assert [int(e["event"]["seq"]) for e in resumed] == seqs[-2:]
+
+        streamed = await call(
+            client.server_stream,
+            CONTROL,
+            "WatchStream",
+            {"runId": run_id, "taskKey": "publish", "fromOffset": 1},
+        )
+        assert [a.get("chunks") for a in streamed if "chunks" in a] == [
+            [{"position": "1", "attempt": 1, "attemptOffset": "1", "json": '{"n": 1}'}]
+        ]
+        assert [a["boundary"]["kind"] for a in streamed if "boundary" in a] == [
+            "STREAM_BOUNDARY_KIND_STARTED",
+            "STREAM_BOUNDARY_KIND_ENDED",
+        ]
 
         other = await call(client.unary, CONTROL, "StartRun", {"workflowName": "reflected"})
         canceled = await call(

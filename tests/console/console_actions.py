@@ -57,3 +57,16 @@ async def element(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     if input["item"] < 0:
         raise ValueError(f"item {input['item']} is negative")
     return {"item": input["item"]}
+
+
+@action("console.talk")
+async def talk(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Streams a word every GATE_POLL_S until its gate opens, then its last words."""
+    opened = Path(ctx.run_input["gates"]) / ctx.task_key
+    words = 0
+    while not opened.exists():
+        await ctx.stream.awrite(f"word{words} ")
+        words += 1
+        await asyncio.sleep(GATE_POLL_S)
+    await ctx.stream.awrite("the end.")
+    return {"words": words}

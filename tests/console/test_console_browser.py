@@ -23,6 +23,7 @@ from kit import poll_until
 
 GATED: Final = "console-gated"
 FRAGILE: Final = "console-fragile"
+TALK: Final = "console-talk"
 # Generous: two cores shared with the rest of the suite.
 WAIT_MS: Final = 30_000
 
@@ -33,6 +34,7 @@ async def workflows(stack: ConsoleStack) -> None:
         GATED,
         [("a", "console.gate", []), ("b", "console.gate", ["a"]), ("c", "console.gate", ["b"])],
     )
+    await stack.apply(TALK, [("say", "console.talk", [])])
     await stack.apply(
         FRAGILE,
         [
@@ -125,6 +127,31 @@ async def test_a_failed_task_shows_its_traceback(
     await page.click("#task-attempts summary:text('log tail')")
     await expect(page.locator("#task-attempts pre.log")).to_contain_text("parsing 3 records")
     await shot(page, "failed-task-traceback")
+
+
+async def test_a_task_s_output_streams_into_its_panel_as_it_is_written(
+    page: Page, stack: ConsoleStack, shot: Shot, tmp_path: Path
+) -> None:
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    run_id = await stack.start_run(TALK, {"gates": str(gates)})
+    await sign_in(page, stack, "victor", f"/runs/{run_id}")
+    await page.click('svg.dag [data-key="say"]')
+    text = page.locator('#task-stream pre.stream-attempt[data-attempt="1"]')
+    await expect(text).to_contain_text("word0 word1 word2", timeout=WAIT_MS)
+    # Still growing while the task runs: the text arrives live, not on a reload.
+    await expect(text).to_contain_text("word6", timeout=WAIT_MS)
+    await expect(page.locator("#task-stream-status")).to_have_text("live")
+    await shot(page, "task-stream-live")
+    (gates / "say").touch()
+    await expect(text).to_contain_text("the end.", timeout=WAIT_MS)
+    await expect(page.locator("#task-stream-status")).to_have_text("ended", timeout=WAIT_MS)
+    await expect(text).to_have_attribute("data-state", "succeeded")
+    words = (await text.text_content() or "").split()
+    # Every word once, in order: no chunk lost or repeated on the way to the page.
+    assert words[-2:] == ["the", "end."]
+    assert words[:-2] == [f"word{i}" for i in range(len(words) - 2)]
+    await shot(page, "task-stream-ended")
 
 
 async def test_cancel_from_the_page_is_recorded_with_the_user(

@@ -156,3 +156,20 @@ def chatty(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     ctx.logger.warning("loading customer %s", ctx.run_input["customer"])
     ctx.logger.warning("quota left: 0")
     raise PermanentError("quota exceeded")
+
+
+chat = Workflow("sdk-chat", version=1, description="a simulated model streaming its tokens")
+
+TOKENS = [f"tok{i} " for i in range(40)]
+
+
+@chat.task(timeout="60s", retry=Retry(max_attempts=2, initial_backoff="10ms"))
+def answer(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    def model() -> Any:
+        for token in TOKENS:
+            time.sleep(float(ctx.run_input.get("pause", 0.02)))
+            yield token
+
+    ctx.stream.pipe(model())
+    ctx.stream.write({"usage": {"tokens": len(TOKENS)}})
+    return {"tokens": len(TOKENS)}

@@ -86,6 +86,7 @@ def test_every_control_rpc_has_a_client_method() -> None:
         "RetryRun": "retry",
         "CancelRun": "cancel",
         "WatchRun": "watch",
+        "WatchStream": "task_stream",
     }
     snake = {
         rpc: named.get(rpc) or "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc)[1:]

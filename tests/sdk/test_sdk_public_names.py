@@ -18,21 +18,23 @@ import awp_sdk
 from awp_sdk import records
 
 ALL = (
-    "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptState "
+    "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptBoundary "
+    "AttemptState "
     "AwpError Client Conflict Connection DeadlineExceeded DefinitionConflict DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
-    "InvalidArgument LeaseLost Map NotFound OutputsOmitted Page PermanentError "
+    "InvalidArgument LeaseLost Map NotFound OutputStream OutputsOmitted Page PermanentError "
     "PermissionDenied ProtocolUnsupported Pruned RequestIdConflict Retry RetryableError Run "
     "RunCanceled RunDetail RunFailed RunHandle RunNotFinished RunNotFound RunState Stats "
-    "StoredMap StoredRetry StoredTask StoredWorkflow Task TaskCount TaskError TaskFunction "
+    "StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem StreamLimit Task "
+    "TaskCount TaskError TaskFunction "
     "TaskOptions TaskPage TaskState TaskStatus Unauthenticated Unavailable UnknownEnumValue "
     "WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound action"
 )
 
 MODULES = {
     "awp_sdk.actions": "ActionCancelled ActionContext ActionFunc ActionRegistry "
-    "DEFAULT_REGISTRY OutputError PermanentError RegisteredAction RetryableError action "
-    "output_struct",
+    "DEFAULT_REGISTRY OutputError OutputStream PermanentError RegisteredAction RetryableError "
+    "action output_struct stream_chunk",
     "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
     "awp_sdk.decode": "applied attempt event identity message_json pruned run run_detail span "
@@ -44,7 +46,8 @@ MODULES = {
     "awp_sdk.errors": "AwpError BY_REASON Conflict DeadlineExceeded DefinitionConflict "
     "DefinitionInvalid FailedPrecondition InvalidArgument LeaseLost NotFound OutputsOmitted "
     "PermissionDenied ProtocolUnsupported RequestIdConflict RunCanceled RunFailed "
-    "RunNotFinished RunNotFound START_HINT Unauthenticated Unavailable UnknownEnumValue "
+    "RunNotFinished RunNotFound START_HINT StreamLimit Unauthenticated Unavailable "
+    "UnknownEnumValue "
     "WaitTimeout WorkerDraining WorkflowNotFound from_rpc_error is_transient one_line",
     "awp_sdk.handle": "AsyncRunHandle OUTPUT_FETCHES complete_outputs first_failure "
     "last_attempt_error outcome",
@@ -52,6 +55,7 @@ MODULES = {
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWorkflow",
+    "awp_sdk.streams": "AttemptBoundary StreamChunk StreamItem task_stream",
     "awp_sdk.sync": "Client RunHandle",
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
@@ -65,9 +69,9 @@ CLIENT_METHODS = (
     "apply as_caller call cancel close control get_run get_stats get_task_output get_workflow "
     "list_attempts list_attempts_page list_runs list_runs_page list_tasks list_tasks_page "
     "list_workers list_workflows list_workflows_page prune_runs retry run start stream "
-    "watch who_am_i"
+    "task_stream watch who_am_i"
 )
-HANDLE_METHODS = "cancel get result watch"
+HANDLE_METHODS = "cancel get result stream watch"
 
 RECORD_FIELDS = {
     "Applied": "name version created workflow",

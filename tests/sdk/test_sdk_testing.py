@@ -136,3 +136,26 @@ async def test_the_deadline_ends_an_async_action() -> None:
 
     with pytest.raises(TimeoutError):
         await ActionEnvironment(timeout=0.05).run_async(slow)
+
+
+def test_what_an_action_streams_is_recorded_as_a_reader_receives_it() -> None:
+    def talk(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        count = ctx.stream.pipe(["Hel", "lo"])
+        ctx.stream.write({"tokens": count})
+        return {}
+
+    async def atalk(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        await ctx.stream.awrite("async")
+        return {}
+
+    env = ActionEnvironment()
+    env.run(talk)
+    env.run(atalk)
+    assert env.streamed == ["Hel", "lo", {"tokens": 2}, "async"]
+
+    def bad(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        ctx.stream.write(float("nan"))
+        return {}
+
+    with pytest.raises(ValueError, match="a stream chunk must be a str or a JSON value"):
+        env.run(bad)

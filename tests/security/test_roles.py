@@ -37,6 +37,7 @@ READS = (
     "ListAttempts",
     "ListRuns",
     "WatchRun",
+    "WatchStream",
     "ListTasks",
     "ListWorkers",
     "GetStats",

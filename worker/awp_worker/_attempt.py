@@ -36,6 +36,7 @@ from awp_worker._executors import (
 from awp_worker._lease import STOOD_DOWN, HeldLease, LeaseClock, Phase, StandDown, seconds
 from awp_worker._logging import LeaseLog, bind
 from awp_worker._owner import Owner
+from awp_worker._stream import StreamSettings, StreamWriter
 from awp_worker._supervisor import Supervisor
 
 log = logging.getLogger("awp_worker.attempt")
@@ -101,6 +102,14 @@ class Attempts:
             "dispatch_id": lease.dispatch_id,
             "action": lease.action,
         }
+        holding: list[HeldLease] = []
+        stream = StreamWriter(
+            lease,
+            session.append_stream,
+            lambda reason: self._stream_lost(holding[0], reason),
+            StreamSettings(),
+            fields,
+        )
         ctx = ActionContext(
             run_id=lease.run_id,
             task_key=lease.task_key,
@@ -116,8 +125,16 @@ class Attempts:
             upstream_states={
                 key: task_state_name(state) for key, state in lease.upstream_states.items()
             },
+            stream=stream,
         )
-        return HeldLease(lease=lease, clock=clock, ctx=ctx, log_fields=fields)
+        held = HeldLease(lease=lease, clock=clock, ctx=ctx, log_fields=fields, stream=stream)
+        holding.append(held)
+        return held
+
+    def _stream_lost(self, held: HeldLease, reason: str) -> None:
+        """An append was refused: the attempt stops as if its lease were revoked."""
+        if self._owner.leases.holds(held):
+            revoke(self._owner, held, "lost")
 
     async def _execute(self, held: HeldLease) -> None:
         bind(**held.log_fields)  # this task's context only: user log lines carry them too
@@ -136,6 +153,8 @@ class Attempts:
                 result = failure(lease, message, retryable=False)
             else:
                 result = await self._run_executor(held, executor, lease_log)
+            if result is not None and not await self._flush_stream(held, lease_log):
+                result = None
         except asyncio.CancelledError:
             held.ctx._cancel()
             metrics.executions.labels(kind, "cancelled").inc()
@@ -143,6 +162,8 @@ class Attempts:
             raise
         finally:
             held.timeout = None
+            if held.stream is not None:
+                held.stream.close()
             metrics.execution_seconds.labels(kind).observe(time.monotonic() - started)
         if result is None:
             metrics.executions.labels(kind, "safety_deadline").inc()
@@ -187,6 +208,20 @@ class Attempts:
             )
         except Exception as exc:
             return _failed(lease, exc, tail, lease_log)
+
+    async def _flush_stream(self, held: HeldLease, lease_log: LeaseLog) -> bool:
+        """Every chunk the action wrote is stored before its result is reported (a
+        reader sees the attempt's whole stream before its end); False if the safety
+        deadline passed first. A lost lease cancels this task (_stream_lost)."""
+        if held.stream is None:
+            return True
+        try:
+            async with asyncio.timeout_at(held.clock.safety_deadline):
+                await held.stream.flush()
+        except TimeoutError:
+            self._safety_deadline_passed(held, lease_log)
+            return False
+        return True
 
     async def _fetch_upstream(self, held: HeldLease, lease_log: LeaseLog) -> bool:
         """Adds the upstream outputs the lease left out (to keep the Claim answer

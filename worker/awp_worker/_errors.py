@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from awp_protocol.errors import PERMANENT_REASONS, TRANSIENT_CODES, decode_details
+from awp_protocol.errors import PERMANENT_REASONS, TRANSIENT_CODES, Reason, decode_details
 
 # Call metadata as the stubs want it; only ever the worker token.
 Metadata = tuple[tuple[str, str | bytes], ...] | None
@@ -63,6 +63,8 @@ def classify(exc: Exception) -> Kind:
     # wrong cluster worker token (TOKEN_INVALID); neither heals by retrying.
     if reason in PERMANENT_REASONS or code == grpc.StatusCode.UNAUTHENTICATED:
         return Kind.PERMANENT
+    if reason == Reason.STREAM_LIMIT:
+        return Kind.REJECTED  # the same append is refused again (the attempt's bytes)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _oversized(exc):
         # gRPC refused the message's size (ours to the server, or its answer to us):
         # sending the same request again can only fail the same way.

@@ -13,6 +13,7 @@ import contextvars
 import inspect
 import math
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -103,10 +104,24 @@ class MockExecutor:
     ``sleep_ms`` sleeps first (cancellable); ``fail`` (a message or ``true``) fails
     permanently; ``fail_attempts: N`` fails retryably while the attempt is <= N;
     ``output_bytes: N`` adds ``"padding"``, N hex digits, to the output (large outputs
-    without large inputs, for the payload benchmark).
+    without large inputs, for the payload benchmark); ``stream_chunks: N`` first writes N
+    chunks ``"<attempt>:<i> "`` to the output stream, one every ``stream_every_ms`` (on a
+    fixed schedule), each padded to ``stream_chunk_bytes``; ``stream_stamp: true`` puts the
+    wall-clock time of the write in each, ``"<attempt>:<i>@<epoch seconds> "`` (the stream
+    tests and benchmark).
     """
 
     async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
+        every_s = _number(input, "stream_every_ms") / 1000
+        pad = int(_number(input, "stream_chunk_bytes"))
+        stamp = input.get("stream_stamp") is True
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        for index in range(int(_number(input, "stream_chunks"))):
+            written = f"@{time.time():.6f}" if stamp else ""
+            await ctx.stream.awrite(f"{ctx.attempt}:{index}{written} ".ljust(pad, "."))
+            if every_s > 0:
+                await asyncio.sleep(max(0.0, began + (index + 1) * every_s - loop.time()))
         sleep_ms = _number(input, "sleep_ms")
         if sleep_ms > 0:
             await asyncio.sleep(sleep_ms / 1000)

@@ -249,6 +249,21 @@ class Session:
             self.failed(route, exc)
             raise
 
+    async def append_stream(
+        self, request: worker_pb2.AppendStreamRequest
+    ) -> worker_pb2.AppendStreamResponse:
+        """One AppendStream (the session filled in); raises the call's RpcError."""
+        request.session.CopyFrom(self.token)
+        route, stub = self.route()
+        try:
+            response: worker_pb2.AppendStreamResponse = await stub.AppendStream(
+                request, timeout=self._config.rpc_timeout, metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            self.failed(route, exc)
+            raise
+        return response
+
     def heartbeat(self) -> tuple[int, HeartbeatCall]:
         """Open one heartbeat stream; its route, for ``failed``, and the call."""
         route, stub = self.route()

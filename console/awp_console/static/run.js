@@ -290,11 +290,14 @@
     loadPanel();
   }
 
+  let panelStream = null;
   async function loadPanel() {
     const key = selected;
     const answer = await fetch(panel.dataset.src + encodeURIComponent(key), { credentials: "same-origin" });
     if (key !== selected) return;
+    if (panelStream) panelStream.close();
     panel.innerHTML = answer.ok ? await answer.text() : '<p class="error">The task could not be loaded (' + answer.status + ").</p>";
+    panelStream = answer.ok ? window.awpTaskStream(panel) : null;
   }
 
   document.addEventListener("click", (event) => {

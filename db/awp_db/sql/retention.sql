@@ -8,6 +8,11 @@
 -- on which finished_at was written.
 SELECT clock_timestamp() - $1::bigint * interval '1 millisecond'
 
+-- name: delete_stream_chunks
+-- Through the dispatches' run_id index and the chunks' primary key (dispatch_id first).
+DELETE FROM stream_chunks
+ WHERE dispatch_id IN (SELECT id FROM dispatches WHERE run_id = ANY($1::uuid[]))
+
 -- name: delete_attempts
 WITH gone AS (DELETE FROM attempts WHERE run_id = ANY($1::uuid[]) RETURNING 1)
 SELECT count(*) FROM gone

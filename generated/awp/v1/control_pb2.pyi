@@ -24,6 +24,7 @@ from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -34,6 +35,146 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _StreamBoundaryKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StreamBoundaryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StreamBoundaryKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STREAM_BOUNDARY_KIND_UNSPECIFIED: _StreamBoundaryKind.ValueType  # 0
+    STREAM_BOUNDARY_KIND_STARTED: _StreamBoundaryKind.ValueType  # 1
+    STREAM_BOUNDARY_KIND_ENDED: _StreamBoundaryKind.ValueType  # 2
+
+class StreamBoundaryKind(_StreamBoundaryKind, metaclass=_StreamBoundaryKindEnumTypeWrapper): ...
+
+STREAM_BOUNDARY_KIND_UNSPECIFIED: StreamBoundaryKind.ValueType  # 0
+STREAM_BOUNDARY_KIND_STARTED: StreamBoundaryKind.ValueType  # 1
+STREAM_BOUNDARY_KIND_ENDED: StreamBoundaryKind.ValueType  # 2
+Global___StreamBoundaryKind: _TypeAlias = StreamBoundaryKind  # noqa: Y015
+
+@_typing.final
+class WatchStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TASK_KEY_FIELD_NUMBER: _builtins.int
+    FROM_OFFSET_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    task_key: _builtins.str
+    """At most 64 characters."""
+    from_offset: _builtins.int
+    """The first position to send; 0 from the start."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        task_key: _builtins.str = ...,
+        from_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_offset", b"from_offset", "run_id", b"run_id", "task_key", b"task_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchStreamRequest: _TypeAlias = WatchStreamRequest  # noqa: Y015
+
+@_typing.final
+class StreamChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    ATTEMPT_OFFSET_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    position: _builtins.int
+    """The chunk's place in the task's stream (resume from position + 1)."""
+    attempt: _builtins.int
+    """The attempt that wrote it, and its offset within that attempt."""
+    attempt_offset: _builtins.int
+    text: _builtins.str
+    json: _builtins.str
+    """A JSON value as text."""
+    def __init__(
+        self,
+        *,
+        position: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        attempt_offset: _builtins.int = ...,
+        text: _builtins.str = ...,
+        json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "json", b"json", "text", b"text"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempt_offset", b"attempt_offset", "data", b"data", "json", b"json", "position", b"position", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_data: _TypeAlias = _typing.Literal["text", "json"]  # noqa: Y015
+    _WhichOneofArgType_data: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_data) -> _WhichOneofReturnType_data | None: ...
+
+Global___StreamChunk: _TypeAlias = StreamChunk  # noqa: Y015
+
+@_typing.final
+class StreamBoundary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    kind: Global___StreamBoundaryKind.ValueType
+    state: _types_pb2.AttemptState.ValueType
+    """ENDED: how the attempt ended (SUCCEEDED, FAILED, INTERRUPTED, TIMED_OUT, CANCELED)."""
+    error_message: _builtins.str
+    """ENDED with an error: its message."""
+    position: _builtins.int
+    """The position the next chunk of the stream will have."""
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        kind: Global___StreamBoundaryKind.ValueType = ...,
+        state: _types_pb2.AttemptState.ValueType = ...,
+        error_message: _builtins.str = ...,
+        position: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error_message", b"error_message", "kind", b"kind", "position", b"position", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamBoundary: _TypeAlias = StreamBoundary  # noqa: Y015
+
+@_typing.final
+class WatchStreamResponse(_message.Message):
+    """One of: a batch of chunks (at most 500, in position order) or one boundary."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    BOUNDARY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamChunk]: ...
+    @_builtins.property
+    def boundary(self) -> Global___StreamBoundary: ...
+    def __init__(
+        self,
+        *,
+        chunks: _abc.Iterable[Global___StreamChunk] | None = ...,
+        boundary: Global___StreamBoundary | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["boundary", b"boundary"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boundary", b"boundary", "chunks", b"chunks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchStreamResponse: _TypeAlias = WatchStreamResponse  # noqa: Y015
 
 @_typing.final
 class Workflow(_message.Message):

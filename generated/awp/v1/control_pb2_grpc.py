@@ -114,6 +114,11 @@ class ControlServiceStub:
                 request_serializer=awp_dot_v1_dot_control__pb2.WhoAmIRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.WhoAmIResponse.FromString,
                 _registered_method=True)
+        self.WatchStream = channel.unary_stream(
+                '/awp.v1.ControlService/WatchStream',
+                request_serializer=awp_dot_v1_dot_control__pb2.WatchStreamRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.WatchStreamResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -264,6 +269,25 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchStream(self, request, context):
+        """A task's output stream (DESIGN.md §15): the chunks already stored from from_offset
+        on, then live ones, ending once the task has ended and everything was sent.
+        Positions (offsets for readers) are per task: contiguous from 0 across its attempts
+        in attempt order (a finished attempt's chunks can never grow: appends are fenced by
+        the lease). Each attempt's chunks are framed by boundaries: STARTED before its first
+        chunk (or as soon as it exists) and ENDED with its outcome after its last one, so a
+        reader can drop a failed attempt's partial output. Resume with from_offset = the last
+        position received + 1: no chunk is repeated or skipped; the boundaries of the attempt
+        that wrote position from_offset - 1 (and of every later one) are sent again, so key
+        them by attempt. Any replica serves any stream (PostgreSQL is the truth; a
+        notification only wakes readers). Needs the viewer role. RUN_NOT_FOUND for an
+        unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
+        the readers one server serves at once (its --max-stream-readers, at most 1,000).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -346,6 +370,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.WhoAmI,
                     request_deserializer=awp_dot_v1_dot_control__pb2.WhoAmIRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.WhoAmIResponse.SerializeToString,
+            ),
+            'WatchStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchStream,
+                    request_deserializer=awp_dot_v1_dot_control__pb2.WatchStreamRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.WatchStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -780,6 +809,33 @@ class ControlService:
             '/awp.v1.ControlService/WhoAmI',
             awp_dot_v1_dot_control__pb2.WhoAmIRequest.SerializeToString,
             awp_dot_v1_dot_control__pb2.WhoAmIResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/awp.v1.ControlService/WatchStream',
+            awp_dot_v1_dot_control__pb2.WatchStreamRequest.SerializeToString,
+            awp_dot_v1_dot_control__pb2.WatchStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

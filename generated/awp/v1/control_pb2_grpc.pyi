@@ -120,6 +120,21 @@ class ControlServiceStub:
     """The caller's credential name and roles, so that a client (the web console) shows only
     what the caller may do. Any known credential may ask, whatever its roles.
     """
+    WatchStream: _grpc.UnaryStreamMultiCallable[_control_pb2.WatchStreamRequest, _control_pb2.WatchStreamResponse]
+    """A task's output stream (DESIGN.md §15): the chunks already stored from from_offset
+    on, then live ones, ending once the task has ended and everything was sent.
+    Positions (offsets for readers) are per task: contiguous from 0 across its attempts
+    in attempt order (a finished attempt's chunks can never grow: appends are fenced by
+    the lease). Each attempt's chunks are framed by boundaries: STARTED before its first
+    chunk (or as soon as it exists) and ENDED with its outcome after its last one, so a
+    reader can drop a failed attempt's partial output. Resume with from_offset = the last
+    position received + 1: no chunk is repeated or skipped; the boundaries of the attempt
+    that wrote position from_offset - 1 (and of every later one) are sent again, so key
+    them by attempt. Any replica serves any stream (PostgreSQL is the truth; a
+    notification only wakes readers). Needs the viewer role. RUN_NOT_FOUND for an
+    unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
+    the readers one server serves at once (its --max-stream-readers, at most 1,000).
+    """
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -199,6 +214,21 @@ class ControlServiceAsyncStub(ControlServiceStub):
     WhoAmI: _aio.UnaryUnaryMultiCallable[_control_pb2.WhoAmIRequest, _control_pb2.WhoAmIResponse]  # type: ignore[assignment]
     """The caller's credential name and roles, so that a client (the web console) shows only
     what the caller may do. Any known credential may ask, whatever its roles.
+    """
+    WatchStream: _aio.UnaryStreamMultiCallable[_control_pb2.WatchStreamRequest, _control_pb2.WatchStreamResponse]  # type: ignore[assignment]
+    """A task's output stream (DESIGN.md §15): the chunks already stored from from_offset
+    on, then live ones, ending once the task has ended and everything was sent.
+    Positions (offsets for readers) are per task: contiguous from 0 across its attempts
+    in attempt order (a finished attempt's chunks can never grow: appends are fenced by
+    the lease). Each attempt's chunks are framed by boundaries: STARTED before its first
+    chunk (or as soon as it exists) and ENDED with its outcome after its last one, so a
+    reader can drop a failed attempt's partial output. Resume with from_offset = the last
+    position received + 1: no chunk is repeated or skipped; the boundaries of the attempt
+    that wrote position from_offset - 1 (and of every later one) are sent again, so key
+    them by attempt. Any replica serves any stream (PostgreSQL is the truth; a
+    notification only wakes readers). Needs the viewer role. RUN_NOT_FOUND for an
+    unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
+    the readers one server serves at once (its --max-stream-readers, at most 1,000).
     """
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -372,6 +402,27 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_control_pb2.WhoAmIResponse, _abc.Awaitable[_control_pb2.WhoAmIResponse]]:
         """The caller's credential name and roles, so that a client (the web console) shows only
         what the caller may do. Any known credential may ask, whatever its roles.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchStream(
+        self,
+        request: _control_pb2.WatchStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_control_pb2.WatchStreamResponse], _abc.AsyncIterator[_control_pb2.WatchStreamResponse]]:
+        """A task's output stream (DESIGN.md §15): the chunks already stored from from_offset
+        on, then live ones, ending once the task has ended and everything was sent.
+        Positions (offsets for readers) are per task: contiguous from 0 across its attempts
+        in attempt order (a finished attempt's chunks can never grow: appends are fenced by
+        the lease). Each attempt's chunks are framed by boundaries: STARTED before its first
+        chunk (or as soon as it exists) and ENDED with its outcome after its last one, so a
+        reader can drop a failed attempt's partial output. Resume with from_offset = the last
+        position received + 1: no chunk is repeated or skipped; the boundaries of the attempt
+        that wrote position from_offset - 1 (and of every later one) are sent again, so key
+        them by attempt. Any replica serves any stream (PostgreSQL is the truth; a
+        notification only wakes readers). Needs the viewer role. RUN_NOT_FOUND for an
+        unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
+        the readers one server serves at once (its --max-stream-readers, at most 1,000).
         """
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -81,6 +81,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the lease is no longer this session's (expired, revoked,
     settled, or the token does not match): stop working on it and report nothing.
     """
+    ERROR_REASON_STREAM_LIMIT: _ErrorReason.ValueType  # 17
+    """RESOURCE_EXHAUSTED: an output stream's limit was reached: the bytes one attempt may
+    stream (AppendStream), or the readers one server serves at once (WatchStream; try
+    another replica or later). The message names the limit.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -134,5 +139,10 @@ needs a finished run. Wait for it, or cancel it first.
 ERROR_REASON_LEASE_LOST: ErrorReason.ValueType  # 16
 """FAILED_PRECONDITION: the lease is no longer this session's (expired, revoked,
 settled, or the token does not match): stop working on it and report nothing.
+"""
+ERROR_REASON_STREAM_LIMIT: ErrorReason.ValueType  # 17
+"""RESOURCE_EXHAUSTED: an output stream's limit was reached: the bytes one attempt may
+stream (AppendStream), or the readers one server serves at once (WatchStream; try
+another replica or later). The message names the limit.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -112,6 +112,97 @@ COMPLETE_OUTCOME_LEASE_LOST: CompleteOutcome.ValueType  # 4
 Global___CompleteOutcome: _TypeAlias = CompleteOutcome  # noqa: Y015
 
 @_typing.final
+class StreamChunkIn(_message.Message):
+    """One chunk of an output stream: text, or a JSON value as text."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """At most 65,536 characters."""
+    json: _builtins.str
+    """A JSON value (any type) as text, at most 65,536 characters."""
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "json", b"json", "text", b"text"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "json", b"json", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_data: _TypeAlias = _typing.Literal["text", "json"]  # noqa: Y015
+    _WhichOneofArgType_data: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_data) -> _WhichOneofReturnType_data | None: ...
+
+Global___StreamChunkIn: _TypeAlias = StreamChunkIn  # noqa: Y015
+
+@_typing.final
+class AppendStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.int
+    lease_token: _builtins.str
+    """At most 128 characters."""
+    first_offset: _builtins.int
+    """The attempt's offset of chunks[0]: at most the next offset the attempt's stream
+    expects (no gaps); below it, the overlap must equal what is stored.
+    """
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamChunkIn]:
+        """1 to 1,000 chunks; an attempt streams at most 16 MiB (UTF-8 bytes) in all."""
+
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+        dispatch_id: _builtins.int = ...,
+        lease_token: _builtins.str = ...,
+        first_offset: _builtins.int = ...,
+        chunks: _abc.Iterable[Global___StreamChunkIn] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "dispatch_id", b"dispatch_id", "first_offset", b"first_offset", "lease_token", b"lease_token", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendStreamRequest: _TypeAlias = AppendStreamRequest  # noqa: Y015
+
+@_typing.final
+class AppendStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    outcome: Global___CompleteOutcome.ValueType
+    """ACCEPTED, DUPLICATE, RESULT_CONFLICT or LEASE_LOST, as Complete's."""
+    next_offset: _builtins.int
+    """The offset the attempt's next chunk must have (0 with LEASE_LOST)."""
+    def __init__(
+        self,
+        *,
+        outcome: Global___CompleteOutcome.ValueType = ...,
+        next_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_offset", b"next_offset", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendStreamResponse: _TypeAlias = AppendStreamResponse  # noqa: Y015
+
+@_typing.final
 class Session(_message.Message):
     """Identifies a worker session in every call after Register."""
 

@@ -64,6 +64,11 @@ class WorkerServiceStub:
                 request_serializer=awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsResponse.FromString,
                 _registered_method=True)
+        self.AppendStream = channel.unary_unary(
+                '/awp.v1.WorkerService/AppendStream',
+                request_serializer=awp_dot_v1_dot_worker__pb2.AppendStreamRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_worker__pb2.AppendStreamResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -131,6 +136,21 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendStream(self, request, context):
+        """Output streams (DESIGN.md §15). Appends chunks to the lease's attempt's output
+        stream, fenced exactly as Complete: the session's holder, the lease token, and the
+        database clock before the lease expiry and the attempt deadline, checked under the
+        lease's row lock, so every chunk stored is committed before the lease can end and
+        none can be stored after (LEASE_LOST: stop the attempt, send nothing more).
+        Offsets are per attempt: the attempt's chunks are numbered 0, 1, 2... with no gap.
+        A resend of stored chunks (an answer lost) is DUPLICATE (any new tail is stored);
+        a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
+        stored). STREAM_LIMIT past the bytes one attempt may stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +183,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.GetUpstreamOutputs,
                     request_deserializer=awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsRequest.FromString,
                     response_serializer=awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsResponse.SerializeToString,
+            ),
+            'AppendStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendStream,
+                    request_deserializer=awp_dot_v1_dot_worker__pb2.AppendStreamRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_worker__pb2.AppendStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -327,6 +352,33 @@ class WorkerService:
             '/awp.v1.WorkerService/GetUpstreamOutputs',
             awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsRequest.SerializeToString,
             awp_dot_v1_dot_worker__pb2.GetUpstreamOutputsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.WorkerService/AppendStream',
+            awp_dot_v1_dot_worker__pb2.AppendStreamRequest.SerializeToString,
+            awp_dot_v1_dot_worker__pb2.AppendStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

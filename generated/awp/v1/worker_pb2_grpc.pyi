@@ -86,6 +86,17 @@ class WorkerServiceStub:
     to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
     the action.
     """
+    AppendStream: _grpc.UnaryUnaryMultiCallable[_worker_pb2.AppendStreamRequest, _worker_pb2.AppendStreamResponse]
+    """Output streams (DESIGN.md §15). Appends chunks to the lease's attempt's output
+    stream, fenced exactly as Complete: the session's holder, the lease token, and the
+    database clock before the lease expiry and the attempt deadline, checked under the
+    lease's row lock, so every chunk stored is committed before the lease can end and
+    none can be stored after (LEASE_LOST: stop the attempt, send nothing more).
+    Offsets are per attempt: the attempt's chunks are numbered 0, 1, 2... with no gap.
+    A resend of stored chunks (an answer lost) is DUPLICATE (any new tail is stored);
+    a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
+    stored). STREAM_LIMIT past the bytes one attempt may stream.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -127,6 +138,17 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """The upstream outputs a lease left out (Lease.omitted_upstream_keys), answered only
     to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
     the action.
+    """
+    AppendStream: _aio.UnaryUnaryMultiCallable[_worker_pb2.AppendStreamRequest, _worker_pb2.AppendStreamResponse]  # type: ignore[assignment]
+    """Output streams (DESIGN.md §15). Appends chunks to the lease's attempt's output
+    stream, fenced exactly as Complete: the session's holder, the lease token, and the
+    database clock before the lease expiry and the attempt deadline, checked under the
+    lease's row lock, so every chunk stored is committed before the lease can end and
+    none can be stored after (LEASE_LOST: stop the attempt, send nothing more).
+    Offsets are per attempt: the attempt's chunks are numbered 0, 1, 2... with no gap.
+    A resend of stored chunks (an answer lost) is DUPLICATE (any new tail is stored);
+    a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
+    stored). STREAM_LIMIT past the bytes one attempt may stream.
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -202,6 +224,23 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         """The upstream outputs a lease left out (Lease.omitted_upstream_keys), answered only
         to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
         the action.
+        """
+
+    @_abc_1.abstractmethod
+    def AppendStream(
+        self,
+        request: _worker_pb2.AppendStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.AppendStreamResponse, _abc.Awaitable[_worker_pb2.AppendStreamResponse]]:
+        """Output streams (DESIGN.md §15). Appends chunks to the lease's attempt's output
+        stream, fenced exactly as Complete: the session's holder, the lease token, and the
+        database clock before the lease expiry and the attempt deadline, checked under the
+        lease's row lock, so every chunk stored is committed before the lease can end and
+        none can be stored after (LEASE_LOST: stop the attempt, send nothing more).
+        Offsets are per attempt: the attempt's chunks are numbered 0, 1, 2... with no gap.
+        A resend of stored chunks (an answer lost) is DUPLICATE (any new tail is stored);
+        a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
+        stored). STREAM_LIMIT past the bytes one attempt may stream.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

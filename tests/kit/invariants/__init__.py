@@ -22,10 +22,12 @@ everything check_committed checks:
    never decreasing along seq (every state transaction appends events and bumps once).
 5. Nothing is left leased to a stopped or offline worker, and a finished run holds no
    live dispatch and no running attempt.
-6. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
+6. Output streams: no chunk stored after its lease ended, offsets contiguous per
+   attempt, positions per task (streams.py, in every committed state).
+7. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
    no INTERNAL answer during the scenario (health.py).
 
-The checks live in committed.py (every committed state), runs.py (each finished run)
+The checks live in committed.py and streams.py (every committed state), runs.py (each finished run)
 and health.py; this module is the one entry point. The checker also reports how many
 executions the tasks cost: at-least-once is paid for in extra attempts, and the output
 should show that price, not hide it.
