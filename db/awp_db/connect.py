@@ -37,6 +37,18 @@ TIMEOUT_ERRORS: Final = (
     asyncpg.exceptions.QueryCanceledError,  # statement_timeout (or a cancel)
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
 )
+
+
+def ended_by_server(exc: BaseException) -> bool:
+    """Whether ``exc`` is asyncpg's report of a command issued on a session PostgreSQL had
+    already ended: the FATAL error that ends it (the idle-in-transaction timeout above, an
+    administrator's terminate) arrived while this process could not read -- stopped, or
+    its loop busy -- and asyncpg, still consuming that error (its protocol state 2) when
+    the next command came, refuses the command with an InternalClientError instead of
+    naming the lost connection. Like TIMEOUT_ERRORS, the work was rolled back."""
+    return isinstance(exc, asyncpg.InternalClientError) and "another operation (2)" in str(exc)
+
+
 # transaction_timeout exists from PostgreSQL 17; older servers refuse the unknown
 # setting, so it is set only where the server has it (docs/postgres.md: on 15 and 16 a
 # client stopped in the middle of a command keeps its locks until it resumes or TCP

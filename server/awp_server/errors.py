@@ -17,7 +17,7 @@ import grpc
 from google.rpc import code_pb2
 from grpc_status import rpc_status
 
-from awp_db.connect import TIMEOUT_ERRORS
+from awp_db.connect import TIMEOUT_ERRORS, ended_by_server
 from awp_kernel.errors import AwpError, database_unavailable, invalid_many
 from awp_protocol.errors import FieldsInvalid, encode_status
 
@@ -52,7 +52,7 @@ def as_awp_error(exc: BaseException) -> AwpError | None:
         return exc
     if isinstance(exc, FieldsInvalid):
         return invalid_many(exc.violations, exc.reason)
-    if isinstance(exc, DATABASE_DOWN):
+    if isinstance(exc, DATABASE_DOWN) or ended_by_server(exc):
         return database_unavailable(type(exc).__name__)
     return None
 
