@@ -1,7 +1,7 @@
 """Every statement that takes row locks, and the one order they are taken in.
 
 LOCK ORDER: the calling worker's session row (when the call authenticates one), then
-run rows, then dispatch rows, each in ascending id (DESIGN.md §6). A transaction
+schedule rows, then run rows, then dispatch rows, each in ascending id (DESIGN.md §6). A transaction
 that needs several kinds takes them in that order; one that skips locked rows (SKIP
 LOCKED) never waits, so it cannot break the order. Task rows are only written under
 their run's lock. Every other comment about locking points here.
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from awp_db.connect import Conn
@@ -90,6 +91,34 @@ async def silent_sessions(conn: Conn, intervals: int, floor_ms: int) -> list[UUI
     """Sessions silent for `intervals` of their own heartbeat interval, and `floor_ms`."""
     rows = await conn.fetch(Q["silent_sessions"], intervals, floor_ms)
     return [row["id"] for row in rows]
+
+
+# --- schedule rows ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LockedSchedule:
+    id: UUID
+    name: str
+    workflow_name: str
+    workflow_version: int
+    input: dict[str, Any]
+    cron: str | None
+    interval_ms: int | None
+    timezone: str
+    overlap: str
+    catchup: str
+    catchup_window_ms: int
+    paused: bool
+    next_tick_at: datetime
+
+
+async def schedules(
+    conn: Conn, schedule_ids: Iterable[UUID], *, skip_locked: bool
+) -> list[LockedSchedule]:
+    """Schedule rows, locked; skip_locked leaves out rows another transaction holds."""
+    query = Q["schedules"] + (" SKIP LOCKED" if skip_locked else "")
+    return await rows_as(LockedSchedule, conn, query, sorted(set(schedule_ids)))
 
 
 # --- run rows --------------------------------------------------------------------------

@@ -81,6 +81,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the lease is no longer this session's (expired, revoked,
     settled, or the token does not match): stop working on it and report nothing.
     """
+    ERROR_REASON_SCHEDULE_NOT_FOUND: _ErrorReason.ValueType  # 17
+    """NOT_FOUND: no schedule of that name."""
+    ERROR_REASON_SCHEDULE_EXISTS: _ErrorReason.ValueType  # 18
+    """ALREADY_EXISTS: a schedule of that name exists (UpdateSchedule changes it)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -135,4 +139,8 @@ ERROR_REASON_LEASE_LOST: ErrorReason.ValueType  # 16
 """FAILED_PRECONDITION: the lease is no longer this session's (expired, revoked,
 settled, or the token does not match): stop working on it and report nothing.
 """
+ERROR_REASON_SCHEDULE_NOT_FOUND: ErrorReason.ValueType  # 17
+"""NOT_FOUND: no schedule of that name."""
+ERROR_REASON_SCHEDULE_EXISTS: ErrorReason.ValueType  # 18
+"""ALREADY_EXISTS: a schedule of that name exists (UpdateSchedule changes it)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
