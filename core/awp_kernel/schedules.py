@@ -107,7 +107,9 @@ def cadence(cron: str, interval_ms: int, timezone: str) -> Cadence:
     try:
         ZoneInfo(zone)
     except (ZoneInfoNotFoundError, ValueError):
-        raise invalid("timezone", f"{zone!r} is not an IANA time zone (e.g. Europe/Paris)") from None
+        raise invalid(
+            "timezone", f"{zone!r} is not an IANA time zone (e.g. Europe/Paris)"
+        ) from None
     if bool(cron) == bool(interval_ms):
         raise invalid("cron", "give exactly one of cron and interval")
     if interval_ms:

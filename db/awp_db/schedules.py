@@ -279,14 +279,14 @@ async def fire_due(conn: Conn, term: Term, limit: int = 100) -> Fired:
     return fired
 
 
-async def trigger(conn: Conn, name: str, by: str) -> UUID:
+async def trigger(conn: Conn, name: str, by: str) -> tuple[UUID, datetime]:
     """Starts a run now as a tick of the schedule (source 'trigger'), whatever its
     overlap policy and even while it is paused: the caller asked for this run."""
     async with conn.transaction():
         schedule = await _lock(conn, name)
         tick = await _now(conn)
         await conn.fetchval(Q["insert_requested_tick"], schedule.id, tick, "trigger")
-        return await _start_run(conn, schedule, tick, by, None)
+        return await _start_run(conn, schedule, tick, by, None), tick
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +313,9 @@ async def backfill(conn: Conn, name: str, start: datetime, end: datetime, by: st
             )
         started: list[UUID] = []
         for tick in ticks:
-            inserted = await conn.fetchval(Q["insert_requested_tick"], schedule.id, tick, "backfill")
+            inserted = await conn.fetchval(
+                Q["insert_requested_tick"], schedule.id, tick, "backfill"
+            )
             if inserted is not None:
                 started.append(await _start_run(conn, schedule, tick, by, None))
     return Backfilled(started, len(ticks) - len(started))

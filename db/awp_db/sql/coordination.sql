@@ -126,15 +126,17 @@ SELECT id FROM runs
  LIMIT $1
 
 -- name: release_starts
--- Runs are locked by the caller. A running run's roots become ready; a run that ended
--- while it waited (canceled) only stops waiting.
+-- Runs are locked by the caller. A running run's roots become ready (the start time was
+-- the one thing they still waited for: runs.sql, insert_tasks); a run that ended while
+-- it waited (canceled) only stops waiting.
 WITH released AS (
     UPDATE runs SET awaiting_start = false
      WHERE id = ANY($1::uuid[]) AND awaiting_start AND start_at <= clock_timestamp()
     RETURNING id, state)
 UPDATE tasks t
-   SET state = 'ready', ready_at = clock_timestamp()
+   SET state = 'ready', unfinished_deps = 0, ready_at = clock_timestamp()
   FROM released r
  WHERE t.run_id = r.id AND r.state = 'running'
-   AND t.state = 'pending' AND t.unfinished_deps = 0 AND NOT t.always
+   AND t.state = 'pending' AND cardinality(t.depends_on) = 0 AND NOT t.always
+   AND t.parent_id IS NULL
 RETURNING t.run_id, t.key

@@ -13,7 +13,8 @@ RETURNING id, awaiting_start
 
 -- name: insert_tasks
 -- $14/$15: a map task's upstream and path (JSON array of keys), NULL for other tasks.
--- $18: the run's start is delayed, so its roots are pending too (until release_starts).
+-- $18: the run's start is delayed: its roots are pending too, waiting for one more
+-- thing, the start time (coordination.sql: release_starts).
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
@@ -21,7 +22,7 @@ INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, depend
 SELECT $1, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
-       t.unfinished_deps,
+       t.unfinished_deps + CASE WHEN t.unfinished_deps = 0 AND $18 THEN 1 ELSE 0 END,
        CASE WHEN t.unfinished_deps = 0 AND NOT $18 THEN 'ready' ELSE 'pending' END,
        t.max_attempts, t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.timeout_ms,
        CASE WHEN t.unfinished_deps = 0 AND NOT $18 THEN now() END,
