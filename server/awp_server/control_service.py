@@ -12,7 +12,7 @@ import binascii
 import json
 import logging
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
 
@@ -463,7 +463,7 @@ def _delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:
     if request.HasField("start_time") and request.HasField("start_delay"):
         raise invalid("start_delay", "give at most one of start_time and start_delay")
     if request.HasField("start_time"):
-        return runs.Start(at=request.start_time.ToDatetime(tzinfo=UTC))
+        return runs.Start(at=convert.instant("start_time", request.start_time))
     if request.HasField("start_delay"):
         delay_ms = request.start_delay.ToMilliseconds()
         if not 0 <= delay_ms <= MAX_START_DELAY_MS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 from uuid import UUID
 
@@ -27,6 +27,7 @@ from awp_kernel.definition import (
     FAILURE_POLICIES,
     WorkflowSpec,
 )
+from awp_kernel.errors import invalid
 from awp_protocol import states
 from awp_protocol.jsonvalue import dict_to_struct
 
@@ -101,6 +102,15 @@ def timestamp(moment: datetime | None) -> timestamp_pb2.Timestamp | None:
     value = timestamp_pb2.Timestamp()
     value.FromDatetime(moment)
     return value
+
+
+def instant(field: str, value: timestamp_pb2.Timestamp) -> datetime:
+    """A request's Timestamp as an aware datetime; INVALID_ARGUMENT naming the field when
+    it is not a valid one (nanos out of range, beyond year 9999)."""
+    try:
+        return value.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise invalid(field, "is not a valid google.protobuf.Timestamp") from None
 
 
 def duration_from_ms(ms: float) -> duration_pb2.Duration:

@@ -7,7 +7,7 @@ here are only the wire conversions and the audit trail.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Final
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -51,12 +51,12 @@ def _ms(value: duration_pb2.Duration) -> int:
 
 def spec_from_proto(spec: schedule_pb2.ScheduleSpec) -> schedules.ScheduleSpec:
     """Wire to storage; the calendar's checks are awp_db.schedules' (naming each field)."""
-    _check_name("schedule.name", spec.name)
-    _check_name("schedule.workflow_name", spec.workflow_name)
-    _check_version("schedule.workflow_version", spec.workflow_version)
+    _check_name("name", spec.name)
+    _check_name("workflow_name", spec.workflow_name)
+    _check_version("workflow_version", spec.workflow_version)
     interval_ms = _ms(spec.interval) if spec.HasField("interval") else 0
     if spec.HasField("interval") and interval_ms <= 0:
-        raise invalid("schedule.interval", "must be positive")
+        raise invalid("interval", "must be positive")
     window_ms = (
         _ms(spec.catchup_window) if spec.HasField("catchup_window") else DEFAULT_CATCHUP_WINDOW_MS
     )
@@ -64,14 +64,14 @@ def spec_from_proto(spec: schedule_pb2.ScheduleSpec) -> schedules.ScheduleSpec:
     overlap = OVERLAPS.name(spec.overlap) or ("skip" if not spec.overlap else "")
     catchup = CATCHUPS.name(spec.catchup) or ("all" if not spec.catchup else "")
     if not overlap:
-        raise invalid("schedule.overlap", f"{spec.overlap} is not an OverlapPolicy")
+        raise invalid("overlap", f"{spec.overlap} is not an OverlapPolicy")
     if not catchup:
-        raise invalid("schedule.catchup", f"{spec.catchup} is not a CatchupPolicy")
+        raise invalid("catchup", f"{spec.catchup} is not a CatchupPolicy")
     return schedules.ScheduleSpec(
         name=spec.name,
         workflow_name=spec.workflow_name,
         workflow_version=spec.workflow_version,
-        input=_json_object("schedule.input", spec.input),
+        input=_json_object("input", spec.input),
         cron=spec.cron,
         interval_ms=interval_ms,
         timezone=spec.timezone or DEFAULT_TIMEZONE,
@@ -124,7 +124,7 @@ def schedule_to_proto(
 def _instant(field: str, value: timestamp_pb2.Timestamp, present: bool) -> datetime:
     if not present:
         raise invalid(field, "is required")
-    return value.ToDatetime(tzinfo=UTC)
+    return convert.instant(field, value)
 
 
 class ControlServiceWithSchedules(ControlService):

@@ -40,13 +40,26 @@ READS = (
     "ListTasks",
     "ListWorkers",
     "GetStats",
+    "GetSchedule",
+    "ListSchedules",
+)
+# A schedule starts runs: managing one is a submitter's (docs/schedules.md).
+SCHEDULE_WRITES = (
+    "CreateSchedule",
+    "UpdateSchedule",
+    "PauseSchedule",
+    "ResumeSchedule",
+    "DeleteSchedule",
+    "TriggerSchedule",
+    "BackfillSchedule",
 )
 MAY_CALL = {
     Role.WORKER: {"Register", "WhoAmI"},
     Role.VIEWER: {*READS, "WhoAmI"},
-    Role.SUBMITTER: {*READS, "WhoAmI", "StartRun", "CancelRun", "RetryRun"},
+    Role.SUBMITTER: {*READS, *SCHEDULE_WRITES, "WhoAmI", "StartRun", "CancelRun", "RetryRun"},
     Role.ADMIN: {
         *READS,
+        *SCHEDULE_WRITES,
         "WhoAmI",
         "StartRun",
         "CancelRun",
