@@ -58,7 +58,8 @@ async def test_ticks_fire_under_the_current_term_and_runs_record_them(
     row = await _schedule(pool)
     # Three seconds of ticks are due at once: catch-up "all" fires each, oldest first.
     await pool.execute(
-        "UPDATE schedules SET next_tick_at = date_trunc('second', clock_timestamp()) - interval '2 s'"
+        "UPDATE schedules"
+        " SET next_tick_at = date_trunc('second', clock_timestamp()) - interval '2 s'"
     )
     term = await _term(pool, "leader")
     coord = coordinator(pool, database_dsn)

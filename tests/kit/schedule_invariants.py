@@ -28,7 +28,8 @@ async def check_schedule_ticks(db: Db) -> None:
         for row in await conn.fetch(
             """SELECT t.schedule_id, t.tick_at, t.run_id,
                       (SELECT count(*) FROM runs r
-                        WHERE r.schedule_id = t.schedule_id AND r.schedule_tick = t.tick_at) AS runs,
+                        WHERE r.schedule_id = t.schedule_id
+                          AND r.schedule_tick = t.tick_at) AS runs,
                       (SELECT r.id FROM runs r
                         WHERE r.schedule_id = t.schedule_id AND r.schedule_tick = t.tick_at
                         LIMIT 1) AS found
