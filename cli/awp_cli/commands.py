@@ -137,6 +137,8 @@ async def run_start(client: Client, args: argparse.Namespace) -> Exit:
     )
     if args.input is not None:
         request.input.CopyFrom(args.input)
+    if args.start_in is not None:
+        request.start_delay.FromMilliseconds(round(args.start_in * 1000))
     answer = await client.call(client.control.StartRun, request)
     run = answer.run
     if not args.wait:
