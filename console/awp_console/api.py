@@ -16,7 +16,7 @@ from typing import Any, Final, Protocol, TypeVar
 import grpc
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, schedule_pb2, types_pb2
 from awp_common import tls
 from awp_console import models
 from awp_console.settings import Settings
@@ -220,6 +220,17 @@ class ControlApi:
         answer = await self._call(self._stub.ListWorkers, request)
         return tuple(map(_worker, answer.workers))
 
+    async def list_schedules(self) -> tuple[models.Schedule, ...]:
+        """Every schedule, by name (the server's pages followed)."""
+        found: list[models.Schedule] = []
+        request = schedule_pb2.ListSchedulesRequest()
+        while True:
+            answer = await self._call(self._stub.ListSchedules, request)
+            found.extend(map(_schedule, answer.schedules))
+            if not answer.next_page_token:
+                return tuple(found)
+            request.page_token = answer.next_page_token
+
     async def get_stats(self) -> models.Stats:
         answer = await self._call(self._stub.GetStats, control_pb2.GetStatsRequest())
         run_states, worker_states = types_pb2.RunState, types_pb2.WorkerState
@@ -384,6 +395,24 @@ def _workflow(workflow: control_pb2.Workflow) -> models.Workflow:
         tasks=tuple(tasks),
         created_at=_time(workflow, "created_at"),
         definition=shown,
+    )
+
+
+def _schedule(schedule: schedule_pb2.Schedule) -> models.Schedule:
+    spec = schedule.spec
+    if spec.cron:
+        cadence = f"{spec.cron} ({spec.timezone})"
+    else:
+        cadence = f"every {spec.interval.ToTimedelta()}"
+    return models.Schedule(
+        name=spec.name,
+        workflow=spec.workflow_name
+        + (f"@{spec.workflow_version}" if spec.workflow_version else ""),
+        cadence=cadence,
+        overlap=_name(schedule_pb2.OverlapPolicy, spec.overlap),
+        catchup=_name(schedule_pb2.CatchupPolicy, spec.catchup),
+        paused=spec.paused,
+        next_fire_at=_time(schedule, "next_fire_time"),
     )
 
 

@@ -173,6 +173,17 @@ class Worker:
 
 
 @dataclass(frozen=True, slots=True)
+class Schedule:
+    name: str
+    workflow: str  # NAME or NAME@VERSION
+    cadence: str  # the cron expression and its zone, or the interval
+    overlap: str
+    catchup: str
+    paused: bool
+    next_fire_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class KindCount:
     state: str
     executor_kind: str

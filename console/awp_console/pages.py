@@ -275,3 +275,9 @@ async def workers(request: Request) -> Response:
     include = request.query_params.get("all") == "1"
     found = await who.api.list_workers(include_inactive=include)
     return page(request, who, "workers.html", workers=found, include_inactive=include)
+
+
+async def schedules(request: Request) -> Response:
+    who = await caller(request)
+    found = await who.api.list_schedules()
+    return page(request, who, "schedules.html", schedules=found)
