@@ -1,0 +1,259 @@
+"""Schedules and delayed starts from application code (docs/schedules.md).
+
+    async with AsyncClient() as client:
+        schedules = Schedules(client)
+        await schedules.create("nightly", "digest", cron="0 2 * * *", timezone="Europe/Paris")
+        for s in await schedules.list():
+            print(s.name, s.next_fire_at)
+        later = await schedules.start_later("digest", after=timedelta(days=3))
+
+Every check is the server's: a bad cron expression, zone or policy raises InvalidArgument
+naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from awp.v1 import control_pb2, schedule_pb2
+from awp_protocol.jsonvalue import struct_to_dict
+from awp_sdk.client import AsyncClient, AsyncRunHandle, json_input
+from awp_sdk.records import Run, enum_name, when
+
+Overlap = Literal["skip", "buffer_one", "allow_all", "cancel_previous"]
+Catchup = Literal["none", "last", "all"]
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One fired tick: when, by what ("schedule", "trigger", "backfill"), with what
+    outcome ("started", "skipped", "buffered"), the run and the leader epoch."""
+
+    at: datetime | None
+    source: str
+    outcome: str
+    run_id: str | None
+    leader_epoch: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    workflow: str
+    version: int  # 0: the latest at each tick
+    input: dict[str, Any]
+    cron: str | None
+    every: timedelta | None
+    timezone: str
+    overlap: str
+    catchup: str
+    catchup_window: timedelta
+    paused: bool
+    next_fire_at: datetime | None
+    # GetSchedule only: the newest ticks, newest first.
+    recent_ticks: tuple[Tick, ...] = ()
+
+    @classmethod
+    def from_proto(cls, schedule: schedule_pb2.Schedule) -> Schedule:
+        spec = schedule.spec
+        return cls(
+            name=spec.name,
+            workflow=spec.workflow_name,
+            version=spec.workflow_version,
+            input=struct_to_dict(spec.input),
+            cron=spec.cron or None,
+            every=spec.interval.ToTimedelta() if spec.HasField("interval") else None,
+            timezone=spec.timezone,
+            overlap=enum_name(schedule_pb2.OverlapPolicy, "OVERLAP_POLICY_", spec.overlap),
+            catchup=enum_name(schedule_pb2.CatchupPolicy, "CATCHUP_POLICY_", spec.catchup),
+            catchup_window=spec.catchup_window.ToTimedelta(),
+            paused=spec.paused,
+            next_fire_at=when(schedule.next_fire_time),
+            recent_ticks=tuple(
+                Tick(when(t.tick_time), t.source, t.outcome, t.run_id or None, t.leader_epoch)
+                for t in schedule.recent_ticks
+            ),
+        )
+
+
+def _duration(value: timedelta) -> duration_pb2.Duration:
+    found = duration_pb2.Duration()
+    found.FromTimedelta(value)
+    return found
+
+
+def _timestamp(value: datetime) -> timestamp_pb2.Timestamp:
+    found = timestamp_pb2.Timestamp()
+    found.FromDatetime(value)
+    return found
+
+
+class Schedules:
+    """The schedule calls of one AsyncClient."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    def _spec(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None,
+        every: timedelta | None,
+        timezone: str,
+        input: Mapping[str, Any] | None,
+        version: int,
+        overlap: Overlap,
+        catchup: Catchup,
+        catchup_window: timedelta | None,
+        paused: bool,
+    ) -> schedule_pb2.ScheduleSpec:
+        spec = schedule_pb2.ScheduleSpec(
+            name=name,
+            workflow_name=workflow,
+            workflow_version=version,
+            input=json_input(input, "input"),
+            cron=cron or "",
+            timezone=timezone,
+            overlap=schedule_pb2.OverlapPolicy.Value(f"OVERLAP_POLICY_{overlap.upper()}"),
+            catchup=schedule_pb2.CatchupPolicy.Value(f"CATCHUP_POLICY_{catchup.upper()}"),
+            paused=paused,
+        )
+        if every is not None:
+            spec.interval.CopyFrom(_duration(every))
+        if catchup_window is not None:
+            spec.catchup_window.CopyFrom(_duration(catchup_window))
+        return spec
+
+    async def create(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        timezone: str = "UTC",
+        input: Mapping[str, Any] | None = None,
+        version: int = 0,
+        overlap: Overlap = "skip",
+        catchup: Catchup = "all",
+        catchup_window: timedelta | None = None,
+        paused: bool = False,
+    ) -> Schedule:
+        """A schedule of `workflow` on a cron expression (in `timezone`) or `every`."""
+        spec = self._spec(
+            name, workflow, cron=cron, every=every, timezone=timezone, input=input,
+            version=version, overlap=overlap, catchup=catchup, catchup_window=catchup_window,
+            paused=paused,
+        )  # fmt: skip
+        answer = await self._client.call(
+            self._client.control.CreateSchedule, schedule_pb2.CreateScheduleRequest(schedule=spec)
+        )
+        return Schedule.from_proto(answer.schedule)
+
+    async def update(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        timezone: str = "UTC",
+        input: Mapping[str, Any] | None = None,
+        version: int = 0,
+        overlap: Overlap = "skip",
+        catchup: Catchup = "all",
+        catchup_window: timedelta | None = None,
+        paused: bool = False,
+    ) -> Schedule:
+        """Replaces the whole definition; it fires from the next tick after now."""
+        spec = self._spec(
+            name, workflow, cron=cron, every=every, timezone=timezone, input=input,
+            version=version, overlap=overlap, catchup=catchup, catchup_window=catchup_window,
+            paused=paused,
+        )  # fmt: skip
+        answer = await self._client.call(
+            self._client.control.UpdateSchedule, schedule_pb2.UpdateScheduleRequest(schedule=spec)
+        )
+        return Schedule.from_proto(answer.schedule)
+
+    async def get(self, name: str) -> Schedule:
+        answer = await self._client.call(
+            self._client.control.GetSchedule, schedule_pb2.GetScheduleRequest(name=name)
+        )
+        return Schedule.from_proto(answer.schedule)
+
+    async def list(self) -> list[Schedule]:
+        """Every schedule, by name."""
+        found: list[Schedule] = []
+        request = schedule_pb2.ListSchedulesRequest()
+        while True:
+            answer = await self._client.call(self._client.control.ListSchedules, request)
+            found.extend(map(Schedule.from_proto, answer.schedules))
+            if not answer.next_page_token:
+                return found
+            request.page_token = answer.next_page_token
+
+    async def pause(self, name: str) -> Schedule:
+        answer = await self._client.call(
+            self._client.control.PauseSchedule, schedule_pb2.PauseScheduleRequest(name=name)
+        )
+        return Schedule.from_proto(answer.schedule)
+
+    async def resume(self, name: str) -> Schedule:
+        answer = await self._client.call(
+            self._client.control.ResumeSchedule, schedule_pb2.ResumeScheduleRequest(name=name)
+        )
+        return Schedule.from_proto(answer.schedule)
+
+    async def delete(self, name: str) -> None:
+        await self._client.call(
+            self._client.control.DeleteSchedule, schedule_pb2.DeleteScheduleRequest(name=name)
+        )
+
+    async def trigger(self, name: str) -> AsyncRunHandle:
+        """Starts a run now as a tick of the schedule."""
+        answer = await self._client.call(
+            self._client.control.TriggerSchedule, schedule_pb2.TriggerScheduleRequest(name=name)
+        )
+        return self._client.run(answer.run_id)
+
+    async def backfill(self, name: str, start: datetime, end: datetime) -> tuple[list[str], int]:
+        """Fires every tick in [start, end] not fired yet: (the runs started, how many ticks
+        of the range had fired already)."""
+        answer = await self._client.call(
+            self._client.control.BackfillSchedule,
+            schedule_pb2.BackfillScheduleRequest(
+                name=name, start_time=_timestamp(start), end_time=_timestamp(end)
+            ),
+        )
+        return list(answer.run_ids), answer.already_fired
+
+    async def start_later(
+        self,
+        workflow: str,
+        input: Mapping[str, Any] | None = None,
+        *,
+        at: datetime | None = None,
+        after: timedelta | None = None,
+        version: int = 0,
+    ) -> AsyncRunHandle:
+        """A delayed start: the run exists now; its first tasks become ready `at` a time or
+        `after` a delay, on the database clock."""
+        request = control_pb2.StartRunRequest(
+            workflow_name=workflow, workflow_version=version, input=json_input(input, "input")
+        )
+        if at is not None:
+            request.start_time.CopyFrom(_timestamp(at))
+        if after is not None:
+            request.start_delay.CopyFrom(_duration(after))
+        answer = await self._client.call(self._client.control.StartRun, request)
+        return AsyncRunHandle(
+            self._client, answer.run.id, Run.from_proto(answer.run), answer.created
+        )
