@@ -224,7 +224,9 @@ class Schedules:
         )
         return self._client.run(answer.run_id)
 
-    async def backfill(self, name: str, start: datetime, end: datetime) -> tuple[list[str], int]:
+    async def backfill(
+        self, name: str, start: datetime, end: datetime
+    ) -> tuple[tuple[str, ...], int]:
         """Fires every tick in [start, end] not fired yet: (the runs started, how many ticks
         of the range had fired already)."""
         answer = await self._client.call(
@@ -233,7 +235,7 @@ class Schedules:
                 name=name, start_time=_timestamp(start), end_time=_timestamp(end)
             ),
         )
-        return list(answer.run_ids), answer.already_fired
+        return tuple(answer.run_ids), answer.already_fired
 
     async def start_later(
         self,
