@@ -12,6 +12,7 @@ the same key, so a backfill over ticks that already fired starts nothing twice.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -91,10 +92,12 @@ class Fired:
     started: list[UUID] = field(default_factory=list)
     skipped: int = 0
     buffered: int = 0
+    # Of the runs started, those of ticks buffered earlier (fired then, not now).
+    buffered_started: int = 0
 
     @property
     def ticks(self) -> int:
-        return len(self.started) + self.skipped + self.buffered
+        return len(self.started) - self.buffered_started + self.skipped + self.buffered
 
 
 def _cadence_of(row: ScheduleRow | locks.LockedSchedule) -> Cadence:
@@ -244,9 +247,10 @@ async def _fire_ticks(
 
 
 async def fire_due(conn: Conn, term: Term, limit: int = 100) -> Fired:
-    """The coordinator's step: fires every due tick of up to `limit` schedules, and
-    starts buffered ticks whose previous run has ended, in one transaction that writes
-    only while `term` leads (Superseded otherwise)."""
+    """The coordinator's step: fires the due ticks of up to `limit` schedules (stopping
+    once `limit` ticks have fired), and starts buffered ticks whose previous run has
+    ended, in one transaction that writes only while `term` leads (Superseded
+    otherwise)."""
     candidates = [row["id"] for row in await conn.fetch(Q["due"], limit)]
     if not candidates:
         return Fired()
@@ -254,13 +258,19 @@ async def fire_due(conn: Conn, term: Term, limit: int = 100) -> Fired:
     async with transaction(conn, term):
         now = await _now(conn)
         for schedule in await locks.schedules(conn, candidates, skip_locked=True):
-            if schedule.paused:
-                continue
+            if fired.ticks >= limit:
+                break  # the rest in the next pass, which starts at once: keep this short
             by = f"schedule:{schedule.name}"
+            # A buffered tick has fired: it starts its run even if paused since.
             waiting = await conn.fetchval(Q["buffered_tick"], schedule.id)
             if waiting is not None and not await conn.fetch(Q["running_runs"], schedule.id):
-                fired.started.append(await _start_run(conn, schedule, waiting, by, term.epoch))
-            if schedule.next_tick_at > now:
+                run_id = await _start_run(conn, schedule, waiting, by, term.epoch)
+                fired = dataclasses.replace(
+                    fired,
+                    started=[*fired.started, run_id],
+                    buffered_started=fired.buffered_started + 1,
+                )
+            if schedule.paused or schedule.next_tick_at > now:
                 continue
             due = plan(
                 _cadence_of(schedule),
@@ -275,6 +285,7 @@ async def fire_due(conn: Conn, term: Term, limit: int = 100) -> Fired:
                 fired.started + more.started,
                 fired.skipped + more.skipped,
                 fired.buffered + more.buffered,
+                fired.buffered_started,
             )
     return fired
 
