@@ -4,6 +4,7 @@ naming the field; StartRun's delayed start. (Firing ticks: the coordinator's tes
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -167,3 +168,58 @@ async def test_a_delayed_start_is_visible_at_once_with_its_start_time(control: S
         start_run(control, start_time=at(later), start_delay=duration_pb2.Duration(seconds=30))
     )
     assert error.fields == ["start_delay"]
+
+
+async def test_the_fire_path_across_dst_nights_in_new_york(control: Stub, pool: Pool) -> None:
+    """Backfills create ticks and runs through the same calendar the coordinator fires
+    by: the runs' ticks over a spring-forward and a fall-back night."""
+    await create_workflow(control, tasks=[task("a")])
+    for name, cron in (("daily-0230", "30 2 * * *"), ("daily-0130", "30 1 * * *")):
+        await control.CreateSchedule(
+            schedule_pb2.CreateScheduleRequest(
+                schedule=nightly(name=name, cron=cron, timezone="America/New_York")
+            )
+        )
+    await control.CreateSchedule(
+        schedule_pb2.CreateScheduleRequest(
+            schedule=nightly(name="half-hourly", cron="*/30 * * * *", timezone="America/New_York")
+        )
+    )
+
+    async def ticks(name: str, start: datetime, end: datetime) -> list[datetime]:
+        answer = await control.BackfillSchedule(
+            schedule_pb2.BackfillScheduleRequest(name=name, start_time=at(start), end_time=at(end))
+        )
+        found = [
+            (await control.GetRun(control_pb2.GetRunRequest(run_id=r))).run.schedule_tick
+            for r in answer.run_ids
+        ]
+        return [t.ToDatetime(tzinfo=UTC) for t in found]
+
+    # 2025-03-09: 02:00 EST jumps to 03:00 EDT; 02:30 does not exist and fires at 03:00.
+    spring = await ticks(
+        "daily-0230", datetime(2025, 3, 8, tzinfo=UTC), datetime(2025, 3, 11, tzinfo=UTC)
+    )
+    assert spring == [
+        datetime(2025, 3, 8, 7, 30, tzinfo=UTC),
+        datetime(2025, 3, 9, 7, 0, tzinfo=UTC),
+        datetime(2025, 3, 10, 6, 30, tzinfo=UTC),
+    ]
+    # 2025-11-02: 02:00 EDT goes back to 01:00 EST; the daily 01:30 fires once that day.
+    fall = await ticks(
+        "daily-0130", datetime(2025, 11, 1, tzinfo=UTC), datetime(2025, 11, 4, tzinfo=UTC)
+    )
+    assert fall == [
+        datetime(2025, 11, 1, 5, 30, tzinfo=UTC),
+        datetime(2025, 11, 2, 5, 30, tzinfo=UTC),
+        datetime(2025, 11, 3, 6, 30, tzinfo=UTC),
+    ]
+    # Every 30 minutes stays every 30 minutes of real time through the repeated hour.
+    half = await ticks(
+        "half-hourly",
+        datetime(2025, 11, 2, 4, 30, tzinfo=UTC),
+        datetime(2025, 11, 2, 7, 0, tzinfo=UTC),
+    )
+    assert len(half) == 6
+    assert {b - a for a, b in itertools.pairwise(half)} == {timedelta(minutes=30)}
+    await check_schedule_ticks(pool)

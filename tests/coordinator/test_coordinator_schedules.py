@@ -203,3 +203,28 @@ async def test_a_delayed_run_canceled_before_its_start_never_starts(
 
     await poll_until(stopped_waiting, "the canceled run stops waiting")
     assert [t.state for t in await runs.tasks(pool, started.run_id)] == ["canceled"]
+
+
+@pytest.mark.parametrize(
+    ("catchup", "window_ms", "expect"),
+    [("all", 60_000, 11), ("all", 3_000, 3), ("last", 1_000, 1), ("none", 60_000, 1)],
+)
+async def test_catch_up_after_ten_missed_seconds(
+    pool: Pool, database_dsn: str, catchup: str, window_ms: int, expect: int
+) -> None:
+    # The schedule's next tick was ten seconds ago, as after a stack down for ten ticks.
+    row = await _schedule(pool, catchup=catchup, catchup_window_ms=window_ms)
+    await pool.execute(
+        "UPDATE schedules"
+        " SET next_tick_at = date_trunc('second', clock_timestamp()) - interval '10 s'"
+    )
+    term = await _term(pool, "leader")
+    async with pool.acquire() as conn:
+        fired = await schedules.fire_due(conn, term)
+    ticks = [t["tick_at"] for t in await _ticks(pool, row.name)]
+    # One more tick may have come due between setting the clock back and firing.
+    assert expect <= fired.ticks == len(ticks) <= expect + 1
+    assert ticks == sorted(ticks)
+    after = await pool.fetchval("SELECT next_tick_at FROM schedules WHERE id = $1", row.id)
+    assert after > ticks[-1]
+    await check_schedule_ticks(pool)
