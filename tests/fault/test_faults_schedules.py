@@ -94,6 +94,11 @@ async def _ticks_under(cluster: Cluster, schedule_id: UUID, epoch: int) -> int:
     return count
 
 
+async def _fired_under(cluster: Cluster, schedule_id: UUID, epoch: int) -> bool:
+    """A few ticks fired under this epoch: the window spans each leader's term."""
+    return await _ticks_under(cluster, schedule_id, epoch) >= 3
+
+
 async def _lateness(cluster: Cluster, schedule_id: UUID) -> str:
     row = await cluster.fetchrow(
         """SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY l) AS p50,
@@ -129,7 +134,7 @@ async def test_every_tick_fires_once_across_partition_stop_and_kill_of_the_leade
         second = await _leader_after(cluster, first.epoch)
         assert second.holder == "coordinator-b"
         await wait_for(
-            lambda: _ticks_under(cluster, schedule_id, second.epoch), "ticks under b", within=30
+            lambda: _fired_under(cluster, schedule_id, second.epoch), "ticks under b", within=30
         )
         proxy.heal()
         await wait_for(lambda: a.logged("standing by"), "a to stand by again", within=30)
@@ -141,7 +146,7 @@ async def test_every_tick_fires_once_across_partition_stop_and_kill_of_the_leade
         assert third.holder == "coordinator-a"
         under_second = await _ticks_under(cluster, schedule_id, second.epoch)
         await wait_for(
-            lambda: _ticks_under(cluster, schedule_id, third.epoch), "ticks under a", within=30
+            lambda: _fired_under(cluster, schedule_id, third.epoch), "ticks under a", within=30
         )
         b.signal(signal.SIGCONT)
         await wait_for(lambda: b.logged("leadership lost"), "b to step down", within=30)
