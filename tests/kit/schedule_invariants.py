@@ -8,6 +8,9 @@ check_schedule_ticks, over the whole database:
    the coordinator's ticks never go down, and each run's run.created event names the
    epoch of the tick that started it.
 
+Rule 1 reads runs: a scenario that prunes runs (retention) keeps their ticks (the
+exactly-once key outlives the run on purpose), so it would see those ticks as runless.
+
 check_fired_exactly_once, for one schedule and a window: every tick of the cadence in
 the window started exactly one run (checked from the runs' schedule and tick), and no
 run names a tick outside the cadence.
