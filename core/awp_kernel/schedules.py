@@ -177,7 +177,8 @@ def _newest_due(cadence: Cadence, next_tick: datetime, now: datetime) -> datetim
         return None
     if cadence.interval_ms is not None:
         step = timedelta(milliseconds=cadence.interval_ms)
-        return _EPOCH + ((now - _EPOCH) // step) * step
+        newest = _EPOCH + ((now - _EPOCH) // step) * step
+        return newest if newest >= next_tick else None
     at_now = cadence.after(now - timedelta(microseconds=1))
     if at_now == now:
         return now
