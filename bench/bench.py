@@ -27,6 +27,10 @@ Scenarios:
   latency = next attempt's started_at - previous attempt's finished_at (database clock);
 * ``latency``: 50 runs of one task started one after another, 1 idle worker: StartRun
   call -> attempt started, p50 and p99 (the peer's counterpart: addJob -> job started);
+* ``cancel_latency``: 200 runs of one task sleeping 10 minutes, one after another, 1
+  worker: CancelRun call -> the action's cancellation observed (the worker's "execution
+  cancelled" line), p50 and p99, and the share of revocations the server pushed
+  (bench/cancel_latency.py);
 * ``recovery``: worker A holds 8 leases of tasks sleeping 20 s (longer than the 15 s
   lease TTL), worker B is idle; A is killed with SIGKILL. Figures: seconds from the kill
   until all 8 tasks run again as attempt 2 (on B), and until the run succeeds. The

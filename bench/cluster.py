@@ -29,8 +29,8 @@ from processes import (
 )
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_common.processes import free_ports
 from awp_db.connect import connect
-from awp_db.embedded import free_port
 from awp_db.migrate import migrate
 
 # StartRun calls in flight while starting many runs.
@@ -48,14 +48,14 @@ class Cluster:
         self.dsn = pg.dsn_for(database)
         self.logdir = logdir
         self.procs: list[Proc] = []
-        self.grpc_port = free_port()
-        self.server_metrics = free_port()
-        self.coordinator_metrics = free_port()
+        # Chosen together: two free_port() calls in a row may return the same port.
+        self.grpc_port, self.server_metrics, self.coordinator_metrics = free_ports(3)
         self.channel: grpc.aio.Channel | None = None
         self.control: control_pb2_grpc.ControlServiceStub | None = None
         self.db: asyncpg.Connection | None = None  # the script's connection to the bench db
         self.own_queries = 0  # statements the script ran on it (each one transaction)
         self._workers = 0
+        self._worker_args: tuple[str, ...] = ()
 
     async def query(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         assert self.db is not None
@@ -63,7 +63,8 @@ class Cluster:
         rows: list[asyncpg.Record] = await self.db.fetch(sql, *args)
         return rows
 
-    async def start(self, workers: int) -> None:
+    async def start(self, workers: int, worker_args: tuple[str, ...] = ()) -> None:
+        self._worker_args = worker_args
         admin = await connect(self.pg.dsn)
         try:
             await admin.execute(f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
@@ -138,6 +139,7 @@ class Cluster:
                         "--kinds", "mock",
                         "--concurrency", str(WORKER_CONCURRENCY),
                         "--name", f"bench-worker-{self._workers}",
+                        *self._worker_args,
                     ],
                     self.logdir,
                 )

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,16 @@ from typing import Any
 import asyncpg
 from cluster import Cluster
 from pg15 import DebianPostgres
-from processes import BIN, PgProcesses, Postgres, Proc, _cpu_ticks, scrape, wait_for
+from processes import (
+    BIN,
+    PgProcesses,
+    Postgres,
+    Proc,
+    _cpu_ticks,
+    launch_proc,
+    scrape,
+    wait_for,
+)
 
 from awp_db.connect import connect
 
@@ -106,14 +114,13 @@ async def idle_sessions(
     sim: Proc | None = None
     try:
         await cluster.start(0)
-        log = logdir / f"sim-{sessions}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-                [str(BIN / "python"), str(HERE / "sim_workers.py"), "--sessions", str(sessions),
-                 "--server", f"127.0.0.1:{cluster.grpc_port}", "--stats", str(stats)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        sim = Proc("sim", f"sim-{sessions}", popen, log)
+        sim = launch_proc(
+            "sim",
+            f"sim-{sessions}",
+            [str(BIN / "python"), str(HERE / "sim_workers.py"), "--sessions", str(sessions),
+             "--server", f"127.0.0.1:{cluster.grpc_port}", "--stats", str(stats)],
+            logdir,
+        )  # fmt: skip
         procs = [*cluster.procs, sim]
 
         async def heartbeating() -> bool:

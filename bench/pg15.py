@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 # The package's system user: PostgreSQL refuses to run as root.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from typing import Protocol, TypeVar
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
+
+from awp_common.processes import clean_env, command, launch
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
@@ -79,25 +80,17 @@ def _cpu_ticks() -> tuple[int, int]:
     return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
 
 
-def _clean_env() -> dict[str, str]:
-    # Production defaults: no AWP_* setting leaks in from the caller's environment.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def spawn(kind: str, name: str, args: list[str], logdir: Path) -> Proc:
+    """One of AWP's binaries, with production defaults: only the flags it is given."""
+    return launch_proc(kind, name, [*command(f"awp-{kind}"), *args], logdir)
+
+
+def launch_proc(kind: str, name: str, argv: list[str], logdir: Path) -> Proc:
+    """Any process of the benchmark (AWP's binaries, the session simulator) by the one
+    launcher of awp_common.processes, its output in logdir/name.log."""
     log = logdir / f"{name}.log"
-    handle = log.open("wb")
-    popen = subprocess.Popen(
-        [str(BIN / f"awp-{kind}"), *args],
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        env=_clean_env(),
-        start_new_session=True,
-    )
-    handle.close()
-    return Proc(kind, name, popen, log)
+    launched = launch(argv, log, env=clean_env(), banner=f"=== bench {name}: {' '.join(argv)}")
+    return Proc(kind, name, launched.popen, log)
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -108,6 +101,16 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = q / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 async def wait_for(

@@ -60,22 +60,27 @@ def conditions(results: list[Entry]) -> str:
     """One sentence: when, on what, and how loaded the machine was."""
     first = results[0]
     machine = first["machine"]
+    when = first.get("measured_at", "date not recorded")
+    # A scenario rerun on its own later (bench.py --scenario) says its own conditions.
+    same_run = [e for e in results if e.get("measured_at", "date not recorded") == when]
+    return (
+        f"Measured {when} on {machine['nproc']} {TIMES} {machine['cpu_model']} "
+        f"({machine['memory_gb']} GB), {first['postgres']}; {_load(same_run)}."
+    )
+
+
+def _load(entries: list[Entry]) -> str:
     loads = [
         value
-        for entry in results
+        for entry in entries
         for rep in entry.get("loadavg", [])
         for value in (rep["before"][0], rep["after"][0])
     ]
-    steal = max((rep["cpu_steal"] for e in results for rep in e.get("loadavg", [])), default=0)
-    when = first.get("measured_at", "date not recorded")
+    steal = max((rep["cpu_steal"] for e in entries for rep in e.get("loadavg", [])), default=0)
     load = "load not recorded"
     if loads:
         load = f"1-minute load average {min(loads):.1f}{DASH}{max(loads):.1f}"
-    return (
-        f"Measured {when} on {machine['nproc']} {TIMES} {machine['cpu_model']} "
-        f"({machine['memory_gb']} GB), {first['postgres']}; {load}, CPU steal at most "
-        f"{steal:.0%}."
-    )
+    return f"{load}, CPU steal at most {steal:.0%}"
 
 
 def readme_block(results: list[Entry]) -> list[str]:
@@ -160,6 +165,23 @@ def performance_block(results: list[Entry]) -> list[str]:
                  _figure(peer, "start_latency_ms_p50", 1),
                  _figure(peer, "start_latency_ms_p99", 1)],
             ],
+        )  # fmt: skip
+    cancel = _find(results, "cancel_latency")
+    if cancel:
+        lines += [
+            "",
+            f"Cancellation latency, one worker at the default 5 s heartbeat, {cancel['runs']}"
+            f" cancels a repetition, measured {cancel.get('measured_at', 'on a date not recorded')}"
+            f" ({_load([cancel])}; the contract: [design.md](design.md) \u00a77,"
+            ' "Cancellation latency"):',
+            "",
+        ]
+        lines += _table(
+            ["from", "p50 ms", "p99 ms", "pushed by the server"],
+            [["CancelRun called -> the running action's cancellation observed",
+              _figure(cancel, "cancel_latency_ms_p50", 1),
+              _figure(cancel, "cancel_latency_ms_p99", 1),
+              f"{cancel['pushed_share']['median']:.0%}"]],
         )  # fmt: skip
     lines += _cost_model(results)
     return lines

@@ -36,6 +36,9 @@ FIGURES = (
     "hop_ms_p99",
     "start_latency_ms_p50",
     "start_latency_ms_p99",
+    "cancel_latency_ms_p50",
+    "cancel_latency_ms_p99",
+    "pushed_share",
     "redispatch_s",
     "run_success_s",
     "empty_claims_per_task",
@@ -105,7 +108,7 @@ def aggregate(case: Case, reps: list[dict[str, Any]], sizes: Sizes) -> dict[str,
         }
         for rep in reps
     ]
-    extras = ("elapsed_s", "run_finish_s", "hop_ms_max")
+    extras = ("elapsed_s", "run_finish_s", "hop_ms_max", "cancel_latency_ms_max")
     entry["per_repetition"] = [{k: rep[k] for k in extras if k in rep} for rep in reps]
     return entry
 
@@ -124,7 +127,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
     table = Table(title="AWP benchmarks: median (min-max) of the repetitions", show_lines=False)
     for column in (
         "scenario", "workers", "tasks/s", "fairness", "hop p50 ms", "hop p99 ms",
-        "start p50/p99 ms",
+        "start p50/p99 ms", "cancel p50/p99 ms",
         "redispatch s", "success s", "empty claims/task", "xacts/task",
         "CPU ms/task srv/coord/wrk/pg", "peak RSS MB srv/coord/wrk",
     ):  # fmt: skip
@@ -140,6 +143,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
             _fmt(entry, "hop_ms_p50", 1),
             _fmt(entry, "hop_ms_p99", 1),
             f"{_fmt(entry, 'start_latency_ms_p50', 1)}/{_fmt(entry, 'start_latency_ms_p99', 1)}",
+            f"{_fmt(entry, 'cancel_latency_ms_p50', 1)}/{_fmt(entry, 'cancel_latency_ms_p99', 1)}",
             _fmt(entry, "redispatch_s", 2),
             _fmt(entry, "run_success_s", 1),
             _fmt(entry, "empty_claims_per_task", 3),

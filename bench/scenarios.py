@@ -18,10 +18,11 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+from cancel_latency import cancel_latency
 from cluster import Cluster, Window
 from cost_model import COST_MODEL, concurrent_runs, payload, run_size
 from idle_sessions import idle_sessions
-from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, wait_for
+from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, percentile, wait_for
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.connect import connect
@@ -32,6 +33,7 @@ SCENARIOS = (
     "chain",
     "latency",
     "recovery",
+    "cancel_latency",
     *COST_MODEL,
     "idle_sessions",
 )
@@ -70,16 +72,6 @@ def _seconds(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds()
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = q / 100 * (len(ordered) - 1)
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 # --- scenarios -------------------------------------------------------------------------------
 
 
@@ -91,6 +83,7 @@ class Sizes:
     many_tasks: int = 1000
     chain_tasks: int = 200
     latency_runs: int = 50
+    cancels: int = 200
     recovery_sleep_ms: int = 20_000
     run_sizes: tuple[int, ...] = (10_000, 100_000)
     concurrent_runs: int = 1000
@@ -106,6 +99,7 @@ class Sizes:
             many_tasks=250,
             chain_tasks=50,
             latency_runs=10,
+            cancels=20,
             recovery_sleep_ms=6_000,
             run_sizes=(1_000, 12_000),  # the second one fans out through map tasks
             concurrent_runs=100,
@@ -259,6 +253,8 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
             chosen.append(Case(name, 4, sizes.chain_tasks))
         elif name == "latency":
             chosen.append(Case(name, 1, 1, sizes.latency_runs))
+        elif name == "cancel_latency":
+            chosen.append(Case(name, 1, 1, sizes.cancels))
         elif name == "recovery":
             # One worker holds the leases and is killed; a second one starts to take over.
             chosen.append(Case(name, 2, WORKER_CONCURRENCY))
@@ -323,7 +319,11 @@ async def run_case(
     admin = await connect(pg.dsn, application_name="awp-bench-admin")
     spies: list[subprocess.Popen[bytes]] = []
     try:
-        await cluster.start(case.workers - 1 if case.name == "recovery" else case.workers)
+        # The cancellation scenario reads when an action starts from the worker's debug log.
+        await cluster.start(
+            case.workers - 1 if case.name == "recovery" else case.workers,
+            worker_args=("--log-level", "debug") if case.name == "cancel_latency" else (),
+        )
         window = Window(cluster, PgProcesses(pg.data_dir), admin)
         if spy_dir is not None:
             spies = await profile_start(cluster, spy_dir, f"{case.label}-{repetition}")
@@ -335,6 +335,8 @@ async def run_case(
             figures = await latency(cluster, window, case.runs)
         elif case.name == "recovery":
             figures = await recovery(cluster, window, sizes)
+        elif case.name == "cancel_latency":
+            figures = await cancel_latency(cluster, window, case.runs)
         elif case.name == "run_size":
             figures = await run_size(cluster, window, case.tasks)
         elif case.name == "concurrent_runs":

@@ -29,9 +29,9 @@ from awp_cli import event_view, render, workflow_file
 from awp_cli.client import Client
 from awp_cli.errors import CliError, Exit
 from awp_cli.follow import ProgressView, follow, run_exit
+from awp_cli.render import run_state, task_state
 from awp_protocol.limits import MAX_PAGE_SIZE as MAX_PAGE  # the server's largest page
 from awp_protocol.states import TERMINAL_RUN_STATES
-from awp_sdk.records import run_state, task_state
 
 M = TypeVar("M", bound=Message)
 

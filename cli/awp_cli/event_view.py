@@ -7,10 +7,10 @@ from typing import Final
 from rich.text import Text
 
 from awp.v1 import types_pb2
-from awp_cli.render import styled
+from awp_cli.render import attempt_state, run_state, styled, task_state
 from awp_common.durations import format_duration
 from awp_protocol.jsonvalue import struct_to_dict
-from awp_sdk.records import attempt_state, run_state, task_state, when
+from awp_sdk.decode import when
 
 # The events that show a run's progress; attempt detail is left to `awp run watch`.
 PROGRESS_EVENTS: Final = frozenset(

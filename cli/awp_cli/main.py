@@ -17,13 +17,14 @@ from typing import NoReturn
 from rich.text import Text
 
 from awp_cli import commands, credentials, render, schedules
-from awp_cli.client import Client
+from awp_cli.client import Client, cli_error
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit
 from awp_common import flags
 from awp_console.main import add_command as add_console
 from awp_protocol.states import RUN_STATES
 from awp_sdk.connection import Connection
+from awp_sdk.errors import AwpError
 
 Handler = Callable[[Client, argparse.Namespace], Awaitable[Exit]]
 
@@ -219,6 +220,11 @@ def run(argv: Sequence[str] | None = None) -> Exit:
     except CliError as error:
         report(error)
         return error.code
+    except AwpError as error:
+        # Raised outside a call, e.g. an enum value this version cannot name.
+        failure = cli_error(error)
+        report(failure)
+        return failure.code
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
 

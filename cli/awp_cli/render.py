@@ -20,14 +20,8 @@ from awp.v1 import control_pb2, types_pb2
 from awp_common.durations import format_duration
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import TERMINAL_RUN_STATES
-from awp_sdk.records import (
-    attempt_state,
-    enum_name,
-    message_json,
-    run_state,
-    task_state,
-    when,
-)
+from awp_sdk.decode import message_json, when
+from awp_sdk.enums import AttemptState, DispatchState, RunState, TaskState, WorkerState, decode
 
 # Piped output is not wrapped at 80 columns: a table row stays one line for grep and awk.
 _PIPED_WIDTH: Final = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 250
@@ -72,15 +66,27 @@ def print_json(message: Message, *, one_line: bool = False) -> None:
 # ---------------------------------------------------------------- small values
 
 
-# run_state, task_state, attempt_state and when are the SDK's (awp_sdk.records).
+# The SDK's one enum mapping (awp_sdk.enums), which refuses a value it does not know.
+
+
+def run_state(value: int) -> str:
+    return decode(RunState, value)
+
+
+def task_state(value: int) -> str:
+    return decode(TaskState, value)
+
+
+def attempt_state(value: int) -> str:
+    return decode(AttemptState, value)
 
 
 def dispatch_state(value: int) -> str:
-    return enum_name(types_pb2.DispatchState, "DISPATCH_STATE_", value)
+    return decode(DispatchState, value)
 
 
 def worker_state(value: int) -> str:
-    return enum_name(types_pb2.WorkerState, "WORKER_STATE_", value)
+    return decode(WorkerState, value)
 
 
 def task_counts(run: control_pb2.Run) -> dict[str, int]:

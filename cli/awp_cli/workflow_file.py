@@ -2,9 +2,10 @@
 awp_sdk.definitions describes, which a workflow in code turns into as well).
 
 This module reads the file and says where in it each problem is: the SDK checks the
-shape (keys, types, durations, exact JSON values), the server the rules (names, limits,
-dependencies, cycles), and both name fields (tasks[2].retry.max_attempts) that are
-mapped back to lines of the file here.
+shape (keys, types, durations, exact JSON values), then the server's own rules (names,
+limits, dependencies, cycles) locally, before any call; both, and the server should it
+still refuse, name fields (tasks[2].retry.max_attempts) that are mapped back to lines of
+the file here.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class WorkflowFile:
 
 
 def load(path: Path) -> WorkflowFile:
-    """Reads and checks a workflow file; every problem raises a usage CliError naming it."""
+    """Reads and checks a workflow file (shape, then the server's rules); every problem
+    raises a usage CliError naming it and its line."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -72,6 +74,19 @@ def load(path: Path) -> WorkflowFile:
         raise usage(
             f"{path}: {count} problem{'s' if count > 1 else ''} in the workflow file",
             loaded.explain(error.violations),
+        ) from None
+    try:
+        # The server's own rules (awp_kernel, through the SDK), before any call: a cycle or
+        # an unknown dependency is the file's problem, whether or not a server is up.
+        definitions.validate(definition)
+    except DefinitionInvalid as error:
+        count = len(error.violations)
+        raise CliError(
+            Exit.USAGE,
+            f"{path}: {error.reason}: {count} problem{'s' if count > 1 else ''} "
+            "in the workflow file",
+            loaded.explain(error.violations),
+            reason=error.reason,
         ) from None
     return WorkflowFile(path, definition, loaded.line_of)
 

@@ -1,12 +1,14 @@
 """A run's (or a workflow's) DAG as a drawing: which nodes to show, and where.
 
-Tasks of a map fan-out (keys `name[i]`) are one node per fan-out, with their count,
-unless the page asked to expand it. A graph still larger than MAX_NODES is clustered:
-tasks of one layer and one stem (the key without its trailing number) become one node,
-then, if that is still too many, tasks of one stem, then layers, or runs of layers. The layout is
-layered, left to right: a node's column is its longest path from a root; nodes in a
-column are ordered by the mean position of their neighbours (a few down-and-up sweeps),
-which keeps most edges short and uncrossed. The browser only draws what this computes.
+Tasks of a map fan-out (keys `name[i]`) are one node per fan-out, with the map task
+itself (`name`): its count and progress, unless the page asked to expand it. Expanded,
+each element is drawn before the map task, which ends after them. A graph still larger
+than MAX_NODES is clustered: tasks of one layer and one stem (the key without its
+trailing number) become one node, then, if that is still too many, tasks of one stem,
+then layers, or runs of layers. The layout is layered, left to right: a node's column
+is its longest path from a root; nodes in a column are ordered by the mean position of
+their neighbours (a few down-and-up sweeps), which keeps most edges short and uncrossed.
+The browser only draws what this computes.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from awp_protocol.states import TERMINAL_TASK_STATES
 
 # Beyond this many nodes a drawing stops being readable (and an SVG slows the page).
 MAX_NODES: Final = 300
@@ -52,6 +56,9 @@ class Node:
     y: int = 0
     # A fan-out's name, which the page may ask to expand.
     fanout: str = ""
+    # The item of the map task a fan-out node also shows (-1: none): its state is the
+    # map's, not one of the elements the node's bar and progress count.
+    parent: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +78,12 @@ class Drawing:
     node_h: int = NODE_H
 
     def counts(self, states: Sequence[str]) -> list[dict[str, int]]:
-        """How many of each node's tasks are in each state (states: one per item)."""
+        """How many of each node's tasks are in each state (states: one per item); a
+        fan-out's map task is not one of them."""
         found: list[dict[str, int]] = [defaultdict(int) for _ in self.nodes]
         for item, node in enumerate(self.node_of):
-            found[node][states[item]] += 1
+            if self.nodes[node].parent != item:
+                found[node][states[item]] += 1
         return found
 
     def paths(self) -> list[tuple[str, int]]:
@@ -95,6 +104,15 @@ def fanout_of(key: str) -> str | None:
     return found["name"] if found else None
 
 
+def map_progress(counts: Mapping[str, int]) -> str:
+    """A fan-out's progress as its node writes it: "12/40 done, 2 failed" (run.js writes
+    it the same way as the elements change)."""
+    total = sum(counts.values())
+    done = sum(counts.get(state, 0) for state in TERMINAL_TASK_STATES)
+    failed = counts.get("failed", 0)
+    return f"{done}/{total} done" + (f", {failed} failed" if failed else "")
+
+
 def draw(
     items: Sequence[Item], expand: Collection[str] = (), max_nodes: int = MAX_NODES
 ) -> Drawing:
@@ -102,20 +120,28 @@ def draw(
     # Dependencies on keys the items do not hold (none in a valid run) are left out.
     deps = [[index[d] for d in item.depends_on if d in index] for item in items]
     sizes: dict[str, int] = defaultdict(int)
-    for item in items:
+    for i, item in enumerate(items):
         if (name := fanout_of(item.key)) is not None:
             sizes[name] += 1
+            # An element shares its map task's dependencies; the map task ends after it.
+            if name in index:
+                deps[index[name]].append(i)
     too_large = sorted(name for name in expand if sizes.get(name, 0) > MAX_EXPANDED)
     shown = {name for name in expand if 0 < sizes.get(name, 0) <= MAX_EXPANDED}
 
     def group(i: int) -> tuple[str, str, str]:
         key = items[i].key
         name = fanout_of(key)
+        if name is None and key in sizes:
+            name = key  # the map task, drawn with its elements
         if name is not None and name not in shown:
             return (f"f:{name}", "fanout", name)
         return (f"t:{key}", "task", key)
 
     nodes, node_of = _merge(len(items), group)
+    for node in nodes:
+        if node.kind == "fanout":
+            node.parent = index.get(node.fanout, -1)
     layers = _layers(len(nodes), _edges(deps, node_of))
     clustered = False
     if len(nodes) > max_nodes:

@@ -11,7 +11,7 @@ import logging
 import socket
 import sys
 
-from awp_common import flags, logs
+from awp_common import extras, flags, logs
 from awp_console.settings import Settings
 
 log = logging.getLogger("awp.console")
@@ -48,7 +48,11 @@ def bind(listen: str) -> socket.socket:
 
 
 def serve(settings: Settings) -> int:
-    import uvicorn  # noqa: PLC0415 (the web stack only when serving)
+    problem = extras.CONSOLE.problem("awp console")
+    if problem is not None:
+        print(f"awp: {problem}", file=sys.stderr)
+        return 2
+    import uvicorn  # noqa: PLC0415 (the web stack only when serving, and installed)
 
     from awp_console.app import create_app  # noqa: PLC0415
 

@@ -6,6 +6,8 @@ import asyncio
 import secrets
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from starlette.exceptions import HTTPException
@@ -24,6 +26,19 @@ RECOVERY_RUNS: Final = 20
 RECOVERY_MAX_TASKS: Final = 2_000
 # The overview's queue table: task states of running runs, per executor kind.
 QUEUE_STATES: Final = ("ready", "queued", "running", "waiting_retry")
+# The runs list names the task a failed run failed on, read with GetRun (a page has at
+# most RUNS_PAGE of them), for runs of at most this many tasks: a larger one's count of
+# failed tasks is shown, its page names them.
+FAILURE_MAX_TASKS: Final = 2_000
+_NEVER: Final = datetime.max.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The task a failed run failed on, and why."""
+
+    task_key: str
+    error: models.TaskError | None
 
 
 async def overview(request: Request) -> Response:
@@ -75,11 +90,17 @@ async def runs(request: Request) -> Response:
         who.api.list_runs(workflow=workflow, state=state, page_token=token, page_size=RUNS_PAGE),
         who.api.list_workflows(page_size=1000),
     )
+    looked_up = [
+        r.id for r in found.items if r.state == "failed" and r.task_count <= FAILURE_MAX_TASKS
+    ]
+    details = await asyncio.gather(*(who.api.get_run(i, outputs=False) for i in looked_up))
+    failures = {d.run.id: failure for d in details if (failure := first_failure(d.tasks))}
     return page(
         request,
         who,
         "runs.html",
         runs=found.items,
+        failures=failures,
         next_token=found.next_token,
         first_page=not token,
         workflow=workflow,
@@ -87,6 +108,18 @@ async def runs(request: Request) -> Response:
         run_states=RUN_STATES,
         workflow_names=sorted({w.name for w in workflows.items}),
     )
+
+
+def first_failure(tasks: Sequence[models.Task]) -> Failure | None:
+    """The failed task that failed first: the one that failed the run. A map's element
+    comes before its map task, which fails with it."""
+    failed = [t for t in tasks if t.state == "failed"]
+    if not failed:
+        return None
+    first = min(
+        failed, key=lambda t: (t.finished_at or _NEVER, graph.fanout_of(t.key) is None, t.key)
+    )
+    return Failure(first.key, first.error)
 
 
 async def run(request: Request) -> Response:
@@ -97,9 +130,9 @@ async def run(request: Request) -> Response:
     recoveries = await _recoveries(who.api, detail)
     data = {
         "run": {"id": detail.run.id, "state": detail.run.state, "last_seq": detail.run.last_seq},
-        "tasks": [[t.key, t.state, t.attempts, t.max_attempts] for t in detail.tasks],
-        "node_of": drawing.node_of,
-        "nodes": [n.kind for n in drawing.nodes],
+        "tasks": _task_rows(detail.tasks),
+        "tasks_omitted": detail.tasks_omitted,
+        **_graph_data(drawing),
         "states": TASK_STATES,
     }
     return page(
@@ -160,11 +193,28 @@ async def run_graph(request: Request) -> Response:
     return JSONResponse(
         {
             "svg": str(svg),
-            "node_of": drawing.node_of,
-            "nodes": [n.kind for n in drawing.nodes],
+            **_graph_data(drawing),
+            # The tasks drawn, as the page's data has them: a map's elements made since
+            # the page loaded are among them.
+            "tasks": _task_rows(detail.tasks),
+            "tasks_omitted": detail.tasks_omitted,
             "too_large": drawing.too_large,
         }
     )
+
+
+def _graph_data(drawing: graph.Drawing) -> dict[str, Any]:
+    """What run.js needs of a drawing: which node shows each task, each node's kind, and
+    the task a fan-out node shows as its map (-1: none)."""
+    return {
+        "node_of": drawing.node_of,
+        "nodes": [n.kind for n in drawing.nodes],
+        "parents": [n.parent for n in drawing.nodes],
+    }
+
+
+def _task_rows(tasks: Sequence[models.Task]) -> list[list[Any]]:
+    return [[t.key, t.state, t.attempts, t.max_attempts] for t in tasks]
 
 
 async def task(request: Request) -> Response:
@@ -188,9 +238,17 @@ async def task(request: Request) -> Response:
         task=found,
         definition=definition,
         attempts=attempts,
+        error=shown_error(found, attempts),
         timeline=_timeline(attempts),
         **_actions(who, shown),
     )
+
+
+def shown_error(task: models.Task, attempts: Sequence[models.Attempt]) -> models.TaskError | None:
+    """The error a task's panel shows: its last attempt's, so a task that succeeded on a
+    later attempt shows none (the earlier errors stay in its attempts). A task that never
+    ran an attempt (a map task, one that failed before it ran) shows its own."""
+    return attempts[-1].error if attempts else task.error
 
 
 async def _all_attempts(api: ControlApi, run_id: str, key: str) -> list[models.Attempt]:

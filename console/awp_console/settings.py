@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from awp_common import flags
 from awp_common import tls as tls_flags
 from awp_common.flags import flag
+from awp_sdk.connection import DEFAULT_ADDRESS, DEFAULT_PORT, server_address
 
 DEFAULT_LISTEN: Final = "127.0.0.1:8080"
 
@@ -35,9 +36,15 @@ class Settings:
             "--listen", "AWP_CONSOLE_LISTEN", "the console's HTTP HOST:PORT", read=flags.address
         ),
     )
+    # The SDK's, as for `awp`: one default, and a HOST alone means HOST:DEFAULT_PORT.
     address: str = field(
-        default="127.0.0.1:50051",
-        metadata=flag("--address", "AWP_ADDRESS", "awp-server HOST:PORT"),
+        default=DEFAULT_ADDRESS,
+        metadata=flag(
+            "--address",
+            "AWP_ADDRESS",
+            f"awp-server HOST[:PORT] (port {DEFAULT_PORT} when left out)",
+            read=server_address,
+        ),
     )
     tls: bool = field(default=False, metadata=tls_flags.TLS)
     tls_ca_file: str | None = field(default=None, metadata=tls_flags.TLS_CA_FILE)

@@ -21,6 +21,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 import jinja2
+from markupsafe import Markup
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -29,7 +30,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from awp_common.durations import format_duration
-from awp_console import api, models
+from awp_console import api, graph, models
 from awp_console.sessions import COOKIE, Session, Sessions
 from awp_console.settings import Settings
 from awp_protocol.states import TASK_STATES
@@ -268,6 +269,14 @@ def _span(start: datetime | None, end: datetime | None, now: datetime | None = N
     return _seconds(((end or now or datetime.now(UTC)) - start).total_seconds())
 
 
+def _ticking(start: datetime | None, now: datetime) -> Markup:
+    """The attribute that makes static/clock.js count an element's time on, from the
+    seconds it had when the page was made (the browser's clock may not be the server's)."""
+    if start is None:
+        return Markup("")
+    return Markup(' data-elapsed="{:.3f}"').format((now - start).total_seconds())
+
+
 def _when(value: datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -314,6 +323,7 @@ def templates() -> Jinja2Templates:
         pretty=_pretty,
         number=_number,
         bar=_bar,
+        map_progress=graph.map_progress,
     )
-    env.globals.update(span=_span, task_states=TASK_STATES)
+    env.globals.update(span=_span, ticking=_ticking, task_states=TASK_STATES)
     return Jinja2Templates(env=env)

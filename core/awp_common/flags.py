@@ -40,6 +40,7 @@ EPILOG: Final = (
 _DEFAULT: Final = object()
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
+MAX_PORT: Final = 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +103,16 @@ LOG_LEVEL: Final = flag(
 )
 
 
-def metrics_listen(env: str) -> dict[str, Flag]:
-    """--metrics-listen; each process its own variable, so that one environment shared by
-    several processes does not make them all bind one port."""
-    return flag("--metrics-listen", env, "Prometheus HOST:PORT, or 'off'", read=address_or_off)
+def metrics_listen(env: str, shown: str | None = None) -> dict[str, Flag]:
+    """--metrics-listen, in every binary; each process its own variable, so that one
+    environment shared by several processes does not make them all bind one port."""
+    return flag(
+        "--metrics-listen",
+        env,
+        "Prometheus /metrics HOST:PORT, or 'off'",
+        read=address_or_off,
+        shown=shown,
+    )
 
 
 def db_stall_timeout(shown: str | None = None) -> dict[str, Flag]:
@@ -184,6 +191,8 @@ def host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    if int(port) > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"port must be 0 to {MAX_PORT}, got {text!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 

@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from awp_protocol.jsonvalue import canonical_json
+from awp_protocol.results import CheckedResult
 
 _NO_DETAILS: Mapping[str, str] = MappingProxyType({})
 
@@ -31,3 +32,15 @@ def result_hash(
         details = {name: value for name, value in error_details.items() if value}
         fields["error"] = {"message": error_message or "", "retryable": retryable, **details}
     return hashlib.sha256(canonical_json(fields)).digest()
+
+
+def digest_of(result: CheckedResult) -> bytes:
+    """The hash of a checked result, as its lease keeps it once accepted."""
+    details = {
+        "type": result.error_type,
+        "traceback": result.traceback,
+        "log_tail": result.log_tail,
+    }
+    return result_hash(
+        result.outcome, result.output, result.error_message, result.retryable, details
+    )

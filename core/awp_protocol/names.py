@@ -51,6 +51,12 @@ def element_key(map_key: str, index: int) -> str:
     return f"{map_key}[{index}]"
 
 
+def idempotency_key(run_id: object, task_key: str) -> str:
+    """A task's idempotency key, "<run_id>/<task_key>" (Lease.idempotency_key): the same
+    for every attempt of the task, so that an action can make its side effects once."""
+    return f"{run_id}/{task_key}"
+
+
 class RegisterInvalid(FieldsInvalid):
     """A Register the server refuses. Its message names each field as the caller calls it."""
 

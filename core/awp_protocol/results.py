@@ -1,4 +1,5 @@
-"""The check of one Complete result: what the server refuses in a TaskResult, and why.
+"""The check of one Complete result: what the server refuses in a TaskResult, and why;
+and the two shapes a result has at the storage boundary (CheckedResult, StoredError).
 
 One function, so that the server's refusal (INVALID_ARGUMENT naming
 ``results[i].error.message``), a test's fake server and any client that wants to check
@@ -7,6 +8,7 @@ first all agree on it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -31,12 +33,46 @@ _ERROR_TEXT: Final = (
 
 
 @dataclass(frozen=True, slots=True)
+class StoredError:
+    """An ended attempt's error as tasks, attempts and events keep it: the one shape every
+    path that ends an attempt writes (a worker's failure, the reaper, a hand-back, an
+    offline worker, a map task that cannot start) and the server reads back.
+
+    A failure's traceback and log tail are not part of it: they stay on the attempt row
+    (awp_db.attempts), so that task rows and event streams stay small.
+    """
+
+    message: str
+    retryable: bool
+    # The exception's type, when the worker sent one ("" otherwise: left out of the JSON).
+    type: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"message": self.message, "retryable": self.retryable}
+        if self.type:
+            error["type"] = self.type
+        return error
+
+    @classmethod
+    def from_json(cls, error: Mapping[str, Any]) -> StoredError:
+        """The error as stored; a field an older row lacks reads as empty (not retryable)."""
+        return cls(
+            str(error.get("message", "")),
+            bool(error.get("retryable", False)),
+            str(error.get("type", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class CheckedResult:
-    """A result the server may store: its outcome and what it carries, as plain values.
+    """A result the server may store, for the lease it names: its outcome and what it
+    carries, as plain values. Storage takes it as it is (awp_db.leases.Completion).
 
     A failure's type, traceback and log tail are "" when the worker did not send them.
     """
 
+    dispatch_id: int
+    lease_token: str
     outcome: Literal["succeeded", "failed"]
     output: dict[str, Any] | None = None
     error_message: str | None = None
@@ -44,6 +80,12 @@ class CheckedResult:
     error_type: str = ""
     traceback: str = ""
     log_tail: str = ""
+
+    def error(self) -> StoredError | None:
+        """The error the attempt, its task and its event keep (None for a success)."""
+        if self.outcome != "failed":
+            return None
+        return StoredError(self.error_message or "", self.retryable, self.error_type)
 
 
 def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
@@ -58,7 +100,7 @@ def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
             raise _refused(f"{where}.output", str(exc)) from None
         if json_size(output) > MAX_OUTPUT_BYTES:
             raise _refused(f"{where}.output", f"at most {MAX_OUTPUT_BYTES} bytes serialised")
-        return CheckedResult("succeeded", output=output)
+        return CheckedResult(result.dispatch_id, result.lease_token, "succeeded", output=output)
     if result.outcome == worker_pb2.RESULT_OUTCOME_FAILED:
         if result.HasField("output") and result.output.fields:
             raise _refused(f"{where}.output", "only a SUCCEEDED result carries an output")
@@ -71,6 +113,8 @@ def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
                 # PostgreSQL text cannot hold NUL: bad input, not a storage failure.
                 raise _refused(f"{where}.error.{name}", "must not contain NUL characters")
         return CheckedResult(
+            result.dispatch_id,
+            result.lease_token,
             "failed",
             error_message=error.message,
             retryable=error.retryable,

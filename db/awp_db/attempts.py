@@ -2,13 +2,13 @@
 log lines, beside the error every attempt keeps), and the attempt listing that shows it.
 
 The error itself ({message, retryable, type}) is written with the attempt's end by
-awp_db.settle, and copied to the task and the event; the traceback and log tail stay on
-the attempt row, so that task rows, GetRun and event streams stay small.
+awp_db.settle, and copied to the task and the event; the traceback and log tail, written
+in the same statement, stay on the attempt row, so that task rows, GetRun and event
+streams stay small.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,15 +18,6 @@ from awp_db.connect import Conn, Pool
 from awp_db.queries import queries, rows_as
 
 Q = queries("attempts")
-
-
-@dataclass(frozen=True, slots=True)
-class Diagnostics:
-    """One accepted failure's traceback and log tail ("" for none)."""
-
-    dispatch_id: int
-    traceback: str
-    log_tail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,18 +36,6 @@ class AttemptDetail:
     error: dict[str, Any] | None
     traceback: str | None
     log_tail: str | None
-
-
-async def record_diagnostics(conn: Conn, found: Sequence[Diagnostics]) -> None:
-    """Stores them on their attempts, which the caller's settlement has just failed."""
-    if not found:
-        return
-    await conn.execute(
-        Q["record_diagnostics"],
-        [d.dispatch_id for d in found],
-        [d.traceback or None for d in found],
-        [d.log_tail or None for d in found],
-    )
 
 
 async def page(

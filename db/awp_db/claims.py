@@ -7,6 +7,7 @@ lease, then those dispatches. Every time comes from the database clock.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,11 +19,13 @@ import asyncpg
 from awp_db import locks, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
-from awp_db.queries import queries
+from awp_db.queries import named, queries
 from awp_kernel import errors, tokens
 from awp_protocol.limits import MAX_CLAIM_INPUT_JSON_BYTES, MAX_INLINE_OUTPUT_JSON_BYTES
+from awp_protocol.names import idempotency_key
 
 Q = queries("claims")
+log = logging.getLogger("awp.db.claims")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,10 @@ class IssuedLease:
     upstream_outputs: dict[str, dict[str, Any]]
     omitted_upstream_keys: tuple[str, ...]
     upstream_states: dict[str, str]
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.run_id, self.task_key)
 
 
 class ClaimAbandoned(Exception):
@@ -94,9 +101,38 @@ async def claim_many(
     and nothing else changes for it.
 
     still_wanted(i), asked just before commit, tells whether call i's caller still
-    waits; if one that was issued leases does not, the transaction is rolled back
-    and ClaimAbandoned raised, so no lease is ever committed for nobody.
+    waits; if one that was issued leases does not, the transaction is rolled back and
+    run again for the callers still waiting (a departed one is answered with no lease),
+    so no lease is ever committed for nobody. ClaimAbandoned once none is left.
     """
+    waiting = list(range(len(calls)))
+
+    def wanted(position: int) -> bool:
+        # position is the call's place among those still waiting, not in calls.
+        return still_wanted is None or still_wanted(waiting[position])
+
+    while True:
+        try:
+            answers = await _claim_once(
+                conn, [calls[index] for index in waiting], lease_ttl_ms, wanted
+            )
+        except ClaimAbandoned:
+            assert still_wanted is not None  # only it abandons a transaction
+            departed = [index for index in waiting if not still_wanted(index)]
+            log.debug("Claim batch rolled back for %d departed callers", len(departed))
+            waiting = [index for index in waiting if index not in departed]
+            if not waiting:
+                raise
+            continue
+        by_call = dict(zip(waiting, answers, strict=True))
+        return [by_call.get(index, []) for index in range(len(calls))]
+
+
+async def _claim_once(
+    conn: Conn, calls: Sequence[ClaimCall], lease_ttl_ms: int, still_wanted: Callable[[int], bool]
+) -> list[list[IssuedLease] | errors.AwpError]:
+    """One transaction of claim_many; ClaimAbandoned (rolled back) if a caller that was
+    issued leases no longer waits."""
     events = EventBatch()
     async with conn.transaction():
         sessions = await workers.authenticate_many(
@@ -108,9 +144,7 @@ async def claim_many(
         # runs are free right now rather than answering with slots left empty.
         if await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=False):
             await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=True)
-        if still_wanted is not None and any(
-            claimer.issued and not still_wanted(claimer.index) for claimer in claimers
-        ):
+        if any(claimer.issued and not still_wanted(claimer.index) for claimer in claimers):
             raise ClaimAbandoned()
         await events.flush(conn)
     issued = {claimer.index: claimer.issued for claimer in claimers}
@@ -195,15 +229,17 @@ async def _take(
     slots = [claimer for claimer in group for _ in range(claimer.missing)]
     secrets = [tokens.new_token() for _ in slots]
     rows = await conn.fetch(
-        Q["take"],
-        [claimer.session.worker_id for claimer in slots],
-        list(kinds),
-        run_ids,
-        len(slots),
-        [tokens.digest(secret) for secret in secrets],
-        lease_ttl_ms,
-        MAX_CLAIM_INPUT_JSON_BYTES,
-        MAX_INLINE_OUTPUT_JSON_BYTES,
+        *named(
+            Q["take"],
+            slot_workers=[claimer.session.worker_id for claimer in slots],
+            kinds=list(kinds),
+            run_ids=run_ids,
+            slots=len(slots),
+            token_digests=[tokens.digest(secret) for secret in secrets],
+            lease_ttl_ms=lease_ttl_ms,
+            max_input_bytes=MAX_CLAIM_INPUT_JSON_BYTES,
+            max_inline_output_bytes=MAX_INLINE_OUTPUT_JSON_BYTES,
+        )
     )
     for row in rows:
         slot = row["token_index"] - 1

@@ -20,6 +20,7 @@ from awp_db.events import EventBatch
 from awp_db.leadership import Term, transaction
 from awp_db.queries import queries, row_as
 from awp_kernel.retry import AttemptEnd
+from awp_protocol.results import StoredError
 
 Q = queries("coordination")
 
@@ -104,7 +105,7 @@ async def reap_expired(conn: Conn, limit: int = 500, *, term: Term | None = None
         # The same row-to-Ending mapping every other settlement path uses.
         endings = [
             settle.ending_of(
-                row, row.ending, error={"message": _REAPED_BECAUSE[row.ending], "retryable": True}
+                row, row.ending, error=StoredError(_REAPED_BECAUSE[row.ending], retryable=True)
             )
             for row in expired
         ]

@@ -24,6 +24,7 @@ from awp_db.queries import queries, rows_as
 from awp_protocol.errors import quote
 from awp_protocol.limits import MAX_INPUT_BYTES, MAX_MAP_ELEMENTS, MAX_OUTPUT_BYTES
 from awp_protocol.names import element_key
+from awp_protocol.results import StoredError
 
 Q = queries("dynamic")
 
@@ -51,10 +52,6 @@ class MapTask:
     id: int
     run_id: UUID
     key: str
-
-
-def _error(message: str) -> dict[str, Any]:
-    return {"message": message, "retryable": False}
 
 
 def _source_problem(row: Record) -> str | None:
@@ -175,7 +172,7 @@ async def _fail(
         conn,
         Q["fail_tasks"],
         [task_id for task_id, _ in failures],
-        [json.dumps(_error(why)) for _, why in failures],
+        [json.dumps(StoredError(why, retryable=False).to_json()) for _, why in failures],
     )
     for task in ended:
         events.task(task.run_id, task.key, "running", "failed", payload={"error": task.error})

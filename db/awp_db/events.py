@@ -16,10 +16,22 @@ from typing import Any
 from uuid import UUID
 
 from awp_db.connect import Conn, Pool
-from awp_db.queries import queries, rows_as
+from awp_db.queries import named, queries, rows_as
 from awp_db.signals import RUN_EVENTS_CHANNEL
 
 Q = queries("events")
+
+# The append statement's per-event parameters, in the order flush builds each event's values.
+_EVENT_COLUMNS = (
+    "event_run_ids",
+    "ords",
+    "types",
+    "task_keys",
+    "attempts",
+    "from_states",
+    "to_states",
+    "payloads",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +104,7 @@ class EventBatch:
             return
         run_ids = sorted(self._events)
         counts = [len(self._events[r]) for r in run_ids]
-        columns: list[list[Any]] = [[] for _ in range(8)]
+        columns: dict[str, list[Any]] = {name: [] for name in _EVENT_COLUMNS}
         for run_id in run_ids:
             for ordinal, event in enumerate(self._events[run_id], start=1):
                 values = (
@@ -105,11 +117,19 @@ class EventBatch:
                     event.to_state,
                     None if event.payload is None else json.dumps(event.payload),
                 )
-                for column, value in zip(columns, values, strict=True):
+                for column, value in zip(columns.values(), values, strict=True):
                     column.append(value)
         # The run-events payload tells watchers which run moved; they re-read from their seq.
         await conn.execute(
-            Q["append"], run_ids, counts, *columns, RUN_EVENTS_CHANNEL, channels, payloads
+            *named(
+                Q["append"],
+                run_ids=run_ids,
+                counts=counts,
+                **columns,
+                run_events_channel=RUN_EVENTS_CHANNEL,
+                channels=channels,
+                channel_payloads=payloads,
+            )
         )
         self._events.clear()
 

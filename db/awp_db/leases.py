@@ -10,17 +10,20 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
-from awp_db import attempts, locks, settle, workers
-from awp_db.connect import Conn
+from asyncpg import Record
+
+from awp_db import locks, settle, workers
+from awp_db.connect import Conn, Pool
 from awp_db.events import EventBatch
 from awp_db.queries import queries
 from awp_db.signals import COORDINATOR_CHANNEL
-from awp_kernel import errors, tokens
-from awp_kernel.fencing import ResultVerdict, judge_result
-from awp_kernel.results import result_hash
+from awp_kernel import errors
+from awp_kernel.fencing import ResultVerdict, holds_lease, judge_result, lease_is_live
+from awp_kernel.results import digest_of
+from awp_protocol.results import CheckedResult, StoredError
 from awp_protocol.states import HANDED_BACK
 
 Q = queries("leases")
@@ -45,32 +48,8 @@ class LeaseAnswer:
     attempt_remaining_ms: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class ResultIn:
-    dispatch_id: int
-    lease_token: str
-    outcome: Literal["succeeded", "failed"]
-    output: dict[str, Any] | None = None
-    error_message: str | None = None
-    retryable: bool = True
-    # A failure's optional diagnostics ("" when the worker sent none).
-    error_type: str = ""
-    traceback: str = ""
-    log_tail: str = ""
-
-    def digest(self) -> bytes:
-        details = {"type": self.error_type, "traceback": self.traceback, "log_tail": self.log_tail}
-        return result_hash(self.outcome, self.output, self.error_message, self.retryable, details)
-
-    def error(self) -> dict[str, Any] | None:
-        """The error as tasks, attempts and events keep it (the traceback and log tail
-        are the attempt's alone: attempts.record_diagnostics)."""
-        if self.outcome != "failed":
-            return None
-        error: dict[str, Any] = {"message": self.error_message or "", "retryable": self.retryable}
-        if self.error_type:
-            error["type"] = self.error_type
-        return error
+# A result as Complete reports it, checked: the protocol's one result type, taken as it is.
+ResultIn = CheckedResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,30 +61,92 @@ class DrainOutcome:
     charged: int = 0
 
 
-async def renew(
-    conn: Conn, worker_id: UUID, leases: Sequence[LeaseRef], lease_ttl_ms: int
-) -> list[LeaseAnswer]:
-    """Answers each lease a heartbeat lists: RENEWED, REVOKED or UNKNOWN."""
+@dataclass(frozen=True, slots=True)
+class LiveLease:
+    """A lease its caller holds and may still use (live_lease)."""
+
+    dispatch_id: int
+    run_id: UUID
+    task_key: str
+    attempt: int
+    fencing_token: int
+    # The keys of the task's upstream tasks (whose outputs the holder may fetch).
+    depends_on: list[str]
+
+
+async def held(conn: Conn | Pool, worker_id: UUID, leases: Sequence[LeaseRef]) -> dict[int, Record]:
+    """Those of the leases listed that worker_id holds (awp_kernel.fencing.holds_lease),
+    in the order listed, by dispatch id, whether still live or not: an unlocked read (a
+    dispatch's holder and token digest never change once leased)."""
     if not leases:
-        return []
+        return {}
     rows = {
         row["id"]: row
         for row in await conn.fetch(Q["lease_digests"], [lease.dispatch_id for lease in leases])
     }
-    owned = [
-        lease.dispatch_id
+    return {
+        lease.dispatch_id: row
         for lease in leases
         if (row := rows.get(lease.dispatch_id)) is not None
-        and row["worker_id"] == worker_id
-        and tokens.matches(lease.lease_token, row["lease_token_hash"])
-    ]
-    renewed = {
+        and holds_lease(worker_id, lease.lease_token, row["worker_id"], row["lease_token_hash"])
+    }
+
+
+async def live_lease(
+    conn: Conn | Pool, worker_id: UUID, dispatch_id: int, lease_token: str
+) -> LiveLease | None:
+    """The lease if worker_id holds it with lease_token and it is live by the database
+    clock now (awp_kernel.fencing: holds_lease and lease_is_live); None otherwise. An
+    unlocked read: for a call that uses the lease without settling it (fetching upstream
+    outputs, appending to a stream); what such a call writes must not depend on the
+    lease staying live past this answer."""
+    row = await conn.fetchrow(Q["live_lease"], dispatch_id)
+    if (
+        row is None
+        or not holds_lease(worker_id, lease_token, row["worker_id"], row["lease_token_hash"])
+        or not lease_is_live(
+            row["state"], row["now"], row["lease_expires_at"], row["attempt_deadline"]
+        )
+    ):
+        return None
+    return LiveLease(
+        dispatch_id,
+        row["run_id"],
+        row["task_key"],
+        row["attempt"],
+        row["fencing_token"],
+        list(row["depends_on"]),
+    )
+
+
+async def renew(
+    conn: Conn, worker_id: UUID, leases: Sequence[LeaseRef], lease_ttl_ms: int
+) -> list[LeaseAnswer]:
+    """Answers each lease a heartbeat lists: RENEWED, REVOKED or UNKNOWN.
+
+    The server calls it outside a transaction, so no statement holds a lease while
+    waiting for another (awp_db.locks): the free leases are renewed at once, then each
+    busy one (a settlement or a cancel is deciding it) alone, once it is free.
+    """
+    if not leases:
+        return []
+    rows = await held(conn, worker_id, leases)
+    owned = list(rows)
+    locked = {
         row["id"]: row for row in await conn.fetch(Q["renew"], worker_id, owned, lease_ttl_ms)
     }
+    for busy in [d for d in owned if d not in locked and rows[d]["state"] == "leased"]:
+        async with conn.transaction():
+            if await locks.lease(conn, busy, worker_id):
+                locked.update(
+                    (row["id"], row)
+                    for row in await conn.fetch(Q["renew"], worker_id, [busy], lease_ttl_ms)
+                )
     answers = []
     owned_set = set(owned)
     for lease in leases:
-        if (row := renewed.get(lease.dispatch_id)) is not None:
+        row = locked.get(lease.dispatch_id)
+        if row is not None and row["lease_expires_at"] is not None:
             answers.append(
                 LeaseAnswer(
                     lease.dispatch_id,
@@ -144,7 +185,7 @@ async def complete_many(
     events = EventBatch()
     outcomes: list[list[ResultVerdict] | errors.AwpError] = []
     # Hashed before any lock is taken: the locks are held only for the judgement.
-    digests = {result.dispatch_id: result.digest() for call in calls for result in call.results}
+    digests = {result.dispatch_id: digest_of(result) for call in calls for result in call.results}
     async with conn.transaction():
         sessions = await workers.authenticate_many(
             conn, [(call.worker_id, call.session_token) for call in calls]
@@ -163,7 +204,6 @@ async def complete_many(
             await locks.runs_of_dispatches(conn, ids)
             locked = {row.id: row for row in await locks.dispatches_for_settlement(conn, ids)}
         endings: list[settle.Ending] = []
-        diagnostics: list[attempts.Diagnostics] = []
         for call, session in zip(calls, sessions, strict=True):
             if not isinstance(session, workers.Session):
                 outcomes.append(session)
@@ -176,8 +216,9 @@ async def complete_many(
                     verdicts.append(ResultVerdict.LEASE_LOST)
                     continue
                 verdict = judge_result(
-                    holder_and_token_match=row.worker_id == session.worker_id
-                    and tokens.matches(result.lease_token, row.lease_token_hash),
+                    holds=holds_lease(
+                        session.worker_id, result.lease_token, row.worker_id, row.lease_token_hash
+                    ),
                     state=row.state,
                     stored_result_hash=row.result_hash,
                     result_hash=digest,
@@ -193,18 +234,14 @@ async def complete_many(
                             result.outcome,
                             output=result.output,
                             error=result.error(),
-                            retryable=result.retryable,
                             digest=digest,
+                            traceback=result.traceback,
+                            log_tail=result.log_tail,
                         )
                     )
-                    if result.traceback or result.log_tail:
-                        diagnostics.append(
-                            attempts.Diagnostics(row.id, result.traceback, result.log_tail)
-                        )
             outcomes.append(verdicts)
         if endings:
             await settle.end_attempts(conn, endings, events)
-            await attempts.record_diagnostics(conn, diagnostics)
             events.notify(COORDINATOR_CHANNEL, "completed")
             await events.flush(conn)
     return outcomes
@@ -241,7 +278,7 @@ async def _interrupt(
     await locks.runs_of_dispatches(conn, dispatch_ids)
     endings = [
         settle.ending_of(
-            row, "interrupted", error={"message": reason, "retryable": True}, hand_back=hand_back
+            row, "interrupted", error=StoredError(reason, retryable=True), hand_back=hand_back
         )
         for row in await locks.dispatches_for_settlement(conn, dispatch_ids)
         if row.state == "leased" and (worker_id is None or row.worker_id == worker_id)
@@ -265,17 +302,7 @@ async def drain(
         )
         handed_back = charged = 0
         if hand_back:
-            rows = {
-                row["id"]: row
-                for row in await conn.fetch(Q["lease_digests"], [h.dispatch_id for h in hand_back])
-            }
-            valid = [
-                h.dispatch_id
-                for h in hand_back
-                if (row := rows.get(h.dispatch_id)) is not None
-                and row["worker_id"] == session.worker_id
-                and tokens.matches(h.lease_token, row["lease_token_hash"])
-            ]
+            valid = list(await held(conn, session.worker_id, hand_back))
             handed_back, settled = await _interrupt(
                 conn,
                 valid,
@@ -296,16 +323,40 @@ async def drain(
 
 
 async def stream_lost(conn: Conn, worker_id: UUID, epoch: int, grace_ms: int) -> int:
-    """Shortens the worker's leases to the stream grace, unless a newer stream exists."""
+    """Shortens the worker's leases to the stream grace, unless a newer stream exists.
+
+    As a renewal, it never waits for one lease while holding another (awp_db.locks): the
+    free leases are shortened in one transaction, then each busy one in a transaction of
+    its own, once it is free (and if it is still this worker's lease).
+    """
+    shortened, busy = await _shorten(conn, worker_id, epoch, grace_ms, None)
+    for dispatch_id in busy:
+        shortened += (await _shorten(conn, worker_id, epoch, grace_ms, dispatch_id))[0]
+    return shortened
+
+
+async def _shorten(
+    conn: Conn, worker_id: UUID, epoch: int, grace_ms: int, busy: int | None
+) -> tuple[int, list[int]]:
+    """Shortens the free leases (or waits for the busy one given): how many, and which
+    ones were busy."""
     async with conn.transaction():
         session = await locks.session(conn, worker_id)
         if session is None or session.stream_epoch != epoch:
-            return 0
-        shortened = await conn.fetch(Q["shorten"], worker_id, grace_ms)
+            return 0, []
+        if busy is not None and not await locks.lease(conn, busy, worker_id):
+            return 0, []
+        held = await worker_leases(conn, [worker_id]) if busy is None else [busy]
+        shortened = [
+            row["id"]
+            for row in await conn.fetch(
+                Q["shorten"], worker_id, None if busy is None else [busy], grace_ms
+            )
+        ]
         if shortened:
             # The coordinator sleeps until the earliest expiry it knows: tell it.
             await settle.notify_coordinator(conn, "stream_lost")
-    return len(shortened)
+    return len(shortened), sorted(set(held) - set(shortened))
 
 
 async def worker_leases(conn: Conn, worker_ids: Sequence[UUID]) -> list[int]:

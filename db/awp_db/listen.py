@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
 
 import asyncpg
 
@@ -33,6 +34,10 @@ class Waiter:
     def wake(self) -> None:
         self._event.set()
 
+    def notify(self, payload: str) -> None:
+        if self.key is None or self.key == payload:
+            self.wake()
+
     async def wait(self, seconds: float) -> bool:
         """True if woken within the time; re-arms for the next wait."""
         try:
@@ -42,6 +47,41 @@ class Waiter:
             return False
         self._event.clear()
         return True
+
+
+class Inbox(Waiter):
+    """Collects a channel's payloads for a consumer that needs them, not only a wake-up.
+
+    `missed` is set when notifications may have been lost (a reconnect, or more distinct
+    payloads arrived between two takes than `limit`): the consumer then re-reads all it
+    cares about instead.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(None)
+        self._limit = limit
+        self._payloads: set[str] = set()
+        self._missed = False
+
+    def notify(self, payload: str) -> None:
+        if len(self._payloads) < self._limit:
+            self._payloads.add(payload)
+        else:
+            self._missed = True
+        super().wake()
+
+    def wake(self) -> None:
+        self._missed = True
+        super().wake()
+
+    def take(self) -> tuple[set[str], bool]:
+        """The payloads since the last take, and whether some may have been missed."""
+        taken, missed = self._payloads, self._missed
+        self._payloads, self._missed = set(), False
+        return taken, missed
+
+
+W = TypeVar("W", bound=Waiter)
 
 
 class Listener:
@@ -85,7 +125,12 @@ class Listener:
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str, key: str | None = None) -> AsyncIterator[Waiter]:
         """A waiter for notifications on channel (only payload == key when key is set)."""
-        waiter = Waiter(key)
+        async with self.attach(channel, Waiter(key)) as waiter:
+            yield waiter
+
+    @contextlib.asynccontextmanager
+    async def attach(self, channel: str, waiter: W) -> AsyncIterator[W]:
+        """Delivers channel's notifications to waiter (an Inbox, say) while inside."""
         self._waiters[channel].add(waiter)
         try:
             yield waiter
@@ -94,8 +139,7 @@ class Listener:
 
     def _dispatch(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
         for waiter in self._waiters.get(channel, ()):
-            if waiter.key is None or waiter.key == payload:
-                waiter.wake()
+            waiter.notify(str(payload))
 
     def waiting(self, channel: str) -> int:
         """How many waiters a channel has (operators' gauges, tests' synchronisation)."""

@@ -1,14 +1,52 @@
 """Every statement that takes row locks, and the one order they are taken in.
 
-LOCK ORDER: the calling worker's session row (when the call authenticates one), then
-schedule rows, then run rows, then dispatch rows, each in ascending id (DESIGN.md §6). A transaction
-that needs several kinds takes them in that order; one that skips locked rows (SKIP
-LOCKED) never waits, so it cannot break the order. Task rows are only written under
-their run's lock. Every other comment about locking points here.
+LOCK ORDER (DESIGN.md §6), over every relation:
 
-A leading coordinator's transactions take the leader row before all of these
-(`leader_term`); nothing else locks that row but the lease's own one-statement updates
-(awp_db.leadership), which hold no other lock.
+  leader row -> schedule rows -> dispatch advisory lock -> worker session rows
+    -> run rows -> dispatch rows -> task rows -> attempt rows -> state_events
+
+1. The leader row (`leader_term`, FOR KEY SHARE), first in every transaction a leading
+   coordinator runs; nothing else locks it but the lease's own one-statement updates
+   (awp_db.leadership), which hold no other lock.
+1b. Schedule rows, ascending id (`schedules`): a tick's firing (the coordinator skips
+   busy ones), a trigger, a backfill, every change of a schedule; then the runs those
+   start or cancel (awp_db.schedules).
+2. The dispatch advisory lock (awp_db.dispatching): dispatch creation only, before any
+   row, so two coordinators queue for it holding nothing but (1).
+3. Worker session rows, ascending id: a Claim's sessions, a drain's, a lost stream's, a
+   batch of heartbeats (workers.touch); the offline sweep skips busy ones.
+4. Run rows, ascending id, in one statement per transaction (a transaction that needs
+   more later takes them SKIP LOCKED: a Claim's second round, retention's batch).
+5. Dispatch rows of runs the transaction holds, in any number of statements: whoever
+   else waits for those rows holds the run first, so waits behind this transaction
+   before it holds any of them. The exceptions lock leases without their run -- a
+   heartbeat's renewal and a lost stream's shortening (awp_db.leases) -- and those
+   never wait for a lease while holding another: they lock the free ones SKIP LOCKED,
+   then wait for each busy one alone (`lease`), in a statement or transaction of its
+   own. A Claim takes pending dispatches SKIP LOCKED.
+6. Task, attempt and event rows are written only under their run's lock, so no two
+   transactions ever contend for them in another order.
+
+Lock strength. Every lock of the order is FOR NO KEY UPDATE, the strength an UPDATE
+that changes no key takes anyway. PostgreSQL's foreign-key checks lock the referenced
+row FOR KEY SHARE at the end of a statement that inserts a row, changes a foreign key,
+or updates a row a second time in its transaction -- the worker's session row, the
+run, the task or the dispatch an attempt points to -- out of any order. FOR KEY SHARE
+conflicts only with FOR UPDATE (a delete, a key change), so no lock of the order may be
+FOR UPDATE: a Claim holding its session FOR UPDATE while waiting for a run deadlocked
+with a settlement of that run whose second write of a failed attempt (its traceback)
+re-checked the attempt's worker (issue 25). The only FOR UPDATE locks are on rows
+nothing can reference meanwhile: retention's finished runs (taken SKIP LOCKED, and
+their rows deleted child first) and a Claim's pending dispatches (SKIP LOCKED; leasing
+rewrites fencing_token, a key). And no transaction writes a row twice where one
+statement can do it (settle.end_attempts writes a failure's diagnostics with its end).
+
+Apart from the order: a server's liveness write (workers.sql record_liveness) upserts
+its own `servers` row and prunes others' stale ones SKIP LOCKED, holding nothing else;
+two concurrent CreateWorkflow calls of one version meet only in its unique index.
+
+A statement that skips locked rows (SKIP LOCKED) never waits, so cannot break the
+order. Every other comment about locking points here.
 """
 
 from __future__ import annotations
@@ -159,6 +197,11 @@ async def dispatches_for_settlement(
     conn: Conn, dispatch_ids: Sequence[int]
 ) -> list[LockedDispatch]:
     return await rows_as(LockedDispatch, conn, Q["dispatches_for_settlement"], list(dispatch_ids))
+
+
+async def lease(conn: Conn, dispatch_id: int, worker_id: UUID) -> bool:
+    """Waits for one lease of the worker and locks it; False if no longer its lease."""
+    return await conn.fetchval(Q["lease"], dispatch_id, worker_id) is not None
 
 
 async def expired_dispatches(conn: Conn, dispatch_ids: Sequence[int]) -> list[ExpiredDispatch]:

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+from awp_db import leases
 from awp_db.connect import Conn, Pool
 from awp_db.queries import queries
-from awp_kernel import errors, tokens
+from awp_kernel import errors
 from awp_protocol.errors import Reason, quote
 
 Q = queries("outputs")
@@ -39,20 +40,16 @@ async def upstream_outputs(
     """The first of keys' outputs, in order, adding up to budget_bytes of JSON (at least
     one), for the live holder of the lease only; LEASE_LOST otherwise, INVALID_ARGUMENT
     naming `keys` for a key the lease's task does not depend on."""
-    lease = await conn.fetchrow(Q["held_lease"], dispatch_id, worker_id)
-    if (
-        lease is None
-        or not lease["live"]
-        or not tokens.matches(lease_token, lease["lease_token_hash"])
-    ):
+    lease = await leases.live_lease(conn, worker_id, dispatch_id, lease_token)
+    if lease is None:
         raise lease_lost()
-    upstream = set(lease["depends_on"])
+    upstream = set(lease.depends_on)
     for index, key in enumerate(keys):
         if key not in upstream:
             raise errors.invalid(f"keys[{index}]", f"the task does not depend on {quote(key)}")
     if not keys:
         return []
-    rows = await conn.fetch(Q["outputs"], lease["run_id"], list(keys), budget_bytes)
+    rows = await conn.fetch(Q["outputs"], lease.run_id, list(keys), budget_bytes)
     return [(row["key"], row["output"] or {}) for row in rows]
 
 

@@ -13,7 +13,7 @@ import asyncpg
 from awp_db import locks, settle
 from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
-from awp_db.queries import queries, row_as, rows_as
+from awp_db.queries import named, queries, row_as, rows_as
 from awp_db.workflows import StoredWorkflow
 from awp_kernel.definition import WorkflowSpec
 from awp_kernel.errors import invalid, not_found
@@ -167,26 +167,28 @@ async def insert_tasks(
     dependents = spec.dependents()
     tasks = spec.tasks
     return await conn.fetch(
-        Q["insert_tasks"],
-        run_id,
-        [t.key for t in tasks],
-        [t.executor_kind for t in tasks],
-        [t.action for t in tasks],
-        [json.dumps(dict(t.input)) for t in tasks],
-        [json.dumps(list(t.depends_on)) for t in tasks],
-        [json.dumps(dependents[t.key]) for t in tasks],
-        # An always task waits for the end of the run (awp_db.dynamic releases it).
-        [1 if t.always else len(t.depends_on) for t in tasks],
-        [t.retry.max_attempts for t in tasks],
-        [t.retry.initial_backoff_ms for t in tasks],
-        [t.retry.max_backoff_ms for t in tasks],
-        [t.retry.multiplier for t in tasks],
-        [t.timeout_ms for t in tasks],
-        [t.map.over if t.map else None for t in tasks],
-        [json.dumps(t.map.keys()) if t.map else None for t in tasks],
-        [t.on_failure for t in tasks],
-        [t.always for t in tasks],
-        delayed,
+        *named(
+            Q["insert_tasks"],
+            run_id=run_id,
+            keys=[t.key for t in tasks],
+            executor_kinds=[t.executor_kind for t in tasks],
+            actions=[t.action for t in tasks],
+            inputs=[json.dumps(dict(t.input)) for t in tasks],
+            depends_on=[json.dumps(list(t.depends_on)) for t in tasks],
+            dependents=[json.dumps(dependents[t.key]) for t in tasks],
+            # An always task waits for the end of the run (awp_db.dynamic releases it).
+            unfinished_deps=[1 if t.always else len(t.depends_on) for t in tasks],
+            max_attempts=[t.retry.max_attempts for t in tasks],
+            backoff_initial_ms=[t.retry.initial_backoff_ms for t in tasks],
+            backoff_max_ms=[t.retry.max_backoff_ms for t in tasks],
+            backoff_multipliers=[t.retry.multiplier for t in tasks],
+            timeout_ms=[t.timeout_ms for t in tasks],
+            map_over=[t.map.over if t.map else None for t in tasks],
+            map_paths=[json.dumps(t.map.keys()) if t.map else None for t in tasks],
+            on_failure=[t.on_failure for t in tasks],
+            always=[t.always for t in tasks],
+            delayed=delayed,
+        )
     )
 
 

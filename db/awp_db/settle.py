@@ -23,11 +23,12 @@ from awp_db import dynamic
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.locks import LockedDispatch
-from awp_db.queries import queries
+from awp_db.queries import named, queries
 from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide, decide_hand_back
 from awp_kernel.states import run_outcome
 from awp_protocol.limits import MAX_FREE_HAND_BACKS
+from awp_protocol.results import StoredError
 
 Q = queries("settle")
 
@@ -55,9 +56,14 @@ class Ending:
     hand_backs: int = 0
     hand_back: bool = False
     output: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    retryable: bool = True
+    # Its retryable flag is the one the retry rule reads (None: a success).
+    error: StoredError | None = None
     result_hash: bytes | None = None
+    # A failure's diagnostics, kept on its attempt only ("" for none): written by the
+    # statement that ends the attempt, for a second write of the row would be checked
+    # against its foreign keys again, taking locks out of order (awp_db.locks).
+    traceback: str = ""
+    log_tail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +83,11 @@ def ending_of(
     end: AttemptEnd,
     *,
     output: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    retryable: bool = True,
+    error: StoredError | None = None,
     digest: bytes | None = None,
     hand_back: bool = False,
+    traceback: str = "",
+    log_tail: str = "",
 ) -> Ending:
     """The Ending of a dispatch row locked for settlement (its attempt, task and policy)."""
     assert row.attempt is not None, "only a leased dispatch has an attempt to end"
@@ -102,8 +109,9 @@ def ending_of(
         hand_back=hand_back,
         output=output,
         error=error,
-        retryable=retryable,
         result_hash=digest,
+        traceback=traceback,
+        log_tail=log_tail,
     )
 
 
@@ -123,7 +131,8 @@ def _decision(ending: Ending) -> TaskDecision:
     charged = ending.attempt - ending.hand_backs
     if ending.hand_back:
         return decide_hand_back(ending.policy, charged, ending.hand_backs)
-    return decide(ending.policy, charged, ending.end, ending.retryable)
+    retryable = ending.error is None or ending.error.retryable
+    return decide(ending.policy, charged, ending.end, retryable)
 
 
 def _hand_back_payload(ending: Ending, decision: TaskDecision) -> dict[str, Any]:
@@ -151,16 +160,20 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
     may_have_finished: set[UUID] = set()
     finished: list[dynamic.Finished] = []
     for row in await conn.fetch(
-        Q["end_attempts"],
-        [e.dispatch_id for e in endings],
-        [_DISPATCH_STATE[e.end] for e in endings],
-        [e.result_hash for e in endings],
-        [e.end for e in endings],
-        outputs,
-        [_json(e.error) for e in endings],
-        [e.task_id for e in endings],
-        [d.task_state for d in decisions],
-        [d.retry_in_ms for d in decisions],
+        *named(
+            Q["end_attempts"],
+            dispatch_ids=[e.dispatch_id for e in endings],
+            dispatch_states=[_DISPATCH_STATE[e.end] for e in endings],
+            result_hashes=[e.result_hash for e in endings],
+            attempt_states=[e.end for e in endings],
+            outputs=outputs,
+            errors=[None if e.error is None else json.dumps(e.error.to_json()) for e in endings],
+            task_ids=[e.task_id for e in endings],
+            task_states=[d.task_state for d in decisions],
+            retry_in_ms=[d.retry_in_ms for d in decisions],
+            tracebacks=[e.traceback or None for e in endings],
+            log_tails=[e.log_tail or None for e in endings],
+        )
     ):
         if row["run_may_finish"]:
             may_have_finished.add(row["run_id"])
@@ -171,7 +184,7 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
     for ending, decision in zip(endings, decisions, strict=True):
         payload: dict[str, Any] = {"dispatch_id": ending.dispatch_id}
         if ending.error is not None:
-            payload["error"] = ending.error
+            payload["error"] = ending.error.to_json()
         task_payload: dict[str, Any] = {}
         if ending.hand_back:
             payload["hand_back"] = task_payload["hand_back"] = _hand_back_payload(ending, decision)

@@ -16,6 +16,9 @@ COORDINATOR_CHANNEL: Final = "awp_coordinator"
 DISPATCH_CHANNEL: Final = "awp_dispatch"
 # Every client that watches runs listens here; the payload is the run id.
 RUN_EVENTS_CHANNEL: Final = "awp_run_events"
+# A lease ended by anyone but its holder's result (the trigger of migration 0012 sends
+# it); the payload is '<worker uuid>:<dispatch id>' (awp_db.revocations reads it).
+LEASE_REVOKED_CHANNEL: Final = "awp_lease_revoked"
 
 # --- advisory-lock keys: arbitrary constants shared by every AWP process ---------------
 

@@ -13,7 +13,7 @@ from uuid import UUID
 from awp_db import locks
 from awp_db.connect import Conn, Pool
 from awp_db.locks import SessionRow
-from awp_db.queries import queries, row_as, rows_as
+from awp_db.queries import named, queries, row_as, rows_as
 from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel import errors, tokens
 
@@ -85,15 +85,17 @@ async def register(
 ) -> Registration:
     token = tokens.new_token()
     row = await conn.fetchrow(
-        Q["register"],
-        name,
-        protocol_version,
-        executor_kinds,
-        max_concurrency,
-        labels,
-        tokens.digest(token),
-        heartbeat_interval_ms,
-        COORDINATOR_CHANNEL,
+        *named(
+            Q["register"],
+            name=name,
+            protocol_version=protocol_version,
+            executor_kinds=executor_kinds,
+            max_concurrency=max_concurrency,
+            labels=labels,
+            session_token_hash=tokens.digest(token),
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            channel=COORDINATOR_CHANNEL,
+        )
     )
     assert row is not None
     return Registration(row["id"], token, row["registered_at"])

@@ -9,7 +9,8 @@
 #                                  requirements.lock, then the wheel from DIST, without
 #                                  resolving anything; `pip check` proves them complete
 #   install.sh lock                rewrites requirements.lock: the newest versions
-#                                  pyproject.toml allows, resolved in a scratch venv
+#                                  pyproject.toml allows for awp[all] (every extra),
+#                                  resolved in a scratch venv
 #
 # PYTHON (default python3) makes the virtualenvs: the lock holds for its version (the
 # image's, Python 3.11).
@@ -37,8 +38,12 @@ make_runtime() {
     dist=$2
     "$python" -m venv "$venv"
     "$venv/bin/pip" install --quiet --no-deps -r "$here/requirements.lock"
-    "$venv/bin/pip" install --quiet --no-deps "$dist"/awp-*.whl
+    wheel=$(ls "$dist"/awp-*.whl)
+    "$venv/bin/pip" install --quiet --no-deps "$wheel"
     "$venv/bin/pip" check
+    # pip check sees the base requirements only; offline, awp[all] resolves only if the
+    # lock holds every extra's too.
+    "$venv/bin/pip" install --quiet --no-index "$wheel[all]"
 }
 
 write_lock() {
@@ -46,7 +51,9 @@ write_lock() {
     lock_dir=$(mktemp -d)
     build_wheel "$repository" "$lock_dir/dist"
     "$python" -m venv "$lock_dir/venv"
-    "$lock_dir/venv/bin/pip" install --quiet "$lock_dir/dist"/awp-*.whl
+    # Every extra: the image runs every binary and command (pyproject.toml's awp[all]).
+    wheel=$(ls "$lock_dir/dist"/awp-*.whl)
+    "$lock_dir/venv/bin/pip" install --quiet "$wheel[all]"
     {
         echo "# The exact versions the image installs (--no-deps), for Python 3.11."
         echo "# Written by 'deploy/image/install.sh lock' from pyproject.toml; do not edit."

@@ -20,10 +20,10 @@ function flag(name, envName, fallback) {
 
 const config = {
   server: flag('server', 'AWP_SERVER', '127.0.0.1:50051'),
-  token: flag('token', 'AWP_WORKER_TOKEN', ''),
+  token: flag('worker-token', 'AWP_WORKER_TOKEN', ''),
   name: flag('name', 'AWP_WORKER_NAME', `${os.hostname()}-node-${process.pid}`),
   concurrency: Number(flag('concurrency', 'AWP_WORKER_CONCURRENCY', '4')),
-  shutdownTimeoutMs: 1000 * Number(flag('shutdown-timeout', 'AWP_WORKER_SHUTDOWN_TIMEOUT', '30')),
+  shutdownGraceMs: 1000 * Number(flag('shutdown-grace', 'AWP_WORKER_SHUTDOWN_GRACE', '30')),
   safetyMarginMs: 1000 * Number(flag('safety-margin', 'AWP_WORKER_SAFETY_MARGIN', '1')),
   claimWaitMs: 5000,
   rpcTimeoutMs: 10000,

@@ -15,10 +15,10 @@
 // (fail_attempts: N fails while attempt <= N) -- the same contract as awp-worker's.
 //
 // Usage:
-//   node worker.js --server 127.0.0.1:50051 --token $AWP_WORKER_TOKEN [--name n]
-//                  [--concurrency 4] [--shutdown-timeout 30] [--safety-margin 1]
+//   node worker.js --server 127.0.0.1:50051 --worker-token $AWP_WORKER_TOKEN [--name n]
+//                  [--concurrency 4] [--shutdown-grace 30] [--safety-margin 1]
 // Every flag also reads an environment variable: AWP_SERVER, AWP_WORKER_TOKEN,
-// AWP_WORKER_NAME, AWP_WORKER_CONCURRENCY, AWP_WORKER_SHUTDOWN_TIMEOUT,
+// AWP_WORKER_NAME, AWP_WORKER_CONCURRENCY, AWP_WORKER_SHUTDOWN_GRACE,
 // AWP_WORKER_SAFETY_MARGIN.
 //
 // Exit codes: 0 after a clean drain; 1 on an internal failure; 3 when the server
@@ -317,11 +317,11 @@ class Worker {
     if (this.draining) return;
     this.draining = true;
     if (this.slotFreed) this.slotFreed();
-    log('info', 'draining', { leases: this.leases.size, timeout_ms: this.cfg.shutdownTimeoutMs });
+    log('info', 'draining', { leases: this.leases.size, timeout_ms: this.cfg.shutdownGraceMs });
     try {
       if (!this.session) return this.exit(EXIT_OK);
       await this.withRetry('Drain', () => this.call('Drain', { session: this.session, hand_back: [] }));
-      const until = Date.now() + this.cfg.shutdownTimeoutMs;
+      const until = Date.now() + this.cfg.shutdownGraceMs;
       while (this.leases.size > 0 && Date.now() < until) await sleep(50);
       const handBack = [...this.leases.values()].map((h) => ({
         dispatch_id: h.lease.dispatch_id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import threading
 import time
@@ -18,6 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from google.protobuf import struct_pb2
+
+from awp_protocol.jsonvalue import json_size, struct_to_dict, to_struct
+from awp_protocol.limits import MAX_OUTPUT_BYTES
 from awp_protocol.names import ACTION_PATTERN, ACTION_RULE
 
 ActionFunc = Callable[["ActionContext", dict[str, Any]], Any]
@@ -43,6 +48,37 @@ class ActionCancelled(asyncio.CancelledError):
     ``except Exception`` in user code does not swallow it. Nothing is reported for a
     cancelled attempt: the server decides what happens to the task.
     """
+
+
+class OutputError(PermanentError):
+    """What an action returned cannot be reported (not a JSON object, too large...)."""
+
+
+def output_struct(output: object) -> struct_pb2.Struct:
+    """Check an action's return value and convert it; raises OutputError. The worker
+    reports what this gives, and awp_sdk.testing hands it back to a test."""
+    if not isinstance(output, dict):
+        raise OutputError(
+            f"the action returned {type(output).__name__}, expected a JSON object (dict)"
+        )
+    try:
+        # Keys become strings exactly as JSON would have them.
+        plain = json.loads(json.dumps(output, allow_nan=False, ensure_ascii=False))
+    except (TypeError, ValueError) as exc:
+        raise OutputError(f"the action's output is not valid JSON: {exc}") from None
+    try:
+        # Integers beyond what a Struct carries exactly are refused, not rounded.
+        struct = to_struct(plain, "output")
+        # Read back and measured exactly as the server reads it. What it would refuse
+        # (NUL characters) fails this attempt, not a Complete carrying other results.
+        size = json_size(struct_to_dict(struct))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise OutputError(f"the action's output cannot be reported: {exc}") from None
+    if size > MAX_OUTPUT_BYTES:
+        raise OutputError(
+            f"the action's output is {size} bytes of JSON, more than the {MAX_OUTPUT_BYTES} allowed"
+        )
+    return struct
 
 
 @dataclass(frozen=True, eq=False)

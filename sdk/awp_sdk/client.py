@@ -1,51 +1,62 @@
-"""AsyncClient: the control API for application code, on asyncio.
+"""AsyncClient: the control API for application code, on asyncio — one method for every
+ControlService call, each answering with awp_sdk.records values.
 
     async with AsyncClient() as client:          # AWP_ADDRESS or 127.0.0.1:50051
         await client.apply(wf)
         run = await client.start(wf, input={"topic": "llamas"})
         outputs = await run.result(timeout=60)   # {"fetch": {...}, "summarize": {...}}
 
-Every failure raises an awp_sdk.errors.AwpError subclass. The low-level door stays open:
-``client.control`` is the generated stub and ``await client.call(method, request)`` calls
-it with the token and deadline (what the `awp` CLI uses).
+Every failure raises an awp_sdk.errors.AwpError subclass. A List call has two forms:
+``list_runs`` yields every item, page after page; ``list_runs_page`` answers one page
+and its next_page_token (for a client that pages as its user does). The low-level door
+stays open: ``client.control`` is the generated stub and ``await client.call(method,
+request)`` calls it with the token and deadline.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import grpc
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_common.durations import parse_duration
 from awp_protocol.errors import FieldViolation, Reason
-from awp_protocol.jsonvalue import JsonInvalid, to_struct
+from awp_protocol.jsonvalue import JsonInvalid, parse_object, to_struct
 from awp_protocol.limits import MAX_PAGE_SIZE
-from awp_sdk import definitions
+from awp_sdk import decode, definitions
 from awp_sdk.connection import Channel, Connection
-from awp_sdk.errors import InvalidArgument, RunCanceled, RunFailed, WaitTimeout
-from awp_sdk.records import Event, Run, RunDetail, TaskStatus
+from awp_sdk.enums import RunState, encode
+from awp_sdk.errors import InvalidArgument
+from awp_sdk.handle import AsyncRunHandle, complete_outputs
+from awp_sdk.records import (
+    Applied,
+    Attempt,
+    Event,
+    Identity,
+    Page,
+    Pruned,
+    Run,
+    RunDetail,
+    Stats,
+    StoredWorkflow,
+    TaskPage,
+    TaskStatus,
+    Worker,
+)
 from awp_sdk.watch import GIVE_UP_AFTER_S, ReconnectHandler, run_events
-from awp_sdk.workflow import Workflow
+from awp_sdk.workflow import Duration, Workflow
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+T = TypeVar("T")
 
 # What apply() takes: a Workflow in code, a workflow file's data (parsed YAML or JSON), or
 # the definition message itself.
 WorkflowLike = Workflow | Mapping[str, Any] | types_pb2.WorkflowDefinition
-
-
-@dataclass(frozen=True)
-class Applied:
-    """What CreateWorkflow answered: created False when the identical definition existed."""
-
-    name: str
-    version: int
-    created: bool
 
 
 def definition_of(workflow: WorkflowLike) -> types_pb2.WorkflowDefinition:
@@ -69,6 +80,18 @@ def json_input(value: Mapping[str, Any] | None, where: str) -> Any:
             reason=Reason.INVALID_ARGUMENT,
             violations=[FieldViolation(exc.where or where, exc.problem)],
         ) from None
+
+
+async def every_item(page: Callable[[str], Awaitable[Page[T]]]) -> AsyncIterator[T]:
+    """Every item of a List call, following its page tokens to the last page."""
+    token = ""
+    while True:
+        answer = await page(token)
+        for item in answer.items:
+            yield item
+        if not answer.next_page_token:
+            return
+        token = answer.next_page_token
 
 
 class AsyncClient:
@@ -123,6 +146,14 @@ class AsyncClient:
     ) -> grpc.aio.UnaryStreamCall[Req, Resp]:
         return self.channel.stream(method, request)
 
+    def as_caller(self, token: str) -> AsyncClient:
+        """A client sharing this one's channel that calls with another token: one
+        connection for many callers (the web console's sessions). Closing it leaves the
+        channel open; closing this client closes it for both."""
+        caller = AsyncClient(connection=dataclasses.replace(self.connection, token=token))
+        caller._channel = self.channel.as_caller(caller.connection)
+        return caller
+
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
@@ -137,13 +168,31 @@ class AsyncClient:
     # ------------------------------------------------------------ workflows
 
     async def apply(self, workflow: WorkflowLike) -> Applied:
-        """Stores the workflow version; the identical definition again is a no-op."""
+        """Stores the workflow version (CreateWorkflow); the identical definition again is
+        a no-op (created False)."""
         answer = await self.call(
             self.control.CreateWorkflow,
             control_pb2.CreateWorkflowRequest(definition=definition_of(workflow)),
         )
-        stored = answer.workflow.definition
-        return Applied(stored.name, stored.version, answer.created)
+        return decode.applied(answer)
+
+    async def get_workflow(self, name: str, version: int = 0) -> StoredWorkflow:
+        """A stored workflow version (0: the latest)."""
+        request = control_pb2.GetWorkflowRequest(name=name, version=version)
+        return decode.workflow((await self.call(self.control.GetWorkflow, request)).workflow)
+
+    async def list_workflows_page(
+        self, *, name: str | None = None, page_size: int = 100, page_token: str = ""
+    ) -> Page[StoredWorkflow]:
+        request = control_pb2.ListWorkflowsRequest(
+            name=name or "", page_size=min(page_size, MAX_PAGE_SIZE), page_token=page_token
+        )
+        answer = await self.call(self.control.ListWorkflows, request)
+        return Page(tuple(map(decode.workflow, answer.workflows)), answer.next_page_token)
+
+    def list_workflows(self, *, name: str | None = None) -> AsyncIterator[StoredWorkflow]:
+        """Every stored workflow version (of one name), a page at a time."""
+        return every_item(lambda token: self.list_workflows_page(name=name, page_token=token))
 
     # ------------------------------------------------------------ runs
 
@@ -168,7 +217,7 @@ class AsyncClient:
             request_id=request_id or "",
         )
         answer = await self.call(self.control.StartRun, request)
-        return AsyncRunHandle(self, answer.run.id, Run.from_proto(answer.run), answer.created)
+        return AsyncRunHandle(self, answer.run.id, decode.run(answer.run), answer.created)
 
     async def retry(
         self, run_id: str, *, from_task: str | None = None, request_id: str | None = None
@@ -182,51 +231,99 @@ class AsyncClient:
                 run_id=run_id, from_task=from_task or "", request_id=request_id or ""
             ),
         )
-        return AsyncRunHandle(self, answer.run.id, Run.from_proto(answer.run), answer.created)
+        return AsyncRunHandle(self, answer.run.id, decode.run(answer.run), answer.created)
 
     def run(self, run_id: str) -> AsyncRunHandle:
         """A handle on a run started elsewhere."""
         return AsyncRunHandle(self, run_id)
 
-    async def get_run(self, run_id: str) -> RunDetail:
+    async def get_run(self, run_id: str, *, outputs: bool = True) -> RunDetail:
+        """The run, its tasks and attempts (GetRun). With outputs (the default) the record
+        holds every output, whatever its size: the ones GetRun left out are fetched with
+        GetTaskOutput, and a run past GetRun's 10,000 tasks is read whole with ListTasks.
+        outputs=False makes the one GetRun call (a view that shows no large output): what
+        it left out stays flagged (TaskStatus.output_omitted, tasks_omitted), and
+        RunDetail.outputs() raises OutputsOmitted rather than answer without them."""
         answer = await self.call(self.control.GetRun, control_pb2.GetRunRequest(run_id=run_id))
-        return RunDetail.from_proto(answer)
+        detail = decode.run_detail(answer)
+        return await complete_outputs(self, detail) if outputs else detail
 
-    async def list_tasks(self, run_id: str) -> AsyncIterator[TaskStatus]:
+    async def get_task_output(self, run_id: str, task_key: str) -> dict[str, Any] | None:
+        """One task's output, however large (at most 1 MiB); None when it has none (yet)."""
+        request = control_pb2.GetTaskOutputRequest(run_id=run_id, task_key=task_key)
+        answer = await self.call(self.control.GetTaskOutput, request)
+        return parse_object(answer.output_json) if answer.output_json else None
+
+    async def list_tasks_page(
+        self, run_id: str, *, page_size: int = MAX_PAGE_SIZE, page_token: str = ""
+    ) -> TaskPage:
+        """A page of the run's tasks in get_run's order; outputs past the page's budget
+        are left out (TaskStatus.output_omitted)."""
+        request = control_pb2.ListTasksRequest(
+            run_id=run_id, page_size=min(page_size, MAX_PAGE_SIZE), page_token=page_token
+        )
+        return decode.task_page(await self.call(self.control.ListTasks, request))
+
+    def list_tasks(self, run_id: str) -> AsyncIterator[TaskStatus]:
         """Every task of the run, map elements included, in get_run's order, a page at a
         time (get_run lists the first 10,000)."""
-        request = control_pb2.ListTasksRequest(run_id=run_id)
-        while True:
-            answer = await self.call(self.control.ListTasks, request)
-            for task in answer.tasks:
-                yield TaskStatus.from_proto(task)
-            if not answer.next_page_token:
-                return
-            request.page_token = answer.next_page_token
+        return every_item(lambda token: self.list_tasks_page(run_id, page_token=token))
 
-    async def list_runs(
-        self, *, workflow: str | None = None, state: str | None = None, page_size: int = 100
-    ) -> AsyncIterator[Run]:
-        """Every run (of a workflow, in a state), newest first, a page at a time."""
+    async def list_attempts_page(
+        self, run_id: str, *, task_key: str | None = None, page_token: str = ""
+    ) -> Page[Attempt]:
+        """A page (at most 25) of the run's attempts, or one task's, oldest first, each
+        with its whole failure: type, message, traceback and log tail."""
+        request = control_pb2.ListAttemptsRequest(
+            run_id=run_id, task_key=task_key or "", page_token=page_token
+        )
+        answer = await self.call(self.control.ListAttempts, request)
+        return Page(tuple(map(decode.attempt, answer.attempts)), answer.next_page_token)
+
+    def list_attempts(self, run_id: str, *, task_key: str | None = None) -> AsyncIterator[Attempt]:
+        """Every attempt of the run (or of one task), oldest first, a page at a time."""
+        return every_item(
+            lambda token: self.list_attempts_page(run_id, task_key=task_key, page_token=token)
+        )
+
+    async def list_runs_page(
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
         request = control_pb2.ListRunsRequest(
-            workflow_name=workflow or "", page_size=min(page_size, MAX_PAGE_SIZE)
+            workflow_name=workflow or "",
+            page_size=min(page_size, MAX_PAGE_SIZE),
+            page_token=page_token,
         )
         if state:
-            request.state = types_pb2.RunState.Value(f"RUN_STATE_{state.upper()}")
-        while True:
-            answer = await self.call(self.control.ListRuns, request)
-            for run in answer.runs:
-                yield Run.from_proto(run)
-            if not answer.next_page_token:
-                return
-            request.page_token = answer.next_page_token
+            request.state = encode(RunState, state)  # type: ignore[assignment]
+        answer = await self.call(self.control.ListRuns, request)
+        return Page(tuple(map(decode.run, answer.runs)), answer.next_page_token)
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[Run]:
+        """Every run (of a workflow, in a state), newest first, a page at a time."""
+        return every_item(
+            lambda token: self.list_runs_page(
+                workflow=workflow, state=state, page_size=page_size, page_token=token
+            )
+        )
 
     async def cancel(self, run_id: str, reason: str | None = None) -> Run:
         """Asks for the run's cancellation (the coordinator converges it)."""
         answer = await self.call(
             self.control.CancelRun, control_pb2.CancelRunRequest(run_id=run_id, reason=reason or "")
         )
-        return Run.from_proto(answer.run)
+        return decode.run(answer.run)
 
     async def watch(
         self,
@@ -244,92 +341,41 @@ class AsyncClient:
             give_up_after=give_up_after,
             on_reconnect=on_reconnect,
         ):
-            yield Event.from_proto(event)
+            yield decode.event(event)
 
-
-class AsyncRunHandle:
-    """One run: its id, and how to wait for it, watch it or cancel it."""
-
-    def __init__(
-        self, client: AsyncClient, run_id: str, run: Run | None = None, created: bool = True
-    ) -> None:
-        self.client = client
-        self.id = run_id
-        # The run as StartRun answered (None for a handle made from an id).
-        self.started = run
-        # False when the request id had already started this run.
-        self.created = created
-
-    def __repr__(self) -> str:
-        return f"<AsyncRunHandle {self.id}>"
-
-    async def get(self) -> RunDetail:
-        return await self.client.get_run(self.id)
-
-    # The same signature as RunHandle.result: one API, sync or async.
-    async def result(self, timeout: float | None = None) -> dict[str, dict[str, Any]]:  # noqa: ASYNC109
-        """Waits for the run to end; returns each succeeded task's output by task key.
-
-        Raises RunFailed (with the failed task, its error and traceback), RunCanceled, or
-        WaitTimeout once `timeout` seconds pass (the run goes on).
-        """
-        try:
-            async with asyncio.timeout(timeout):
-                detail = await self.get()
-                if not detail.run.done:
-                    async for _ in self.watch(after_seq=detail.run.last_seq):
-                        pass
-                    detail = await self.get()
-        except TimeoutError:
-            raise WaitTimeout(f"run {self.id} did not end within {timeout:g} s") from None
-        return outcome(detail)
-
-    async def watch(self, *, after_seq: int = 0) -> AsyncIterator[Event]:
-        async for event in self.client.watch(self.id, after_seq=after_seq):
-            yield event
-
-    async def cancel(self, reason: str | None = None) -> Run:
-        return await self.client.cancel(self.id, reason)
-
-
-def outcome(detail: RunDetail) -> dict[str, dict[str, Any]]:
-    """The outputs of a succeeded run; RunFailed or RunCanceled otherwise."""
-    run = detail.run
-    if run.state == "canceled":
-        raise RunCanceled(f"run {run.id} was canceled", run_id=run.id)
-    if run.state != "failed":
-        return detail.outputs()
-    failed = first_failure(detail.tasks.values())
-    if failed is None:
-        raise RunFailed(
-            f"run {run.id} failed",
-            run_id=run.id,
-            task_key=None,
-            error=None,
-            attempt=None,
-            retryable=None,
+    async def prune_runs(
+        self,
+        older_than: Duration,
+        *,
+        dry_run: bool = False,
+        limit: int = 0,
+        page_token: str = "",
+    ) -> Pruned:
+        """One PruneRuns call: deletes (dry_run: counts) at most `limit` finished runs
+        (0: the server's default) that ended more than older_than ago. Call again while
+        Pruned.remaining is above 0 (dry run: with its next_page_token)."""
+        seconds = (
+            older_than.total_seconds()
+            if isinstance(older_than, timedelta)
+            else parse_duration(older_than)
         )
-    error = failed.error
-    message = error.message if error is not None else "no error recorded"
-    plural = "attempt" if failed.attempts == 1 else "attempts"
-    raise RunFailed(
-        f"run {run.id} failed: task {failed.key!r} failed after {failed.attempts} "
-        f"{plural}: {message}",
-        run_id=run.id,
-        task_key=failed.key,
-        error=error.message if error is not None else None,
-        attempt=failed.attempts or None,
-        retryable=error.retryable if error is not None else None,
-        error_type=error.type if error is not None else None,
-        traceback=error.traceback if error is not None else None,
-        log_tail=error.log_tail if error is not None else None,
-    )
+        request = control_pb2.PruneRunsRequest(dry_run=dry_run, limit=limit, page_token=page_token)
+        request.older_than.FromTimedelta(timedelta(seconds=seconds))
+        return decode.pruned(await self.call(self.control.PruneRuns, request))
 
+    # ------------------------------------------------------------ fleet
 
-def first_failure(tasks: Iterable[TaskStatus]) -> TaskStatus | None:
-    """The failed task that ended the run: the first to finish failing."""
-    failed = [t for t in tasks if t.state == "failed"]
-    if not failed:
-        return None
-    latest = datetime.max.replace(tzinfo=UTC)
-    return min(failed, key=lambda t: t.finished_at or latest)
+    async def list_workers(self, *, include_inactive: bool = False) -> tuple[Worker, ...]:
+        """Active and draining worker sessions (include_inactive: stopped and offline ones
+        too, newest first, at most 1,000)."""
+        request = control_pb2.ListWorkersRequest(include_inactive=include_inactive)
+        answer = await self.call(self.control.ListWorkers, request)
+        return tuple(map(decode.worker, answer.workers))
+
+    async def get_stats(self) -> Stats:
+        return decode.stats(await self.call(self.control.GetStats, control_pb2.GetStatsRequest()))
+
+    async def who_am_i(self) -> Identity:
+        """The caller's credential name and roles."""
+        answer = await self.call(self.control.WhoAmI, control_pb2.WhoAmIRequest())
+        return decode.identity(answer)

@@ -9,6 +9,7 @@ environment the same way: ``Connection.from_env()``.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -134,12 +135,22 @@ class Channel:
             connection.address, self._tls, [("grpc.max_receive_message_length", _RECEIVE_BYTES)]
         )
         self.control = control_pb2_grpc.ControlServiceStub(self._channel)
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {connection.token}"),) if connection.token else ()
-        )
+        self._metadata = _credential(connection.token)
+        # False for a channel shared from another (as_caller): its owner closes it.
+        self._owned = True
+
+    def as_caller(self, connection: Connection) -> Channel:
+        """The same gRPC channel, calling with `connection`'s token (a server holds one
+        connection for many callers, as the console does for its sessions)."""
+        caller = copy.copy(self)
+        caller.connection = connection
+        caller._metadata = _credential(connection.token)
+        caller._owned = False
+        return caller
 
     async def close(self) -> None:
-        await self._channel.close()
+        if self._owned:
+            await self._channel.close()
 
     async def call(self, method: Callable[..., Awaitable[Resp]], request: Req) -> Resp:
         """A unary call with the token and the connection's deadline."""
@@ -157,6 +168,10 @@ class Channel:
 
     def error(self, error: grpc.aio.AioRpcError) -> Exception:
         return from_rpc_error(error, self.connection.address, self._tls.on)
+
+
+def _credential(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 async def iterate(call: grpc.aio.UnaryStreamCall[Req, Resp]) -> AsyncIterator[Resp]:

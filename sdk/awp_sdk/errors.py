@@ -101,6 +101,39 @@ class RunNotFinished(FailedPrecondition):
     """Only a finished run can be retried (RUN_NOT_FINISHED)."""
 
 
+class ProtocolUnsupported(FailedPrecondition):
+    """The server does not speak this client's protocol version (PROTOCOL_UNSUPPORTED)."""
+
+
+class WorkerDraining(FailedPrecondition):
+    """The worker session is draining: it takes no new work (WORKER_DRAINING)."""
+
+
+class LeaseLost(FailedPrecondition):
+    """The lease is no longer held: revoked, expired or taken over (LEASE_LOST)."""
+
+
+class UnknownEnumValue(AwpError):
+    """The server sent an enum value this SDK does not know (a newer server): upgrade
+    awp_sdk. ``enum`` is the proto enum's full name, ``value`` the number."""
+
+    def __init__(self, message: str, *, enum: str, value: int) -> None:
+        super().__init__(message)
+        self.enum = enum
+        self.value = value
+
+
+class OutputsOmitted(AwpError):
+    """RunDetail.outputs() on a record that does not hold every output (read with
+    ``get_run(..., outputs=False)``): ``task_keys`` names the tasks whose output it
+    lacks; ``tasks_omitted`` counts tasks it does not list at all."""
+
+    def __init__(self, message: str, *, task_keys: tuple[str, ...], tasks_omitted: int) -> None:
+        super().__init__(message)
+        self.task_keys = task_keys
+        self.tasks_omitted = tasks_omitted
+
+
 class RunFailed(AwpError):
     """The run failed. ``task_key`` is the task whose failure ended it, ``error`` its
     error message, ``attempt`` the attempt that failed; ``error_type``, ``traceback`` and
@@ -138,7 +171,8 @@ class RunCanceled(AwpError):
         self.run_id = run_id
 
 
-_BY_REASON: Final[Mapping[str, type[AwpError]]] = {
+# Every protocol reason has its class (a test holds this against awp_protocol's Reason).
+BY_REASON: Final[Mapping[str, type[AwpError]]] = {
     Reason.INVALID_ARGUMENT: InvalidArgument,
     Reason.MALFORMED_REQUEST: InvalidArgument,
     Reason.REQUEST_TOO_LARGE: InvalidArgument,
@@ -152,6 +186,9 @@ _BY_REASON: Final[Mapping[str, type[AwpError]]] = {
     Reason.PERMISSION_DENIED: PermissionDenied,
     Reason.DATABASE_UNAVAILABLE: Unavailable,
     Reason.RUN_NOT_FINISHED: RunNotFinished,
+    Reason.PROTOCOL_UNSUPPORTED: ProtocolUnsupported,
+    Reason.WORKER_DRAINING: WorkerDraining,
+    Reason.LEASE_LOST: LeaseLost,
 }
 # A reason this SDK does not know yet (a newer server) falls back on the status code.
 _BY_CODE: Final[Mapping[grpc.StatusCode, type[AwpError]]] = {
@@ -182,7 +219,7 @@ def from_rpc_error(error: grpc.aio.AioRpcError, address: str, tls_on: bool = Fal
     code = error.code()
     message = one_line(error.details() or "")
     if details.reason:
-        kind = _BY_REASON.get(details.reason) or _BY_CODE.get(code, AwpError)
+        kind = BY_REASON.get(details.reason) or _BY_CODE.get(code, AwpError)
         return kind(
             message,
             reason=details.reason,

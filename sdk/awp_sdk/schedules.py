@@ -14,71 +14,19 @@ naming the field.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from awp.v1 import control_pb2, schedule_pb2
-from awp_protocol.jsonvalue import struct_to_dict
-from awp_sdk.client import AsyncClient, AsyncRunHandle, json_input
-from awp_sdk.records import Run, enum_name, when
+from awp_sdk import decode
+from awp_sdk.client import AsyncClient, json_input
+from awp_sdk.handle import AsyncRunHandle
+from awp_sdk.records import Schedule
 
 Overlap = Literal["skip", "buffer_one", "allow_all", "cancel_previous"]
 Catchup = Literal["none", "last", "all"]
-
-
-@dataclass(frozen=True)
-class Tick:
-    """One fired tick: when, by what ("schedule", "trigger", "backfill"), with what
-    outcome ("started", "skipped", "buffered"), the run and the leader epoch."""
-
-    at: datetime | None
-    source: str
-    outcome: str
-    run_id: str | None
-    leader_epoch: int
-
-
-@dataclass(frozen=True)
-class Schedule:
-    name: str
-    workflow: str
-    version: int  # 0: the latest at each tick
-    input: dict[str, Any]
-    cron: str | None
-    every: timedelta | None
-    timezone: str
-    overlap: str
-    catchup: str
-    catchup_window: timedelta
-    paused: bool
-    next_fire_at: datetime | None
-    # GetSchedule only: the newest ticks, newest first.
-    recent_ticks: tuple[Tick, ...] = ()
-
-    @classmethod
-    def from_proto(cls, schedule: schedule_pb2.Schedule) -> Schedule:
-        spec = schedule.spec
-        return cls(
-            name=spec.name,
-            workflow=spec.workflow_name,
-            version=spec.workflow_version,
-            input=struct_to_dict(spec.input),
-            cron=spec.cron or None,
-            every=spec.interval.ToTimedelta() if spec.HasField("interval") else None,
-            timezone=spec.timezone,
-            overlap=enum_name(schedule_pb2.OverlapPolicy, "OVERLAP_POLICY_", spec.overlap),
-            catchup=enum_name(schedule_pb2.CatchupPolicy, "CATCHUP_POLICY_", spec.catchup),
-            catchup_window=spec.catchup_window.ToTimedelta(),
-            paused=spec.paused,
-            next_fire_at=when(schedule.next_fire_time),
-            recent_ticks=tuple(
-                Tick(when(t.tick_time), t.source, t.outcome, t.run_id or None, t.leader_epoch)
-                for t in schedule.recent_ticks
-            ),
-        )
 
 
 def _duration(value: timedelta) -> duration_pb2.Duration:
@@ -155,7 +103,7 @@ class Schedules:
         answer = await self._client.call(
             self._client.control.CreateSchedule, schedule_pb2.CreateScheduleRequest(schedule=spec)
         )
-        return Schedule.from_proto(answer.schedule)
+        return decode.schedule(answer.schedule)
 
     async def update(
         self,
@@ -181,13 +129,13 @@ class Schedules:
         answer = await self._client.call(
             self._client.control.UpdateSchedule, schedule_pb2.UpdateScheduleRequest(schedule=spec)
         )
-        return Schedule.from_proto(answer.schedule)
+        return decode.schedule(answer.schedule)
 
     async def get(self, name: str) -> Schedule:
         answer = await self._client.call(
             self._client.control.GetSchedule, schedule_pb2.GetScheduleRequest(name=name)
         )
-        return Schedule.from_proto(answer.schedule)
+        return decode.schedule(answer.schedule)
 
     async def list(self) -> list[Schedule]:
         """Every schedule, by name."""
@@ -195,7 +143,7 @@ class Schedules:
         request = schedule_pb2.ListSchedulesRequest()
         while True:
             answer = await self._client.call(self._client.control.ListSchedules, request)
-            found.extend(map(Schedule.from_proto, answer.schedules))
+            found.extend(map(decode.schedule, answer.schedules))
             if not answer.next_page_token:
                 return found
             request.page_token = answer.next_page_token
@@ -204,13 +152,13 @@ class Schedules:
         answer = await self._client.call(
             self._client.control.PauseSchedule, schedule_pb2.PauseScheduleRequest(name=name)
         )
-        return Schedule.from_proto(answer.schedule)
+        return decode.schedule(answer.schedule)
 
     async def resume(self, name: str) -> Schedule:
         answer = await self._client.call(
             self._client.control.ResumeSchedule, schedule_pb2.ResumeScheduleRequest(name=name)
         )
-        return Schedule.from_proto(answer.schedule)
+        return decode.schedule(answer.schedule)
 
     async def delete(self, name: str) -> None:
         await self._client.call(
@@ -256,6 +204,4 @@ class Schedules:
         if after is not None:
             request.start_delay.CopyFrom(_duration(after))
         answer = await self._client.call(self._client.control.StartRun, request)
-        return AsyncRunHandle(
-            self._client, answer.run.id, Run.from_proto(answer.run), answer.created
-        )
+        return AsyncRunHandle(self._client, answer.run.id, decode.run(answer.run), answer.created)

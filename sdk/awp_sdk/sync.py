@@ -17,11 +17,28 @@ import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
-from awp_sdk.client import Applied, AsyncClient, AsyncRunHandle, WorkflowLike
+from awp_protocol.limits import MAX_PAGE_SIZE
+from awp_sdk.client import AsyncClient, WorkflowLike
 from awp_sdk.connection import Connection
-from awp_sdk.records import Event, Run, RunDetail, TaskStatus
-from awp_sdk.watch import GIVE_UP_AFTER_S
-from awp_sdk.workflow import Workflow
+from awp_sdk.enums import RunState
+from awp_sdk.handle import AsyncRunHandle
+from awp_sdk.records import (
+    Applied,
+    Attempt,
+    Event,
+    Identity,
+    Page,
+    Pruned,
+    Run,
+    RunDetail,
+    Stats,
+    StoredWorkflow,
+    TaskPage,
+    TaskStatus,
+    Worker,
+)
+from awp_sdk.watch import GIVE_UP_AFTER_S, ReconnectHandler
+from awp_sdk.workflow import Duration, Workflow
 
 T = TypeVar("T")
 
@@ -149,17 +166,68 @@ class Client:
         """A handle on a run started elsewhere."""
         return RunHandle(self, self._async.run(run_id))
 
-    def get_run(self, run_id: str) -> RunDetail:
-        return self._run(self._async.get_run(run_id))
+    # Each method below is AsyncClient's of the same name: see there.
+
+    def get_workflow(self, name: str, version: int = 0) -> StoredWorkflow:
+        return self._run(self._async.get_workflow(name, version))
+
+    def list_workflows_page(
+        self, *, name: str | None = None, page_size: int = 100, page_token: str = ""
+    ) -> Page[StoredWorkflow]:
+        return self._run(
+            self._async.list_workflows_page(name=name, page_size=page_size, page_token=page_token)
+        )
+
+    def list_workflows(self, *, name: str | None = None) -> Iterator[StoredWorkflow]:
+        return self._iterate(self._async.list_workflows(name=name))
+
+    def get_run(self, run_id: str, *, outputs: bool = True) -> RunDetail:
+        return self._run(self._async.get_run(run_id, outputs=outputs))
+
+    def get_task_output(self, run_id: str, task_key: str) -> dict[str, Any] | None:
+        return self._run(self._async.get_task_output(run_id, task_key))
+
+    def list_tasks_page(
+        self, run_id: str, *, page_size: int = MAX_PAGE_SIZE, page_token: str = ""
+    ) -> TaskPage:
+        return self._run(
+            self._async.list_tasks_page(run_id, page_size=page_size, page_token=page_token)
+        )
 
     def list_tasks(self, run_id: str) -> Iterator[TaskStatus]:
-        """Every task of the run, map elements included, a page at a time."""
         return self._iterate(self._async.list_tasks(run_id))
 
+    def list_attempts_page(
+        self, run_id: str, *, task_key: str | None = None, page_token: str = ""
+    ) -> Page[Attempt]:
+        return self._run(
+            self._async.list_attempts_page(run_id, task_key=task_key, page_token=page_token)
+        )
+
+    def list_attempts(self, run_id: str, *, task_key: str | None = None) -> Iterator[Attempt]:
+        return self._iterate(self._async.list_attempts(run_id, task_key=task_key))
+
+    def list_runs_page(
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        return self._run(
+            self._async.list_runs_page(
+                workflow=workflow, state=state, page_size=page_size, page_token=page_token
+            )
+        )
+
     def list_runs(
-        self, *, workflow: str | None = None, state: str | None = None, page_size: int = 100
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        page_size: int = 100,
     ) -> Iterator[Run]:
-        """Every run (of a workflow, in a state), newest first, a page at a time."""
         return self._iterate(
             self._async.list_runs(workflow=workflow, state=state, page_size=page_size)
         )
@@ -168,12 +236,37 @@ class Client:
         return self._run(self._async.cancel(run_id, reason))
 
     def watch(
-        self, run_id: str, *, after_seq: int = 0, give_up_after: float = GIVE_UP_AFTER_S
+        self,
+        run_id: str,
+        *,
+        after_seq: int = 0,
+        give_up_after: float = GIVE_UP_AFTER_S,
+        on_reconnect: ReconnectHandler | None = None,
     ) -> Iterator[Event]:
-        """The run's events after `after_seq` until it ends, resumed across reconnects."""
         return self._iterate(
-            self._async.watch(run_id, after_seq=after_seq, give_up_after=give_up_after)
+            self._async.watch(
+                run_id,
+                after_seq=after_seq,
+                give_up_after=give_up_after,
+                on_reconnect=on_reconnect,
+            )
         )
+
+    def prune_runs(
+        self, older_than: Duration, *, dry_run: bool = False, limit: int = 0, page_token: str = ""
+    ) -> Pruned:
+        return self._run(
+            self._async.prune_runs(older_than, dry_run=dry_run, limit=limit, page_token=page_token)
+        )
+
+    def list_workers(self, *, include_inactive: bool = False) -> tuple[Worker, ...]:
+        return self._run(self._async.list_workers(include_inactive=include_inactive))
+
+    def get_stats(self) -> Stats:
+        return self._run(self._async.get_stats())
+
+    def who_am_i(self) -> Identity:
+        return self._run(self._async.who_am_i())
 
 
 class RunHandle:
@@ -189,8 +282,8 @@ class RunHandle:
     def __repr__(self) -> str:
         return f"<RunHandle {self.id}>"
 
-    def get(self) -> RunDetail:
-        return self.client._run(self._handle.get())
+    def get(self, *, outputs: bool = True) -> RunDetail:
+        return self.client._run(self._handle.get(outputs=outputs))
 
     def result(self, timeout: float | None = None) -> dict[str, dict[str, Any]]:
         """Waits for the run to end; see AsyncRunHandle.result."""

@@ -23,6 +23,7 @@ before it is sent (``definition``).
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -83,6 +84,7 @@ class TaskOptions(TypedDict, total=False):
     once per element of a list in another task's output (a Map). on_failure: "fail_run"
     (the default) or "continue" (the run goes on without this task's dependents).
     always: run once every other task has ended, success or failure (cleanup, notify).
+    Any other option is refused with a TypeError naming it.
     """
 
     depends_on: Sequence[Task]
@@ -92,6 +94,20 @@ class TaskOptions(TypedDict, total=False):
     map: Map | None
     on_failure: definitions.OnFailure | None
     always: bool
+
+
+def check_options(key: str, options: Mapping[str, Any]) -> None:
+    """TypeError naming an option TaskOptions does not have (and the one probably meant):
+    a typo must not vanish from the definition unnoticed."""
+    known = sorted(TaskOptions.__annotations__)
+    for name in options:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TypeError(
+            f"task {key!r}: unknown option {name!r}{hint}; the options are {', '.join(known)}"
+        )
 
 
 class Task:
@@ -106,6 +122,7 @@ class Task:
         kind: str,
         **options: Unpack[TaskOptions],
     ) -> None:
+        check_options(key, options)
         self.workflow = workflow
         self.key = key
         self.action = action
@@ -208,10 +225,10 @@ class Workflow:
         def declare(function: Callable[..., Any]) -> TaskFunction[..., Any]:
             task_key = key or function.__name__
             name = action or f"{self.name}.{task_key}"
-            self._registry.register(name, function)
             declared = TaskFunction(
                 self, function, key=task_key, action=name, kind="python", **options
             )
+            self._registry.register(name, function)
             self._tasks.append(declared)
             return declared
 

@@ -43,6 +43,7 @@ async def serve(config: CoordinatorConfig) -> None:
             "metrics listening",
             extra={"address": f"{host}:{server.server_port}"},
         )
+    await pooler.check_modes(config.database_url, config.session_url, config.database_pool_mode)
     pool = await create_pool(
         config.database_url,
         # No floor: during an outage the pool would log a traceback per retry to keep
@@ -90,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs.setup(config.log_format, config.log_level)
     try:
         asyncio.run(serve(config))
-    except SchemaError as exc:
+    except (SchemaError, pooler.PoolerMismatch) as exc:
         log.error("awp-coordinator cannot start", extra={"error": str(exc)})
         print(f"awp-coordinator: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -19,7 +19,7 @@ from awp_common.tls import server_credentials
 from awp_db import pooler, workers
 from awp_db.connect import Pool, PoolMode, create_pool
 from awp_db.listen import Listener
-from awp_db.signals import DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL
+from awp_db.signals import DISPATCH_CHANNEL, LEASE_REVOKED_CHANNEL, RUN_EVENTS_CHANNEL
 from awp_protocol.limits import TRANSPORT_RECEIVE_BYTES
 from awp_server import metrics
 from awp_server.auth import RoleInterceptor
@@ -133,13 +133,15 @@ async def _record_liveness(pool: Pool, interval_s: float) -> None:
 
 async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer:
     """Starts serving on config.listen (port 0 picks a free one); CredentialsInvalid
-    before anything starts when the credentials cannot be used."""
+        before anything starts when the credentials cannot be used, PoolerMismatch when a URL
+    leads to another kind of pool than --database-pool-mode says."""
     credentials = None
     if not config.insecure:
         credentials = CredentialStore(
             config.credentials_file, shorthand(config.worker_token, config.admin_token)
         )
     if pool is None:
+        await pooler.check_modes(config.database_url, config.session_url, config.database_pool_mode)
         pool = await create_pool(
             config.database_url,
             min_size=0,
@@ -150,7 +152,9 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
         )
         if config.database_pool_mode is PoolMode.TRANSACTION:
             await pooler.check_limits(pool, config.session_limits)
-    listener = Listener(config.session_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL])
+    listener = Listener(
+        config.session_url, [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL, LEASE_REVOKED_CHANNEL]
+    )
     await listener.start()
     shutting_down = asyncio.Event()
     # Metrics first, so that calls refused for a bad token are counted too; the request
@@ -169,9 +173,8 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             ("grpc.max_receive_message_length", TRANSPORT_RECEIVE_BYTES),
         ],
     )
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(
-        WorkerService(pool, listener, config, shutting_down), server
-    )
+    worker_service = WorkerService(pool, listener, config, shutting_down)
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(worker_service, server)
     control_pb2_grpc.add_ControlServiceServicer_to_server(
         ControlServiceWithSchedules(pool, listener), server
     )
@@ -203,6 +206,7 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             name="awp-health",
         )
     )
+    running.tasks.append(asyncio.create_task(worker_service.revoker.run(), name="awp-revocations"))
     running.tasks.append(
         asyncio.create_task(
             _record_liveness(pool, config.heartbeat_interval_s), name="awp-liveness"

@@ -303,21 +303,16 @@ class ClaimBatcher(_Batcher[claims.ClaimCall, list[claims.IssuedLease]]):
     async def _transaction(
         self, conn: Conn, batch: list[_Pending[claims.ClaimCall, list[claims.IssuedLease]]]
     ) -> Sequence[list[claims.IssuedLease] | AwpError]:
-        while True:
-            try:
-                return await claims.claim_many(
-                    conn,
-                    [p.call for p in batch],
-                    self._lease_ttl_ms,
-                    still_wanted=lambda index: not batch[index].answer.done(),
-                )
-            except claims.ClaimAbandoned:
-                # Rolled back: serve the others again (the departed get nothing).
-                gone = [p for p in batch if p.answer.done()]
-                batch[:] = [p for p in batch if not p.answer.done()]
-                log.debug("Claim batch rolled back for %d departed callers", len(gone))
-                if not batch:
-                    return []
+        try:
+            return await claims.claim_many(
+                conn,
+                [p.call for p in batch],
+                self._lease_ttl_ms,
+                still_wanted=lambda index: not batch[index].answer.done(),
+            )
+        except claims.ClaimAbandoned:
+            # Every caller went away: none is left to answer.
+            return [[] for _ in batch]
 
 
 class TouchBatcher(_Batcher[UUID, str | None]):

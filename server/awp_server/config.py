@@ -249,14 +249,7 @@ def parse_migrate(
 
 def _check(config: ServerConfig) -> None:
     """What production refuses (tests build looser configs directly)."""
-    if not config.insecure and not (
-        config.credentials_file or config.worker_token or config.admin_token
-    ):
-        raise ValueError(
-            "refusing to start without credentials: give --credentials-file, or "
-            "--worker-token and --admin-token (AWP_* variables, or their _FILE variants); "
-            "pass --insecure for local development"
-        )
+    _check_credentials(config)
     if bool(config.tls_cert_file) != bool(config.tls_key_file):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
     if config.tls_client_ca_file and not config.tls_cert_file:
@@ -271,3 +264,25 @@ def _check(config: ServerConfig) -> None:
     if config.lease_ttl_s <= config.heartbeat_interval_s:
         raise ValueError("--lease-ttl must be longer than --heartbeat-interval")
     settings.check_urls(config.database_url, config.session_database_url, config.database_pool_mode)
+
+
+def _check_credentials(config: ServerConfig) -> None:
+    """Without a credentials file, both tokens: a server with only one of them would start
+    and then refuse every call of the other role, found only at that first call. A file
+    is read (and reloaded on SIGHUP) by the credential store, which checks it then."""
+    if config.insecure or config.credentials_file:
+        return
+    missing = [
+        name
+        for name, token in (
+            ("--worker-token", config.worker_token),
+            ("--admin-token", config.admin_token),
+        )
+        if not token
+    ]
+    if missing:
+        raise ValueError(
+            f"refusing to start without {' and '.join(missing)}: give both tokens (AWP_* "
+            "variables, or their _FILE variants) or --credentials-file; pass --insecure "
+            "for local development"
+        )

@@ -30,6 +30,7 @@ from awp_kernel.definition import (
 from awp_kernel.errors import invalid
 from awp_protocol import states
 from awp_protocol.jsonvalue import dict_to_struct
+from awp_protocol.results import StoredError
 
 if TYPE_CHECKING:
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
@@ -202,14 +203,15 @@ def _id_text(value: UUID | None) -> str:
 def task_error(
     error: Mapping[str, Any] | None, traceback: str | None = None, log_tail: str | None = None
 ) -> types_pb2.TaskError | None:
-    """Storage keeps a task's or attempt's error as {"message", "retryable", "type"} (type
-    only when the worker sent one), a failed attempt's traceback and log tail apart."""
+    """Storage keeps a task's or attempt's error as an awp_protocol.results.StoredError,
+    a failed attempt's traceback and log tail apart."""
     if error is None:
         return None
+    stored = StoredError.from_json(error)
     return types_pb2.TaskError(
-        message=str(error.get("message", "")),
-        retryable=bool(error.get("retryable", False)),
-        type=str(error.get("type", "")),
+        message=stored.message,
+        retryable=stored.retryable,
+        type=stored.type,
         traceback=traceback or "",
         log_tail=log_tail or "",
     )

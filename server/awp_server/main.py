@@ -22,6 +22,7 @@ from awp_db.migrate import (
     schema_state,
     when_reachable,
 )
+from awp_db.pooler import PoolerMismatch
 from awp_server import app
 from awp_server.config import MigrateConfig, ServerConfig, parse, parse_migrate
 from awp_server.credentials import CredentialsInvalid
@@ -119,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs.setup(config.log_format, config.log_level)
     try:
         asyncio.run(serve(config))
-    except (OSError, CredentialsInvalid, SchemaError) as exc:
+    except (OSError, CredentialsInvalid, SchemaError, PoolerMismatch) as exc:
         log.error("awp-server cannot start", extra={"error": str(exc)})
         print(f"awp-server: {exc}", file=sys.stderr)
         sys.exit(EXIT_CANNOT_START)

@@ -9,6 +9,10 @@ LEASES_ISSUED = Counter("awp_leases_issued_total", "Leases issued")
 LEASE_ANSWERS = Counter(
     "awp_lease_heartbeat_answers_total", "Per-lease heartbeat answers", ["status"]
 )
+REVOCATIONS_PUSHED = Counter(
+    "awp_lease_revocations_pushed_total",
+    "Leases answered REVOKED on a heartbeat stream before the worker's next heartbeat",
+)
 COMPLETES = Counter("awp_complete_results_total", "Reported results by verdict", ["verdict"])
 HEARTBEAT_STREAMS = Gauge("awp_heartbeat_streams_open", "Open heartbeat streams")
 STREAMS_LOST = Counter(

@@ -9,6 +9,7 @@ awp_db.leases.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -43,6 +44,7 @@ from awp_server.batching import (
 from awp_server.config import ServerConfig
 from awp_server.convert import TASK_STATES, WORKER_STATES, duration_from_ms, timestamp
 from awp_server.errors import abort, unary
+from awp_server.revocations import Revoker, Stream, until_shutdown
 
 log = logging.getLogger("awp.server.worker")
 
@@ -89,6 +91,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._shutting_down = shutting_down
         # Cleanups of broken streams run outside the cancelled handler; keep them alive.
         self._cleanups: set[asyncio.Task[None]] = set()
+        # Pushes REVOKED down the streams of this server (run by app.start).
+        self.revoker = Revoker(pool, listener)
         # Concurrent Claims and Completes share transactions (one run lock and commit
         # for many workers' calls).
         self.claims = ClaimBatcher(
@@ -185,7 +189,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     input=dict_to_struct(lease.input),
                     attempt=lease.attempt,
                     max_attempts=lease.max_attempts,
-                    idempotency_key=f"{lease.run_id}/{lease.task_key}",
+                    idempotency_key=lease.idempotency_key,
                     lease_expires_at=timestamp(lease.lease_expires_at),
                     lease_remaining=duration_from_ms(lease.lease_remaining_ms),
                     attempt_deadline=timestamp(lease.attempt_deadline),
@@ -211,46 +215,57 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         token = ""
         epoch: int | None = None
         stopped = False
+        stream = Stream()
         metrics.HEARTBEAT_STREAMS.inc()
         try:
-            async for request in self._until_shutdown(request_iterator):
-                worker_id, presented = _session(request.session)
-                refs = _lease_refs(request.leases, "leases")
-                if session is None:
-                    async with self._pool.acquire() as conn:
-                        session = await workers.authenticate(conn, worker_id, presented)
-                        token = presented
-                        epoch = await workers.open_stream(conn, session.worker_id)
-                elif worker_id != str(session.worker_id) or not tokens.matches(
-                    presented, tokens.digest(token)
-                ):
-                    raise errors.session_invalid("a stream serves one session")
-                state = await self.touches.touch(session.worker_id)
-                if state is None:
-                    raise errors.session_invalid("worker session is no longer live")
-                answers: list[leases.LeaseAnswer] = []
-                if refs:
-                    async with self._pool.acquire() as conn:
-                        answers = await leases.renew(
-                            conn, session.worker_id, refs, self._config.lease_ttl_ms
-                        )
-                for answer in answers:
-                    metrics.LEASE_ANSWERS.labels(answer.status).inc()
-                stopped = state == "stopped"
-                yield worker_pb2.HeartbeatResponse(
-                    session_state=WORKER_STATES.proto(state),
-                    leases=[
-                        worker_pb2.LeaseState(
-                            dispatch_id=a.dispatch_id,
-                            status=_LEASE_STATUS[a.status],
-                            lease_expires_at=timestamp(a.lease_expires_at),
-                            lease_remaining=duration_from_ms(a.lease_remaining_ms),
-                            attempt_remaining=duration_from_ms(a.attempt_remaining_ms),
-                        )
-                        for a in answers
-                    ],
-                    server_time=_now(),
-                )
+            with contextlib.ExitStack() as attached:
+                async for request in until_shutdown(request_iterator, stream, self._shutting_down):
+                    if request is None:
+                        # Revocations pushed (revocations.Revoker): said before the
+                        # worker's next heartbeat, with the state last told.
+                        yield _revoked(stream)
+                        continue
+                    worker_id, presented = _session(request.session)
+                    refs = _lease_refs(request.leases, "leases")
+                    if session is None:
+                        async with self._pool.acquire() as conn:
+                            session = await workers.authenticate(conn, worker_id, presented)
+                            token = presented
+                            epoch = await workers.open_stream(conn, session.worker_id)
+                        stream.state = session.state
+                        attached.enter_context(self.revoker.attached(stream, session.worker_id))
+                    elif worker_id != str(session.worker_id) or not tokens.matches(
+                        presented, tokens.digest(token)
+                    ):
+                        raise errors.session_invalid("a stream serves one session")
+                    stream.reported = frozenset(ref.dispatch_id for ref in refs)
+                    state = await self.touches.touch(session.worker_id)
+                    if state is None:
+                        raise errors.session_invalid("worker session is no longer live")
+                    stream.state = state
+                    answers: list[leases.LeaseAnswer] = []
+                    if refs:
+                        async with self._pool.acquire() as conn:
+                            answers = await leases.renew(
+                                conn, session.worker_id, refs, self._config.lease_ttl_ms
+                            )
+                    for answer in answers:
+                        metrics.LEASE_ANSWERS.labels(answer.status).inc()
+                    stopped = state == "stopped"
+                    yield worker_pb2.HeartbeatResponse(
+                        session_state=WORKER_STATES.proto(state),
+                        leases=[
+                            worker_pb2.LeaseState(
+                                dispatch_id=a.dispatch_id,
+                                status=_LEASE_STATUS[a.status],
+                                lease_expires_at=timestamp(a.lease_expires_at),
+                                lease_remaining=duration_from_ms(a.lease_remaining_ms),
+                                attempt_remaining=duration_from_ms(a.attempt_remaining_ms),
+                            )
+                            for a in answers
+                        ],
+                        server_time=_now(),
+                    )
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):
                 raise
@@ -259,34 +274,6 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             metrics.HEARTBEAT_STREAMS.dec()
             if session is not None and epoch is not None and not stopped:
                 self._stream_ended(session.worker_id, epoch)
-
-    async def _until_shutdown(
-        self, requests: AsyncIterator[worker_pb2.HeartbeatRequest]
-    ) -> AsyncIterator[worker_pb2.HeartbeatRequest]:
-        """The stream's requests until it ends or this server begins to shut down.
-
-        Ending the streams at once sends workers to the next server straight away
-        instead of leaving them attached to one that refuses every other call.
-        """
-        iterator = aiter(requests)
-        shutdown = asyncio.ensure_future(self._shutting_down.wait())
-        receive: asyncio.Future[worker_pb2.HeartbeatRequest] | None = None
-        try:
-            while True:
-                receive = asyncio.ensure_future(anext(iterator))
-                receive.add_done_callback(_retrieved)
-                await asyncio.wait({receive, shutdown}, return_when=asyncio.FIRST_COMPLETED)
-                if not receive.done():
-                    return
-                try:
-                    request = receive.result()
-                except StopAsyncIteration:
-                    return
-                yield request
-        finally:
-            shutdown.cancel()
-            if receive is not None and not receive.done():
-                receive.cancel()
 
     def _stream_ended(self, worker_id: Any, epoch: int) -> None:
         """Without a drain, a vanished stream shortens the worker's leases to the grace.
@@ -323,7 +310,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         worker_id, token = _session(request.session)
         if not 1 <= len(request.results) <= MAX_RESULTS_PER_COMPLETE:
             raise errors.invalid("results", f"must hold 1 to {MAX_RESULTS_PER_COMPLETE} results")
-        results = [_result_in(index, r) for index, r in enumerate(request.results)]
+        results = [check_result(f"results[{i}]", r) for i, r in enumerate(request.results)]
         if len({r.dispatch_id for r in results}) != len(results):
             raise errors.invalid("results", "at most one result per dispatch")
         verdicts = await self.completes.complete(worker_id, token, results)
@@ -385,30 +372,18 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         )
 
 
-def _retrieved(receive: asyncio.Future[Any]) -> None:
-    """Reads a finished receive's exception. A worker killed mid-stream ends the request
-    stream (StopAsyncIteration) at the moment the handler is cancelled, so nobody else
-    may read it, and asyncio would log "Task exception was never retrieved"."""
-    if not receive.cancelled():
-        receive.exception()
+def _revoked(stream: Stream) -> worker_pb2.HeartbeatResponse:
+    return worker_pb2.HeartbeatResponse(
+        session_state=WORKER_STATES.proto(stream.state),
+        leases=[
+            worker_pb2.LeaseState(dispatch_id=dispatch_id, status=worker_pb2.LEASE_STATUS_REVOKED)
+            for dispatch_id in stream.take()
+        ],
+        server_time=_now(),
+    )
 
 
 def _now() -> timestamp_pb2.Timestamp:
     value = timestamp_pb2.Timestamp()
     value.GetCurrentTime()
     return value
-
-
-def _result_in(index: int, result: worker_pb2.TaskResult) -> leases.ResultIn:
-    checked = check_result(f"results[{index}]", result)
-    return leases.ResultIn(
-        result.dispatch_id,
-        result.lease_token,
-        checked.outcome,
-        output=checked.output,
-        error_message=checked.error_message,
-        retryable=checked.retryable,
-        error_type=checked.error_type,
-        traceback=checked.traceback,
-        log_tail=checked.log_tail,
-    )

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 from cli.devstack import DevStack, dev_stack
 from cli.runner import Result, awp
 
@@ -266,7 +266,7 @@ def test_bad_workflow_files_name_the_file_and_line(stack: DevStack, tmp_path: Pa
         in result.err
     )
 
-    # Rules only the server checks come back as field violations, mapped to lines too.
+    # The server's own rules (checked before any call) name fields, mapped to lines too.
     cyclic = write(
         tmp_path,
         "cyclic.yaml",

@@ -17,7 +17,7 @@ from awp_cli import commands, render
 from awp_cli.client import cli_error
 from awp_cli.dev import command as dev
 from awp_cli.errors import Exit
-from awp_sdk.errors import START_HINT, from_rpc_error
+from awp_sdk.errors import START_HINT, UnknownEnumValue, from_rpc_error
 
 
 class Failed(grpc.aio.AioRpcError):
@@ -126,8 +126,7 @@ def test_typed_counts_are_shown_by_state_name() -> None:
             )
         ],
         runs_by_state=[answer.RunCount(state=types_pb2.RUN_STATE_CANCELED, count=4)],
-        # A state a newer server knows and this CLI does not stays visible.
-        workers_by_state=[answer.WorkerCount(state=types_pb2.WorkerState.ValueType(9), count=5)],
+        workers_by_state=[answer.WorkerCount(state=types_pb2.WORKER_STATE_DRAINING, count=5)],
         active_leases=1,
     )
     console = Console(record=True, width=120)
@@ -137,16 +136,29 @@ def test_typed_counts_are_shown_by_state_name() -> None:
         r"runs\s+canceled\s+4",
         r"tasks of running runs\s+queued\s+python\s+3",
         r"dispatches\s+leased\s+mock\s+1",
-        r"workers\s+unknown\(9\)\s+5",
+        r"workers\s+draining\s+5",
     ):
         assert re.search(row, shown), (row, shown)
+    # A state a newer server knows and this CLI does not is refused, never misnamed: the
+    # SDK's one enum mapping (awp_sdk.enums) says which value to upgrade for.
+    stats.workers_by_state[0].state = types_pb2.WorkerState.ValueType(9)
+    with pytest.raises(UnknownEnumValue, match=r"awp\.v1\.WorkerState value 9"):
+        console.print(render.stats_view(stats))
 
 
 def test_attempts_shown_charged_of_allowed_with_hand_backs_apart() -> None:
     answer = control_pb2.GetRunResponse(
         tasks=[
-            control_pb2.Task(key="plain", attempts=2, max_attempts=3),
-            control_pb2.Task(key="handed", attempts=3, max_attempts=1, hand_backs=2),
+            control_pb2.Task(
+                key="plain", state=types_pb2.TASK_STATE_RUNNING, attempts=2, max_attempts=3
+            ),
+            control_pb2.Task(
+                key="handed",
+                state=types_pb2.TASK_STATE_RUNNING,
+                attempts=3,
+                max_attempts=1,
+                hand_backs=2,
+            ),
         ]
     )
     console = Console(record=True, width=120)
@@ -197,7 +209,10 @@ def test_run_get_collapses_a_map_tasks_elements() -> None:
         if task.attempts
     ]
     console = Console(record=True, width=200)
-    console.print(render.run_view(control_pb2.GetRunResponse(tasks=tasks, attempts=attempts)))
+    run = control_pb2.Run(id="r", state=types_pb2.RUN_STATE_FAILED)
+    console.print(
+        render.run_view(control_pb2.GetRunResponse(run=run, tasks=tasks, attempts=attempts))
+    )
     text = console.export_text()
     assert "4 elements: 2 succeeded · 1 failed · 1 canceled" in text
     assert "  search[2]" in text  # the failed element, under its map task

@@ -19,7 +19,7 @@ from awp_db.embedded import EmbeddedPostgres
 from cli.devstack import launch
 from kit import poll_until
 
-# A child drains (workers: up to --shutdown-timeout, 10 s in awp dev) with its server
+# A child drains (workers: up to --shutdown-grace, 10 s in awp dev) with its server
 # gone too: what a kill -9 leaves must be gone within this.
 GONE_WITHIN_S = 90.0
 

@@ -10,7 +10,8 @@ import re
 import shlex
 from datetime import UTC, datetime
 
-from awp_coordinator import Coordinator, CoordinatorConfig
+from awp_coordinator.config import CoordinatorConfig
+from awp_coordinator.coordinator import Coordinator
 from awp_db import workflows
 from awp_db.connect import Pool
 from cli.runner import REPOSITORY, awp_async

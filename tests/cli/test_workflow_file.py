@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from awp_cli.dev.command import demo_workflow
 from awp_cli.errors import CliError, Exit
 from awp_cli.workflow_file import load, parse_field
 from awp_common.durations import DURATION_HELP, format_duration, parse_duration
+from cli.runner import awp
 
 DEMO = demo_workflow()
 
@@ -173,8 +175,10 @@ def test_server_violations_point_at_lines(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         "name: w\ntasks:\n  - key: a\n    kind: mock\n    action: x\n"
-        "    retry: {max_attempts: 0, multiplier: 0.5}\n",
+        "    retry: {max_attempts: 2, multiplier: 1.5}\n",
     )
+    # Valid here (the rules are checked locally too): a server of another version may
+    # still refuse it, and its violations name fields of the file all the same.
     loaded = load(path)
     assert loaded.explain(
         (
@@ -263,3 +267,35 @@ tasks:
         in found
     )
     assert f"{path}:8: tasks[0].always: expected true or false, got 'yes'" in found
+
+
+CYCLE = """\
+name: w
+tasks:
+  - {key: a, kind: mock, action: x, depends_on: [c]}
+  - {key: b, kind: mock, action: x, depends_on: [a]}
+  - key: c
+    kind: mock
+    action: x
+    depends_on: [b]
+"""
+
+
+def test_the_servers_rules_are_checked_locally(tmp_path: Path) -> None:
+    """A cycle is found by the kernel's own rule (through the SDK), before any call."""
+    path = write(tmp_path, CYCLE)
+    message, *found = problems(path)
+    assert message == f"{path}: INVALID_DEFINITION: 1 problem in the workflow file"
+    assert found == [f"{path}:3: tasks[0].depends_on: dependency cycle: a -> c -> b -> a"]
+
+
+def test_apply_of_an_invalid_file_needs_no_server(tmp_path: Path) -> None:
+    path = write(tmp_path, CYCLE)
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    result = awp("workflow", "apply", str(path), "--address", address)
+    assert result.code == Exit.USAGE, result.err
+    assert "cannot reach" not in result.err
+    assert "dependency cycle: a -> c -> b -> a" in result.err
+    assert f"{path}:3: tasks[0].depends_on" in result.err

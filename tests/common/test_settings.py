@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,9 @@ def test_secrets_come_from_files_and_never_show(
     )
     assert server.worker_token == server.admin_token == "s3cret-from-file"
     assert "s3cret" not in repr(server)
-    assert parse_config([], {"AWP_WORKER_TOKEN_FILE": str(token)}).token == "s3cret-from-file"
+    assert (
+        parse_config([], {"AWP_WORKER_TOKEN_FILE": str(token)}).worker_token == "s3cret-from-file"
+    )
     # A file named on the command line wins over the variable, as any flag does.
     assert target(["--token-file", str(token)], {"AWP_TOKEN": "other"}).token == "s3cret-from-file"
     assert target([], {"AWP_TOKEN": "other"}).token == "other"
@@ -205,3 +208,115 @@ def test_a_flag_given_before_or_after_the_command_is_read_once() -> None:
         args: argparse.Namespace = parser.parse_args(argv)
         assert flags.settings(Target, parser, args, {"AWP_TIMEOUT": "9"}).timeout == 0.25
     assert target([], {"AWP_TIMEOUT": "9"}).timeout == 9.0
+
+
+# The processes' parsers, walked for the settings they share (issue 26.3). A setting is
+# named by its field (a trailing _s, for seconds, aside); one it has in several processes
+# must be spelled one way in all of them.
+PROCESSES = ("awp-server", "awp-coordinator", "awp-worker")
+# A process's own variable for a shared setting, where one environment serving several
+# processes must not give them one value (a metrics port, a pool size, a drain's grace):
+# the shared variable's name with the process's prefix.
+OWN_PREFIX = {
+    "awp-server": "AWP_",
+    "awp-coordinator": "AWP_COORDINATOR_",
+    "awp-worker": "AWP_WORKER_",
+}
+_SAME_READING = ("choices", "secret", "switch", "repeat")
+
+
+def _reader(spec: flags.Flag) -> str:
+    """What kind of text a flag takes; its bounds may differ by process (a pool of at
+    least 1, a drain of 0 s), as whole(low) and positive_duration say."""
+    read = flags.duration if spec.read is flags.positive_duration else spec.read
+    return f"{read.__module__}.{read.__qualname__}"
+
+
+def divergences(parsers: Mapping[str, type[Any]]) -> list[str]:
+    """Every shared setting spelled two ways across these processes' settings classes."""
+    found: list[str] = []
+    settings = [
+        (binary, field.name.removesuffix("_s"), spec)
+        for binary, cls in parsers.items()
+        for field, spec in flags.flags_of(cls)
+    ]
+    for binary, _, spec in settings:
+        # An address is one HOST:PORT|off setting, as every process's listeners are.
+        if spec.name.endswith(("-port", "-host")):
+            found.append(f"{binary} {spec.name}: an address is one HOST:PORT flag, --*-listen")
+    for i, (binary, name, spec) in enumerate(settings):
+        for other, other_name, other_spec in settings[i + 1 :]:
+            if other == binary:
+                continue
+            where = (
+                f"{binary} {spec.name} ({spec.env}) vs {other} {other_spec.name} ({other_spec.env})"
+            )
+            if spec.env == other_spec.env and spec.name != other_spec.name:
+                found.append(f"one variable, two flags: {where}")
+            if name == other_name and spec.name != other_spec.name:
+                found.append(f"one setting, two flags: {where}")
+            if spec.name != other_spec.name:
+                continue
+            if name != other_name:
+                found.append(f"one flag, two settings ({name}, {other_name}): {where}")
+            own = spec.env.removeprefix(OWN_PREFIX[binary])
+            other_own = other_spec.env.removeprefix(OWN_PREFIX[other])
+            if spec.env != other_spec.env and own != other_own:
+                found.append(f"one flag, unrelated variables: {where}")
+            if _reader(spec) != _reader(other_spec):
+                found.append(f"one flag read two ways (read): {where}")
+            for part in _SAME_READING:
+                if getattr(spec, part) != getattr(other_spec, part):
+                    found.append(f"one flag read two ways ({part}): {where}")
+    return found
+
+
+def test_a_setting_shared_by_the_processes_is_spelled_one_way() -> None:
+    assert divergences({binary: BINARIES[binary][0] for binary in PROCESSES}) == []
+
+
+@dataclass(frozen=True)
+class _OldServer:
+    metrics_listen: str | None = dataclasses.field(
+        default=None, metadata=flags.metrics_listen("AWP_ML")
+    )
+    worker_token: str = dataclasses.field(
+        default="", metadata=flags.flag("--worker-token", "AWP_WORKER_TOKEN", "t", secret=True)
+    )
+    shutdown_grace_s: float = dataclasses.field(
+        default=1.0,
+        metadata=flags.flag("--shutdown-grace", "AWP_SHUTDOWN_GRACE", "g", read=flags.duration),
+    )
+
+
+@dataclass(frozen=True)
+class _OldWorker:
+    """The worker's settings before issue 26.3, against the server's."""
+
+    metrics_port: int = dataclasses.field(
+        default=0, metadata=flags.flag("--metrics-port", "AWP_WORKER_METRICS_PORT", "p")
+    )
+    token: str = dataclasses.field(
+        default="", metadata=flags.flag("--token", "AWP_WORKER_TOKEN", "t", secret=True)
+    )
+    shutdown_grace: float = dataclasses.field(
+        default=1.0,
+        metadata=flags.flag(
+            "--shutdown-timeout", "AWP_WORKER_SHUTDOWN_TIMEOUT", "g", read=flags.duration
+        ),
+    )
+    drain: float = dataclasses.field(
+        default=1.0,
+        metadata=flags.flag("--shutdown-grace", "AWP_DRAIN", "d", read=flags.integer),
+    )
+
+
+def test_the_walk_finds_a_setting_spelled_two_ways() -> None:
+    found = divergences({"awp-server": _OldServer, "awp-worker": _OldWorker})
+    assert len(found) == 6, found
+    assert "awp-worker --metrics-port: an address is one HOST:PORT flag, --*-listen" in found
+    assert any(f.startswith("one variable, two flags: awp-server --worker-token") for f in found)
+    assert any(f.startswith("one setting, two flags: awp-server --shutdown-grace") for f in found)
+    assert any(f.startswith("one flag, two settings (shutdown_grace, drain)") for f in found)
+    assert any(f.startswith("one flag, unrelated variables") for f in found)
+    assert any(f.startswith("one flag read two ways (read)") for f in found)

@@ -41,3 +41,19 @@ def read_field(record: dict[str, Any], name: str) -> dict[str, Any]:
     if name not in record:
         raise ValueError(f"record has no field {name!r}")
     return {name: record[name]}
+
+
+@action("console.items")
+def items(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"items": input["items"]}
+
+
+@action("console.element")
+async def element(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A map's element: gated like console.gate, then it fails if its item is negative."""
+    opened = Path(ctx.run_input["gates"]) / ctx.task_key
+    while not opened.exists():  # noqa: ASYNC110
+        await asyncio.sleep(GATE_POLL_S)
+    if input["item"] < 0:
+        raise ValueError(f"item {input['item']} is negative")
+    return {"item": input["item"]}

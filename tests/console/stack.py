@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +20,12 @@ import yaml
 from google.protobuf import duration_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db.embedded import free_port
+from awp_common.processes import clean_env, command, free_ports
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.roles import Role, file_entry
 from fault.process import Process
 from kit import poll_until
 
-BIN_DIR = Path(sys.executable).parent
 TESTS = Path(__file__).resolve().parents[1]
 # Who may sign in to the console, and as what.
 USERS = {
@@ -144,33 +142,33 @@ async def start(directory: Path, dsn: str) -> ConsoleStack:
     credentials = directory / "credentials.yaml"
     entries = [file_entry(name, TOKENS[name], [role]) for name, role in USERS.items()]
     credentials.write_text(yaml.safe_dump({"credentials": entries}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
-    env["PYTHONUNBUFFERED"] = "1"
+    env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(TESTS), env.get("PYTHONPATH"))))
-    server_metrics, coordinator_metrics = free_port(), free_port()
+    # Chosen together: two free_port() calls in a row may return the same port.
+    server_metrics, coordinator_metrics, listen = free_ports(3)
     try:
         server = _spawn(stack, "server", [
-            str(BIN_DIR / "awp-server"), "--database-url", dsn,
-            "--listen", f"127.0.0.1:{free_port()}", "--credentials-file", str(credentials),
+            *command("awp-server"), "--database-url", dsn,
+            "--listen", f"127.0.0.1:{listen}", "--credentials-file", str(credentials),
             "--metrics-listen", f"127.0.0.1:{server_metrics}",
             "--lease-ttl", "2", "--heartbeat-interval", "0.25", "--stream-grace", "0.75",
             "--log-format", "text",
         ], env)  # fmt: skip
         stack.address = await _printed(server, r"awp-server listening on (\S+)")
         _spawn(stack, "coordinator", [
-            str(BIN_DIR / "awp-coordinator"), "--database-url", dsn,
+            *command("awp-coordinator"), "--database-url", dsn,
             "--scan-interval", "0.25", "--offline-after", "4",
             "--metrics-listen", f"127.0.0.1:{coordinator_metrics}", "--log-format", "text",
         ], env)  # fmt: skip
         stack.worker = _spawn(stack, "worker", [
-            str(BIN_DIR / "awp-worker"), "--server", stack.address,
-            "--token", TOKENS["fleet"], "--name", "console-test-worker",
+            *command("awp-worker"), "--server", stack.address,
+            "--worker-token", TOKENS["fleet"], "--name", "console-test-worker",
             "--kinds", "python,mock", "--module", "console.console_actions", "--concurrency", "8",
-            "--claim-wait", "2", "--safety-margin", "0.5", "--shutdown-timeout", "5",
-            "--metrics-port", "0", "--log-format", "text",
+            "--claim-wait", "2", "--safety-margin", "0.5", "--shutdown-grace", "5",
+            "--metrics-listen", "off", "--log-format", "text",
         ], env)  # fmt: skip
         console = _spawn(stack, "console", [
-            str(BIN_DIR / "awp"), "console", "--address", stack.address,
+            *command("awp"), "console", "--address", stack.address,
             "--listen", "127.0.0.1:0", "--log-format", "text",
             "--metrics-url", f"http://127.0.0.1:{server_metrics}/metrics",
             "--metrics-url", f"http://127.0.0.1:{coordinator_metrics}/metrics",

@@ -21,6 +21,7 @@ import yaml
 from awp.v1 import control_pb2, control_pb2_grpc
 from awp_console.app import create_app
 from awp_console.settings import Settings
+from awp_db import coordination
 from awp_db.connect import Pool
 from awp_protocol.errors import Reason
 from awp_protocol.roles import Role, file_entry
@@ -303,3 +304,39 @@ async def test_the_graph_is_drawn_again_on_request_with_its_task_to_node_map(
     assert drawn["too_large"] == []  # no fan-out of that name: nothing to expand
     assert all(f'data-key="t{i}"' in drawn["svg"] for i in range(3))
     assert 'class="node task s-ready"' in drawn["svg"]
+
+
+def _row(html: str, run_id: str) -> str:
+    start = html.index(f'<tr data-run="{run_id}">')
+    return html[start : html.index("</tr>", start)]
+
+
+async def test_a_task_shows_its_last_attempt_s_error_and_the_runs_list_the_failed_task(
+    browser: httpx.AsyncClient, server: ServerHandle, pool: Pool
+) -> None:
+    run_id = str(await start_run(pool, spec("console-retried", 2, max_attempts=2)))
+    worker = await register(pool)
+    await worker.complete_all(await worker.dispatch_and_claim(), "failed")  # t0, t1: "boom"
+    await sign_in(browser, "victor")
+    waiting = await browser.get(f"/runs/{run_id}/tasks/t0")
+    assert 'data-state="waiting_retry"' in waiting.text
+    assert re.search(r'id="task-error">[^<]*boom', waiting.text), waiting.text
+
+    async with pool.acquire() as conn:
+        assert await coordination.release_retries(conn) == 2
+    second = {lease.task_key: lease for lease in await worker.dispatch_and_claim()}
+    assert await worker.complete(second["t0"]) == "ACCEPTED"
+    assert await worker.complete(second["t1"], "failed") == "ACCEPTED"
+
+    # t0 succeeded on its second attempt: no error shown, the first one's in its attempts.
+    succeeded = (await browser.get(f"/runs/{run_id}/tasks/t0")).text
+    assert 'data-state="succeeded"' in succeeded
+    assert 'id="task-error"' not in succeeded and "task-traceback" not in succeeded
+    assert re.search(r'class="attempt-error">.*?boom', succeeded, re.DOTALL)
+    failed = (await browser.get(f"/runs/{run_id}/tasks/t1")).text
+    assert re.search(r'id="task-error">[^<]*boom', failed)
+
+    # The runs list says which task the failed run failed on, and why.
+    row = _row((await browser.get("/runs")).text, run_id)
+    assert re.search(r'class="failure">\s*<code>t1</code>: <span class="error"[^>]*>boom', row)
+    assert "more failed" not in row

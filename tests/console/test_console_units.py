@@ -3,6 +3,7 @@ re-dispatch figure and the settings' checks."""
 
 from __future__ import annotations
 
+import argparse
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,14 +11,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import awp_server.metrics  # noqa: F401 (its counters, in this process's default registry)
-from awp_console import graph, metrics, recovery
+from awp_common import flags
+from awp_console import graph, metrics, pages, recovery
 from awp_console.graph import Item, draw
-from awp_console.models import Attempt, Identity, TaskError, Worker
+from awp_console.models import Attempt, Identity, Task, TaskError, Worker
 from awp_console.sessions import Sessions
 from awp_console.settings import Settings
 from awp_coordinator.metrics import Metrics
 from awp_protocol.roles import Role
 from awp_protocol.states import HANDED_BACK
+from awp_sdk.connection import Connection
 
 
 def test_a_fan_out_is_one_node_with_its_count_until_expanded() -> None:
@@ -228,3 +231,97 @@ def test_the_console_answers_only_to_its_own_host_names() -> None:
     assert Settings(listen="10.1.2.3:80", insecure=True).hosts() == ["10.1.2.3"]
     named = Settings(listen="10.1.2.3:80", insecure=True, allowed_hosts=("awp.example",))
     assert named.hosts() == ["awp.example"]
+
+
+def test_the_server_address_defaults_as_every_clients() -> None:
+    """One default (the SDK's), and a host alone means its default port, as for `awp`."""
+
+    def read(*given: str, environ: dict[str, str] | None = None) -> Settings:
+        parser = argparse.ArgumentParser()
+        flags.add_flags(parser, Settings)
+        return flags.settings(Settings, parser, parser.parse_args(given), environ or {})
+
+    assert read().address == Settings().address == Connection().address
+    assert read("--address", "awp.internal").address == "awp.internal:50051"
+    assert read(environ={"AWP_ADDRESS": "[::1]"}).address == "[::1]:50051"
+    assert read("--address", "awp.internal:7000").address == "awp.internal:7000"
+    with pytest.raises(SystemExit):
+        read("--address", "awp.internal:port")
+
+
+def test_a_map_is_one_node_with_its_task_and_its_progress() -> None:
+    # plan -> search (a map over plan) -> merge; the elements share the map's dependency.
+    items = [
+        Item("plan", []),
+        Item("search", ["plan"]),
+        Item("merge", ["search"]),
+        *(Item(f"search[{i}]", ["plan"]) for i in range(5)),
+    ]
+    drawn = draw(items)
+    assert [(n.kind, n.label, n.parent) for n in drawn.nodes] == [
+        ("task", "plan", -1),
+        ("fanout", "search", 1),
+        ("task", "merge", -1),
+    ]
+    assert drawn.edges == [(0, 1, 6), (1, 2, 1)]
+    states = [
+        "succeeded",
+        "running",
+        "pending",
+        "succeeded",
+        "failed",
+        "running",
+        "skipped",
+        "ready",
+    ]
+    counts = drawn.counts(states)
+    # The map task's own state is not one of its elements'.
+    assert counts[1] == {"succeeded": 1, "failed": 1, "running": 1, "skipped": 1, "ready": 1}
+    assert graph.map_progress(counts[1]) == "3/5 done, 1 failed"
+    assert graph.map_progress({"running": 4}) == "0/4 done"
+    # Expanded, each element is a node before the map task, which ends after them.
+    expanded = draw(items, expand={"search"})
+    x = {n.label: n.x for n in expanded.nodes}
+    assert x["plan"] < x["search[0]"] == x["search[4]"] < x["search"] < x["merge"]
+    assert all(n.kind == "task" and n.parent == -1 for n in expanded.nodes)
+
+
+def _task(key: str, state: str, finished_s: float | None = None, error: str = "") -> Task:
+    base = datetime(2025, 1, 1, tzinfo=UTC)
+    return Task(
+        key,
+        state,
+        "mock",
+        "noop",
+        (),
+        1,
+        3,
+        error=TaskError(error) if error else None,
+        finished_at=None if finished_s is None else base + timedelta(seconds=finished_s),
+    )
+
+
+def test_a_failed_run_failed_on_its_first_failed_task_a_map_s_element_first() -> None:
+    tasks = [
+        _task("fetch", "succeeded", 1),
+        _task("each", "failed", 5, "element each[1] failed"),
+        _task("later", "failed", 9, "later"),
+        _task("each[0]", "succeeded", 3),
+        _task("each[1]", "failed", 5, "item -2 is negative"),
+    ]
+    found = pages.first_failure(tasks)
+    assert found is not None
+    assert (found.task_key, found.error) == ("each[1]", TaskError("item -2 is negative"))
+    assert pages.first_failure(tasks[:1]) is None
+
+
+def test_a_task_shows_its_last_attempt_s_error() -> None:
+    retried = _task("t", "succeeded", 2, "boom")  # the task keeps its first failure
+    failed_then_ok = [
+        _attempt("t", 1, "interrupted", "w", 0, 1),
+        _attempt("t", 2, "succeeded", "w", 1, 2),
+    ]
+    assert pages.shown_error(retried, failed_then_ok) is None
+    assert pages.shown_error(retried, failed_then_ok[:1]) == TaskError("lost")
+    never_ran = _task("map", "failed", 2, "element map[3] failed")
+    assert pages.shown_error(never_ran, []) == TaskError("element map[3] failed")

@@ -10,12 +10,15 @@ from uuid import UUID
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp_db import coordination
 from awp_db.connect import Pool
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.limits import MAX_INPUT_BYTES
 from control.helpers import create_workflow, expect_error, start_run, task, tasks_by_state
+from kit import poll_until
 from kit.db import converge_cancel, drive_to_end, register
 from kit.proto import struct
 
@@ -406,3 +409,31 @@ async def test_cancel_run_errors(control: Stub) -> None:
             "INVALID_ARGUMENT",
             "reason",
         )
+
+
+async def test_a_task_that_succeeds_on_a_later_attempt_shows_no_error(
+    control: Stub, pool: Pool
+) -> None:
+    """The first attempt's error stays on that attempt; the task, once it succeeded, has
+    none (clients show a task's error, and an old one would read as a failure)."""
+    retry = types_pb2.RetryPolicy(max_attempts=2, initial_backoff=Duration(nanos=1_000_000))
+    await create_workflow(control, tasks=[task("a", retry=retry)])
+    run = await start_run(control)
+    worker = await register(pool)
+    assert await worker.complete_all(await worker.dispatch_and_claim(), "failed") == ["ACCEPTED"]
+    waiting = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    assert waiting.tasks[0].state == types_pb2.TASK_STATE_WAITING_RETRY
+    assert waiting.tasks[0].error.message == "boom"  # the latest failure, while it waits
+
+    async def released() -> bool:
+        async with pool.acquire() as conn:
+            return await coordination.release_retries(conn) == 1
+
+    await poll_until(released, "the retry released", within=10.0)
+    assert await worker.complete_all(await worker.dispatch_and_claim()) == ["ACCEPTED"]
+    got = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    assert got.tasks[0].state == types_pb2.TASK_STATE_SUCCEEDED
+    assert not got.tasks[0].HasField("error")
+    first, second = sorted(got.attempts, key=lambda attempt: attempt.attempt)
+    assert first.error.message == "boom"
+    assert not second.HasField("error")

@@ -16,7 +16,7 @@ from awp_db.connect import Pool
 from awp_protocol.errors import Reason
 from control.helpers import create_workflow, start_run, task
 from kit import expect_error
-from kit.schedule_invariants import check_schedule_ticks
+from kit.invariants.schedules import check_schedule_ticks
 
 Stub = control_pb2_grpc.ControlServiceStub
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from awp_coordinator import Coordinator, CoordinatorConfig, PassReport
+from awp_coordinator.config import CoordinatorConfig
+from awp_coordinator.coordinator import Coordinator, PassReport
 from awp_db.connect import Pool
 from kit import poll_until
 

@@ -15,7 +15,7 @@ from awp_db import leadership, runs, schedules, workflows
 from awp_db.connect import Pool
 from awp_db.leadership import Superseded, Term
 from kit import poll_until, spec
-from kit.schedule_invariants import check_schedule_ticks
+from kit.invariants.schedules import check_schedule_ticks
 
 
 async def _term(pool: Pool, holder: str) -> Term:

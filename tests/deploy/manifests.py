@@ -110,8 +110,8 @@ def settings_environment(container_spec: dict[str, Any], files: dict[str, Path])
 
 def longest_worker_stop(config: WorkerConfig) -> float:
     """From SIGTERM to exit at most (worker/awp_worker/_shutdown.py): the drain
-    (--shutdown-timeout), then the hand-back of what still runs: the claim loop and
+    (--shutdown-grace), then the hand-back of what still runs: the claim loop and
     the running actions cancelled (5 s each), computed results reported (up to 2 s),
     the side tasks stopped (5 s), the final Drain (max(5 s, --rpc-timeout))."""
     hand_back = 5 + 5 + min(2.0, config.rpc_timeout) + 5 + max(5.0, config.rpc_timeout)
-    return config.shutdown_timeout + hand_back
+    return config.shutdown_grace + hand_back

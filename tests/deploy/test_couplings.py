@@ -122,9 +122,11 @@ def test_worker_reaches_the_service_and_its_grace_covers_drain_and_hand_back(
     assert config.server == f"{service['metadata']['name']}:{grpc_port['port']}"
     # TLS to the server, checked against the name the worker dials.
     assert config.tls and config.tls_server_name == service["metadata"]["name"]
-    assert config.tls_ca_file in files and config.token.strip() == "REPLACE-ME"
-    assert config.metrics_host == "0.0.0.0"
-    assert config.metrics_port == port(spec, "metrics") == _annotated_port(deployment)
+    assert config.tls_ca_file in files and config.worker_token.strip() == "REPLACE-ME"
+    assert config.metrics_listen is not None
+    metrics_host, metrics_port = host_port(config.metrics_listen)
+    assert metrics_host == "0.0.0.0"
+    assert metrics_port == port(spec, "metrics") == _annotated_port(deployment)
     grace = pod(deployment)["terminationGracePeriodSeconds"]
     assert grace >= longest_worker_stop(config), (grace, longest_worker_stop(config))
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0

@@ -2,18 +2,13 @@
 processes against a real PostgreSQL (DESIGN.md §10).
 
 Each is a process.Process: its own session, its own log, killed however the test ends.
-
-Timings are short but keep production's proportions: the lease (2 s) stays well above
-the worker's safety margin (0.5 s) and eight heartbeat intervals (0.25 s), so a healthy
-worker never loses a lease to scheduling noise on a busy two-core machine.
+Their command lines and timings are in commandlines.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,24 +17,26 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import asyncpg
+import commandlines
 import grpc
+from commandlines import Timings
 from figures import FIGURES
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from process import Process
 
 from awp.v1 import control_pb2_grpc, worker_pb2_grpc
+from awp_common.processes import clean_env, free_port
 from awp_db import leadership
-from awp_db.embedded import EmbeddedPostgres, free_port
+from awp_db.embedded import EmbeddedPostgres
 from kit import poll_until
-from kit.invariants import Expect, RunCost, check_invariants
+from kit.invariants import Expect, RunCost, ScenarioHealth, check_invariants
+from kit.invariants.health import deadlocks
 
 T = TypeVar("T")
 
-# The console scripts of this venv: exactly what an operator would run.
-BIN_DIR = Path(sys.executable).parent
-WORKER_TOKEN = "fault-worker-token"
-ADMIN_TOKEN = "fault-admin-token"
-ADMIN_AUTH = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
+# Re-exported: the scenarios import them from here.
+WORKER_TOKEN = commandlines.WORKER_TOKEN
+ADMIN_AUTH = (("authorization", f"Bearer {commandlines.ADMIN_TOKEN}"),)
 
 # Errors that only mean "PostgreSQL is not reachable right now": a probe that meets
 # one during an outage scenario has simply not seen its condition yet.
@@ -50,24 +47,6 @@ DB_DOWN_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.PostgresConnectionError,
     TimeoutError,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Timings:
-    lease_ttl_s: float = 2.0
-    heartbeat_s: float = 0.25
-    stream_grace_s: float = 0.75
-    scan_s: float = 0.25
-    safety_margin_s: float = 0.5
-    # A floor above 3 heartbeat intervals (0.75 s): a server restart silences every worker for
-    # the restart itself (0.3-0.9 s here) plus its channel's reconnect backoff (capped at 1 s,
-    # +20% jitter) -- up to ~2.5 s -- and a healthy session must survive that. Production
-    # proportions (5 s heartbeat, 15 s offline) have the slack; compressed timings need it
-    # spelled out. Leases still expire after 2 s, a killed worker's after the 0.75 s grace.
-    offline_after_s: float = 4.0
-    # A worker's claim long poll; short so a restarted server is not kept waiting on it.
-    claim_wait_s: float = 2.0
-    shutdown_timeout_s: float = 15.0
 
 
 async def wait_for(
@@ -119,11 +98,8 @@ class Cluster:
         # How to start each named process again, readiness wait included (restart()).
         self._starters: dict[str, Callable[[], Awaitable[object]]] = {}
         self._channels: list[grpc.aio.Channel] = []
-        self.env = dict(os.environ)
-        self.env["PYTHONUNBUFFERED"] = "1"
         # AWP_* variables of the developer's shell must not leak into the processes.
-        for key in [k for k in self.env if k.startswith("AWP_")]:
-            del self.env[key]
+        self.env = clean_env()
 
     @property
     def server_address(self) -> str:
@@ -169,9 +145,15 @@ class Cluster:
     async def check_invariants(
         self, expected: Mapping[UUID, Expect], *, report_each: bool = True
     ) -> dict[UUID, RunCost]:
-        """The invariant check; each run's cost joins the figures unless the scenario
-        (of many runs) reports their totals itself."""
-        costs = await check_invariants(await self.pool(), expected)
+        """The invariant check, with no deadlock and no INTERNAL answer so far among them;
+        each run's cost joins the figures unless the scenario (of many runs) reports their
+        totals itself."""
+        pool = await self.pool()
+        health = ScenarioHealth(
+            await deadlocks(pool),
+            {name: p.output(current_only=False) for name, p in self.processes.items()},
+        )
+        costs = await check_invariants(pool, expected, health=health)
         self.invariants_checked = True
         if report_each:
             for cost in costs.values():
@@ -211,31 +193,12 @@ class Cluster:
         """Starts (or restarts, on the same port) the server; returns once it serves."""
         self._starters[name] = lambda: self.start_server(name, within=within, port=port,
                                                          database_url=database_url)  # fmt: skip
-        t = self.timings
-        process = self.add(
-            name,
-            [
-                str(BIN_DIR / "awp-server"),
-                "--database-url",
-                database_url or self.dsn,
-                "--listen",
-                f"127.0.0.1:{port or self.server_port}",
-                "--metrics-listen",
-                "off",
-                "--worker-token",
-                WORKER_TOKEN,
-                "--admin-token",
-                ADMIN_TOKEN,
-                "--lease-ttl",
-                str(t.lease_ttl_s),
-                "--heartbeat-interval",
-                str(t.heartbeat_s),
-                "--stream-grace",
-                str(t.stream_grace_s),
-                "--log-format",
-                "json",
-            ],
+        argv = commandlines.server(
+            self.timings,
+            database_url=database_url or self.dsn,
+            listen=f"127.0.0.1:{port or self.server_port}",
         )
+        process = self.add(name, argv)
         process.spawn()
         await self.wait_server_ready(process, within=within)
         return process
@@ -283,26 +246,10 @@ class Cluster:
             database_url=database_url,
             extra=extra,
         )
-        t = self.timings
-        process = self.add(
-            name,
-            [
-                str(BIN_DIR / "awp-coordinator"),
-                "--database-url",
-                database_url or self.dsn,
-                "--instance",
-                name,
-                "--scan-interval",
-                str(t.scan_s),
-                "--offline-after",
-                str(t.offline_after_s),
-                "--metrics-listen",
-                "off",
-                "--log-format",
-                "json",
-                *extra,
-            ],
+        argv = commandlines.coordinator(
+            self.timings, database_url=database_url or self.dsn, instance=name, extra=extra
         )
+        process = self.add(name, argv)
         process.spawn()
         if expect_leader:
             await wait_for(
@@ -342,7 +289,7 @@ class Cluster:
         *,
         concurrency: int = 4,
         server: str | None = None,
-        shutdown_timeout: float | None = None,
+        shutdown_grace: float | None = None,
         within: float = 20.0,
         wait_registered: bool = True,
     ) -> WorkerProcess:
@@ -351,37 +298,18 @@ class Cluster:
             name,
             concurrency=concurrency,
             server=server,
-            shutdown_timeout=shutdown_timeout,
+            shutdown_grace=shutdown_grace,
             within=within,
             wait_registered=wait_registered,
         )
-        t = self.timings
-        process = self.add(
-            name,
-            [
-                str(BIN_DIR / "awp-worker"),
-                "--server",
-                server or self.server_address,
-                "--token",
-                WORKER_TOKEN,
-                "--name",
-                name,
-                "--kinds",
-                "mock",
-                "--concurrency",
-                str(concurrency),
-                "--shutdown-timeout",
-                str(shutdown_timeout if shutdown_timeout is not None else t.shutdown_timeout_s),
-                "--safety-margin",
-                str(t.safety_margin_s),
-                "--claim-wait",
-                str(t.claim_wait_s),
-                "--metrics-port",
-                "0",
-                "--log-format",
-                "json",
-            ],
+        argv = commandlines.worker(
+            self.timings,
+            server=server or self.server_address,
+            name=name,
+            concurrency=concurrency,
+            shutdown_grace=shutdown_grace,
         )
+        process = self.add(name, argv)
         return await self._spawn_worker(process, wait_registered, within)
 
     async def start_foreign_worker(

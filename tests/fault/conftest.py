@@ -4,11 +4,14 @@ every failure report, and recovery figures gathered into the terminal summary.""
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Generator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cluster import Cluster
+from cluster import Cluster, Timings
 from figures import FIGURES
 from report import log_tails, snapshot
 
@@ -73,20 +76,38 @@ async def cluster(
 
 
 @pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+async def slow_heartbeat(
+    request: pytest.FixtureRequest, tmp_path: Path, database_dsn: str
+) -> AsyncIterator[Cluster]:
+    """As `cluster`, with a 30 s heartbeat: what a test sees sooner, no heartbeat did."""
+    timings = replace(Timings(), heartbeat_s=30.0, lease_ttl_s=90.0, offline_after_s=120.0)
+    cluster = Cluster(tmp_path / "cluster", database_dsn, timings=timings)
+    async with _running(request, cluster) as running:
+        yield running
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of this test's own, for scenarios that stop it (others are untouched).
 
     Not unsafe_fast: with synchronous_commit=off an immediate stop loses the last
     commits (a worker's registration, say), which no real outage of a durable database
     does. fsync and full-page writes stay off: they only matter if the OS crashes.
+
+    Its data lives outside pytest's temporary root, as the session's PostgreSQL does:
+    the server runs as another user, which must traverse the path, and any pytest
+    session that starts meanwhile takes that right away from /tmp/pytest-of-<user>
+    (a restart in an outage scenario then failed with "Permission denied").
     """
+    root = Path(tempfile.mkdtemp(prefix="awp-fault-pg-"))
     server = EmbeddedPostgres(
-        tmp_path / "pg", extra_settings=("fsync=off", "full_page_writes=off")
+        root / "pg", extra_settings=("fsync=off", "full_page_writes=off")
     ).start()
     try:
         yield server
     finally:
         server.stop(mode="immediate")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,21 +1,21 @@
-"""One OS process of a fault scenario: spawned in its own session (so its process group
-can be signalled as a whole and a terminal's Ctrl-C does not reach it), its stdout and
-stderr in its own log file, killed however the test ends (the cluster's finalizer, and
-an atexit hook when pytest itself is interrupted)."""
+"""One OS process of a fault scenario, started by the shared launcher
+(awp_common.processes: its own session and process group, its own log file), killed
+however the test ends (the cluster's finalizer, and an atexit hook when pytest itself is
+interrupted), and frozen (SIGSTOP) only once the freeze has taken hold."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import json
-import os
 import signal
 import subprocess
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from awp_common.processes import kill_group, launch, signal_group
 from kit import poll_until
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -26,15 +26,10 @@ REPO = TESTS.parent
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 @atexit.register
 def _kill_leftovers() -> None:
     for pgid, popen in list(_LIVE.items()):
-        _kill_group(pgid)
+        kill_group(pgid)
         with contextlib.suppress(Exception):
             popen.wait(timeout=5)
     _LIVE.clear()
@@ -54,7 +49,6 @@ class Process:
         self.env = env
         self.popen: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        self._log: IO[bytes] | None = None
         # Offset of this incarnation's output in the log file (restarts append).
         self.log_offset = 0
 
@@ -78,20 +72,9 @@ class Process:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
         self._reap()
         self.starts += 1
-        self._log = self.log_path.open("ab")
-        self.log_offset = self._log.tell()
-        banner = f"=== {_stamp()} {self.name} start #{self.starts}: {' '.join(self.argv)}\n"
-        self._log.write(banner.encode())
-        self._log.flush()
-        self.popen = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            cwd=REPO,
-            start_new_session=True,
-        )
+        banner = f"=== {_stamp()} {self.name} start #{self.starts}: {' '.join(self.argv)}"
+        launched = launch(self.argv, self.log_path, env=self.env, banner=banner, cwd=REPO)
+        self.popen, self.log_offset = launched.popen, launched.log_offset
         _LIVE[self.popen.pid] = self.popen
 
     def signal(self, sig: signal.Signals) -> None:
@@ -99,7 +82,17 @@ class Process:
         if self.popen is None or self.popen.poll() is not None:
             raise RuntimeError(f"{self.name} is not running")
         self._note(f"signal {sig.name}")
-        os.killpg(self.popen.pid, sig)
+        signal_group(self.popen.pid, sig)
+
+    async def freeze(self) -> None:
+        """SIGSTOP, returning once every thread is stopped: from then on the process
+        sends nothing new (what it sent before may still be on its way)."""
+        self.signal(signal.SIGSTOP)
+        pid = self.popen.pid if self.popen is not None else 0
+        await poll_until(lambda: _stopped(pid), f"{self.name} to stop", interval=0.002)
+
+    def thaw(self) -> None:
+        self.signal(signal.SIGCONT)
 
     def kill(self) -> None:
         """kill -9 the process group and reap it: a crash, no cleanup of any kind."""
@@ -107,7 +100,7 @@ class Process:
             return
         if self.popen.poll() is None:
             self._note("signal SIGKILL")
-        _kill_group(self.popen.pid)
+        kill_group(self.popen.pid)
         self.popen.wait(timeout=10)
         self._reap()
 
@@ -174,6 +167,15 @@ class Process:
     def _reap(self) -> None:
         if self.popen is not None and self.popen.poll() is not None:
             _LIVE.pop(self.popen.pid, None)
-            if self._log is not None:
-                self._log.close()
-                self._log = None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of pid is stopped: SIGSTOP has taken hold, not just been
+    sent (until then a thread may still run, and send, on another core)."""
+    states = []
+    with contextlib.suppress(FileNotFoundError):
+        for thread in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                # "pid (comm) S ...": the state follows the last ")" (comm may hold one).
+                states.append((thread / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)

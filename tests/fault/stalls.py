@@ -10,7 +10,7 @@ pg_stat_activity (client_port), which is how a test finds its open transaction.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import urlsplit, urlunsplit
@@ -23,8 +23,8 @@ from figures import report_figure
 from probes import seconds_between, wait_run
 from proxy import TcpProxy
 
+from awp_common.processes import free_port
 from awp_db.connect import SessionLimits
-from awp_db.embedded import free_port
 from kit.invariants import Expect
 
 # A steady stream of short results, all of one run: every Claim and Complete takes that
@@ -86,20 +86,28 @@ async def accepted(replicas: Replicas) -> tuple[datetime, int]:
 
 
 async def catch_in_transaction(
-    replicas: Replicas, stop: Callable[[], None], go: Callable[[], None]
+    replicas: Replicas, stop: Callable[[], Awaitable[None]], go: Callable[[], None]
 ) -> datetime:
     """stop()s the replica until it is caught idle inside a transaction that another
     session waits for (go() and retry otherwise); returns when that transaction went
     idle, on the database clock: the moment the cluster began to wait for it.
+
+    stop() returns once the stall has taken hold; what the replica sent just before it
+    (a COMMIT on its way) may still arrive, so the transaction counts only if it is
+    still the same one, still idle, once someone is seen waiting for it.
 
     Each try first lets the replica run until it is seen inside a transaction: stopped
     again the instant it is let go, it would barely run between tries and never open a
     new one (CI once spent all MAX_CATCHES tries in a few milliseconds that way)."""
     for _ in range(MAX_CATCHES):
         await _until_in_transaction(replicas)
-        stop()
+        await stop()
         stalled = await _open_transaction(replicas)
-        if stalled is not None and await _blocks_someone(replicas, stalled["pid"]):
+        if (
+            stalled is not None
+            and await _blocks_someone(replicas, stalled["pid"])
+            and await _still_open(replicas, stalled)
+        ):
             since: datetime = stalled["state_change"]
             return since
         go()
@@ -114,6 +122,11 @@ async def _open_transaction(replicas: Replicas) -> Record | None:
         " AND backend_xid IS NOT NULL",
         replicas.proxy.upstream_ports(),
     )
+
+
+async def _still_open(replicas: Replicas, stalled: Record) -> bool:
+    again = await _open_transaction(replicas)
+    return again is not None and tuple(again) == tuple(stalled)
 
 
 async def _until_in_transaction(replicas: Replicas) -> None:

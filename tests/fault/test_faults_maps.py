@@ -14,15 +14,17 @@ import json
 
 import pytest
 import workload
-from cluster import Cluster, wait_for
+from cluster import Cluster
 from figures import report_figure
 from probes import seconds_between, wait_run, wait_succeeded
+from victims import kill_holding
 
 from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault
 
 ELEMENTS = 200
+ELEMENT_MS = 150
 
 
 async def test_a_map_over_200_survives_a_worker_kill(cluster: Cluster) -> None:
@@ -39,29 +41,21 @@ async def test_a_map_over_200_survives_a_worker_kill(cluster: Cluster) -> None:
             "map200",
             [
                 workload.Task("plan", input={"queries": queries}),
-                workload.Task("search", ("plan",), {"sleep_ms": 150}, map=("plan", "echo.queries")),
+                workload.Task(
+                    "search", ("plan",), {"sleep_ms": ELEMENT_MS}, map=("plan", "echo.queries")
+                ),
                 workload.Task("collect", ("search",)),
             ],
         ),
     )
-    # Half-way, with the victim holding leases of elements.
+    # Half-way, with the victim holding leases of elements it has not reported.
     await wait_succeeded(cluster, run_id, "a quarter of the elements", tasks=1 + ELEMENTS // 4)
-
-    async def victim_holds() -> int:
-        held: int = await cluster.fetchval(
-            "SELECT count(*) FROM dispatches WHERE state = 'leased' AND worker_id::text = $1",
-            victim.worker_id,
-        )
-        return held
-
-    await wait_for(victim_holds, "the victim to hold leases")
-    killed_at = await cluster.db_now()
-    victim.process.kill()
+    held, killed_at = await kill_holding(cluster, victim, ELEMENT_MS / 1000)
     await wait_run(cluster, run_id, within=90)
 
     rows = await cluster.fetch(
         """
-        SELECT t.map_index, t.output,
+        SELECT t.id, t.map_index, t.output,
                count(a.id) FILTER (WHERE a.state = 'succeeded') AS accepted,
                count(a.id) AS executions,
                min(a.started_at) FILTER (WHERE a.attempt > 1) AS rerun_at
@@ -76,6 +70,7 @@ async def test_a_map_over_200_survives_a_worker_kill(cluster: Cluster) -> None:
     assert all(row["accepted"] == 1 for row in rows), "each element accepted exactly once"
     rerun = [row for row in rows if row["executions"] > 1]
     assert rerun, "the victim held elements when it was killed"
+    assert {row["task_id"] for row in held} <= {row["id"] for row in rerun}
 
     # The map task's output, which its downstream received: the outputs in list order.
     search = await cluster.fetchval(

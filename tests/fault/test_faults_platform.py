@@ -19,6 +19,7 @@ from figures import report_figure
 from probes import seconds_between, wait_attempt, wait_run, wait_succeeded
 from proxy import TcpProxy
 
+from awp_worker._lease import STOOD_DOWN, StandDown
 from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault
@@ -99,9 +100,14 @@ async def test_database_outage_cancels_by_safety_deadline_then_recovers(
 
     down = time.monotonic()
     await asyncio.to_thread(postgres.stop, "immediate")
+
     # No renewal can succeed now: the worker must stop on its own clock.
+    async def cancelled_at_safety_deadline() -> bool:
+        lines = worker.process.json_lines()
+        return any(line.get(STOOD_DOWN) == StandDown.SAFETY_DEADLINE for line in lines)
+
     await wait_for(
-        lambda: worker.process.logged("safety deadline passed"),
+        cancelled_at_safety_deadline,
         "the worker to cancel the executor at its safety deadline",
         within=10,
     )

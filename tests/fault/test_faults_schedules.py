@@ -3,7 +3,7 @@ schedule keeps firing every tick exactly once while its leader is cut off from
 PostgreSQL (the TCP proxy goes dark), stopped past its lease (SIGSTOP) and killed
 (kill -9); and catches up after the whole stack was down for more than 5 ticks. Each
 checks, from the runs' schedule and tick, that every tick of the window fired exactly
-once, and that no tick was created under a stale epoch (kit.schedule_invariants).
+once, and that no tick was created under a stale epoch (kit.invariants.schedules).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from proxy import TcpProxy
 from awp.v1 import schedule_pb2
 from awp_db import leadership
 from awp_kernel.schedules import Cadence
-from kit.schedule_invariants import check_fired_exactly_once, check_schedule_ticks
+from kit.invariants.schedules import check_fired_exactly_once, check_schedule_ticks
 
 pytestmark = pytest.mark.fault
 

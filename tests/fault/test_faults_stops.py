@@ -2,7 +2,7 @@
 with nobody to run it yet. Each ends with the invariant check (kit.invariants).
 
  6 cancel a running run
- 7 SIGTERM drains a busy worker (+ hand-back past the shutdown timeout)
+ 7 SIGTERM drains a busy worker (+ hand-back past the shutdown grace)
  8 no worker yet: tasks wait, a late one finishes
 How they run and wait: see test_faults.py.
 """
@@ -128,10 +128,10 @@ async def test_sigterm_drains_a_busy_worker(cluster: Cluster) -> None:
     await cluster.check_invariants({run_id: Expect()})
 
 
-async def test_sigterm_past_the_shutdown_timeout_hands_the_lease_back(cluster: Cluster) -> None:
+async def test_sigterm_past_the_shutdown_grace_hands_the_lease_back(cluster: Cluster) -> None:
     await cluster.start_server()
     await cluster.start_coordinator()
-    # The task outlasts the worker's shutdown timeout: it must be handed back in the last
+    # The task outlasts the worker's shutdown grace: it must be handed back in the last
     # Drain and re-dispatched at once, not left "running" until its lease expires. With
     # one attempt and a long backoff, only a free hand-back lets it succeed. Both workers
     # are up before the run starts, so that nothing slow (a process start) lies between
@@ -139,7 +139,7 @@ async def test_sigterm_past_the_shutdown_timeout_hands_the_lease_back(cluster: C
     workers = {
         worker.worker_id: worker
         for worker in [
-            await cluster.start_worker(name, concurrency=1, shutdown_timeout=0.5)
+            await cluster.start_worker(name, concurrency=1, shutdown_grace=0.5)
             for name in ("w1", "w2")
         ]
     }
@@ -160,7 +160,7 @@ async def test_sigterm_past_the_shutdown_timeout_hands_the_lease_back(cluster: C
     assert await holder.process.wait_exit(20) == 0
     second = await wait_attempt(cluster, run_id, "long", 2)
     report_figure(
-        "HANDBACK SIGTERM (shutdown timeout 0.5s)->attempt2="
+        "HANDBACK SIGTERM (shutdown grace 0.5s)->attempt2="
         f"{seconds_between(signalled_at, second['started_at']):.2f}s"
     )
     first = await wait_attempt(cluster, run_id, "long", 1)

@@ -6,15 +6,24 @@ run driven through the storage layer (no processes: this is fast and not `fault`
 
 from __future__ import annotations
 
+import asyncio
 from uuid import UUID
 
+import asyncpg
 import pytest
 
 from awp_db import claims, coordination
-from awp_db.connect import Pool
-from kit import spec, start_run
+from awp_db.connect import Pool, connect
+from kit import poll_until, spec, start_run
 from kit.db import DbWorker, register
-from kit.invariants import Expect, InvariantViolation, check_committed, check_invariants
+from kit.invariants import (
+    Expect,
+    InvariantViolation,
+    ScenarioHealth,
+    check_committed,
+    check_invariants,
+)
+from kit.invariants.health import INTERNAL_MARK, deadlocks
 
 
 async def _complete(worker: DbWorker, issued: list[claims.IssuedLease]) -> None:
@@ -135,3 +144,55 @@ async def test_committed_state_checks_have_teeth(pool: Pool) -> None:
     )
     with pytest.raises(InvariantViolation, match=r"ready: \(0, 1, 1\) != \(0, 0, 0\)"):
         await check_committed(pool)
+
+
+async def _deadlock(database_dsn: str, run_id: UUID) -> None:
+    """Two transactions that lock a run's two tasks crosswise: PostgreSQL aborts one."""
+    first, second = await connect(database_dsn), await connect(database_dsn)
+    try:
+        low, high = [
+            row["id"]
+            for row in await first.fetch(
+                "SELECT id FROM tasks WHERE run_id = $1 ORDER BY id", run_id
+            )
+        ]
+        lock = "SELECT 1 FROM tasks WHERE id = $1 FOR NO KEY UPDATE"
+        async with first.transaction(), second.transaction():
+            await first.execute(lock, low)
+            await second.execute(lock, high)
+            outcomes = await asyncio.gather(
+                first.execute(lock, high), second.execute(lock, low), return_exceptions=True
+            )
+        assert any(isinstance(o, asyncpg.DeadlockDetectedError) for o in outcomes), outcomes
+    finally:
+        # A backend reports its deadlock count by the time it exits.
+        await first.close()
+        await second.close()
+
+
+async def test_a_deadlock_or_an_internal_answer_is_found(pool: Pool, database_dsn: str) -> None:
+    run_id, _ = await _finished_run(pool)
+    quiet = '{"level": "info", "msg": "worker registered"}'
+    await check_invariants(pool, {run_id: Expect()}, health=ScenarioHealth(0, {"server": quiet}))
+
+    await _deadlock(database_dsn, run_id)
+    counted = await poll_until(
+        lambda: deadlocks(pool), "PostgreSQL to count the deadlock", within=30
+    )
+    with pytest.raises(InvariantViolation) as caught:
+        await check_invariants(
+            pool, {run_id: Expect()}, health=ScenarioHealth(counted, {"server": quiet})
+        )
+    assert f"PostgreSQL detected {counted} deadlock(s)" in str(caught.value)
+
+    internal = f'{{"level": "error", "msg": "{INTERNAL_MARK}", "exc": "DeadlockDetectedError"}}'
+    with pytest.raises(InvariantViolation) as caught:
+        await check_invariants(
+            pool, {run_id: Expect()}, health=ScenarioHealth(0, {"server2": quiet + "\n" + internal})
+        )
+    assert "server2 answered INTERNAL" in str(caught.value)
+    met = "coordinator pass failed: asyncpg.exceptions.DeadlockDetectedError: deadlock detected"
+    with pytest.raises(InvariantViolation, match="coordinator met a deadlock"):
+        await check_invariants(
+            pool, {run_id: Expect()}, health=ScenarioHealth(0, {"coordinator": met})
+        )

@@ -39,7 +39,7 @@ async def test_node_worker_runs_a_workflow_alone(cluster: Cluster) -> None:
             str(EXAMPLE / "worker.js"),
             "--server",
             cluster.server_address,
-            "--token",
+            "--worker-token",
             WORKER_TOKEN,
             "--name",
             "node-1",

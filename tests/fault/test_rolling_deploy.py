@@ -8,7 +8,7 @@ the old is retired), then coordinators (a new standby before the old stops), the
 (a new one registered before the old is sent SIGTERM). Every task allows one attempt, so
 a deploy that charged any task an attempt would fail its run.
 
-Workers drain with a shutdown timeout shorter than the longest steps: what finishes in
+Workers drain with a shutdown grace shorter than the longest steps: what finishes in
 time is completed, the rest is handed back free of charge and runs again elsewhere.
 
 Figures: runs failed (0), attempts charged by hand-backs (0), tasks re-executed, the
@@ -36,7 +36,7 @@ from probes import wait_run
 from process import Process
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_db.embedded import free_port
+from awp_common.processes import free_port, free_ports
 from kit.invariants import Expect
 
 pytestmark = pytest.mark.fault
@@ -51,7 +51,7 @@ ACTIVE_RUNS, LAYERS, WIDTH = 6, 12, 5
 MAX_RUNS = 30  # the load's bound, whatever the machine's pace
 STEP_MS = (1_000, 3_000)
 # Shorter than the longest steps: a drain completes some leases and hands others back.
-SHUTDOWN_TIMEOUT_S = 1.5
+SHUTDOWN_GRACE_S = 1.5
 WORKFLOW = "rolling"
 
 
@@ -152,7 +152,7 @@ async def _roll(cluster: Cluster, lb: LoadBalancer, fleet: Fleet, release: int) 
 
 async def _start_worker(cluster: Cluster, lb: LoadBalancer, name: str) -> WorkerProcess:
     return await cluster.start_worker(
-        name, concurrency=CONCURRENCY, server=lb.address, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        name, concurrency=CONCURRENCY, server=lb.address, shutdown_grace=SHUTDOWN_GRACE_S
     )
 
 
@@ -285,7 +285,8 @@ async def test_a_worker_whose_server_stops_with_it_drains_through_another(
 ) -> None:
     """The server and the worker stop together (one pod each of a rollout): the worker
     finishes its drain through the next server of its list and exits 0."""
-    first, second = free_port(), free_port()
+    # Chosen together: two free_port() calls in a row may return the same port.
+    first, second = free_ports(2)
     server = await cluster.start_server("server-a", port=first)
     await cluster.start_server("server-b", port=second)
     await cluster.start_coordinator()
@@ -293,7 +294,7 @@ async def test_a_worker_whose_server_stops_with_it_drains_through_another(
         "w1",
         concurrency=2,
         server=f"127.0.0.1:{first},127.0.0.1:{second}",
-        shutdown_timeout=3.0,
+        shutdown_grace=3.0,
     )
     run_id = await workload.start(
         control_pb2_grpc.ControlServiceStub(cluster.channel(f"127.0.0.1:{second}")),
@@ -320,7 +321,7 @@ async def test_a_worker_whose_server_stops_with_it_drains_through_another(
     assert code == 0, worker.process.tail()
     report_figure(
         f"DRAIN FAILOVER server+worker SIGTERM together -> worker exit 0 in"
-        f" {time.monotonic() - signalled:.2f}s (shutdown timeout 3s)"
+        f" {time.monotonic() - signalled:.2f}s (shutdown grace 3s)"
     )
     assert worker.process.count_logged("unreachable") >= 1
     # Retries are warnings; nothing failed (the issue: "ERROR ... Drain failed", exit 1).

@@ -1,4 +1,4 @@
-"""The schedule invariants have teeth (kit.schedule_invariants): a clean history passes,
+"""The schedule invariants have teeth (kit.invariants.schedules): a clean history passes,
 and each corruption -- a tick fired twice, a tick that never fired, a run its tick does
 not name, a tick created under a stale epoch -- is named. Ticks are fired through the
 storage layer under real leader terms (no processes: fast, not `fault`)."""
@@ -16,7 +16,7 @@ from awp_db.leadership import Term
 from awp_kernel.schedules import Cadence
 from kit import poll_until, spec
 from kit.invariants import InvariantViolation
-from kit.schedule_invariants import check_fired_exactly_once, check_schedule_ticks
+from kit.invariants.schedules import check_fired_exactly_once, check_schedule_ticks
 
 SECOND = Cadence(None, 1000, "UTC")
 

@@ -17,8 +17,6 @@ accepted until the replica was let go.
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 import stalls
 from cluster import Cluster
@@ -33,15 +31,11 @@ async def test_a_replica_stopped_inside_a_transaction_does_not_halt_the_cluster(
     stalled = cluster.process("server")
     try:
         try:
-            since = await stalls.catch_in_transaction(
-                replicas,
-                lambda: stalled.signal(signal.SIGSTOP),
-                lambda: stalled.signal(signal.SIGCONT),
-            )
+            since = await stalls.catch_in_transaction(replicas, stalled.freeze, stalled.thaw)
             resume_s, stalled_s = await stalls.measure_resume(replicas, since)
             assert stalled.alive  # still stopped: the others went on without it
         finally:
-            stalled.signal(signal.SIGCONT)
+            stalled.thaw()
         await stalls.finish(replicas, "SIGSTOP in a transaction", resume_s, stalled_s)
     finally:
         await replicas.proxy.close()
@@ -54,7 +48,11 @@ async def test_a_replica_partitioned_from_postgres_does_not_halt_the_cluster(
     proxy = replicas.proxy
     try:
         try:
-            since = await stalls.catch_in_transaction(replicas, proxy.partition, proxy.heal)
+
+            async def partition() -> None:
+                proxy.partition()
+
+            since = await stalls.catch_in_transaction(replicas, partition, proxy.heal)
             resume_s, stalled_s = await stalls.measure_resume(replicas, since)
         finally:
             proxy.heal()

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 from kit import poll_until
 
 BINARY = Path("/usr/sbin/pgbouncer")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
 
 VERSION = 15
 BIN = Path(f"/usr/lib/postgresql/{VERSION}/bin")

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -25,6 +28,7 @@ from kit.pgbouncer import PgBouncer, running
 
 LIMITS = SessionLimits(2.0)
 CLIENTS = 6
+BIN_DIR = Path(sys.executable).parent
 
 
 @pytest.fixture
@@ -170,3 +174,57 @@ def test_transaction_mode_needs_a_session_url(
     config = parse([*pooled, "--session-database-url", "postgresql://awp@db/awp"])  # type: ignore[operator]
     assert config.session_url == "postgresql://awp@db/awp"
     assert config.database_pool_mode is PoolMode.TRANSACTION
+
+
+async def test_the_probe_tells_a_transaction_pooler_from_a_session(
+    bouncer: PgBouncer, database_dsn: str
+) -> None:
+    assert await pooler.transaction_pooled(bouncer.pooled_dsn)
+    assert not await pooler.transaction_pooled(bouncer.session_dsn)
+    assert not await pooler.transaction_pooled(database_dsn)
+    # Several backends in the transaction pool: pgbouncer still moves the connections.
+    with running(database_dsn, pool_size=4) as wide:
+        await wide.wait_ready()
+        assert await pooler.transaction_pooled(wide.pooled_dsn)
+        assert not await pooler.transaction_pooled(wide.session_dsn)
+
+
+async def test_a_url_that_is_not_the_pool_it_is_said_to_be_is_refused(
+    bouncer: PgBouncer, database_dsn: str
+) -> None:
+    with pytest.raises(pooler.PoolerMismatch, match="give --database-pool-mode transaction"):
+        await pooler.check_modes(bouncer.pooled_dsn, bouncer.pooled_dsn, PoolMode.SESSION)
+    # The same pooler under another name, as the session URL.
+    elsewhere = bouncer.pooled_dsn.replace("127.0.0.1", "localhost")
+    with pytest.raises(pooler.PoolerMismatch, match=r"^--session-database-url leads to a pooler"):
+        await pooler.check_modes(bouncer.pooled_dsn, elsewhere, PoolMode.TRANSACTION)
+    await pooler.check_modes(bouncer.pooled_dsn, bouncer.session_dsn, PoolMode.TRANSACTION)
+    await pooler.check_modes(bouncer.session_dsn, bouncer.session_dsn, PoolMode.SESSION)
+    await pooler.check_modes(database_dsn, database_dsn, PoolMode.SESSION)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["awp-server", "--insecure", "--listen", "127.0.0.1:0"],
+        ["awp-coordinator"],
+    ],
+    ids=["awp-server", "awp-coordinator"],
+)
+def test_a_binary_pointed_at_a_transaction_pooler_in_session_mode_refuses_to_start(
+    bouncer: PgBouncer, argv: list[str]
+) -> None:
+    """One line naming the setting, exit 2: not a prepared statement error at the first
+    call, nor session limits silently not in force."""
+    ended = subprocess.run(
+        [str(BIN_DIR / argv[0]), *argv[1:], "--metrics-listen", "off"],
+        env={"AWP_DATABASE_URL": bouncer.pooled_dsn, "AWP_LOG_FORMAT": "json"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ended.returncode == 2, ended.stderr
+    (line,) = [line for line in ended.stderr.splitlines() if not line.startswith("{")]
+    assert line.startswith(f"{argv[0]}: --database-url leads to a pooler in transaction mode")
+    assert "give --database-pool-mode transaction" in line

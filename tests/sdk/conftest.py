@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from sdk_stack import Stack
 
-from awp_coordinator import Coordinator, CoordinatorConfig
+from awp_coordinator.config import CoordinatorConfig
+from awp_coordinator.coordinator import Coordinator
 from awp_db.connect import Pool
 from awp_worker._config import WorkerConfig
 from awp_worker._runtime import WorkerRuntime
@@ -39,13 +40,13 @@ async def stack(start_server: ServerFactory, coordinator: Coordinator) -> AsyncI
     runtime = WorkerRuntime(
         WorkerConfig(
             server=server.address,
-            token=WORKER_TOKEN,
+            worker_token=WORKER_TOKEN,
             name="sdk-test-worker",
             kinds=("mock", "python"),
             concurrency=8,
             claim_wait=0.5,
             reconnect_max=0.2,
-            shutdown_timeout=5.0,
+            shutdown_grace=5.0,
             safety_margin=0.5,
         )
     )

@@ -124,3 +124,35 @@ def audit(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
 @fanout.task(depends_on=[add_up, audit], always=True)
 def cleanup(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     return {"saw": ctx.upstream_states}
+
+
+# Outputs far over GetRun's 64 KiB inline limit and under the 1 MiB output limit: every
+# one must come back whole.
+large = Workflow("sdk-large", version=1)
+LARGE_CHARS = 900 * 1024
+
+
+@large.task
+def document(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"text": "ab" * (LARGE_CHARS // 2), "n": ctx.attempt}
+
+
+@large.task
+def report(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"pages": [{"page": i, "body": "c" * 1000} for i in range(800)]}
+
+
+@large.task(depends_on=[document])
+def small(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"length": len(ctx.upstream["document"]["text"])}
+
+
+# A failure that said what it was doing before it failed: its log tail reaches RunFailed.
+noisy = Workflow("sdk-noisy", version=1)
+
+
+@noisy.task(retry=1)
+def chatty(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    ctx.logger.warning("loading customer %s", ctx.run_input["customer"])
+    ctx.logger.warning("quota left: 0")
+    raise PermanentError("quota exceeded")

@@ -16,8 +16,8 @@ import pytest
 
 from awp_cli.main import build_parser
 from awp_common import flags
-from awp_coordinator import Coordinator
-from awp_db.embedded import free_port
+from awp_common.processes import free_port
+from awp_coordinator.coordinator import Coordinator
 from awp_sdk import AsyncClient
 from awp_sdk.connection import Connection
 from cli.runner import ENV, awp_async
@@ -60,7 +60,7 @@ async def worker(
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "awp_worker.main",
         "--server", awp_server.address,
-        "--token", WORKER_TOKEN,
+        "--worker-token", WORKER_TOKEN,
         "--kinds", "python",
         "--module", "my_flows",
         "--claim-wait", "0.5",

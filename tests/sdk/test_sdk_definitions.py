@@ -12,6 +12,7 @@ from awp_cli.workflow_file import load
 from awp_demo.workflow import wf as demo
 from awp_kernel.definition_proto import spec_from_proto
 from awp_sdk import AsyncClient, DefinitionInvalid, Map, Workflow
+from awp_sdk.actions import ActionRegistry
 from kit import ADMIN_TOKEN, ServerHandle
 
 
@@ -69,3 +70,29 @@ def test_the_rules_that_relate_tasks_are_the_servers() -> None:
         "definition.tasks[1].map",
         "definition.tasks[1].map.path",
     }
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"retries": 5}, r"unknown option 'retries' \(did you mean 'retry'\?\)"),
+        ({"timout": "5s"}, r"unknown option 'timout' \(did you mean 'timeout'\?\)"),
+        ({"depends": []}, r"unknown option 'depends' \(did you mean 'depends_on'\?\)"),
+        ({"labels": {"team": "a"}}, r"unknown option 'labels'; the options are always, "),
+    ],
+)
+def test_an_unknown_option_is_refused_by_name(given: dict[str, object], message: str) -> None:
+    """Neither the decorator nor add() lets an option vanish from the definition."""
+    registry = ActionRegistry()
+    wf = Workflow("sdk-options", version=1, registry=registry)
+    with pytest.raises(TypeError, match=f"task 'fetch': {message}"):
+        wf.add("fetch", kind="mock", action="sdk.fetch", **given)  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match=f"task 'fetch': {message}"):
+
+        @wf.task(**given)  # type: ignore[call-overload]
+        def fetch(ctx: object, input: dict[str, object]) -> dict[str, object]:
+            return {}
+
+    # Nothing was declared, nor registered under the action's name.
+    assert (wf.tasks, registry.names()) == ((), [])

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from awp_coordinator import Coordinator, CoordinatorConfig
+from awp_coordinator.config import CoordinatorConfig
+from awp_coordinator.coordinator import Coordinator
 from awp_db.connect import Pool
 
 

@@ -31,7 +31,7 @@ async def test_the_node_worker_completes_a_run_over_mutual_tls(
     )
     pem = client_leaf(ca, tmp_path, "node-worker")
     node = await asyncio.create_subprocess_exec(
-        "node", "worker.js", "--server", server.address, "--token", WORKER_TOKEN,
+        "node", "worker.js", "--server", server.address, "--worker-token", WORKER_TOKEN,
         "--tls-ca-file", ca_file, "--tls-cert-file", pem.cert, "--tls-key-file", pem.key,
         cwd=EXAMPLE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip

@@ -37,6 +37,32 @@ def test_the_server_refuses_what_would_expose_it(
     assert problem in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("tokens", "missing"),
+    [
+        ([], "--worker-token and --admin-token"),
+        (["--worker-token", "w"], "--admin-token"),
+        (["--admin-token", "a"], "--worker-token"),
+    ],
+)
+def test_the_server_refuses_to_start_without_a_credential_for_each_role(
+    tokens: list[str], missing: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Caught at start (docs/configuration.md), not at the first call of the missing role."""
+    with pytest.raises(SystemExit) as exited:
+        parse(["--database-url", "postgresql://db.example/awp", *tokens], environ={})
+    assert exited.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"refusing to start without {missing}:" in errors[0]
+
+
+def test_one_token_is_enough_beside_a_credentials_file_or_when_insecure() -> None:
+    base = ["--database-url", "postgresql://db.example/awp", "--worker-token", "w"]
+    assert parse([*base, "--credentials-file", "c.yaml"], environ={}).credentials_file
+    assert parse([*base, "--insecure"], environ={}).insecure
+    assert parse(base, environ={"AWP_ADMIN_TOKEN": "a"}).admin_token == "a"
+
+
 def test_plaintext_beyond_loopback_is_allowed_only_when_told_insecure() -> None:
     assert parse([*BASE, "--listen", "0.0.0.0:50051", "--insecure"], environ={}).insecure
     assert parse([*BASE, "--listen", "127.0.0.1:50051"], environ={}).tls is None

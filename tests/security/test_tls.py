@@ -42,7 +42,7 @@ def worker(server: ServerHandle, ca_file: str, client: Pem | None = None) -> Wor
     return WorkerRuntime(
         WorkerConfig(
             server=server.address,
-            token=WORKER_TOKEN,
+            worker_token=WORKER_TOKEN,
             name="tls-worker",
             kinds=("mock",),
             claim_wait=0.5,

@@ -59,7 +59,7 @@ async def test_the_worker_exits_with_the_reason_instead_of_retrying(
     servers: tuple[ServerHandle, ServerHandle, str],
 ) -> None:
     tls, plain, ca_file = servers
-    worker = (sys.executable, "-m", "awp_worker.main", "--kinds", "mock", "--token", "t")
+    worker = (sys.executable, "-m", "awp_worker.main", "--kinds", "mock", "--worker-token", "t")
     code, err = await run(*worker, "--server", tls.address, "--log-format", "text")
     assert code == 2 and PLAIN_MEETS_TLS in err, err
     code, err = await run(

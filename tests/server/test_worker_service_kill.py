@@ -32,10 +32,10 @@ async def test_killed_workers_leave_no_unretrieved_task_exception(
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "awp_worker.main",
             "--server", awp_server.address,
-            "--token", WORKER_TOKEN,
+            "--worker-token", WORKER_TOKEN,
             "--name", f"killed-{kill}",
             "--kinds", "mock",
-            "--metrics-port", "0",
+            "--metrics-listen", "off",
             env={k: v for k, v in os.environ.items() if not k.startswith("AWP_")},
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,

@@ -21,6 +21,7 @@ from kit import (
     poll_until,
     spec,
 )
+from kit.db import revocation_notices_off
 from kit.rawworker import RawWorker, leased
 
 AUTH = (("authorization", f"Bearer {WORKER_TOKEN}"),)
@@ -74,7 +75,8 @@ async def test_heartbeat_renews_revokes_and_rejects_unknown_leases(
         assert answer.leases[0].lease_remaining.ToMilliseconds() > 14_000
         forged = await stream.beat(worker, [first], token=second.lease_token)
         assert [lease.status for lease in forged.leases] == [worker_pb2.LEASE_STATUS_UNKNOWN]
-        async with pool.acquire() as conn, conn.transaction():
+        # No push (tests/server/test_heartbeat_push.py): the next read is the answer.
+        async with revocation_notices_off(pool), pool.acquire() as conn, conn.transaction():
             events = EventBatch()
             await locks.runs(conn, [run_id])
             await settle.stop_runs(conn, [run_id], "canceled", events)

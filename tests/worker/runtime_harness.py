@@ -18,14 +18,14 @@ UNAVAILABLE = Fault(grpc.StatusCode.UNAVAILABLE)
 def make_config(fake: FakeServer, **overrides: Any) -> WorkerConfig:
     settings: dict[str, Any] = {
         "server": fake.address,
-        "token": TOKEN,
+        "worker_token": TOKEN,
         "name": "test-worker",
         "kinds": ("mock",),
         "concurrency": 4,
         "claim_wait": 0.3,
         "claim_backoff_initial": 0.01,
         "claim_backoff_max": 0.05,
-        "shutdown_timeout": 5.0,
+        "shutdown_grace": 5.0,
         "safety_margin": 0.1,
         "rpc_timeout": 2.0,
     }

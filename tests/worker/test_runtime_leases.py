@@ -4,12 +4,20 @@ claims and Completes under faults that a real server cannot be made to produce o
 from __future__ import annotations
 
 import grpc
+import pytest
 from runtime_harness import UNAVAILABLE, start
 from worker_fakes import FakeServer, Fault
 
 from awp.v1 import types_pb2, worker_pb2
+from awp_worker._lease import STOOD_DOWN, StandDown
 from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST
 from kit import poll_until as eventually
+
+
+def stood_down(caplog: pytest.LogCaptureFixture) -> list[object]:
+    """The stood_down field of every line logged: each way of giving a lease up says so."""
+    return [getattr(r, STOOD_DOWN) for r in caplog.records if hasattr(r, STOOD_DOWN)]
+
 
 # --- Heartbeat ------------------------------------------------------------------------
 
@@ -57,7 +65,9 @@ async def test_a_broken_stream_is_reopened_at_once_and_leases_resent(fake: FakeS
     assert await worker.stop() == EXIT_OK
 
 
-async def test_revoked_leases_are_cancelled_and_not_reported(fake: FakeServer) -> None:
+async def test_revoked_leases_are_cancelled_and_not_reported(
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
     service = fake.service
     task = await service.add("slow", {"sleep_ms": 30_000})
     worker = start(fake)
@@ -65,6 +75,7 @@ async def test_revoked_leases_are_cancelled_and_not_reported(fake: FakeServer) -
     service.revoke(task)
     await eventually(lambda: worker.runtime.held_leases == 0)
     assert worker.runtime.metrics.revocations.labels("revoked")._value.get() == 1
+    assert stood_down(caplog) == [StandDown.REVOKED]
     # The lease is dropped first; the cancelled executor is counted once it has unwound.
     cancelled = worker.runtime.metrics.executions.labels("mock", "cancelled")
     await eventually(lambda: cancelled._value.get() == 1)
@@ -73,7 +84,56 @@ async def test_revoked_leases_are_cancelled_and_not_reported(fake: FakeServer) -
     assert not service.completes  # nothing reported
 
 
-async def test_the_safety_deadline_cancels_work_without_ownership(fake: FakeServer) -> None:
+async def test_a_pushed_revocation_cancels_at_once(fake: FakeServer) -> None:
+    """The server speaks first (worker.proto, Heartbeat): with a 30 s heartbeat, only
+    the unprompted answer can stop the lease this soon."""
+    service = fake.service
+    service.heartbeat_interval = 30.0
+    task = await service.add("slow", {"sleep_ms": 30_000})
+    worker = start(fake)
+    await eventually(lambda: worker.runtime.held_leases == 1)
+    service.revoke(task)
+    service.push_revoked(task.dispatch_id)
+    await eventually(lambda: worker.runtime.held_leases == 0, within=5.0)
+    cancelled = worker.runtime.metrics.executions.labels("mock", "cancelled")
+    await eventually(lambda: cancelled._value.get() == 1, within=5.0)
+    assert worker.runtime.metrics.revocations.labels("revoked")._value.get() == 1
+    assert await worker.stop() == EXIT_OK
+    assert not service.completes
+
+
+async def test_a_revocation_that_overtakes_its_lease_keeps_it_from_running(
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A push can arrive before the Claim answer carrying the lease: the worker keeps
+    it, and never runs the lease when it comes."""
+    service = fake.service
+    service.heartbeat_interval = 30.0
+    held = await service.add("slow", {"sleep_ms": 30_000})
+    worker = start(fake)
+    await eventually(lambda: worker.runtime.held_leases == 1)
+    early = await service.add("slow", {"sleep_ms": 30_000}, state="parked")
+    service.push_revoked(early.dispatch_id)
+    service.revoke(held)
+    service.push_revoked(held.dispatch_id)
+    # Pushes are read in order: once the second one is handled, so was the first.
+    await eventually(lambda: worker.runtime.held_leases == 0, within=5.0)
+    await service.offer(early)
+    await eventually(lambda: early.state == "leased")
+    revoked = worker.runtime.metrics.revocations.labels("revoked")
+    await eventually(lambda: revoked._value.get() == 2)
+    assert stood_down(caplog) == [StandDown.REVOKED, StandDown.REVOKED]
+    assert worker.runtime.held_leases == 0
+    metrics = worker.runtime.metrics
+    assert metrics.executions.labels("mock", "cancelled")._value.get() == 1  # `held` only
+    assert metrics.executions.labels("mock", "succeeded")._value.get() == 0
+    assert await worker.stop() == EXIT_OK
+    assert not service.completes
+
+
+async def test_the_safety_deadline_cancels_work_without_ownership(
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
     service = fake.service
     # Heartbeats answer without extending the lease: it runs out after 0.6 s.
     task = await service.add("slow", {"sleep_ms": 30_000}, lease_s=0.6, renew="silent")
@@ -82,6 +142,7 @@ async def test_the_safety_deadline_cancels_work_without_ownership(fake: FakeServ
     await eventually(lambda: worker.runtime.held_leases == 0, within=5.0)
     metrics = worker.runtime.metrics
     assert metrics.safety_cancellations._value.get() == 1
+    assert stood_down(caplog) == [StandDown.SAFETY_DEADLINE]
     assert metrics.executions.labels("mock", "safety_deadline")._value.get() == 1
     assert task.dispatch_id not in service.results()
     assert await worker.stop() == EXIT_OK
@@ -101,13 +162,16 @@ async def test_renewals_never_extend_past_the_attempt_deadline(fake: FakeServer)
     assert await worker.stop() == EXIT_OK
 
 
-async def test_session_invalid_on_the_stream_is_permanent(fake: FakeServer) -> None:
+async def test_session_invalid_on_the_stream_is_permanent(
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
     service = fake.service
     await service.add("slow", {"sleep_ms": 30_000})
     worker = start(fake)
     await eventually(lambda: worker.runtime.held_leases == 1)
     service.fail("Heartbeat", Fault(grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID"))
     assert await worker.exit_code() == EXIT_SESSION_LOST
+    assert stood_down(caplog) == [StandDown.SESSION_LOST]
     assert worker.runtime.metrics.executions.labels("mock", "cancelled")._value.get() == 1
     assert not service.completes
 
@@ -174,7 +238,9 @@ async def test_a_lost_complete_answer_is_retried_with_the_same_result(fake: Fake
     assert await worker.stop() == EXIT_OK
 
 
-async def test_lease_lost_answers_are_dropped(fake: FakeServer) -> None:
+async def test_lease_lost_answers_are_dropped(
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
     service = fake.service
     task = await service.add("x", {"sleep_ms": 200})
     worker = start(fake)
@@ -189,6 +255,8 @@ async def test_lease_lost_answers_are_dropped(fake: FakeServer) -> None:
         + metrics.revocations.labels("unknown")._value.get()
         >= 1
     )
+    assert set(stood_down(caplog)) <= {StandDown.LEASE_LOST, StandDown.REVOKED}
+    assert stood_down(caplog)
     assert metrics.completes.labels("accepted")._value.get() == 0
     assert await worker.stop() == EXIT_OK
 

@@ -165,13 +165,13 @@ async def test_register_retries_until_the_server_comes_up() -> None:
 
 
 async def test_a_bad_worker_token_exits_with_code_3(fake: FakeServer) -> None:
-    worker = start(fake, token="wrong")
+    worker = start(fake, worker_token="wrong")
     assert await worker.exit_code() == EXIT_SESSION_LOST
     assert len(fake.service.register_metadata) == 1  # not retried
 
 
 async def test_no_token_sends_no_authorization_header(fake: FakeServer) -> None:
-    worker = start(fake, token="")
+    worker = start(fake, worker_token="")
     assert await worker.exit_code() == EXIT_SESSION_LOST
     assert "authorization" not in fake.service.register_metadata[0]
 

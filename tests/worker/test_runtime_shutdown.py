@@ -39,10 +39,10 @@ async def test_shutdown_drains_finishes_running_leases_and_stops(fake: FakeServe
     assert len(service.drains) == 2 and not service.drains[-1].hand_back
 
 
-async def test_the_shutdown_timeout_hands_unfinished_leases_back(fake: FakeServer) -> None:
+async def test_the_shutdown_grace_hands_unfinished_leases_back(fake: FakeServer) -> None:
     service = fake.service
     slow = await service.add("slow", {"sleep_ms": 30_000})
-    worker = start(fake, shutdown_timeout=0.3)
+    worker = start(fake, shutdown_grace=0.3)
     worker_id = await worker.registered()
     await eventually(lambda: worker.runtime.held_leases == 1)
     assert await worker.stop() == EXIT_OK
@@ -55,7 +55,7 @@ async def test_the_shutdown_timeout_hands_unfinished_leases_back(fake: FakeServe
 async def test_a_second_shutdown_request_hands_back_at_once(fake: FakeServer) -> None:
     service = fake.service
     slow = await service.add("slow", {"sleep_ms": 30_000})
-    worker = start(fake, shutdown_timeout=60.0)
+    worker = start(fake, shutdown_grace=60.0)
     await eventually(lambda: worker.runtime.held_leases == 1)
     worker.runtime.request_shutdown()
     await eventually(lambda: service.drains)
@@ -78,7 +78,7 @@ async def test_a_server_gone_mid_drain_is_replaced_by_the_next(fake: FakeServer)
     try:
         quick = await service.add("quick", {"sleep_ms": 600})
         slow = await service.add("slow", {"sleep_ms": 30_000})
-        worker = start(fake, server=f"{fake.address},{other.address}", shutdown_timeout=2.0)
+        worker = start(fake, server=f"{fake.address},{other.address}", shutdown_grace=2.0)
         worker_id = await worker.registered()
         await eventually(lambda: worker.runtime.held_leases == 2)
         # The first server stops with the worker, as in a rolling deploy of both.

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import urllib.request
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from worker_fakes import TOKEN, FakeServer, FakeWorkerService, start_fake
 
 from awp.v1 import worker_pb2
 from awp_common import flags
+from awp_common.processes import free_port
 from awp_worker._config import WorkerConfig
 from kit import poll_until
 from kit.proto import output
@@ -39,13 +39,6 @@ async def fake() -> AsyncIterator[FakeServer]:
         yield server
     finally:
         await server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def spawn(tmp_path: Path, *argv: str, **variables: str) -> asyncio.subprocess.Process:
@@ -73,13 +66,13 @@ async def test_the_process_runs_actions_logs_json_serves_metrics_and_drains(
     process = await spawn(
         tmp_path,
         "--server", fake.address,
-        "--token", TOKEN,
+        "--worker-token", TOKEN,
         "--name", "cli-worker",
         "--kinds", "mock,python",
         "--module", "demo_actions",
         "--concurrency", "2",
         "--claim-wait", "0.5",
-        "--metrics-port", str(metrics_port),
+        "--metrics-listen", f"127.0.0.1:{metrics_port}",
         "--log-level", "DEBUG",
     )  # fmt: skip
     try:
@@ -136,7 +129,9 @@ async def test_an_unimportable_module_is_a_usage_error(tmp_path: Path) -> None:
 
 
 async def test_a_bad_token_exits_3_with_one_clear_line(fake: FakeServer, tmp_path: Path) -> None:
-    process = await spawn(tmp_path, "--server", fake.address, "--token", "nope", "--kinds", "mock")
+    process = await spawn(
+        tmp_path, "--server", fake.address, "--worker-token", "nope", "--kinds", "mock"
+    )
     async with asyncio.timeout(20):
         _, stderr = await process.communicate()
     assert process.returncode == 3

@@ -15,14 +15,12 @@ from google.protobuf import struct_pb2
 from awp.v1 import worker_pb2
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
-from awp_sdk.actions import DEFAULT_REGISTRY, ActionRegistry
+from awp_sdk.actions import DEFAULT_REGISTRY, ActionRegistry, OutputError, output_struct
 from awp_worker import ActionCancelled, ActionContext, PermanentError, RetryableError, action
 from awp_worker._executors import (
     MockExecutor,
-    OutputError,
     PythonExecutor,
     failure_from_exception,
-    output_struct,
 )
 from awp_worker._logging import bind, bound_fields, unbind
 

@@ -15,10 +15,11 @@ from test_worker_units import FakeRpcError
 from awp.v1 import worker_pb2
 from awp_protocol.errors import FieldsInvalid
 from awp_protocol.results import check_result
+from awp_sdk.actions import output_struct
 from awp_worker._backoff import Backoff
 from awp_worker._completer import DROPPED, MAX_SERVER_FAULTS, REJECTED, ResultFlusher
 from awp_worker._errors import SessionLost
-from awp_worker._executors import failure, output_struct, success
+from awp_worker._executors import failure, success
 from awp_worker._lease import HeldLease, LeaseClock, LeaseTable
 from awp_worker._metrics import Metrics
 from kit import poll_until as eventually
@@ -197,14 +198,16 @@ async def test_results_of_revoked_leases_are_dropped_before_sending() -> None:
 
 async def test_a_result_refused_with_its_replacement_gives_its_lease_up() -> None:
     invalid = FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT)
-    # The batch, then the first half (result 1 alone), then the failure reported in
-    # its place: refused three times, its lease is given up; result 2 goes through.
-    recorder = Recorder(invalid, invalid, invalid)
+    # Every Complete that holds result 1 is refused: the batch, result 1 alone, and the
+    # failure reported in its place, after result 2 went through; its lease is given up.
+    recorder = Recorder()
+    recorder.refuse = lambda results: invalid if any(r.dispatch_id == 1 for r in results) else None
     flusher = recorder.flusher()
     flusher.submit(recorder.hold(1))
     flusher.submit(recorder.hold(2))
     await _run_until(flusher, lambda: recorder.answers and recorder.rejected)
     assert recorder.rejected == [1] and list(recorder.answers) == [2]
+    assert [[r.dispatch_id for r in call] for call in recorder.calls] == [[1, 2], [1], [2], [1]]
 
 
 async def test_a_permanent_error_ends_the_flusher() -> None:
@@ -246,7 +249,7 @@ async def test_batches_stay_under_the_message_size_limit() -> None:
 async def test_a_refused_result_is_isolated_by_bisection_and_reported_as_failed() -> None:
     """Issue 13: one result the server refuses (a NUL in its error message) among 8.
     The batch is split until that result is alone; it is reported as a failure with
-    the server's reason (retryable as the action's failure was), the 7 others are
+    the server's reason (retryable as the action's failure was) once the 7 others are
     recorded, and no refused Complete is ever sent again unchanged."""
     recorder = Recorder()
     recorder.refuse = as_the_server_refuses(grpc.StatusCode.INVALID_ARGUMENT)
@@ -269,14 +272,14 @@ async def test_a_refused_result_is_isolated_by_bisection_and_reported_as_failed(
         [4, 5],  # refused
         [4],
         [5],  # refused
-        [5],  # the failure in its place
         [6, 7],
+        [5],  # the failure in its place, after every accepted part (issue 25.5)
     ]
     refused = [i for i, call in enumerate(recorder.calls) if recorder.refuse(call) is not None]
     assert refused == [0, 2, 3, 5]
     for i in refused:
         assert recorder.calls[i] not in recorder.calls[i + 1 :]
-    replacement = recorder.calls[6][0]
+    replacement = recorder.calls[7][0]
     assert replacement.outcome == worker_pb2.RESULT_OUTCOME_FAILED
     assert "\x00" not in replacement.error.message
     assert replacement.error.message.startswith(

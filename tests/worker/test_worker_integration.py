@@ -1,11 +1,11 @@
 """WorkerRuntime against the real awp-server and coordinator (in-process) over real
 PostgreSQL: runs go to completion, failures follow the retry rule, cancellation revokes
-running leases, a drain stops the session and a shutdown timeout hands leases back."""
+running leases, a drain stops the session and a shutdown grace hands leases back."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 from uuid import UUID
@@ -13,7 +13,8 @@ from uuid import UUID
 import pytest
 from runtime_harness import Running
 
-from awp_coordinator import Coordinator, CoordinatorConfig
+from awp_coordinator.config import CoordinatorConfig
+from awp_coordinator.coordinator import Coordinator
 from awp_db import runs
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_OUTPUT_BYTES
@@ -24,6 +25,7 @@ from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK, EXIT_SESSION_LOST
 from awp_worker._runtime import WorkerRuntime
 from kit import WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
+from kit.db import revocation_notices_off
 
 ServerFactory = Callable[..., Awaitable[ServerHandle]]
 
@@ -34,35 +36,15 @@ async def server(start_server: ServerFactory) -> ServerHandle:
     return await start_server(heartbeat_interval_s=0.5, lease_ttl_s=3.0)
 
 
-@pytest.fixture
-async def coordinator(pool: Pool, database_dsn: str) -> AsyncIterator[Coordinator]:
-    coord = Coordinator(
-        pool,
-        CoordinatorConfig(
-            database_url=database_dsn,
-            scan_interval_s=0.1,
-            metrics_listen=None,
-        ),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(coord.run(stop))
-    try:
-        yield coord
-    finally:
-        stop.set()
-        async with asyncio.timeout(10):
-            await task
-
-
 def worker_config(server: ServerHandle, **overrides: Any) -> WorkerConfig:
     settings: dict[str, Any] = {
         "server": server.address,
-        "token": WORKER_TOKEN,
+        "worker_token": WORKER_TOKEN,
         "name": "it-worker",
         "kinds": ("mock",),
         "concurrency": 4,
         "claim_wait": 0.5,
-        "shutdown_timeout": 10.0,
+        "shutdown_grace": 10.0,
         "safety_margin": 0.5,
     }
     settings.update(overrides)
@@ -230,15 +212,18 @@ async def test_cancelling_a_run_revokes_its_running_lease(
 async def test_a_drain_right_after_a_cancel_stops_cleanly(
     start_server: ServerFactory, coordinator: Coordinator, pool: Pool
 ) -> None:
-    """The run is canceled, and the worker drains before its next heartbeat tells it:
-    the Drain stops the session at once (the server holds no lease of it any more), so
-    the lease the worker still runs is no longer its own. It is cancelled, not waited
-    for, and the session's end is not mistaken for a lost one (exit 0, not 3)."""
+    """The run is canceled, and the worker drains before anything tells it (its next
+    heartbeat is 30 s away, and the revocation's push is lost: the trigger that sends
+    its notice is off meanwhile): the Drain stops the session at once (the server holds
+    no lease of it any more), so the lease the worker still runs is no longer its own.
+    It is cancelled, not waited for, and the session's end is not mistaken for a lost
+    one (exit 0, not 3)."""
     server = await start_server(heartbeat_interval_s=30.0, lease_ttl_s=60.0)
     run_id = await start_run(pool, spec("raced", tasks=1, task_input={"sleep_ms": 60_000}))
-    worker = start_worker(worker_config(server, shutdown_timeout=60.0))
-    await cancel_once_held(worker, pool, run_id)
-    assert worker.runtime.held_leases == 1  # no heartbeat has told it yet
+    worker = start_worker(worker_config(server, shutdown_grace=60.0))
+    async with revocation_notices_off(pool):
+        await cancel_once_held(worker, pool, run_id)
+    assert worker.runtime.held_leases == 1  # nothing has told it yet
 
     assert await worker.stop() == EXIT_OK
     metrics = worker.runtime.metrics
@@ -263,11 +248,11 @@ async def test_renewals_keep_a_task_longer_than_the_lease_ttl(
     assert worker.runtime.metrics.safety_cancellations._value.get() == 0
 
 
-async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
+async def test_a_shutdown_grace_hands_the_lease_back_for_an_immediate_retry(
     server: ServerHandle, coordinator: Coordinator, pool: Pool
 ) -> None:
     run_id = await start_run(pool, spec("handback", tasks=1, task_input={"sleep_ms": 60_000}))
-    first = start_worker(worker_config(server, name="first", shutdown_timeout=0.5))
+    first = start_worker(worker_config(server, name="first", shutdown_grace=0.5))
 
     async def held() -> bool:
         return first.runtime.held_leases == 1
@@ -295,7 +280,7 @@ async def test_a_shutdown_timeout_hands_the_lease_back_for_an_immediate_retry(
 
 
 async def test_a_wrong_worker_token_exits_with_code_3(server: ServerHandle) -> None:
-    worker = start_worker(worker_config(server, token="wrong"))
+    worker = start_worker(worker_config(server, worker_token="wrong"))
     assert await worker.exit_code() == EXIT_SESSION_LOST
 
 

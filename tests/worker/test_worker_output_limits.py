@@ -6,7 +6,7 @@ import pytest
 
 from awp_protocol.jsonvalue import json_size, struct_to_dict
 from awp_protocol.limits import MAX_OUTPUT_BYTES
-from awp_worker._executors import OutputError, output_struct
+from awp_sdk.actions import OutputError, output_struct
 
 
 def output_of_size(size: int) -> dict[str, object]:

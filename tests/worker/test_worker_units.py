@@ -166,18 +166,18 @@ def test_environment_variables_configure_everything() -> None:
             "AWP_WORKER_KINDS": "python, mock",
             "AWP_WORKER_CONCURRENCY": "16",
             "AWP_WORKER_MODULE": "a.b,c",
-            "AWP_WORKER_SHUTDOWN_TIMEOUT": "7",
+            "AWP_WORKER_SHUTDOWN_GRACE": "7",
             "AWP_WORKER_SAFETY_MARGIN": "0.5",
-            "AWP_WORKER_METRICS_PORT": "9464",
+            "AWP_WORKER_METRICS_LISTEN": "0.0.0.0:9464",
             "AWP_LOG_FORMAT": "text",
             "AWP_WORKER_LABELS": "zone=a,tier=gpu",
         },
     )
-    assert (config.server, config.token, config.name) == ("h:1", "secret", "n1")
+    assert (config.server, config.worker_token, config.name) == ("h:1", "secret", "n1")
     assert config.kinds == ("python", "mock") and config.concurrency == 16
     assert config.modules == ("a.b", "c")
-    assert (config.shutdown_timeout, config.safety_margin) == (7.0, 0.5)
-    assert config.metrics_port == 9464 and config.log_format == "text"
+    assert (config.shutdown_grace, config.safety_margin) == (7.0, 0.5)
+    assert config.metrics_listen == "0.0.0.0:9464" and config.log_format == "text"
     assert dict(config.labels) == {"zone": "a", "tier": "gpu"}
 
 
@@ -206,17 +206,18 @@ def test_several_servers_in_order() -> None:
 
 def test_defaults() -> None:
     config = parse_config([], {})
-    assert config.server == "127.0.0.1:50051" and config.token == ""
+    assert config.server == "127.0.0.1:50051" and config.worker_token == ""
     assert config.kinds == ("mock", "python") and config.concurrency == 8
-    assert config.metrics_port == 0 and config.log_format == "json"
-    assert config.shutdown_timeout == 30.0 and config.safety_margin == 1.0
+    assert config.metrics_listen is None and config.log_format == "json"
+    assert config.shutdown_grace == 30.0 and config.safety_margin == 1.0
     assert config.name  # host name and pid
 
 
 @pytest.mark.parametrize(
     "argv",
     [["--concurrency", "0"], ["--concurrency", "x"], ["--kinds", ""], ["--kinds", "Mock!"],
-     ["--label", "novalue"], ["--metrics-port", "70000"], ["--kinds", "mock,mock"]],
+     ["--label", "novalue"], ["--metrics-listen", "127.0.0.1:70000"],
+     ["--metrics-listen", "9464"], ["--kinds", "mock,mock"]],
 )  # fmt: skip
 def test_bad_values_are_usage_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -225,7 +226,7 @@ def test_bad_values_are_usage_errors(argv: list[str]) -> None:
 
 
 def test_the_token_never_shows_in_the_config_repr() -> None:
-    assert "s3cret" not in repr(WorkerConfig(token="s3cret"))
+    assert "s3cret" not in repr(WorkerConfig(worker_token="s3cret"))
 
 
 # --- logging --------------------------------------------------------------------------

@@ -62,7 +62,7 @@ class Task:
     renew: str = "renew"
     token: str = ""
     holder: str = ""
-    state: str = "pending"  # pending, leased, completed, revoked, handed_back
+    state: str = "pending"  # (parked,) pending, leased, completed, revoked, handed_back
     result: worker_pb2.TaskResult | None = None
 
 
@@ -89,6 +89,8 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._work = asyncio.Condition()
         self._break_streams = asyncio.Event()
         self._changed = asyncio.Event()
+        # Answers the server sends unprompted (push()), as awp-server pushes REVOKED.
+        self._pushes: asyncio.Queue[worker_pb2.HeartbeatResponse] = asyncio.Queue()
 
     # --- scripting ----------------------------------------------------------------------
 
@@ -106,6 +108,25 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
 
     def revoke(self, task: Task) -> None:
         task.state = "revoked"
+
+    async def offer(self, task: Task) -> None:
+        """Makes a task added with state="parked" claimable."""
+        task.state = "pending"
+        async with self._work:
+            self._work.notify_all()
+
+    def push_revoked(self, dispatch_id: int) -> None:
+        """Says REVOKED for dispatch_id on the open stream now, not at a heartbeat."""
+        self._pushes.put_nowait(
+            worker_pb2.HeartbeatResponse(
+                session_state=types_pb2.WORKER_STATE_ACTIVE,
+                leases=[
+                    worker_pb2.LeaseState(
+                        dispatch_id=dispatch_id, status=worker_pb2.LEASE_STATUS_REVOKED
+                    )
+                ],
+            )
+        )
 
     def break_streams(self) -> None:
         self._break_streams.set()
@@ -222,17 +243,25 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.streams_opened += 1
         self._break_streams.clear()
         requests = aiter(request_iterator)
+        next_request: asyncio.Future[worker_pb2.HeartbeatRequest | None] | None = None
         while True:
-            next_request = asyncio.ensure_future(anext(requests, None))
+            if next_request is None:
+                next_request = asyncio.ensure_future(anext(requests, None))
             breaker = asyncio.ensure_future(self._break_streams.wait())
+            pushed = asyncio.ensure_future(self._pushes.get())
             done, _ = await asyncio.wait(
-                {next_request, breaker}, return_when=asyncio.FIRST_COMPLETED
+                {next_request, breaker, pushed}, return_when=asyncio.FIRST_COMPLETED
             )
             breaker.cancel()
+            if pushed in done:
+                yield pushed.result()
+                continue
+            pushed.cancel()
             if next_request not in done:
                 next_request.cancel()
                 await abort(context, Fault(grpc.StatusCode.UNAVAILABLE, message="stream broken"))
             request = next_request.result()
+            next_request = None
             if request is None:
                 return
             self.heartbeats.append(request)

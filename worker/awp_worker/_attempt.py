@@ -23,7 +23,7 @@ from awp.v1 import worker_pb2
 from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import task_state_name
-from awp_sdk.actions import ActionContext
+from awp_sdk.actions import ActionContext, output_struct
 from awp_worker._completer import DROPPED, ResultFlusher
 from awp_worker._diagnostics import LogTail, collecting
 from awp_worker._errors import Kind, classify, describe, error_reason
@@ -31,10 +31,9 @@ from awp_worker._executors import (
     Executor,
     failure,
     failure_from_exception,
-    output_struct,
     success,
 )
-from awp_worker._lease import HeldLease, LeaseClock, Phase, seconds
+from awp_worker._lease import STOOD_DOWN, HeldLease, LeaseClock, Phase, StandDown, seconds
 from awp_worker._logging import LeaseLog, bind
 from awp_worker._owner import Owner
 from awp_worker._supervisor import Supervisor
@@ -67,6 +66,16 @@ class Attempts:
                 )
                 continue
             held = self._hold(lease, now)
+            status = owner.leases.take_early_revocation(lease.dispatch_id)
+            if status is not None:
+                # Revoked (a pushed REVOKED) before the Claim answer arrived: never run it.
+                owner.metrics.revocations.labels(status).inc()
+                LeaseLog(log, held.log_fields).warning(
+                    "lease %s by the server before it arrived: not running it",
+                    status,
+                    extra={STOOD_DOWN: StandDown.REVOKED},
+                )
+                continue
             owner.leases.add(held)
             held.task = self._supervisor.spawn(self._execute(held), f"lease-{lease.dispatch_id}")
         owner.metrics.leases_held.set(len(owner.leases))
@@ -187,7 +196,11 @@ class Attempts:
         except grpc.RpcError as exc:
             if error_reason(exc) != Reason.LEASE_LOST and classify(exc) is not Kind.PERMANENT:
                 raise
-            lease_log.warning("lease lost before the action started (%s)", describe(exc))
+            lease_log.warning(
+                "lease lost before the action started (%s)",
+                describe(exc),
+                extra={STOOD_DOWN: StandDown.LEASE_LOST},
+            )
             return False
         return True
 
@@ -196,7 +209,8 @@ class Attempts:
         self._owner.metrics.safety_cancellations.inc()
         lease_log.warning(
             "safety deadline passed (the lease could no longer be confirmed): "
-            "execution cancelled, nothing reported"
+            "execution cancelled, nothing reported",
+            extra={STOOD_DOWN: StandDown.SAFETY_DEADLINE},
         )
 
     def _report(self, held: HeldLease, result: worker_pb2.TaskResult, lease_log: LeaseLog) -> None:
@@ -232,6 +246,7 @@ def revoke(owner: Owner, held: HeldLease, status: str) -> None:
         "lease %s by the server (%s): stopping it, reporting nothing",
         status,
         held.phase.value,
+        extra={STOOD_DOWN: StandDown.REVOKED},
     )
     owner.leases.release(held)
     held.cancel("revoked")

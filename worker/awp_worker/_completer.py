@@ -26,7 +26,7 @@ from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
 from awp_worker._backoff import Backoff
 from awp_worker._errors import Kind, classify, describe, server_fault, session_lost
 from awp_worker._executors import failure
-from awp_worker._lease import HeldLease
+from awp_worker._lease import STOOD_DOWN, HeldLease, StandDown
 from awp_worker._logging import LeaseLog
 from awp_worker._owner import Owner
 
@@ -56,7 +56,7 @@ _ANSWERS = {
         "the server holds a different result for this lease; ours dropped",
     ),
     worker_pb2.COMPLETE_OUTCOME_LEASE_LOST: (
-        "lease_lost", logging.WARNING,
+        StandDown.LEASE_LOST, logging.WARNING,
         "lease lost before the result arrived; the server discarded it",
     ),
 }  # fmt: skip
@@ -144,9 +144,21 @@ class ResultFlusher:
         A batch the server refuses is never sent again as it was: it is split in halves
         until each refused result stands alone, and that one is reported as failed
         instead (``_replace``), so the others are recorded and the task follows its
-        retry rule.
+        retry rule. Every accepted part of the batch goes before any replacement
+        (issue 25.5): a replacement may fail its run, which revokes the leases of
+        results still waiting to be sent, and finished work would be thrown away.
         """
-        sent = await self._send(list(batch))
+        refused: list[tuple[HeldLease, Exception]] = []
+        await self._isolate(list(batch), refused)
+        for held, refusal in refused:
+            await self._replace(held, refusal)
+
+    async def _isolate(
+        self, batch: list[HeldLease], refused: list[tuple[HeldLease, Exception]]
+    ) -> None:
+        """Sends batch, bisecting what the server refuses; each result refused alone is
+        added to refused, unsent."""
+        sent = await self._send(batch)
         if sent is None:
             return
         todo, answer = sent
@@ -159,10 +171,10 @@ class ResultFlusher:
                 describe(answer),
             )
             half = len(todo) // 2
-            await self.deliver(todo[:half])
-            await self.deliver(todo[half:])
+            await self._isolate(todo[:half], refused)
+            await self._isolate(todo[half:], refused)
         else:
-            await self._replace(todo[0], answer)
+            refused.append((todo[0], answer))
 
     async def _send(
         self, todo: list[HeldLease]
@@ -256,7 +268,9 @@ class ResultFlusher:
 
     def _settle(self, held: HeldLease, outcome: str, level: int, message: str) -> None:
         self._owner.metrics.completes.labels(outcome).inc()
-        LeaseLog(log, held.log_fields).log(level, "%s", message)
+        # LEASE_LOST: the lease was no longer ours; the metric's label says the same.
+        extra = {STOOD_DOWN: StandDown.LEASE_LOST} if outcome == StandDown.LEASE_LOST else {}
+        LeaseLog(log, held.log_fields).log(level, "%s", message, extra=extra)
         self._owner.settled(held, outcome)
 
 

@@ -56,12 +56,13 @@ class WorkerConfig:
             "to the next",
         ),
     )
-    # The cluster's worker token (never logged, never in repr).
-    token: str = field(
+    # The cluster's worker token (never logged, never in repr): the server's
+    # --worker-token, under the same flag and variable, so one environment serves both.
+    worker_token: str = field(
         default="",
         repr=False,
         metadata=flag(
-            "--token",
+            "--worker-token",
             "AWP_WORKER_TOKEN",
             "cluster worker token, sent as 'authorization: Bearer'",
             secret=True,
@@ -109,12 +110,14 @@ class WorkerConfig:
             repeat=True,
         ),
     )
-    shutdown_timeout: float = field(
+    # The server's --shutdown-grace for its calls; a worker's own variable, since a
+    # drain waits for tasks, far longer than calls take.
+    shutdown_grace: float = field(
         default=30.0,
         metadata=flag(
-            "--shutdown-timeout",
-            "AWP_WORKER_SHUTDOWN_TIMEOUT",
-            "how long a drain waits for running leases",
+            "--shutdown-grace",
+            "AWP_WORKER_SHUTDOWN_GRACE",
+            "how long a drain on SIGTERM waits for running leases",
             read=flags.duration,
         ),
     )
@@ -127,20 +130,10 @@ class WorkerConfig:
             read=flags.duration,
         ),
     )
-    metrics_port: int = field(
-        default=0,
-        metadata=flag(
-            "--metrics-port",
-            "AWP_WORKER_METRICS_PORT",
-            "Prometheus /metrics port; 0 = off",
-            read=flags.integer,
-        ),
-    )
-    metrics_host: str = field(
-        default="127.0.0.1",
-        metadata=flag(
-            "--metrics-host", "AWP_WORKER_METRICS_HOST", "address the /metrics endpoint binds"
-        ),
+    # Off by default: several workers often share one machine.
+    metrics_listen: str | None = field(
+        default=None,
+        metadata=flags.metrics_listen("AWP_WORKER_METRICS_LISTEN", shown="off"),
     )
     log_format: str = field(default=logs.DEFAULT_FORMAT, metadata=flags.LOG_FORMAT)
     log_level: str = field(default=logs.DEFAULT_LEVEL, metadata=flags.LOG_LEVEL)
@@ -251,12 +244,10 @@ class WorkerConfig:
         check_register(
             self.name, self.kinds, self.concurrency, self.labels, settings=REGISTER_FLAGS
         )
-        if self.shutdown_timeout < 0:
-            raise ValueError("shutdown timeout must be >= 0")
+        if self.shutdown_grace < 0:
+            raise ValueError("shutdown grace must be >= 0")
         if self.safety_margin < 0:
             raise ValueError("safety margin must be >= 0")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics port must be 0 to 65535, got {self.metrics_port}")
         if self.log_format not in logs.FORMATS:
             raise ValueError(f"log format must be json or text, got {self.log_format!r}")
         if not 0 <= self.claim_wait * 1000 <= MAX_CLAIM_WAIT_MS or self.claim_backoff_initial <= 0:

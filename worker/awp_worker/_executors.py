@@ -1,7 +1,8 @@
 """Executors by kind, and the conversion of what they return into a TaskResult.
 
 An executor is anything with ``async execute(ctx, input) -> object``: it returns the
-output (checked here: it must be a JSON object) or raises. ``RetryableError`` and
+output (checked by awp_sdk.actions.output_struct, which awp_sdk.testing applies too: it
+must be a JSON object) or raises. ``RetryableError`` and
 ordinary exceptions become retryable failures, ``PermanentError`` a final one.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import json
 import math
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from google.protobuf import struct_pb2
 
 from awp.v1 import types_pb2, worker_pb2
-from awp_protocol.jsonvalue import json_size, struct_to_dict, to_struct
 from awp_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_OUTPUT_BYTES
 from awp_sdk.actions import (
     DEFAULT_REGISTRY,
@@ -35,39 +34,6 @@ class Executor(Protocol):
     async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
         """Run one attempt; return a JSON object or raise."""
         ...
-
-
-class OutputError(PermanentError):
-    """What an action returned cannot be reported (not a JSON object, too large...)."""
-
-
-# --- outputs ---------------------------------------------------------------------------
-
-
-def output_struct(output: object) -> struct_pb2.Struct:
-    """Check an action's return value and convert it; raises OutputError."""
-    if not isinstance(output, dict):
-        raise OutputError(
-            f"the action returned {type(output).__name__}, expected a JSON object (dict)"
-        )
-    try:
-        # Keys become strings exactly as JSON would have them.
-        plain = json.loads(json.dumps(output, allow_nan=False, ensure_ascii=False))
-    except (TypeError, ValueError) as exc:
-        raise OutputError(f"the action's output is not valid JSON: {exc}") from None
-    try:
-        # Integers beyond what a Struct carries exactly are refused, not rounded.
-        struct = to_struct(plain, "output")
-        # Read back and measured exactly as the server reads it. What it would refuse
-        # (NUL characters) fails this attempt, not a Complete carrying other results.
-        size = json_size(struct_to_dict(struct))
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise OutputError(f"the action's output cannot be reported: {exc}") from None
-    if size > MAX_OUTPUT_BYTES:
-        raise OutputError(
-            f"the action's output is {size} bytes of JSON, more than the {MAX_OUTPUT_BYTES} allowed"
-        )
-    return struct
 
 
 # --- results --------------------------------------------------------------------------

@@ -4,6 +4,10 @@ Every interval it sends the held leases; each answer renews them (moving their l
 safety deadlines), revokes them (the executor stops, nothing is reported) or says the
 session's state (DRAINING starts this side's drain; STOPPED while draining is the
 expected end; OFFLINE, or STOPPED while active, ends the session: ``SessionLost``).
+The server also speaks first: a lease revoked under this session (a cancel, say) comes
+as an unprompted answer listing it REVOKED, acted on like any other, so the action is
+cancelled within milliseconds, not at the next heartbeat. Answers are read as they
+come, never paired with requests.
 
 When the stream breaks the server gives the session's leases only a short grace (1 s
 by default), so the first reconnect comes within ~50 ms; later ones back off, capped,
@@ -155,6 +159,8 @@ class HeartbeatStream:
         for answer in response.leases:
             held = owner.leases.get(answer.dispatch_id)
             if held is None:
+                if answer.status in _REVOKED:
+                    owner.leases.revoked_before_held(answer.dispatch_id, _REVOKED[answer.status])
                 continue
             if answer.status == worker_pb2.LEASE_STATUS_RENEWED:
                 if answer.HasField("lease_remaining"):

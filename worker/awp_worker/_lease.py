@@ -18,7 +18,27 @@ from typing import Any
 from google.protobuf import duration_pb2
 
 from awp.v1 import worker_pb2
+from awp_protocol.limits import MAX_WORKER_CONCURRENCY
 from awp_sdk.actions import ActionContext
+
+
+class StandDown(enum.StrEnum):
+    """Every way a worker gives up a lease that is no longer its own, reporting no result
+    the server would accept. The log line that says so carries it as ``stood_down``, so
+    a test that freezes a worker can tell any of them from a result it wrongly kept."""
+
+    # The lease could not be confirmed before its local safety deadline.
+    SAFETY_DEADLINE = "safety_deadline"
+    # A heartbeat (or the final Drain) answered that the server no longer counts it.
+    REVOKED = "revoked"
+    # Complete (or the upstream fetch before the action) answered LEASE_LOST.
+    LEASE_LOST = "lease_lost"
+    # The whole session ended (marked offline while silent): every lease with it.
+    SESSION_LOST = "session_lost"
+
+
+# The structured log field that names a StandDown.
+STOOD_DOWN = "stood_down"
 
 
 def seconds(duration: duration_pb2.Duration) -> float:
@@ -117,6 +137,10 @@ class HeldLease:
         return True
 
 
+# Revocations kept for leases not held yet: more than a session holds at once.
+MAX_EARLY_REVOCATIONS = MAX_WORKER_CONCURRENCY
+
+
 class LeaseTable:
     """The leases this session holds (``len()`` is the number of occupied slots), and
     those it gave up locally that the server may still count as held."""
@@ -130,6 +154,10 @@ class LeaseTable:
         # lease expiry). Handed back in the last Drain; forgotten once the server has
         # surely settled them.
         self._abandoned: dict[int, tuple[worker_pb2.LeaseRef, float]] = {}
+        # Revocations that arrived before their lease did (a push on the heartbeat
+        # stream can overtake the Claim answer carrying the lease): dispatch id -> status,
+        # the newest MAX_EARLY_REVOCATIONS. Dispatch ids are never leased twice.
+        self._revoked_early: dict[int, str] = {}
 
     def add(self, held: HeldLease) -> None:
         self._leases[held.dispatch_id] = held
@@ -161,6 +189,16 @@ class LeaseTable:
         for dispatch_id in stale:
             del self._abandoned[dispatch_id]
         self._abandoned[held.dispatch_id] = (held.ref(), held.clock.lease_expiry)
+
+    def revoked_before_held(self, dispatch_id: int, status: str) -> None:
+        """The server revoked a lease this session does not hold (yet, or any more)."""
+        self._revoked_early[dispatch_id] = status
+        if len(self._revoked_early) > MAX_EARLY_REVOCATIONS:
+            del self._revoked_early[next(iter(self._revoked_early))]
+
+    def take_early_revocation(self, dispatch_id: int) -> str | None:
+        """The status the server revoked this lease with before it was held, if it did."""
+        return self._revoked_early.pop(dispatch_id, None)
 
     def abandoned_refs(self) -> list[worker_pb2.LeaseRef]:
         # The server settles only leases still held by this session; stale refs are

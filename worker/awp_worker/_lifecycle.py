@@ -40,7 +40,7 @@ _NEXT: dict[State, frozenset[State]] = {
     State.STARTING: frozenset({State.ACTIVE, State.DRAINING, State.STOPPED}),
     # a shutdown request (or the server drains the session); a part failed; session lost
     State.ACTIVE: frozenset({State.DRAINING, State.HANDING_BACK, State.STOPPED}),
-    # a second request, the shutdown timeout or a failure; drained, or session lost
+    # a second request, the shutdown grace or a failure; drained, or session lost
     State.DRAINING: frozenset({State.HANDING_BACK, State.STOPPED}),
     # the final Drain was sent
     State.HANDING_BACK: frozenset({State.STOPPED}),

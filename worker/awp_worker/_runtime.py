@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
+from awp_common.flags import host_port
 from awp_sdk.actions import ActionRegistry
 from awp_worker._attempt import Attempts
 from awp_worker._claims import ClaimLoop
@@ -91,7 +92,7 @@ class WorkerRuntime:
         if state in (State.STARTING, State.ACTIVE):
             log.info(
                 "shutdown requested: draining (up to %gs); request again to stop at once",
-                self.config.shutdown_timeout,
+                self.config.shutdown_grace,
             )
             self.lifecycle.move(State.DRAINING)
         elif state is State.DRAINING:
@@ -120,8 +121,8 @@ class WorkerRuntime:
             return self._exit(EXIT_USAGE)
         metrics_server = None
         try:
-            if self.config.metrics_port:
-                host, port = self.config.metrics_host, self.config.metrics_port
+            if self.config.metrics_listen:
+                host, port = host_port(self.config.metrics_listen)
                 try:
                     metrics_server = self.metrics.serve(host, port)
                 except OSError as exc:

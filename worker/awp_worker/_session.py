@@ -25,6 +25,7 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_before_delay,
+    stop_never,
     wait_exponential,
     wait_random,
 )
@@ -68,7 +69,7 @@ class Session:
         self._config = config
         self._metrics = metrics
         self._metadata: Metadata = (
-            (("authorization", f"Bearer {config.token}"),) if config.token else None
+            (("authorization", f"Bearer {config.worker_token}"),) if config.worker_token else None
         )
         self._addresses = config.servers
         # One channel per address (connected on first use); calls go through the current one.
@@ -151,30 +152,21 @@ class Session:
         # too, but not every time for a second.
         mismatches: list[str] = []
 
+        def tls_verdict(route: int, exc: grpc.RpcError) -> None:
+            details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else None
+            found = tls.mismatch(details or "", tls_on)
+            mismatches[:] = [*mismatches, found] if found else []
+            if found and (tls_on or len(mismatches) >= TLS_MISMATCH_ANSWERS):
+                address = self._addresses[route]
+                raise TlsMismatch(f"cannot register with {address}: {found}") from exc
+
         async def call() -> worker_pb2.RegisterResponse:
-            route, stub = self.route()
-            try:
-                response: worker_pb2.RegisterResponse = await stub.Register(
-                    request, timeout=config.rpc_timeout, metadata=self._metadata
-                )
-            except grpc.aio.AioRpcError as exc:
-                found = tls.mismatch(exc.details() or "", tls_on)
-                mismatches[:] = [*mismatches, found] if found else []
-                if found and (tls_on or len(mismatches) >= TLS_MISMATCH_ANSWERS):
-                    address = self._addresses[route]
-                    raise TlsMismatch(f"cannot register with {address}: {found}") from exc
-                self.failed(route, exc)
-                raise
+            response: worker_pb2.RegisterResponse = await self._call(
+                "Register", request, config.rpc_timeout, on_error=tls_verdict
+            )
             return response
 
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(
-                lambda exc: is_transient(exc) and not isinstance(exc, TlsMismatch)
-            ),
-            wait=wait_exponential(multiplier=0.25, max=5.0) + wait_random(0, 0.25),
-            before_sleep=_log_retry("Register"),
-            reraise=True,
-        )
+        retrying = _retrying("Register", first=0.25, longest=5.0)
         try:
             response: worker_pb2.RegisterResponse = await retrying(call)
         except grpc.RpcError as exc:
@@ -192,16 +184,9 @@ class Session:
         wait = duration_pb2.Duration()
         wait.FromNanoseconds(int(self._config.claim_wait * 1e9))
         request = worker_pb2.ClaimRequest(session=self.token, max_leases=max_leases, wait=wait)
-        route, stub = self.route()
-        try:
-            response: worker_pb2.ClaimResponse = await stub.Claim(
-                request,
-                timeout=self._config.claim_wait + self._config.rpc_timeout,
-                metadata=self._metadata,
-            )
-        except grpc.RpcError as exc:
-            self.failed(route, exc)
-            raise
+        response: worker_pb2.ClaimResponse = await self._call(
+            "Claim", request, self._config.claim_wait + self._config.rpc_timeout
+        )
         return response
 
     async def complete(
@@ -210,14 +195,12 @@ class Session:
         """One Complete; raises the call's RpcError."""
         request = worker_pb2.CompleteRequest(session=self.token, results=results)
         self._metrics.complete_batch.observe(len(results))
-        route, stub = self.route()
         try:
-            response: worker_pb2.CompleteResponse = await stub.Complete(
-                request, timeout=self._config.rpc_timeout, metadata=self._metadata
+            response: worker_pb2.CompleteResponse = await self._call(
+                "Complete", request, self._config.rpc_timeout
             )
-        except grpc.RpcError as exc:
+        except grpc.RpcError:
             self._metrics.complete_calls.labels("error").inc()
-            self.failed(route, exc)
             raise
         self._metrics.complete_calls.labels("ok").inc()
         return response
@@ -228,12 +211,7 @@ class Session:
         raises the RpcError of a refusal (LEASE_LOST: the lease is gone)."""
         found: dict[str, dict[str, Any]] = {}
         wanted = list(lease.omitted_upstream_keys)
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
-            before_sleep=_log_retry("GetUpstreamOutputs"),
-            reraise=True,
-        )
+        retrying = _retrying("GetUpstreamOutputs", first=0.1, longest=2.0)
         while wanted:
             request = worker_pb2.GetUpstreamOutputsRequest(
                 session=self.token,
@@ -242,7 +220,7 @@ class Session:
                 keys=wanted,
             )
             response: worker_pb2.GetUpstreamOutputsResponse = await retrying(
-                self._get_upstream_outputs, request
+                self._call, "GetUpstreamOutputs", request, self._config.rpc_timeout
             )
             if not response.outputs:
                 raise RuntimeError("GetUpstreamOutputs answered no output")
@@ -251,18 +229,25 @@ class Session:
             wanted = [key for key in wanted if key not in found]
         return found
 
-    async def _get_upstream_outputs(
-        self, request: worker_pb2.GetUpstreamOutputsRequest
-    ) -> worker_pb2.GetUpstreamOutputsResponse:
+    async def _call(
+        self,
+        method: str,
+        request: Any,
+        within: float,
+        on_error: Callable[[int, grpc.RpcError], None] | None = None,
+    ) -> Any:
+        """One unary call on the current route, answered ``within`` seconds. A failure
+        is shown to ``on_error`` (which may raise something else) and to ``failed``,
+        which moves the session off an unreachable server, then re-raised for the
+        caller's own retry policy."""
         route, stub = self.route()
         try:
-            response: worker_pb2.GetUpstreamOutputsResponse = await stub.GetUpstreamOutputs(
-                request, timeout=self._config.rpc_timeout, metadata=self._metadata
-            )
+            return await getattr(stub, method)(request, timeout=within, metadata=self._metadata)
         except grpc.RpcError as exc:
+            if on_error is not None:
+                on_error(route, exc)
             self.failed(route, exc)
             raise
-        return response
 
     def heartbeat(self) -> tuple[int, HeartbeatCall]:
         """Open one heartbeat stream; its route, for ``failed``, and the call."""
@@ -287,26 +272,13 @@ class Session:
         deadline = loop.time() + give_up_after
 
         async def call() -> worker_pb2.DrainResponse:
-            route, stub = self.route()
             remaining = max(deadline - loop.time(), _LAST_CALL_S)
-            try:
-                response: worker_pb2.DrainResponse = await stub.Drain(
-                    request,
-                    timeout=min(self._config.rpc_timeout, remaining),
-                    metadata=self._metadata,
-                )
-            except grpc.RpcError as exc:
-                self.failed(route, exc)
-                raise
+            response: worker_pb2.DrainResponse = await self._call(
+                "Drain", request, min(self._config.rpc_timeout, remaining)
+            )
             return response
 
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
-            stop=stop_before_delay(give_up_after),
-            before_sleep=_log_retry("Drain"),
-            reraise=True,
-        )
+        retrying = _retrying("Drain", first=0.1, longest=2.0, give_up_after=give_up_after)
         try:
             return await retrying(call)
         except grpc.RpcError as exc:
@@ -314,6 +286,23 @@ class Session:
                 raise session_lost(exc) from None
             log.error("Drain failed (%s)", describe(exc))
             return None
+
+
+def _retrying(
+    what: str, *, first: float, longest: float, give_up_after: float | None = None
+) -> AsyncRetrying:
+    """The one retry policy of the session's calls: transient errors only (a
+    ``TlsMismatch`` is final), exponential backoff from ``first`` to ``longest`` seconds
+    with jitter of up to ``first``, forever unless ``give_up_after`` seconds bound it."""
+    return AsyncRetrying(
+        retry=retry_if_exception(
+            lambda exc: is_transient(exc) and not isinstance(exc, TlsMismatch)
+        ),
+        wait=wait_exponential(multiplier=first, max=longest) + wait_random(0, first),
+        stop=stop_before_delay(give_up_after) if give_up_after is not None else stop_never,
+        before_sleep=_log_retry(what),
+        reraise=True,
+    )
 
 
 def _log_retry(what: str) -> Callable[[RetryCallState], Awaitable[None] | None]:

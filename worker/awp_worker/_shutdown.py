@@ -2,9 +2,9 @@
 
 - Drain (a shutdown request, or the server drains the session): a first Drain tells
   the server (no new claims; heartbeats and Completes go on); held leases finish
-  within the shutdown timeout; a final Drain, with any leases given up locally,
+  within the shutdown grace; a final Drain, with any leases given up locally,
   stops the session. Exit 0.
-- Hand back (a second request or the shutdown timeout during the drain, or a part's
+- Hand back (a second request or the shutdown grace during the drain, or a part's
   unexpected failure): cancel what still runs, give computed results a moment to be
   reported, and hand every held lease back in the final Drain, so that it is retried
   at once instead of after its lease expires. Exit 0 (1 after a failure).
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from awp.v1 import types_pb2, worker_pb2
 from awp_worker._attempt import revoke
 from awp_worker._errors import SessionLost
-from awp_worker._lease import Phase
+from awp_worker._lease import STOOD_DOWN, Phase, StandDown
 from awp_worker._lifecycle import EXIT_FAILURE, EXIT_OK, EXIT_SESSION_LOST, State
 from awp_worker._owner import Owner
 from awp_worker._supervisor import Supervisor
@@ -51,10 +51,10 @@ class Shutdown:
         owner = self._owner
         lifecycle, leases = owner.lifecycle, owner.leases
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + owner.config.shutdown_timeout
+        deadline = loop.time() + owner.config.shutdown_grace
         log.info(
             "draining: no new claims; waiting up to %gs for %d held leases",
-            owner.config.shutdown_timeout,
+            owner.config.shutdown_grace,
             len(leases),
         )
         # The first Drain (retried while the server is unreachable) gives way to a
@@ -90,7 +90,7 @@ class Shutdown:
             why = (
                 "second shutdown request"
                 if lifecycle.state is State.HANDING_BACK
-                else "shutdown timeout"
+                else "shutdown grace"
             )
             lifecycle.move(State.HANDING_BACK)
             log.warning("%s: cancelling %d held leases and handing them back", why, len(leases))
@@ -160,6 +160,7 @@ class Shutdown:
             "session ended permanently (%s): all work stopped, exiting so that a new "
             "worker registers",
             error,
+            extra={STOOD_DOWN: StandDown.SESSION_LOST},
         )
         for held in self._owner.leases:
             held.cancel("session lost")

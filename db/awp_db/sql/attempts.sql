@@ -1,14 +1,5 @@
 -- What failed attempts keep beyond their error (migration 0007), and the reads of it.
 
--- name: record_diagnostics
--- $1/$2/$3: per accepted failure, its dispatch, traceback and log tail (NULL for none).
--- Runs in the settlement's transaction, right after end_attempts ended these attempts:
--- their runs and dispatches are locked by the caller.
-UPDATE attempts a
-   SET traceback = x.traceback, log_tail = x.log_tail
-  FROM unnest($1::bigint[], $2::text[], $3::text[]) AS x (dispatch_id, traceback, log_tail)
- WHERE a.dispatch_id = x.dispatch_id AND a.state = 'failed'
-
 -- name: page
 -- A run's attempts (of the task $2 only, unless NULL), oldest first, after the attempt id
 -- $3 (keyset paging), at most $4.

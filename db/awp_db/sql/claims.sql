@@ -1,24 +1,26 @@
 -- Claim: leasing pending dispatches to free slots (DESIGN.md §4, §6).
 
 -- name: take
--- One statement leases up to $4 dispatches of the runs $3 (locked already: locks.sql
--- claimable_runs), creates their attempts and moves their tasks queued -> running.
+-- One statement leases up to :slots dispatches of the runs :run_ids (locked already:
+-- locks.sql claimable_runs), creates their attempts and moves their tasks queued -> running.
 -- Dispatch rows another transaction holds (e.g. being canceled) are skipped, never
--- waited for, so the lock order holds.
--- $1/$5: one entry per slot offered, its worker and its lease token's digest; the
--- n-th dispatch picked goes to the n-th slot (slots of several sessions whose rows
--- this transaction locked may be listed one session after the other).
+-- waited for, so the lock order holds. FOR UPDATE, not the order's FOR NO KEY UPDATE:
+-- leasing rewrites fencing_token, a unique (key) column, which takes that strength
+-- anyway; nothing references a pending dispatch, so no foreign-key check waits for it.
+-- :slot_workers/:token_digests: one entry per slot offered, its worker and its lease
+-- token's digest; the n-th dispatch picked goes to the n-th slot (slots of several
+-- sessions whose rows this transaction locked may be listed one session after the other).
 -- Upstream outputs too large to travel inline are left out: the server lists them in
 -- the lease (omitted_upstream_keys) and the worker fetches them (upstream.sql).
 WITH picked AS (
     SELECT d.id, d.run_id, d.task_id
       FROM dispatches d
-     WHERE d.state = 'pending' AND d.executor_kind = ANY($2::text[]) AND d.run_id = ANY($3::uuid[])
+     WHERE d.state = 'pending' AND d.executor_kind = ANY(:kinds::text[]) AND d.run_id = ANY(:run_ids::uuid[])
      -- Oldest first; "+ 0" keeps PostgreSQL from walking the primary key (every dispatch
      -- ever made) in id order, filtering: the few pending ones come from their partial
      -- index and are sorted.
      ORDER BY d.id + 0
-     LIMIT $4
+     LIMIT :slots
        FOR UPDATE SKIP LOCKED
 ), sized AS (
     -- The leases' inputs, as JSON text (never shorter than canonical JSON), so far.
@@ -26,10 +28,10 @@ WITH picked AS (
            sum(octet_length(t.input::text) + octet_length(r.input::text)) OVER (ORDER BY p.id) AS through
       FROM picked p JOIN tasks t ON t.id = p.task_id JOIN runs r ON r.id = p.run_id
 ), numbered AS (
-    -- Only as many as one answer can deliver ($7: limits.MAX_CLAIM_INPUT_JSON_BYTES); the
-    -- first always. The rest stay pending, locked by nobody once this commits.
+    -- Only as many as one answer can deliver (:max_input_bytes:
+    -- limits.MAX_CLAIM_INPUT_JSON_BYTES); the first always. The rest stay pending, locked by nobody once this commits.
     SELECT s.id, s.run_id, s.task_id, row_number() OVER (ORDER BY s.id) AS n
-      FROM sized s WHERE s.through <= $7 OR s.through = s.own
+      FROM sized s WHERE s.through <= :max_input_bytes OR s.through = s.own
 ), leased AS (
     UPDATE dispatches d
        SET state = 'leased',
@@ -38,9 +40,10 @@ WITH picked AS (
            fencing_token = nextval('fencing_tokens'),
            leased_at = statement_timestamp(),
            attempt_deadline = statement_timestamp() + t.timeout_ms * interval '1 millisecond',
-           lease_expires_at = statement_timestamp() + least($6::bigint, t.timeout_ms) * interval '1 millisecond'
+           lease_expires_at = statement_timestamp() + least(:lease_ttl_ms::bigint, t.timeout_ms) * interval '1 millisecond'
       FROM numbered nb
-      JOIN unnest($5::bytea[], $1::uuid[]) WITH ORDINALITY AS tk (hash, worker_id, n) ON tk.n = nb.n
+      JOIN unnest(:token_digests::bytea[], :slot_workers::uuid[]) WITH ORDINALITY
+           AS tk (hash, worker_id, n) ON tk.n = nb.n
       JOIN tasks t ON t.id = nb.task_id
      WHERE d.id = nb.id
  RETURNING d.id, d.run_id, d.task_id, d.worker_id, d.fencing_token, d.lease_expires_at,
@@ -71,10 +74,10 @@ SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, l.worker_id, s.key AS 
   -- by "key = ANY(depends_on)" instead made PostgreSQL 15 read every task of the run
   -- for every lease (measured: 4 of the 5 ms a claim of 8 took in a run of 1,000).
   LEFT JOIN LATERAL (
-      SELECT -- Larger outputs ($8: limits.MAX_INLINE_OUTPUT_JSON_BYTES) are fetched on
-             -- their own.
+      SELECT -- Larger outputs (:max_inline_output_bytes:
+             -- limits.MAX_INLINE_OUTPUT_JSON_BYTES) are fetched on their own.
              jsonb_object_agg(u.key, coalesce(u.output, '{}'::jsonb))
-                 FILTER (WHERE coalesce(octet_length(u.output::text), 0) <= $8) AS upstream_outputs,
+                 FILTER (WHERE coalesce(octet_length(u.output::text), 0) <= :max_inline_output_bytes) AS upstream_outputs,
              -- All succeeded, unless the task is an always task.
              jsonb_object_agg(u.key, u.state) AS upstream_states
         FROM unnest(s.depends_on) AS upstream (key)

@@ -113,7 +113,7 @@ WITH live AS (
       FROM dispatches d JOIN tasks t ON d.task_id = t.id
      WHERE t.parent_id = ANY($1::bigint[]) AND d.state IN ('pending', 'leased')
      ORDER BY d.id
-       FOR UPDATE OF d
+       FOR NO KEY UPDATE OF d
 )
 UPDATE dispatches d
    SET state = 'canceled', finished_at = clock_timestamp()

@@ -1,12 +1,13 @@
 -- name: append
 -- Bumps each run's revision once, appends its events with contiguous seqs and sends
--- the notifications, in one statement (one round trip per transaction). $1..$2: one
--- entry per run (ascending id, each run already locked by the caller); $3..$10: one
--- entry per event, `ord` 1..n within its run; $11: the run-events channel (payload:
--- the run id); $12..$13: further notifications (channel, payload). A data-modifying
+-- the notifications, in one statement (one round trip per transaction). :run_ids and
+-- :counts: one entry per run (ascending id, each run already locked by the caller);
+-- :event_run_ids to :payloads: one entry per event, `ord` 1..n within its run;
+-- :run_events_channel: the run-events channel (payload: the run id); :channels and
+-- :channel_payloads: further notifications (channel, payload). A data-modifying
 -- WITH always runs to completion; NOTIFY is delivered at commit.
 WITH counts AS (
-    SELECT * FROM unnest($1::uuid[], $2::bigint[]) AS c (run_id, n)
+    SELECT * FROM unnest(:run_ids::uuid[], :counts::bigint[]) AS c (run_id, n)
 ), bumped AS (
     UPDATE runs r
        SET revision = r.revision + 1, last_seq = r.last_seq + c.n
@@ -17,14 +18,15 @@ WITH counts AS (
     INSERT INTO state_events (run_id, seq, revision, type, task_key, attempt, from_state, to_state, payload)
     SELECT e.run_id, b.base_seq + e.ord, b.revision, e.type, e.task_key, e.attempt,
            e.from_state, e.to_state, coalesce(e.payload::jsonb, '{}'::jsonb)
-      FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::int[], $8::text[], $9::text[], $10::text[])
+      FROM unnest(:event_run_ids::uuid[], :ords::bigint[], :types::text[], :task_keys::text[],
+                  :attempts::int[], :from_states::text[], :to_states::text[], :payloads::text[])
                AS e (run_id, ord, type, task_key, attempt, from_state, to_state, payload)
       JOIN bumped b ON b.id = e.run_id
 )
 SELECT pg_notify(n.channel, n.payload)
-  FROM (SELECT $11::text, r::text FROM unnest($1::uuid[]) AS r
+  FROM (SELECT :run_events_channel::text, r::text FROM unnest(:run_ids::uuid[]) AS r
         UNION ALL
-        SELECT * FROM unnest($12::text[], $13::text[])) AS n (channel, payload)
+        SELECT * FROM unnest(:channels::text[], :channel_payloads::text[])) AS n (channel, payload)
 
 -- name: after_seq
 SELECT run_id, seq, revision, type, task_key, attempt, from_state, to_state, payload, created_at

@@ -1,20 +1,22 @@
 -- Every query that takes row locks, run by awp_db.locks, whose docstring states the
--- one lock order they follow. ORDER BY is applied before FOR UPDATE, so each query
--- below locks its rows in ascending id; one that skips locked rows never waits.
+-- one lock order they follow. ORDER BY is applied before the locking clause, so each
+-- query below locks its rows in ascending id; one that skips locked rows never waits.
+-- Every lock is FOR NO KEY UPDATE (awp_db.locks: the foreign-key checks' FOR KEY SHARE
+-- never waits for it), but retention's, which deletes its rows.
 
 -- name: session
 -- One session's row: serialises its claims (so its free slots cannot be exceeded),
 -- its drain and the loss of its heartbeat stream.
 SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
   FROM workers WHERE id = $1
-   FOR UPDATE
+   FOR NO KEY UPDATE
 
 -- name: sessions
 -- Several sessions' rows, for the claims of several sessions in one transaction.
 SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
   FROM workers WHERE id = ANY($1::uuid[])
  ORDER BY id
-   FOR UPDATE
+   FOR NO KEY UPDATE
 
 -- name: silent_sessions
 -- Sessions silent for longer than the offline threshold: $1 of the session's own
@@ -27,26 +29,27 @@ SELECT id FROM workers
    AND greatest(last_heartbeat_at, (SELECT heartbeat_silence_from())) < clock_timestamp()
        - greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond'
  ORDER BY id
-   FOR UPDATE SKIP LOCKED
+   FOR NO KEY UPDATE SKIP LOCKED
 
 -- name: runs
 SELECT id, state, cancel_requested_at
   FROM runs WHERE id = ANY($1::uuid[])
  ORDER BY id
-   FOR UPDATE
+   FOR NO KEY UPDATE
 
 -- name: free_runs
 -- The runs named that no other transaction holds; busy ones are skipped.
 SELECT id, state, cancel_requested_at
   FROM runs WHERE id = ANY($1::uuid[])
  ORDER BY id
-   FOR UPDATE SKIP LOCKED
+   FOR NO KEY UPDATE SKIP LOCKED
 
 -- name: expired_runs
 -- Retention's batch: up to $2 runs that finished before $1, oldest first, locked to be
--- deleted. Runs another transaction holds (a late result being refused, another pruner)
--- are skipped, never waited for, so this order (not by id) cannot deadlock: no other
--- transaction waits for a finished run's rows while holding something this one needs.
+-- deleted (FOR UPDATE: the strength the delete takes anyway). Runs another transaction
+-- holds (a late result being refused, another pruner) are skipped, never waited for, so
+-- this order (not by id) cannot deadlock: no other transaction waits for a finished
+-- run's rows while holding something this one needs.
 SELECT id FROM runs
  WHERE finished_at < $1
  ORDER BY finished_at, id
@@ -59,7 +62,7 @@ SELECT id FROM runs
 SELECT id FROM runs
  WHERE id IN (SELECT run_id FROM dispatches WHERE id = ANY($1::bigint[]))
  ORDER BY id
-   FOR UPDATE
+   FOR NO KEY UPDATE
 
 -- name: claimable_runs
 -- Runs that own the oldest pending dispatches of the kinds $1 (up to $2 of them).
@@ -76,11 +79,11 @@ SELECT r.id
                  LIMIT $2)
    AND r.state = 'running' AND r.cancel_requested_at IS NULL
  ORDER BY r.id
-   FOR UPDATE
+   FOR NO KEY UPDATE
 
 -- name: dispatches_for_settlement
 -- The dispatches named, with their attempt and task (runs already locked), and the
--- live clock read after each row is locked (the subquery carries FOR UPDATE, so
+-- live clock read after each row is locked (the subquery carries a locking clause, so
 -- PostgreSQL never flattens it and the outer projection runs above the row lock). A
 -- result is judged against that clock while its lease can no longer change: renewing,
 -- shortening and reaping it all need this row's lock.
@@ -94,7 +97,15 @@ SELECT locked.*, clock_timestamp() AS now
           LEFT JOIN attempts a ON a.dispatch_id = d.id
          WHERE d.id = ANY($1::bigint[])
          ORDER BY d.id
-           FOR UPDATE OF d) AS locked
+           FOR NO KEY UPDATE OF d) AS locked
+
+-- name: lease
+-- One lease of the worker $2, if still leased: what a heartbeat's renewal and a lost
+-- stream's shortening wait for when their first, skipping statement found it busy. Each
+-- waits for one such row at a time, holding no other dispatch row (awp_db.locks).
+SELECT id FROM dispatches
+ WHERE id = $1 AND worker_id = $2 AND state = 'leased'
+   FOR NO KEY UPDATE
 
 -- name: expired_dispatches
 -- The reaper's dispatches (runs already locked). The expiry is re-checked under the
@@ -114,7 +125,7 @@ SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.re
  WHERE d.id = ANY($1::bigint[]) AND d.state = 'leased'
    AND (d.lease_expires_at <= clock_timestamp() OR d.attempt_deadline <= clock_timestamp())
  ORDER BY d.id
-   FOR UPDATE OF d SKIP LOCKED
+   FOR NO KEY UPDATE OF d SKIP LOCKED
 
 -- name: schedules
 -- Schedule rows, before any run row (locks.py): firing a tick, a trigger, a backfill
@@ -125,7 +136,7 @@ SELECT id, name, workflow_name, workflow_version, input, cron, interval_ms, time
        overlap, catchup, catchup_window_ms, paused, next_tick_at
   FROM schedules WHERE id = ANY($1::uuid[])
  ORDER BY id
-   FOR UPDATE
+   FOR NO KEY UPDATE
 
 -- name: leader_term
 -- The first lock of every transaction a leading coordinator runs: the leader row, if

@@ -1,15 +1,6 @@
 -- Outputs too large to travel inside a lease or a GetRun answer, fetched on their own
 -- (DESIGN.md §4 "Sizes"). Unlocked reads: an output never changes once accepted.
 
--- name: held_lease
--- The lease $1 of worker $2 as its holder may use it: its token digest, and whether it is
--- still live by the database clock (the same conditions as renew in leases.sql).
-SELECT d.run_id, d.lease_token_hash, t.depends_on,
-       d.state = 'leased' AND d.lease_expires_at > clock_timestamp()
-       AND d.attempt_deadline > clock_timestamp() AS live
-  FROM dispatches d JOIN tasks t ON t.id = d.task_id
- WHERE d.id = $1 AND d.worker_id = $2
-
 -- name: outputs
 -- The outputs of run $1's tasks $2, in that order, as many as add up to $3 bytes of JSON
 -- text (the first always).

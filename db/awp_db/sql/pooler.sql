@@ -13,3 +13,8 @@ SELECT s.name, s.setting || coalesce(s.unit, '') AS setting,
   JOIN pg_settings s ON s.name = w.name
  WHERE s.setting::bigint = 0 OR s.setting::bigint > w.ms
  ORDER BY w.name
+
+-- name: backend_pid
+-- Which backend ran this statement: a session keeps one for its whole life
+-- (pooler.transaction_pooled).
+SELECT pg_backend_pid()

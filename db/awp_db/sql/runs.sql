@@ -12,27 +12,29 @@ ON CONFLICT (request_id) DO NOTHING
 RETURNING id, awaiting_start
 
 -- name: insert_tasks
--- $14/$15: a map task's upstream and path (JSON array of keys), NULL for other tasks.
--- $18: the run's start is delayed: its roots are pending too, waiting for one more
--- thing, the start time (coordination.sql: release_starts).
+-- :map_over/:map_paths: a map task's upstream and path (JSON array of keys), NULL for
+-- other tasks. :delayed: the run's start is delayed: its roots are pending too, waiting
+-- for one more thing, the start time (coordination.sql: release_starts).
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
                    always)
-SELECT $1, t.key, t.executor_kind, t.action, t.input::jsonb,
+SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
-       t.unfinished_deps + CASE WHEN t.unfinished_deps = 0 AND $18 THEN 1 ELSE 0 END,
-       CASE WHEN t.unfinished_deps = 0 AND NOT $18 THEN 'ready' ELSE 'pending' END,
+       t.unfinished_deps + CASE WHEN t.unfinished_deps = 0 AND :delayed::bool THEN 1 ELSE 0 END,
+       CASE WHEN t.unfinished_deps = 0 AND NOT :delayed::bool THEN 'ready' ELSE 'pending' END,
        t.max_attempts, t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.timeout_ms,
-       CASE WHEN t.unfinished_deps = 0 AND NOT $18 THEN now() END,
+       CASE WHEN t.unfinished_deps = 0 AND NOT :delayed::bool THEN now() END,
        t.map_over,
        CASE WHEN t.map_over IS NOT NULL
             THEN array(SELECT jsonb_array_elements_text(t.map_path::jsonb)) END,
        t.on_failure, t.always
-  FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[],
-              $9::int[], $10::bigint[], $11::bigint[], $12::float8[], $13::bigint[], $14::text[],
-              $15::text[], $16::text[], $17::bool[])
+  FROM unnest(:keys::text[], :executor_kinds::text[], :actions::text[], :inputs::text[],
+              :depends_on::text[], :dependents::text[], :unfinished_deps::int[],
+              :max_attempts::int[], :backoff_initial_ms::bigint[], :backoff_max_ms::bigint[],
+              :backoff_multipliers::float8[], :timeout_ms::bigint[], :map_over::text[],
+              :map_paths::text[], :on_failure::text[], :always::bool[])
        AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
              max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms,
              map_over, map_path, on_failure, always)

@@ -4,9 +4,13 @@
 
 -- name: end_attempts
 -- Ends each attempt with its dispatch and applies the retry decision to its task, in
--- one statement. Per ending: $1 dispatch id, $2 dispatch state, $3 result hash,
--- $4 attempt state, $5 output, $6 error, $7 task id, $8 task state, $9 retry delay (ms).
--- A task keeps the output only of a success. A task sent back to `ready` was handed back
+-- one statement. One entry per ending in each parameter; :tracebacks and :log_tails hold
+-- a failure's traceback and log tail (NULL for none; migration 0007), written
+-- here rather than by a second UPDATE of the attempt, which PostgreSQL would check
+-- against the attempt's foreign keys again, locking its worker's row (awp_db.locks).
+-- A task keeps the output only of a success, and its error only while it has not
+-- succeeded: a later attempt's success clears an earlier one's error, which stays on that
+-- attempt (clients show a task's error as its last attempt's). A task sent back to `ready` was handed back
 -- free of charge (awp_kernel.retry.decide_hand_back): it counts one more free hand-back.
 -- Runs and dispatches are locked by the caller, so no other writer touches these
 -- attempts and tasks meanwhile.
@@ -16,10 +20,12 @@
 -- stays live) and always tasks waiting for their turn (awp_db.dynamic).
 WITH e AS (
     SELECT *
-      FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::text[],
-                  $7::bigint[], $8::text[], $9::bigint[])
+      FROM unnest(:dispatch_ids::bigint[], :dispatch_states::text[], :result_hashes::bytea[],
+                  :attempt_states::text[], :outputs::text[], :errors::text[], :task_ids::bigint[],
+                  :task_states::text[], :retry_in_ms::bigint[], :tracebacks::text[],
+                  :log_tails::text[])
            AS e (dispatch_id, dispatch_state, result_hash, attempt_state, output, error,
-                 task_id, task_state, retry_in_ms)
+                 task_id, task_state, retry_in_ms, traceback, log_tail)
 ), ended_dispatches AS (
     UPDATE dispatches d
        SET state = e.dispatch_state, result_hash = e.result_hash, finished_at = clock_timestamp()
@@ -28,14 +34,17 @@ WITH e AS (
 ), ended_attempts AS (
     UPDATE attempts a
        SET state = e.attempt_state, finished_at = clock_timestamp(),
-           output = e.output::jsonb, error = e.error::jsonb
+           output = e.output::jsonb, error = e.error::jsonb,
+           traceback = CASE WHEN e.attempt_state = 'failed' THEN e.traceback END,
+           log_tail = CASE WHEN e.attempt_state = 'failed' THEN e.log_tail END
       FROM e
      WHERE a.dispatch_id = e.dispatch_id AND a.state = 'running'
 ), ended_tasks AS (
     UPDATE tasks t
        SET state = e.task_state,
            output = coalesce(CASE WHEN e.task_state = 'succeeded' THEN e.output::jsonb END, t.output),
-           error = coalesce(e.error::jsonb, t.error),
+           error = CASE WHEN e.task_state = 'succeeded' THEN NULL
+                        ELSE coalesce(e.error::jsonb, t.error) END,
            retry_at = CASE WHEN e.task_state = 'waiting_retry'
                            THEN clock_timestamp() + e.retry_in_ms * interval '1 millisecond' END,
            finished_at = CASE WHEN e.task_state IN ('succeeded', 'failed') THEN clock_timestamp() END,
@@ -78,12 +87,14 @@ UPDATE tasks t
 RETURNING t.id, t.run_id, t.key, t.state
 
 -- name: cancel_live_dispatches
--- Leased rows are also locked by heartbeats (no run lock): id order (awp_db.locks).
+-- The runs are locked (by the caller), so whoever else waits for these rows waits
+-- for the runs first; heartbeats, which lock leases without their run, never wait for
+-- one while holding another (awp_db.locks). Id order all the same.
 WITH live AS (
     SELECT id FROM dispatches
      WHERE run_id = ANY($1::uuid[]) AND state IN ('pending', 'leased')
      ORDER BY id
-       FOR UPDATE
+       FOR NO KEY UPDATE
 )
 UPDATE dispatches d
    SET state = 'canceled', finished_at = clock_timestamp()
@@ -107,7 +118,7 @@ WITH live AS (
      WHERE run_id = ANY($1::uuid[])
        AND state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
        AND ($3::bool OR NOT always)
-       FOR UPDATE
+       FOR NO KEY UPDATE
 )
 UPDATE tasks t
    SET state = CASE WHEN live.state = 'running' THEN 'canceled' ELSE $2 END,

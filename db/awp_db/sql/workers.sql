@@ -4,10 +4,11 @@
 WITH registered AS (
     INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash,
                          heartbeat_interval_ms)
-    VALUES ($1, $2, $3, $4, $5, $6, $7)
+    VALUES (:name, :protocol_version, :executor_kinds, :max_concurrency, :labels,
+            :session_token_hash, :heartbeat_interval_ms)
     RETURNING id, registered_at
 )
-SELECT id, registered_at, pg_notify($8, 'register') FROM registered
+SELECT id, registered_at, pg_notify(:channel, 'register') FROM registered
 
 -- name: session
 -- Unlocked; locks.sql has the locking reads of sessions.
@@ -33,7 +34,7 @@ WITH live AS (
     SELECT id FROM workers
      WHERE id = ANY($1::uuid[]) AND state IN ('active', 'draining')
      ORDER BY id
-       FOR UPDATE
+       FOR NO KEY UPDATE
 )
 UPDATE workers w SET last_heartbeat_at = now()
   FROM live
@@ -69,9 +70,14 @@ SELECT w.id, w.name, w.state, w.executor_kinds, w.max_concurrency, w.labels, w.p
 -- name: record_liveness
 -- Server $1 is serving (DESIGN.md §7, migration 0005). A write that finds the previous
 -- one stale starts a new stretch: the server or the database was away in between, so no
--- heartbeat could be recorded through it. Rows of servers gone for a day are pruned.
+-- heartbeat could be recorded through it. Rows of servers gone for a day are pruned,
+-- skipping any another server is pruning at the same moment: two such deletes of several
+-- rows, each in its own plan's order, could otherwise wait for each other (awp_db.locks).
 WITH pruned AS (
-    DELETE FROM servers WHERE id <> $1 AND last_seen_at < now() - interval '1 day'
+    DELETE FROM servers
+     WHERE id IN (SELECT id FROM servers
+                   WHERE id <> $1 AND last_seen_at < now() - interval '1 day'
+                     FOR UPDATE SKIP LOCKED)
 )
 INSERT INTO servers AS s (id, serving_since, last_seen_at, stale_after_ms)
 VALUES ($1, now(), now(), $2)

@@ -614,6 +614,10 @@ Global___LeaseState: _TypeAlias = LeaseState  # noqa: Y015
 
 @_typing.final
 class HeartbeatResponse(_message.Message):
+    """The answer to a HeartbeatRequest, or a push of revoked leases the server sends on its
+    own (then `leases` lists only REVOKED ones).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_STATE_FIELD_NUMBER: _builtins.int

@@ -93,6 +93,14 @@ class WorkerServiceServicer:
         REVOKED (stop, report nothing) or UNKNOWN (stop, report nothing). If the stream
         breaks without a Drain, the session's leases expire after the stream grace
         unless the worker reconnects and heartbeats them in time.
+        The server may also speak first: when a lease of the session is revoked (its run
+        or task canceled, the lease reaped, the session ended) it sends a response at once
+        listing it REVOKED, without waiting for the next request. Such a response answers
+        no request; it repeats the session state last known and may name dispatches the
+        worker does not hold: no longer (ignore those), or not yet (the push overtook the
+        Claim answer: best not run that lease when it arrives). Read responses as they
+        come, not one per request. The push can be lost; the next heartbeat still says
+        REVOKED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -64,6 +64,14 @@ class WorkerServiceStub:
     REVOKED (stop, report nothing) or UNKNOWN (stop, report nothing). If the stream
     breaks without a Drain, the session's leases expire after the stream grace
     unless the worker reconnects and heartbeats them in time.
+    The server may also speak first: when a lease of the session is revoked (its run
+    or task canceled, the lease reaped, the session ended) it sends a response at once
+    listing it REVOKED, without waiting for the next request. Such a response answers
+    no request; it repeats the session state last known and may name dispatches the
+    worker does not hold: no longer (ignore those), or not yet (the push overtook the
+    Claim answer: best not run that lease when it arrives). Read responses as they
+    come, not one per request. The push can be lost; the next heartbeat still says
+    REVOKED.
     """
     Complete: _grpc.UnaryUnaryMultiCallable[_worker_pb2.CompleteRequest, _worker_pb2.CompleteResponse]
     """Reports results, fenced by the lease: a result from a holder that lost its
@@ -98,6 +106,14 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     REVOKED (stop, report nothing) or UNKNOWN (stop, report nothing). If the stream
     breaks without a Drain, the session's leases expire after the stream grace
     unless the worker reconnects and heartbeats them in time.
+    The server may also speak first: when a lease of the session is revoked (its run
+    or task canceled, the lease reaped, the session ended) it sends a response at once
+    listing it REVOKED, without waiting for the next request. Such a response answers
+    no request; it repeats the session state last known and may name dispatches the
+    worker does not hold: no longer (ignore those), or not yet (the push overtook the
+    Claim answer: best not run that lease when it arrives). Read responses as they
+    come, not one per request. The push can be lost; the next heartbeat still says
+    REVOKED.
     """
     Complete: _aio.UnaryUnaryMultiCallable[_worker_pb2.CompleteRequest, _worker_pb2.CompleteResponse]  # type: ignore[assignment]
     """Reports results, fenced by the lease: a result from a holder that lost its
@@ -147,6 +163,14 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         REVOKED (stop, report nothing) or UNKNOWN (stop, report nothing). If the stream
         breaks without a Drain, the session's leases expire after the stream grace
         unless the worker reconnects and heartbeats them in time.
+        The server may also speak first: when a lease of the session is revoked (its run
+        or task canceled, the lease reaped, the session ended) it sends a response at once
+        listing it REVOKED, without waiting for the next request. Such a response answers
+        no request; it repeats the session state last known and may name dispatches the
+        worker does not hold: no longer (ignore those), or not yet (the push overtook the
+        Claim answer: best not run that lease when it arrives). Read responses as they
+        come, not one per request. The push can be lost; the next heartbeat still says
+        REVOKED.
         """
 
     @_abc_1.abstractmethod

@@ -22,7 +22,8 @@ from datetime import datetime
 from uuid import UUID
 
 from awp_kernel.schedules import Cadence
-from kit.invariants import Db, _raise_if_any, _snapshot
+from kit.invariants import _raise_if_any, _snapshot
+from kit.invariants.common import Db
 
 
 async def check_schedule_ticks(db: Db) -> None:

@@ -1,0 +1,70 @@
+"""Stored workflow versions: CreateWorkflow, GetWorkflow and ListWorkflows' answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from awp_sdk.enums import FailurePolicy
+
+
+@dataclass(frozen=True)
+class StoredRetry:
+    """A task's retry rule as stored; None: the server's default."""
+
+    max_attempts: int | None
+    initial_backoff: timedelta | None
+    max_backoff: timedelta | None
+    multiplier: float | None
+
+
+@dataclass(frozen=True)
+class StoredMap:
+    """Fan-out: once per element of the list at ``path`` in task ``over``'s output."""
+
+    over: str
+    path: str
+
+
+@dataclass(frozen=True)
+class StoredTask:
+    """One task of a stored workflow definition."""
+
+    key: str
+    executor_kind: str
+    action: str
+    input: dict[str, Any]
+    depends_on: tuple[str, ...]
+    # None: the defaults (3 attempts; 5 minutes per attempt; run once).
+    retry: StoredRetry | None
+    timeout: timedelta | None
+    map: StoredMap | None
+    on_failure: FailurePolicy
+    always: bool
+
+
+@dataclass(frozen=True)
+class StoredWorkflow:
+    """One immutable workflow version as the server stores it."""
+
+    name: str
+    version: int
+    description: str
+    # Tasks of one run queued or running at once; 0: unlimited.
+    concurrency: int
+    tasks: tuple[StoredTask, ...]
+    created_at: datetime | None
+    # The definition as protobuf JSON (proto field names), integers kept: what a page or
+    # `awp workflow show --json` prints.
+    definition: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What CreateWorkflow answered: created False when the identical definition existed."""
+
+    name: str
+    version: int
+    created: bool
+    workflow: StoredWorkflow | None = None

@@ -1,0 +1,207 @@
+"""The SDK's one typed view of the control API: every field of every ControlService
+answer reaches its record, every enum maps both ways and refuses a number it does not
+know, and every protocol reason has its error class."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import pytest
+from google.protobuf import descriptor, duration_pb2, struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
+
+from awp.v1 import control_pb2, types_pb2
+from awp_protocol.errors import Reason
+from awp_sdk import decode, enums, errors
+from awp_sdk.enums import RunState, TaskState
+
+_counter = itertools.count(1001)
+
+
+def filled(message: Message) -> Message:
+    """`message` with every field set to a value of its own (texts and numbers unique)."""
+    for field in message.DESCRIPTOR.fields:
+        repeated = field.is_repeated
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            getattr(message, field.name)[f"{field.name}-key"] = f"{field.name}-value"
+        elif field.message_type is not None:
+            target = (
+                getattr(message, field.name).add() if repeated else getattr(message, field.name)
+            )
+            _fill_message(target)
+        else:
+            value = _scalar(field)
+            if repeated:
+                getattr(message, field.name).append(value)
+            else:
+                setattr(message, field.name, value)
+    return message
+
+
+def _fill_message(target: Message) -> None:
+    if isinstance(target, timestamp_pb2.Timestamp):
+        target.seconds = next(_counter) * 1000
+    elif isinstance(target, duration_pb2.Duration):
+        target.seconds = next(_counter)
+    elif isinstance(target, struct_pb2.Struct):
+        target.update({"marker": f"struct-{next(_counter)}"})
+    else:
+        filled(target)
+
+
+def _scalar(field: descriptor.FieldDescriptor) -> Any:
+    if field.enum_type is not None:
+        return 1  # the first real value: its decoding is tested below
+    if field.type == descriptor.FieldDescriptor.TYPE_STRING:
+        return f"{field.name}-{next(_counter)}"
+    if field.type == descriptor.FieldDescriptor.TYPE_BOOL:
+        return True
+    if field.type in (
+        descriptor.FieldDescriptor.TYPE_DOUBLE,
+        descriptor.FieldDescriptor.TYPE_FLOAT,
+    ):
+        return 1.5
+    return next(_counter)
+
+
+def proto_leaves(message: Message) -> Iterator[Any]:
+    """The texts, numbers, times and JSON values set in a message (bools and enums are
+    not told apart this way)."""
+    for field, value in message.ListFields():
+        values = value if field.is_repeated else [value]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            yield from value.items()
+            continue
+        for item in values:
+            if isinstance(item, timestamp_pb2.Timestamp):
+                yield item.seconds
+            elif isinstance(item, duration_pb2.Duration):
+                yield float(item.seconds)
+            elif isinstance(item, struct_pb2.Struct):
+                yield item["marker"]
+            elif isinstance(item, Message):
+                yield from proto_leaves(item)
+            elif field.enum_type is None and not isinstance(item, bool):
+                yield item
+
+
+def record_leaves(value: Any) -> Iterator[Any]:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from record_leaves(getattr(value, field.name))
+    elif isinstance(value, dict):
+        yield from value.items()
+        for item in value.values():
+            yield from record_leaves(item)
+    elif isinstance(value, tuple | list | frozenset):
+        for item in value:
+            yield from record_leaves(item)
+    elif isinstance(value, datetime):
+        yield int(value.timestamp())
+    elif isinstance(value, timedelta):
+        yield value.total_seconds()
+    else:
+        yield value
+
+
+ANSWERS = [
+    (control_pb2.GetRunResponse, decode.run_detail),
+    (control_pb2.Run, decode.run),
+    (control_pb2.ListTasksResponse, decode.task_page),
+    (control_pb2.Attempt, decode.attempt),
+    (types_pb2.StateEvent, decode.event),
+    (control_pb2.Workflow, decode.workflow),
+    (control_pb2.CreateWorkflowResponse, decode.applied),
+    (control_pb2.WorkerInfo, decode.worker),
+    (control_pb2.GetStatsResponse, decode.stats),
+    (control_pb2.PruneRunsResponse, decode.pruned),
+    (control_pb2.WhoAmIResponse, decode.identity),
+]
+
+
+@pytest.mark.parametrize(("kind", "read"), ANSWERS, ids=lambda x: getattr(x, "__name__", ""))
+def test_every_field_of_an_answer_reaches_its_record(kind: type[Message], read: Any) -> None:
+    message = filled(kind())
+    if isinstance(message, types_pb2.StateEvent):
+        message.type = types_pb2.EVENT_TYPE_TASK_STATE
+    found = list(record_leaves(read(message)))
+    lost = [leaf for leaf in proto_leaves(message) if leaf not in found]
+    assert lost == [], f"{kind.__name__}: decode.py drops {lost}"
+
+
+def test_the_flags_and_enums_of_a_task_are_read() -> None:
+    task = control_pb2.Task(
+        key="fan[3]",
+        state=types_pb2.TASK_STATE_WAITING_RETRY,
+        attempts=5,
+        hand_backs=2,
+        output_omitted=True,
+        map_parent="fan",
+        map_index=3,
+    )
+    record = decode.task(task)
+    assert (record.state, record.output_omitted, record.charged_attempts) == (
+        TaskState.WAITING_RETRY,
+        True,
+        3,
+    )
+    assert (record.map_parent, record.map_index) == ("fan", 3)
+    # Index 0 of a map is an index; a task that is no element has none.
+    assert decode.task(control_pb2.Task(key="fan[0]", state=1, map_parent="fan")).map_index == 0
+    assert decode.task(control_pb2.Task(key="plain", state=1)).map_index is None
+
+
+PAIRS = [
+    (enums.RunState, types_pb2.RunState),
+    (enums.TaskState, types_pb2.TaskState),
+    (enums.AttemptState, types_pb2.AttemptState),
+    (enums.DispatchState, types_pb2.DispatchState),
+    (enums.WorkerState, types_pb2.WorkerState),
+    (enums.EventType, types_pb2.EventType),
+    (enums.FailurePolicy, types_pb2.FailurePolicy),
+]
+
+
+@pytest.mark.parametrize(("kind", "proto"), PAIRS, ids=lambda x: getattr(x, "__name__", ""))
+def test_each_enum_maps_every_proto_value_both_ways(kind: type[StrEnum], proto: Any) -> None:
+    # An event's UNSPECIFIED is sent (the server cannot name the type); any other enum's
+    # is no value: where it means something (a subject just created), decode.py says what.
+    sent = kind is enums.EventType
+    numbers = [number for _, number in proto.items() if number != 0 or sent]
+    assert [enums.decode(kind, number) for number in numbers] == list(kind)  # lifecycle order
+    assert [enums.encode(kind, member) for member in kind] == numbers
+    with pytest.raises(errors.UnknownEnumValue, match=r"value 99, which this version") as unknown:
+        enums.decode(kind, 99)
+    assert (unknown.value.enum, unknown.value.value) == (proto.DESCRIPTOR.full_name, 99)
+    if not sent:
+        with pytest.raises(errors.UnknownEnumValue):
+            enums.decode(kind, 0)
+
+
+def test_an_unknown_name_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(errors.InvalidArgument, match="unknown RunState 'done': expected one"):
+        enums.encode(RunState, "done")
+    assert enums.encode(RunState, "FAILED") == types_pb2.RUN_STATE_FAILED
+
+
+def test_a_state_compares_equal_to_its_name() -> None:
+    assert RunState.FAILED == "failed" and {TaskState.SUCCEEDED: 1}["succeeded"] == 1
+    assert f"{TaskState.WAITING_RETRY}" == "waiting_retry"
+
+
+def test_an_event_of_a_newer_server_is_refused_not_misnamed() -> None:
+    event = types_pb2.StateEvent(run_id="r", seq=1, type=types_pb2.EVENT_TYPE_TASK_STATE)
+    event.task_transition.to_state = 42  # type: ignore[assignment]
+    with pytest.raises(errors.UnknownEnumValue, match=r"awp\.v1\.TaskState value 42"):
+        decode.event(event)
+
+
+def test_every_protocol_reason_has_its_error_class() -> None:
+    assert set(errors.BY_REASON) == set(Reason)
+    assert errors.BY_REASON[Reason.RUN_NOT_FOUND] is errors.RunNotFound
+    assert all(issubclass(kind, errors.AwpError) for kind in errors.BY_REASON.values())
