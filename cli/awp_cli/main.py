@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from rich.text import Text
 
-from awp_cli import commands, credentials, render, run_commands
+from awp_cli import commands, credentials, render, run_commands, schedules
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit, exit_error
 from awp_cli.stream_command import run_stream
@@ -100,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start.add_argument(
         "--request-id", help="idempotency key: starting again with it returns the same run"
+    )
+    start.add_argument(
+        "--in",
+        dest="start_in",
+        type=flags.positive_duration,
+        metavar="DURATION",
+        help="a delayed start: the run exists now, its first tasks become ready this much later",
     )
     start.add_argument(
         "--wait",
@@ -192,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("--all", action="store_true", help="include stopped and offline ones")
     add(commands_, "stats", commands.stats, "queue depth, leases and workers by state")
 
+    schedules.add_commands(commands_, add)
     dev.add_commands(commands_)
     add_console(commands_)
     credentials.add_commands(commands_)

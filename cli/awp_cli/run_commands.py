@@ -30,7 +30,10 @@ from awp_sdk.records import Attempt, Event, Pruned, Run, RunDetail, TaskStatus
 
 async def run_start(client: AsyncClient, args: argparse.Namespace) -> Exit:
     name, version = args.workflow
-    handle = await client.start(name, input=args.input, request_id=args.request_id, version=version)
+    start_in = None if args.start_in is None else timedelta(seconds=args.start_in)
+    handle = await client.start(
+        name, input=args.input, request_id=args.request_id, version=version, start_in=start_in
+    )
     run = handle.started
     assert run is not None  # StartRun answers with the run
     if not args.wait:

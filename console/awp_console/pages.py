@@ -19,6 +19,7 @@ from awp_console.web import Caller, caller, console_of, page
 from awp_protocol.states import RUN_STATES, TASK_STATES, TERMINAL_RUN_STATES
 from awp_sdk.client import AsyncClient
 from awp_sdk.records import Attempt, Run, RunDetail, StoredWorkflow, TaskError, TaskStatus
+from awp_sdk.schedules import Schedules
 
 RUNS_PAGE: Final = 25
 # The overview measures re-dispatch times over the newest runs of at most this many tasks
@@ -330,3 +331,9 @@ async def workers(request: Request) -> Response:
     include = request.query_params.get("all") == "1"
     found = await who.api.list_workers(include_inactive=include)
     return page(request, who, "workers.html", workers=found, include_inactive=include)
+
+
+async def schedules(request: Request) -> Response:
+    who = await caller(request)
+    found = await Schedules(who.api).list()
+    return page(request, who, "schedules.html", schedules=found)

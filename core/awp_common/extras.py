@@ -34,7 +34,7 @@ class Extra:
         )
 
 
-SERVER: Final = Extra("server", ("asyncpg", "grpc_health", "grpc_reflection"))
+SERVER: Final = Extra("server", ("asyncpg", "grpc_health", "grpc_reflection", "croniter"))
 CONSOLE: Final = Extra(
     "console", ("starlette", "uvicorn", "jinja2", "multipart", "sse_starlette", "httpx")
 )

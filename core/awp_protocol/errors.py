@@ -50,6 +50,8 @@ class Reason(StrEnum):
     RUN_NOT_FINISHED = _reason(errors_pb2.ERROR_REASON_RUN_NOT_FINISHED)
     LEASE_LOST = _reason(errors_pb2.ERROR_REASON_LEASE_LOST)
     STREAM_LIMIT = _reason(errors_pb2.ERROR_REASON_STREAM_LIMIT)
+    SCHEDULE_NOT_FOUND = _reason(errors_pb2.ERROR_REASON_SCHEDULE_NOT_FOUND)
+    SCHEDULE_EXISTS = _reason(errors_pb2.ERROR_REASON_SCHEDULE_EXISTS)
 
 
 # A worker's session is over for good: retrying the same call cannot help; the process

@@ -43,6 +43,11 @@ MAX_GET_RUN_ROWS: Final = MAX_TASKS
 MAX_ATTEMPTS_PAGE_SIZE: Final = 25
 MAX_PRUNE_RUNS: Final = 10_000  # runs one PruneRuns call deletes (or counts)
 
+# --- schedules (docs/schedules.md; the calendar's own bounds are awp_kernel.schedules)
+MAX_CRON_CHARS: Final = 256
+MAX_TIMEZONE_CHARS: Final = 64  # the longest IANA name is 32
+MAX_START_DELAY_MS: Final = 366 * 24 * 3600 * 1000  # StartRun's start_delay
+
 # --- workers (Register, Claim, Complete)
 MAX_WORKER_NAME_CHARS: Final = 128
 MAX_WORKER_CONCURRENCY: Final = 1000
@@ -177,6 +182,17 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.ListTasksRequest.page_token": MAX_PAGE_TOKEN_CHARS,
     "awp.v1.WatchRunRequest.run_id": MAX_ID_CHARS,
     "awp.v1.PruneRunsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
+    "awp.v1.ScheduleSpec.name": MAX_NAME_CHARS,
+    "awp.v1.ScheduleSpec.workflow_name": MAX_NAME_CHARS,
+    "awp.v1.ScheduleSpec.cron": MAX_CRON_CHARS,
+    "awp.v1.ScheduleSpec.timezone": MAX_TIMEZONE_CHARS,
+    "awp.v1.GetScheduleRequest.name": MAX_NAME_CHARS,
+    "awp.v1.ListSchedulesRequest.page_token": MAX_PAGE_TOKEN_CHARS,
+    "awp.v1.PauseScheduleRequest.name": MAX_NAME_CHARS,
+    "awp.v1.ResumeScheduleRequest.name": MAX_NAME_CHARS,
+    "awp.v1.DeleteScheduleRequest.name": MAX_NAME_CHARS,
+    "awp.v1.TriggerScheduleRequest.name": MAX_NAME_CHARS,
+    "awp.v1.BackfillScheduleRequest.name": MAX_NAME_CHARS,
 }
 # The element count of every repeated field and map of every request.
 COUNT_LIMITS: Final[Mapping[str, int]] = {

@@ -43,6 +43,16 @@ ROLES_OF: Final[dict[str, frozenset[Role]]] = {
     "/awp.v1.ControlService/PruneRuns": ADMIN,
     "/awp.v1.ControlService/WhoAmI": frozenset(Role),
     "/awp.v1.ControlService/WatchStream": READ,
+    # Schedules start runs on their own: managing one is starting runs (docs/schedules.md).
+    "/awp.v1.ControlService/CreateSchedule": SUBMIT,
+    "/awp.v1.ControlService/GetSchedule": READ,
+    "/awp.v1.ControlService/ListSchedules": READ,
+    "/awp.v1.ControlService/UpdateSchedule": SUBMIT,
+    "/awp.v1.ControlService/PauseSchedule": SUBMIT,
+    "/awp.v1.ControlService/ResumeSchedule": SUBMIT,
+    "/awp.v1.ControlService/DeleteSchedule": SUBMIT,
+    "/awp.v1.ControlService/TriggerSchedule": SUBMIT,
+    "/awp.v1.ControlService/BackfillSchedule": SUBMIT,
 }
 
 

@@ -52,6 +52,8 @@ class Due:
     retries: bool
     unservable: bool
     ready: bool
+    starts: bool
+    schedules: bool
     # Some kind's offers need topping up (dispatching.refill_due).
     short: bool
     next_due_in: float | None
@@ -151,6 +153,21 @@ async def release_retries(conn: Conn, limit: int = 1000, *, term: Term | None = 
         moved = await conn.fetch(Q["release_retries"], [row["id"] for row in candidates], running)
         for row in moved:
             events.task(row["run_id"], row["key"], "waiting_retry", "ready", row["attempts"])
+        await events.flush(conn)
+    return len(moved)
+
+
+async def release_starts(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:
+    """Delayed runs whose start time has come (database clock): roots pending -> ready."""
+    candidates = [row["id"] for row in await conn.fetch(Q["due_starts"], limit)]
+    if not candidates:
+        return 0
+    events = EventBatch()
+    async with transaction(conn, term):
+        await locks.runs(conn, candidates)
+        moved = await conn.fetch(Q["release_starts"], candidates)
+        for row in moved:
+            events.task(row["run_id"], row["key"], "pending", "ready")
         await events.flush(conn)
     return len(moved)
 

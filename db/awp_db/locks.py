@@ -2,12 +2,15 @@
 
 LOCK ORDER (DESIGN.md §6), over every relation:
 
-  leader row -> dispatch advisory lock -> worker session rows -> run rows
-    -> dispatch rows -> task rows -> attempt rows -> state_events
+  leader row -> schedule rows -> dispatch advisory lock -> worker session rows
+    -> run rows -> dispatch rows -> task rows -> attempt rows -> state_events
 
 1. The leader row (`leader_term`, FOR KEY SHARE), first in every transaction a leading
    coordinator runs; nothing else locks it but the lease's own one-statement updates
    (awp_db.leadership), which hold no other lock.
+1b. Schedule rows, ascending id (`schedules`): a tick's firing (the coordinator skips
+   busy ones), a trigger, a backfill, every change of a schedule; then the runs those
+   start or cancel (awp_db.schedules).
 2. The dispatch advisory lock (awp_db.dispatching): dispatch creation only, before any
    row, so two coordinators queue for it holding nothing but (1).
 3. Worker session rows, ascending id: a Claim's sessions, a drain's, a lost stream's, a
@@ -51,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from awp_db.connect import Conn
@@ -125,6 +129,34 @@ async def silent_sessions(conn: Conn, intervals: int, floor_ms: int) -> list[UUI
     """Sessions silent for `intervals` of their own heartbeat interval, and `floor_ms`."""
     rows = await conn.fetch(Q["silent_sessions"], intervals, floor_ms)
     return [row["id"] for row in rows]
+
+
+# --- schedule rows ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LockedSchedule:
+    id: UUID
+    name: str
+    workflow_name: str
+    workflow_version: int
+    input: dict[str, Any]
+    cron: str | None
+    interval_ms: int | None
+    timezone: str
+    overlap: str
+    catchup: str
+    catchup_window_ms: int
+    paused: bool
+    next_tick_at: datetime
+
+
+async def schedules(
+    conn: Conn, schedule_ids: Iterable[UUID], *, skip_locked: bool
+) -> list[LockedSchedule]:
+    """Schedule rows, locked; skip_locked leaves out rows another transaction holds."""
+    query = Q["schedules"] + (" SKIP LOCKED" if skip_locked else "")
+    return await rows_as(LockedSchedule, conn, query, sorted(set(schedule_ids)))
 
 
 # --- run rows --------------------------------------------------------------------------

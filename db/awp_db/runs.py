@@ -48,6 +48,9 @@ class RunInfo:
     workflow_version: int
     retried_from: UUID | None
     retry_from_task: str | None
+    schedule_id: UUID | None
+    schedule_tick: datetime | None
+    start_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,28 @@ class AttemptInfo:
     error: dict[str, Any] | None
 
 
+@dataclass(frozen=True, slots=True)
+class Start:
+    """How a run starts beyond its workflow and input: at a time or after a delay on the
+    database clock (neither: at once), and the schedule tick that started it, if any
+    (awp_db.schedules; the leader epoch goes to the run.created event)."""
+
+    at: datetime | None = None
+    delay_ms: int | None = None
+    schedule_id: UUID | None = None
+    schedule_tick: datetime | None = None
+    leader_epoch: int | None = None
+
+    def payload(self) -> dict[str, Any]:
+        if self.schedule_id is None or self.schedule_tick is None:
+            return {}
+        return {
+            "schedule_id": str(self.schedule_id),
+            "schedule_tick": self.schedule_tick.isoformat(),
+            "leader_epoch": self.leader_epoch,
+        }
+
+
 def parse_run_id(run_id: str, field: str = "run_id") -> UUID:
     try:
         return UUID(run_id)
@@ -99,26 +124,34 @@ async def start(
     run_input: dict[str, Any],
     request_id: str | None,
     started_by: str,
+    *,
+    start: Start = Start(),
 ) -> StartedRun:
-    """Creates the run and all its tasks (roots ready, the rest pending) atomically."""
+    """Creates the run and all its tasks (roots ready, the rest pending) atomically; a
+    delayed start leaves the roots pending until the coordinator releases them."""
     spec = workflow.spec
     async with conn.transaction():
-        run_id = await conn.fetchval(
-            Q["insert"], workflow.id, run_input, spec.concurrency, request_id or None, started_by
+        inserted = await conn.fetchrow(
+            Q["insert"],
+            workflow.id,
+            run_input,
+            spec.concurrency,
+            request_id or None,
+            started_by,
+            start.schedule_id,
+            start.schedule_tick,
+            start.at,
+            start.delay_ms,
         )
-        if run_id is None:
+        if inserted is None:
             existing = await conn.fetchval(Q["by_request_id"], request_id)
             return StartedRun(existing, False)
-        rows = await insert_tasks(conn, run_id, spec)
+        run_id = inserted["id"]
+        rows = await insert_tasks(conn, run_id, spec, delayed=inserted["awaiting_start"])
         events = EventBatch()
-        events.add(
-            Event(
-                run_id,
-                "run.created",
-                to_state="running",
-                payload={"workflow": spec.name, "version": spec.version, "by": started_by},
-            )
-        )
+        payload: dict[str, Any] = {"workflow": spec.name, "version": spec.version, "by": started_by}
+        payload.update(start.payload())
+        events.add(Event(run_id, "run.created", to_state="running", payload=payload))
         for row in rows:
             events.task(run_id, row["key"], None, row["state"])
         await events.flush(conn)
@@ -126,8 +159,11 @@ async def start(
     return StartedRun(run_id, True)
 
 
-async def insert_tasks(conn: Conn, run_id: UUID, spec: WorkflowSpec) -> list[asyncpg.Record]:
-    """Creates every task of a new run (roots ready, the rest pending): (key, state) rows."""
+async def insert_tasks(
+    conn: Conn, run_id: UUID, spec: WorkflowSpec, *, delayed: bool = False
+) -> list[asyncpg.Record]:
+    """Creates every task of a new run (roots ready, the rest pending; all pending when
+    its start is delayed): (key, state) rows."""
     dependents = spec.dependents()
     tasks = spec.tasks
     return await conn.fetch(
@@ -151,6 +187,7 @@ async def insert_tasks(conn: Conn, run_id: UUID, spec: WorkflowSpec) -> list[asy
             map_paths=[json.dumps(t.map.keys()) if t.map else None for t in tasks],
             on_failure=[t.on_failure for t in tasks],
             always=[t.always for t in tasks],
+            delayed=delayed,
         )
     )
 

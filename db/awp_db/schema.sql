@@ -172,12 +172,18 @@ CREATE TABLE public.runs (
     cancel_requested_by text,
     retried_from uuid,
     retry_from_task text,
+    schedule_id uuid,
+    schedule_tick timestamp with time zone,
+    start_at timestamp with time zone,
+    awaiting_start boolean DEFAULT false NOT NULL,
+    CONSTRAINT runs_awaiting_has_start CHECK (((NOT awaiting_start) OR (start_at IS NOT NULL))),
     CONSTRAINT runs_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
     CONSTRAINT runs_concurrency_check CHECK ((concurrency >= 0)),
     CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
     CONSTRAINT runs_request_id_check CHECK (((length(request_id) >= 1) AND (length(request_id) <= 128))),
     CONSTRAINT runs_retry_from_task_of_a_retry CHECK (((retry_from_task IS NULL) OR (retried_from IS NOT NULL))),
     CONSTRAINT runs_revision_check CHECK ((revision >= 0)),
+    CONSTRAINT runs_schedule_tick_together CHECK (((schedule_id IS NULL) = (schedule_tick IS NULL))),
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])))
 );
 
@@ -202,6 +208,74 @@ COMMENT ON COLUMN public.runs.cancel_requested_by IS 'Credential name of the Can
 COMMENT ON COLUMN public.runs.retried_from IS 'The run RetryRun retried to start this one (NULL: started by StartRun).';
 
 COMMENT ON COLUMN public.runs.retry_from_task IS 'The from_task RetryRun was given: that task and everything downstream of it re-ran (NULL: what had not succeeded re-ran).';
+
+COMMENT ON COLUMN public.runs.schedule_id IS 'The schedule whose tick started the run (NULL: not a schedule''s).';
+
+COMMENT ON COLUMN public.runs.schedule_tick IS 'The tick (its instant) that started the run.';
+
+COMMENT ON COLUMN public.runs.start_at IS 'A delayed start: when the run''s roots become ready, on the database clock (NULL: at once).';
+
+COMMENT ON COLUMN public.runs.awaiting_start IS 'True until the coordinator makes the roots of a delayed run ready.';
+
+CREATE TABLE public.schedule_ticks (
+    schedule_id uuid NOT NULL,
+    tick_at timestamp with time zone NOT NULL,
+    source text NOT NULL,
+    leader_epoch bigint,
+    outcome text NOT NULL,
+    run_id uuid,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    seq bigint NOT NULL,
+    CONSTRAINT schedule_ticks_fenced CHECK (((source = 'schedule'::text) = (leader_epoch IS NOT NULL))),
+    CONSTRAINT schedule_ticks_outcome_check CHECK ((outcome = ANY (ARRAY['started'::text, 'skipped'::text, 'buffered'::text]))),
+    CONSTRAINT schedule_ticks_run_of_started CHECK (((run_id IS NULL) OR (outcome = 'started'::text))),
+    CONSTRAINT schedule_ticks_source_check CHECK ((source = ANY (ARRAY['schedule'::text, 'trigger'::text, 'backfill'::text])))
+);
+
+COMMENT ON TABLE public.schedule_ticks IS 'One row per fired tick, unique per (schedule, tick): started a run, skipped (overlap) or buffered until the previous run ends.';
+
+COMMENT ON COLUMN public.schedule_ticks.seq IS 'Creation order: a tick created under an older epoch than an earlier tick would be a stale leader''s (the invariant checker looks).';
+
+ALTER TABLE public.schedule_ticks ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.schedule_ticks_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.schedules (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    name text NOT NULL,
+    workflow_name text NOT NULL,
+    workflow_version integer DEFAULT 0 NOT NULL,
+    input jsonb DEFAULT '{}'::jsonb NOT NULL,
+    cron text,
+    interval_ms bigint,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    overlap text NOT NULL,
+    catchup text NOT NULL,
+    catchup_window_ms bigint NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    next_tick_at timestamp with time zone NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_by text NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT schedules_catchup_check CHECK ((catchup = ANY (ARRAY['none'::text, 'last'::text, 'all'::text]))),
+    CONSTRAINT schedules_catchup_window_ms_check CHECK ((catchup_window_ms > 0)),
+    CONSTRAINT schedules_interval_ms_check CHECK ((interval_ms > 0)),
+    CONSTRAINT schedules_one_cadence CHECK (((cron IS NULL) <> (interval_ms IS NULL))),
+    CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'buffer_one'::text, 'allow_all'::text, 'cancel_previous'::text]))),
+    CONSTRAINT schedules_workflow_version_check CHECK ((workflow_version >= 0))
+);
+
+COMMENT ON TABLE public.schedules IS 'Workflows started on a clock: a cron expression in a time zone, or an interval (docs/schedules.md).';
+
+COMMENT ON COLUMN public.schedules.workflow_version IS '0: the latest version at each tick.';
+
+COMMENT ON COLUMN public.schedules.next_tick_at IS 'The earliest tick not yet considered; the leading coordinator advances it in the transaction that fires the ticks before it.';
 
 CREATE TABLE public.schema_migrations (
     version integer NOT NULL,
@@ -449,6 +523,15 @@ ALTER TABLE ONLY public.runs
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_request_id_key UNIQUE (request_id);
 
+ALTER TABLE ONLY public.schedule_ticks
+    ADD CONSTRAINT schedule_ticks_pkey PRIMARY KEY (schedule_id, tick_at);
+
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_name_key UNIQUE (name);
+
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
 
@@ -517,6 +600,8 @@ CREATE INDEX dispatches_task ON public.dispatches USING btree (task_id);
 
 COMMENT ON INDEX public.dispatches_task IS 'The foreign key dispatches.task_id: deleting a task (retention) finds its dispatches here, not by a scan.';
 
+CREATE INDEX runs_awaiting_start ON public.runs USING btree (start_at) WHERE awaiting_start;
+
 CREATE INDEX runs_cancel_pending ON public.runs USING btree (id) WHERE ((state = 'running'::text) AND (cancel_requested_at IS NOT NULL));
 
 COMMENT ON INDEX public.runs_cancel_pending IS 'The coordinator''s cancel candidates without a scan of every run.';
@@ -530,6 +615,14 @@ CREATE INDEX runs_finished ON public.runs USING btree (finished_at, id) WHERE (f
 COMMENT ON INDEX public.runs_finished IS 'Retention reads the finished runs past the retention age from here, oldest first.';
 
 CREATE INDEX runs_running ON public.runs USING btree (last_dispatched_at NULLS FIRST, created_at) WHERE (state = 'running'::text);
+
+CREATE INDEX runs_schedule_running ON public.runs USING btree (schedule_id) WHERE ((schedule_id IS NOT NULL) AND (state = 'running'::text));
+
+CREATE UNIQUE INDEX runs_schedule_tick ON public.runs USING btree (schedule_id, schedule_tick) WHERE (schedule_id IS NOT NULL);
+
+CREATE UNIQUE INDEX schedule_ticks_buffered ON public.schedule_ticks USING btree (schedule_id) WHERE (outcome = 'buffered'::text);
+
+CREATE INDEX schedules_due ON public.schedules USING btree (next_tick_at) WHERE (NOT paused);
 
 CREATE UNIQUE INDEX stream_chunks_position ON public.stream_chunks USING btree (task_id, "position");
 
@@ -582,6 +675,9 @@ ALTER TABLE ONLY public.dispatches
 
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES public.workflows(id);
+
+ALTER TABLE ONLY public.schedule_ticks
+    ADD CONSTRAINT schedule_ticks_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.state_events
     ADD CONSTRAINT state_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import grpc
@@ -204,9 +204,13 @@ class AsyncClient:
         *,
         request_id: str | None = None,
         version: int | None = None,
+        start_at: datetime | None = None,
+        start_in: timedelta | None = None,
     ) -> AsyncRunHandle:
         """Starts a run of a workflow (a Workflow, or a name: the latest version unless
-        `version` is given). The same request_id again returns the same run."""
+        `version` is given). The same request_id again returns the same run. A delayed
+        start (at most one of start_at, start_in): the run exists now, its first tasks
+        become ready at that time, on the database clock (docs/schedules.md)."""
         if isinstance(workflow, Workflow):
             name, default_version = workflow.name, workflow.version
         else:
@@ -217,6 +221,10 @@ class AsyncClient:
             input=json_input(input, "input"),
             request_id=request_id or "",
         )
+        if start_at is not None:
+            request.start_time.FromDatetime(start_at)
+        if start_in is not None:
+            request.start_delay.FromTimedelta(start_in)
         answer = await self.call(self.control.StartRun, request)
         return AsyncRunHandle(self, answer.run.id, decode.run(answer.run), answer.created)
 

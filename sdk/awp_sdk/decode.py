@@ -10,14 +10,16 @@ from typing import Any
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from google.protobuf.message import Message
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, schedule_pb2, types_pb2
 from awp_protocol.jsonvalue import exact_number, struct_to_dict
 from awp_sdk import records
 from awp_sdk.enums import (
     AttemptState,
+    CatchupPolicy,
     DispatchState,
     EventType,
     FailurePolicy,
+    OverlapPolicy,
     RunState,
     TaskState,
     WorkerState,
@@ -79,6 +81,9 @@ def run(message: control_pb2.Run) -> records.Run:
         task_counts={decode(TaskState, c.state): c.count for c in message.tasks_by_state},
         retried_from_run_id=message.retried_from_run_id or None,
         retry_from_task=message.retry_from_task or None,
+        schedule_id=message.schedule_id or None,
+        schedule_tick=when(message.schedule_tick),
+        start_time=when(message.start_time),
     )
 
 
@@ -278,3 +283,37 @@ def pruned(answer: control_pb2.PruneRunsResponse) -> records.Pruned:
 
 def identity(answer: control_pb2.WhoAmIResponse) -> records.Identity:
     return records.Identity(answer.name, frozenset(answer.roles), answer.credentials_required)
+
+
+def schedule(message: schedule_pb2.Schedule) -> records.Schedule:
+    spec = message.spec
+    return records.Schedule(
+        id=message.id,
+        name=spec.name,
+        workflow=spec.workflow_name,
+        version=spec.workflow_version,
+        input=struct_to_dict(spec.input),
+        cron=spec.cron or None,
+        every=span(spec, "interval"),
+        timezone=spec.timezone,
+        overlap=decode(OverlapPolicy, spec.overlap),
+        catchup=decode(CatchupPolicy, spec.catchup),
+        catchup_window=span(spec, "catchup_window"),
+        paused=spec.paused,
+        next_fire_at=when(message.next_fire_time),
+        created_at=when(message.created_at),
+        created_by=message.created_by,
+        updated_at=when(message.updated_at),
+        updated_by=message.updated_by,
+        recent_ticks=tuple(
+            records.ScheduleTick(
+                at=when(t.tick_time),
+                source=t.source,
+                outcome=t.outcome,
+                run_id=t.run_id or None,
+                leader_epoch=t.leader_epoch,
+                created_at=when(t.created_at),
+            )
+            for t in message.recent_ticks
+        ),
+    )

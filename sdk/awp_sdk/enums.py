@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from awp.v1 import types_pb2
+from awp.v1 import schedule_pb2, types_pb2
 from awp_sdk.errors import InvalidArgument, UnknownEnumValue
 
 
@@ -78,6 +78,23 @@ class FailurePolicy(StrEnum):
     CONTINUE = "continue"
 
 
+class OverlapPolicy(StrEnum):
+    """What a schedule's tick does while its previous run still runs (docs/schedules.md)."""
+
+    SKIP = "skip"
+    BUFFER_ONE = "buffer_one"
+    ALLOW_ALL = "allow_all"
+    CANCEL_PREVIOUS = "cancel_previous"
+
+
+class CatchupPolicy(StrEnum):
+    """Which missed ticks a schedule fires once it can again (docs/schedules.md)."""
+
+    NONE = "none"
+    LAST = "last"
+    ALL = "all"
+
+
 E = TypeVar("E", bound=StrEnum)
 
 # Each Python enum, the proto enum it mirrors and that enum's value prefix.
@@ -89,6 +106,8 @@ _PROTO: Final[dict[type[StrEnum], tuple[Any, str]]] = {
     WorkerState: (types_pb2.WorkerState, "WORKER_STATE_"),
     EventType: (types_pb2.EventType, "EVENT_TYPE_"),
     FailurePolicy: (types_pb2.FailurePolicy, "FAILURE_POLICY_"),
+    OverlapPolicy: (schedule_pb2.OverlapPolicy, "OVERLAP_POLICY_"),
+    CatchupPolicy: (schedule_pb2.CatchupPolicy, "CATCHUP_POLICY_"),
 }
 
 

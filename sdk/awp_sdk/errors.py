@@ -49,7 +49,7 @@ class DefinitionInvalid(InvalidArgument):
 
 
 class NotFound(AwpError, LookupError):
-    """No such workflow or run."""
+    """No such workflow, run or schedule."""
 
 
 class WorkflowNotFound(NotFound):
@@ -57,6 +57,10 @@ class WorkflowNotFound(NotFound):
 
 
 class RunNotFound(NotFound):
+    pass
+
+
+class ScheduleNotFound(NotFound):
     pass
 
 
@@ -70,6 +74,10 @@ class DefinitionConflict(Conflict):
 
 class RequestIdConflict(Conflict):
     """The request id already started a run of another workflow, version or input."""
+
+
+class ScheduleExists(Conflict):
+    """A schedule of that name exists (Schedules.update changes it)."""
 
 
 class Unauthenticated(AwpError):
@@ -195,6 +203,8 @@ BY_REASON: Final[Mapping[str, type[AwpError]]] = {
     Reason.WORKER_DRAINING: WorkerDraining,
     Reason.LEASE_LOST: LeaseLost,
     Reason.STREAM_LIMIT: StreamLimit,
+    Reason.SCHEDULE_NOT_FOUND: ScheduleNotFound,
+    Reason.SCHEDULE_EXISTS: ScheduleExists,
 }
 # A reason this SDK does not know yet (a newer server) falls back on the status code.
 _BY_CODE: Final[Mapping[grpc.StatusCode, type[AwpError]]] = {

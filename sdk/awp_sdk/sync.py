@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from awp_protocol.limits import MAX_PAGE_SIZE
@@ -148,10 +149,19 @@ class Client:
         *,
         request_id: str | None = None,
         version: int | None = None,
+        start_at: datetime | None = None,
+        start_in: timedelta | None = None,
     ) -> RunHandle:
         """Starts a run; see AsyncClient.start."""
         started = self._run(
-            self._async.start(workflow, input, request_id=request_id, version=version)
+            self._async.start(
+                workflow,
+                input,
+                request_id=request_id,
+                version=version,
+                start_at=start_at,
+                start_in=start_in,
+            )
         )
         return RunHandle(self, started)
 

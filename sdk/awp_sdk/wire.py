@@ -15,11 +15,18 @@ from typing import Any
 
 from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, schedule_pb2, types_pb2
 from awp_protocol.jsonvalue import to_struct
 from awp_sdk import records
 from awp_sdk.decode import message_json
-from awp_sdk.enums import AttemptState, RunState, TaskState, encode
+from awp_sdk.enums import (
+    AttemptState,
+    CatchupPolicy,
+    OverlapPolicy,
+    RunState,
+    TaskState,
+    encode,
+)
 
 _Json = dict[str, Any]
 
@@ -55,9 +62,12 @@ def _run(run: records.Run) -> control_pb2.Run:
         cancel_requested_by=run.cancel_requested_by or "",
         retried_from_run_id=run.retried_from_run_id or "",
         retry_from_task=run.retry_from_task or "",
+        schedule_id=run.schedule_id or "",
     )
     _struct(message.input, run.input)
     _stamp(message.created_at, run.created_at)
+    _stamp(message.schedule_tick, run.schedule_tick)
+    _stamp(message.start_time, run.start_time)
     _stamp(message.finished_at, run.finished_at)
     _stamp(message.cancel_requested_at, run.cancel_requested_at)
     for state, count in run.task_counts.items():
@@ -138,6 +148,41 @@ def _worker(worker: records.Worker) -> control_pb2.WorkerInfo:
     _stamp(message.registered_at, worker.registered_at)
     _stamp(message.last_heartbeat_at, worker.last_heartbeat_at)
     _stamp(message.stopped_at, worker.stopped_at)
+    return message
+
+
+def _schedule(schedule: records.Schedule) -> schedule_pb2.Schedule:
+    spec = schedule_pb2.ScheduleSpec(
+        name=schedule.name,
+        workflow_name=schedule.workflow,
+        workflow_version=schedule.version,
+        cron=schedule.cron or "",
+        timezone=schedule.timezone,
+        overlap=encode(OverlapPolicy, schedule.overlap),  # type: ignore[arg-type]
+        catchup=encode(CatchupPolicy, schedule.catchup),  # type: ignore[arg-type]
+        paused=schedule.paused,
+    )
+    _struct(spec.input, schedule.input)
+    _span(spec.interval, schedule.every)
+    _span(spec.catchup_window, schedule.catchup_window)
+    message = schedule_pb2.Schedule(
+        spec=spec,
+        id=schedule.id,
+        created_by=schedule.created_by,
+        updated_by=schedule.updated_by,
+    )
+    _stamp(message.next_fire_time, schedule.next_fire_at)
+    _stamp(message.created_at, schedule.created_at)
+    _stamp(message.updated_at, schedule.updated_at)
+    for tick in schedule.recent_ticks:
+        shown = message.recent_ticks.add(
+            source=tick.source,
+            outcome=tick.outcome,
+            run_id=tick.run_id or "",
+            leader_epoch=tick.leader_epoch,
+        )
+        _stamp(shown.tick_time, tick.at)
+        _stamp(shown.created_at, tick.created_at)
     return message
 
 
@@ -273,4 +318,33 @@ def pruned(pruned: records.Pruned) -> _Json:
         next_page_token=pruned.next_page_token,
     )
     _stamp(message.cutoff, pruned.cutoff)
+    return message_json(message)
+
+
+def schedule(schedule: records.Schedule) -> _Json:
+    """An answer holding the schedule alone (GetSchedule's; Create, Update, Pause and
+    Resume answer alike)."""
+    return message_json(schedule_pb2.GetScheduleResponse(schedule=_schedule(schedule)))
+
+
+def schedules(found: Iterable[records.Schedule], next_page_token: str = "") -> _Json:
+    message = schedule_pb2.ListSchedulesResponse(
+        schedules=map(_schedule, found), next_page_token=next_page_token
+    )
+    return message_json(message)
+
+
+def backfilled(run_ids: Iterable[str], already_fired: int) -> _Json:
+    message = schedule_pb2.BackfillScheduleResponse(run_ids=run_ids, already_fired=already_fired)
+    return message_json(message)
+
+
+def schedule_deleted() -> _Json:
+    return message_json(schedule_pb2.DeleteScheduleResponse())
+
+
+def triggered(run: records.Run) -> _Json:
+    """TriggerSchedule's answer, from the run the tick started."""
+    message = schedule_pb2.TriggerScheduleResponse(run_id=run.id)
+    _stamp(message.tick_time, run.schedule_tick)
     return message_json(message)

@@ -21,7 +21,7 @@ from typing import Final
 from awp_coordinator.config import CoordinatorConfig
 from awp_coordinator.leadership import Leadership
 from awp_coordinator.metrics import Metrics
-from awp_db import coordination, retention
+from awp_db import coordination, retention, schedules
 from awp_db.connect import Pool
 from awp_db.leadership import Superseded, Term
 from awp_db.listen import Listener, Waiter
@@ -52,8 +52,11 @@ class PassReport:
     interrupted: int = 0
     timed_out: int = 0
     retries_released: int = 0
+    starts_released: int = 0
+    ticks_fired: int = 0
     withdrawn: int = 0
     dispatched: int = 0
+    runs_started: int = 0
     runs_finished: int = 0
     # Seconds until the earliest known lease expiry, deadline, retry or offline
     # threshold (negative if overdue), None when nothing is pending.
@@ -130,6 +133,14 @@ class Coordinator:
             # Settling attempts just now may have started retry timers of 0 ms.
             if due.retries or report.offline_leases or report.interrupted or report.timed_out:
                 report.retries_released = await coordination.release_retries(conn, batch, term=term)
+            if due.starts:
+                report.starts_released = await coordination.release_starts(conn, batch, term=term)
+            # Ticks are created only under a leader's term (awp_db.schedules): a pass
+            # without one leaves them to the leader.
+            if due.schedules and term is not None:
+                fired = await schedules.fire_due(conn, term, batch)
+                report.ticks_fired = fired.ticks
+                report.runs_started = len(fired.started)
             if due.unservable or report.offline_workers:
                 report.withdrawn = await coordination.withdraw_unservable(conn, batch, term=term)
 
@@ -151,7 +162,8 @@ class Coordinator:
                 or report.canceled_runs
                 or report.withdrawn
             )
-            if report.retries_released or (due.ready and (due.short or freed)):
+            made_ready = report.retries_released or report.starts_released or report.runs_started
+            if made_ready or (due.ready and (due.short or freed)):
                 dispatched = await coordination.create_dispatches(
                     conn, config.global_dispatch_limit, config.dispatch_prefetch, term=term
                 )

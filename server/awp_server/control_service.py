@@ -46,6 +46,7 @@ from awp_protocol.limits import (
     MAX_PAGE_SIZE,
     MAX_PRUNE_RUNS,
     MAX_SEQ,
+    MAX_START_DELAY_MS,
     MAX_STREAM_READERS_PER_SERVER,
     MAX_VERSION,
 )
@@ -140,10 +141,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         _check_name("workflow_name", request.workflow_name)
         _check_version("workflow_version", request.workflow_version)
         run_input = _json_object("input", request.input)
+        start = _delayed_start(request)
         workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
         async with self._pool.acquire() as conn:
             started = await runs.start(
-                conn, workflow, run_input, request.request_id or None, caller()
+                conn, workflow, run_input, request.request_id or None, caller(), start=start
             )
             run = await _load_run(conn, started.run_id)
         differs = None if started.created else _differs(request, run_input, run)
@@ -470,6 +472,21 @@ def _audit(call: str, **fields: object) -> None:
 def _check_name(field: str, name: str) -> None:
     if not NAME_PATTERN.fullmatch(name):
         raise invalid(field, f"must be {NAME_RULE}")
+
+
+def _delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:
+    """StartRun's start_time or start_delay (at most one; the guard checked the
+    Duration's range)."""
+    if request.HasField("start_time") and request.HasField("start_delay"):
+        raise invalid("start_delay", "give at most one of start_time and start_delay")
+    if request.HasField("start_time"):
+        return runs.Start(at=convert.instant("start_time", request.start_time))
+    if request.HasField("start_delay"):
+        delay_ms = request.start_delay.ToMilliseconds()
+        if not 0 <= delay_ms <= MAX_START_DELAY_MS:
+            raise invalid("start_delay", f"must be between 0 and {MAX_START_DELAY_MS} ms")
+        return runs.Start(delay_ms=delay_ms)
+    return runs.Start()
 
 
 def _check_version(field: str, version: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 from uuid import UUID
 
@@ -27,6 +27,7 @@ from awp_kernel.definition import (
     FAILURE_POLICIES,
     WorkflowSpec,
 )
+from awp_kernel.errors import invalid
 from awp_protocol import states
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.results import StoredError
@@ -60,7 +61,7 @@ class EnumMap(Generic[V]):
         return self.from_proto.get(value)
 
 
-def _enum_map(enum: _EnumTypeWrapper[V], prefix: str, names: Sequence[str]) -> EnumMap[V]:
+def enum_map(enum: _EnumTypeWrapper[V], prefix: str, names: Sequence[str]) -> EnumMap[V]:
     # Derived from the kernel's state lists, so a state added there without its proto
     # counterpart fails at import, not on the first row that carries it.
     to_proto = {name: enum.Value(prefix + name.upper().replace(".", "_")) for name in names}
@@ -71,17 +72,17 @@ def _enum_map(enum: _EnumTypeWrapper[V], prefix: str, names: Sequence[str]) -> E
     )
 
 
-RUN_STATES: Final = _enum_map(types_pb2.RunState, "RUN_STATE_", states.RUN_STATES)
-TASK_STATES: Final = _enum_map(types_pb2.TaskState, "TASK_STATE_", states.TASK_STATES)
-ATTEMPT_STATES: Final = _enum_map(types_pb2.AttemptState, "ATTEMPT_STATE_", states.ATTEMPT_STATES)
-DISPATCH_STATES: Final = _enum_map(
+RUN_STATES: Final = enum_map(types_pb2.RunState, "RUN_STATE_", states.RUN_STATES)
+TASK_STATES: Final = enum_map(types_pb2.TaskState, "TASK_STATE_", states.TASK_STATES)
+ATTEMPT_STATES: Final = enum_map(types_pb2.AttemptState, "ATTEMPT_STATE_", states.ATTEMPT_STATES)
+DISPATCH_STATES: Final = enum_map(
     types_pb2.DispatchState, "DISPATCH_STATE_", states.DISPATCH_STATES
 )
-WORKER_STATES: Final = _enum_map(types_pb2.WorkerState, "WORKER_STATE_", states.WORKER_STATES)
-FAILURE_POLICY: Final = _enum_map(types_pb2.FailurePolicy, "FAILURE_POLICY_", FAILURE_POLICIES)
+WORKER_STATES: Final = enum_map(types_pb2.WorkerState, "WORKER_STATE_", states.WORKER_STATES)
+FAILURE_POLICY: Final = enum_map(types_pb2.FailurePolicy, "FAILURE_POLICY_", FAILURE_POLICIES)
 # Storage names an event type by its subject, a dot and the rest: 'run.cancel_requested'
 # is EVENT_TYPE_RUN_CANCEL_REQUESTED. The proto enum is the list's one home.
-EVENT_TYPES: Final = _enum_map(
+EVENT_TYPES: Final = enum_map(
     types_pb2.EventType,
     "EVENT_TYPE_",
     [
@@ -102,6 +103,15 @@ def timestamp(moment: datetime | None) -> timestamp_pb2.Timestamp | None:
     value = timestamp_pb2.Timestamp()
     value.FromDatetime(moment)
     return value
+
+
+def instant(field: str, value: timestamp_pb2.Timestamp) -> datetime:
+    """A request's Timestamp as an aware datetime; INVALID_ARGUMENT naming the field when
+    it is not a valid one (nanos out of range, beyond year 9999)."""
+    try:
+        return value.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise invalid(field, "is not a valid google.protobuf.Timestamp") from None
 
 
 def duration_from_ms(ms: float) -> duration_pb2.Duration:
@@ -180,6 +190,9 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
         cancel_requested_by=row.cancel_requested_by or "",
         retried_from_run_id=_id_text(row.retried_from),
         retry_from_task=row.retry_from_task or "",
+        schedule_id=_id_text(row.schedule_id),
+        schedule_tick=timestamp(row.schedule_tick),
+        start_time=timestamp(row.start_at),
     )
 
 

@@ -318,6 +318,61 @@ async def test_every_rpc_through_reflection(awp_server: ServerHandle, pool: Pool
         await call(channel.close)
 
 
+async def test_schedule_rpcs_through_reflection(awp_server: ServerHandle) -> None:
+    """The Schedules calls of docs/grpcurl.md, with its JSON bodies."""
+    channel = grpc.insecure_channel(awp_server.address)
+    client = ReflectionClient(channel)
+    call = asyncio.to_thread
+    try:
+        await call(client.unary, CONTROL, "CreateWorkflow", {"definition": definition()})
+        nightly = {
+            "name": "nightly",
+            "workflowName": "reflected",
+            "cron": "0 2 * * *",
+            "timezone": "Europe/Paris",
+            "overlap": "OVERLAP_POLICY_SKIP",
+            "catchup": "CATCHUP_POLICY_ALL",
+            "catchupWindow": "60s",
+            "input": {"lang": "en"},
+        }
+        created = await call(client.unary, CONTROL, "CreateSchedule", {"schedule": nightly})
+        assert created["schedule"]["nextFireTime"].endswith(":00:00Z")
+        reindex = {
+            "name": "reindex",
+            "workflowName": "reflected",
+            "interval": "900s",
+            "overlap": "OVERLAP_POLICY_BUFFER_ONE",
+        }
+        await call(client.unary, CONTROL, "CreateSchedule", {"schedule": reindex})
+        listed = await call(client.unary, CONTROL, "ListSchedules", {"pageSize": 100})
+        assert [s["spec"]["name"] for s in listed["schedules"]] == ["nightly", "reindex"]
+        changed = {**nightly, "cron": "30 6 * * 1-5"}
+        await call(client.unary, CONTROL, "UpdateSchedule", {"schedule": changed})
+        for method in ("PauseSchedule", "ResumeSchedule"):
+            await call(client.unary, CONTROL, method, {"name": "nightly"})
+        triggered = await call(client.unary, CONTROL, "TriggerSchedule", {"name": "nightly"})
+        assert triggered["runId"] and triggered["tickTime"]
+        got = await call(client.unary, CONTROL, "GetSchedule", {"name": "nightly"})
+        assert got["schedule"]["recentTicks"][0]["source"] == "trigger"
+        window = {"startTime": "2026-12-01T00:00:00Z", "endTime": "2026-12-01T02:00:00Z"}
+        backfilled = await call(
+            client.unary, CONTROL, "BackfillSchedule", {"name": "reindex", **window}
+        )
+        assert len(backfilled["runIds"]) == 9
+        again = await call(client.unary, CONTROL, "BackfillSchedule", {"name": "reindex", **window})
+        assert again == {"alreadyFired": 9}
+        await call(client.unary, CONTROL, "DeleteSchedule", {"name": "nightly"})
+        delayed = await call(
+            client.unary,
+            CONTROL,
+            "StartRun",
+            {"workflowName": "reflected", "startDelay": "3600s"},
+        )
+        assert delayed["run"]["state"] == "RUN_STATE_RUNNING" and delayed["run"]["startTime"]
+    finally:
+        await call(channel.close)
+
+
 def reflect(address: str, service: str, request: Message, answer: type[Message]) -> Any:
     """One ServerReflectionInfo exchange with `service` (a version of reflection)."""
     with grpc.insecure_channel(address) as channel:

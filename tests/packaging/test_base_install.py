@@ -23,6 +23,7 @@ EXTRAS_ONLY = (
     "watchfiles",
     "grpc_health",
     "grpc_reflection",
+    "croniter",
 )
 BASE_PACKAGES = ("awp_sdk", "awp_worker", "awp_cli.main", "awp_protocol", "awp_common", "awp")
 

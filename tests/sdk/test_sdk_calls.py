@@ -22,6 +22,7 @@ from awp_sdk import (
     TaskState,
     WorkerState,
 )
+from awp_sdk.schedules import Schedules
 from kit import WORKER_TOKEN
 
 
@@ -93,7 +94,15 @@ def test_every_control_rpc_has_a_client_method() -> None:
         for rpc in rpcs
     }
     snake["WhoAmI"] = "who_am_i"
-    missing = [rpc for rpc, method in snake.items() if not hasattr(AsyncClient, method)]
+    # The schedule RPCs are awp_sdk.schedules.Schedules' (CreateSchedule: create).
+    missing = [
+        rpc
+        for rpc, method in snake.items()
+        if not hasattr(AsyncClient, method)
+        and not (
+            rpc.endswith(("Schedule", "Schedules")) and hasattr(Schedules, method.rsplit("_", 1)[0])
+        )
+    ]
     assert missing == []
 
 

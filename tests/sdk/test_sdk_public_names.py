@@ -37,16 +37,17 @@ MODULES = {
     "action output_struct stream_chunk",
     "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
-    "awp_sdk.decode": "applied attempt event identity message_json pruned run run_detail span "
-    "stats task task_error task_page when worker workflow",
+    "awp_sdk.decode": "applied attempt event identity message_json pruned run run_detail "
+    "schedule span stats task task_error task_page when worker workflow",
     "awp_sdk.definitions": "Definition MAX_UINT32 OnFailure POLICIES Path_ canonical_key "
     "definition parse_field render_path to_duration unwrap validate",
-    "awp_sdk.enums": "AttemptState DispatchState EventType FailurePolicy RunState TaskState "
-    "WorkerState decode encode",
+    "awp_sdk.enums": "AttemptState CatchupPolicy DispatchState EventType FailurePolicy "
+    "OverlapPolicy RunState TaskState WorkerState decode encode",
     "awp_sdk.errors": "AwpError BY_REASON Conflict DeadlineExceeded DefinitionConflict "
     "DefinitionInvalid FailedPrecondition InvalidArgument LeaseLost NotFound OutputsOmitted "
     "PermissionDenied ProtocolUnsupported RequestIdConflict RunCanceled RunFailed "
-    "RunNotFinished RunNotFound START_HINT StreamLimit Unauthenticated Unavailable "
+    "RunNotFinished RunNotFound START_HINT ScheduleExists ScheduleNotFound StreamLimit "
+    "Unauthenticated Unavailable "
     "UnknownEnumValue "
     "WaitTimeout WorkerDraining WorkflowNotFound from_rpc_error is_transient one_line",
     "awp_sdk.handle": "AsyncRunHandle OUTPUT_FETCHES complete_outputs first_failure "
@@ -54,14 +55,17 @@ MODULES = {
     "awp_sdk.records": "",
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
+    "awp_sdk.records.schedules": "Schedule ScheduleTick",
+    "awp_sdk.schedules": "Catchup Overlap Schedules",
     "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWorkflow",
     "awp_sdk.streams": "AttemptBoundary StreamChunk StreamItem task_stream",
     "awp_sdk.sync": "Client RunHandle",
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
-    "awp_sdk.wire": "applied attempts event pruned run run_detail runs started stats tasks "
-    "workers workflow workflows",
+    "awp_sdk.wire": "applied attempts backfilled event pruned run run_detail runs "
+    "schedule schedule_deleted schedules started stats tasks triggered workers workflow "
+    "workflows",
     "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow check_options",
 }
 
@@ -84,7 +88,11 @@ RECORD_FIELDS = {
     "Pruned": "runs tasks attempts dispatches events remaining cutoff next_page_token",
     "Run": "id workflow version state input request_id revision last_seq created_at "
     "finished_at cancel_requested_at started_by cancel_requested_by task_counts "
-    "retried_from_run_id retry_from_task",
+    "retried_from_run_id retry_from_task schedule_id schedule_tick start_time",
+    "Schedule": "id name workflow version input cron every timezone overlap catchup "
+    "catchup_window paused next_fire_at created_at created_by updated_at updated_by "
+    "recent_ticks",
+    "ScheduleTick": "at source outcome run_id leader_epoch created_at",
     "RunDetail": "run tasks attempts tasks_omitted attempts_omitted tracebacks_omitted",
     "Stats": "tasks_by_state dispatches_by_state runs_by_state workers_by_state "
     "active_leases oldest_pending",

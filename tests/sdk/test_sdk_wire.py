@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, schedule_pb2, types_pb2
 from awp_sdk import decode, wire
 from awp_sdk.decode import message_json
 
@@ -41,6 +41,9 @@ RUN = control_pb2.Run(
     cancel_requested_by="ops",
     retried_from_run_id="r0",
     retry_from_task="b",
+    schedule_id="s1",
+    schedule_tick=_at(-60),
+    start_time=_at(30),
 )
 ERROR = types_pb2.TaskError(
     message="boom", retryable=True, type="ValueError", traceback="tb", log_tail="tail"
@@ -237,3 +240,48 @@ def test_workflows_workers_stats_and_prunes_print_as_sent() -> None:
         next_page_token="more",
     )
     assert wire.pruned(decode.pruned(pruned)) == message_json(pruned)
+
+
+def _schedule(**spec: object) -> schedule_pb2.Schedule:
+    return schedule_pb2.Schedule(
+        spec=schedule_pb2.ScheduleSpec(
+            name="nightly",
+            workflow_name="w",
+            input=_struct({"n": 1}),
+            timezone="Europe/Paris",
+            overlap=schedule_pb2.OVERLAP_POLICY_BUFFER_ONE,
+            catchup=schedule_pb2.CATCHUP_POLICY_LAST,
+            catchup_window=duration_pb2.Duration(seconds=60),
+            **spec,  # type: ignore[arg-type]
+        ),
+        id="s1",
+        next_fire_time=_at(60),
+        created_at=_at(0),
+        created_by="admin",
+        updated_at=_at(1),
+        updated_by="ops",
+    )
+
+
+def test_schedules_and_their_answers_print_as_sent() -> None:
+    cron = _schedule(cron="0 2 * * *", workflow_version=3)
+    cron.recent_ticks.add(
+        tick_time=_at(-60), source="schedule", outcome="started", run_id="r1", leader_epoch=4,
+        created_at=_at(-59),
+    )  # fmt: skip
+    cron.recent_ticks.add(tick_time=_at(-120), source="trigger", outcome="skipped")
+    every = _schedule(interval=duration_pb2.Duration(seconds=900), paused=True)
+    every.ClearField("next_fire_time")
+    for message in (cron, every):
+        got = schedule_pb2.GetScheduleResponse(schedule=message)
+        assert wire.schedule(decode.schedule(message)) == message_json(got)
+    listed = schedule_pb2.ListSchedulesResponse(schedules=[cron, every])
+    assert wire.schedules(map(decode.schedule, listed.schedules)) == message_json(listed)
+    assert decode.schedule(every).cadence == "every 0:15:00"
+    assert decode.schedule(cron).cadence == "0 2 * * * (Europe/Paris)"
+    assert wire.schedule_deleted() == {}
+    fired = schedule_pb2.BackfillScheduleResponse(run_ids=["r1", "r2"], already_fired=3)
+    assert wire.backfilled(["r1", "r2"], 3) == message_json(fired)
+    # TriggerSchedule's answer, from the run its tick started.
+    triggered = schedule_pb2.TriggerScheduleResponse(run_id="r1", tick_time=_at(-60))
+    assert wire.triggered(decode.run(RUN)) == message_json(triggered)

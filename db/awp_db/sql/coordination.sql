@@ -55,7 +55,7 @@ SELECT r.id FROM runs r
 -- A pass's first read: which kinds of work have candidates now (each the exact
 -- condition of that step's candidate query; the steps re-check under their locks),
 -- whether any task is ready, and the seconds until the earliest lease expiry, attempt
--- deadline, retry timer or worker silence threshold ($1 of a session's own heartbeat
+-- deadline, retry timer, delayed start, schedule tick or worker silence threshold ($1 of a session's own heartbeat
 -- intervals and at least $2 ms, counted from the later of its last heartbeat and
 -- heartbeat_silence_from(), as locks.silent_sessions), NULL when none is pending.
 -- The difference is taken on the database clock, so the coordinator's clock never
@@ -81,6 +81,17 @@ SELECT EXISTS (SELECT 1 FROM runs
                                    WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)))
            AS unservable,
        EXISTS (SELECT 1 FROM tasks WHERE state = 'ready') AS ready,
+       -- Delayed starts whose time has come, and schedules with a due tick or a
+       -- buffered tick free to start (the same conditions as due_starts and
+       -- schedules.sql: due).
+       EXISTS (SELECT 1 FROM runs WHERE awaiting_start AND start_at <= clock_timestamp())
+           AS starts,
+       (EXISTS (SELECT 1 FROM schedules WHERE NOT paused AND next_tick_at <= clock_timestamp())
+        OR EXISTS (SELECT 1 FROM schedule_ticks b
+                    WHERE b.outcome = 'buffered'
+                      AND NOT EXISTS (SELECT 1 FROM runs r
+                                       WHERE r.schedule_id = b.schedule_id AND r.state = 'running')))
+           AS schedules,
        -- Some kind has fewer pending dispatches than free slots plus half the prefetch
        -- ($3): the only case in which dispatching.create_dispatches creates any
        -- (dispatching.refill_due, the same arithmetic).
@@ -100,7 +111,32 @@ SELECT EXISTS (SELECT 1 FROM runs
            (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),
            (SELECT min(attempt_deadline) FROM dispatches WHERE state = 'leased'),
            (SELECT min(retry_at) FROM tasks WHERE state = 'waiting_retry'),
+           (SELECT min(start_at) FROM runs WHERE awaiting_start),
+           (SELECT min(next_tick_at) FROM schedules WHERE NOT paused),
            (SELECT min(greatest(last_heartbeat_at, (SELECT heartbeat_silence_from()))
                        + greatest($1::int * heartbeat_interval_ms, $2::bigint) * interval '1 millisecond')
               FROM workers WHERE state IN ('active', 'draining'))
        ) - clock_timestamp())::float8 AS next_due_in
+
+-- name: due_starts
+-- Delayed runs whose start time has come, unlocked (index runs_awaiting_start).
+SELECT id FROM runs
+ WHERE awaiting_start AND start_at <= clock_timestamp()
+ ORDER BY start_at
+ LIMIT $1
+
+-- name: release_starts
+-- Runs are locked by the caller. A running run's roots become ready (the start time was
+-- the one thing they still waited for: runs.sql, insert_tasks); a run that ended while
+-- it waited (canceled) only stops waiting.
+WITH released AS (
+    UPDATE runs SET awaiting_start = false
+     WHERE id = ANY($1::uuid[]) AND awaiting_start AND start_at <= clock_timestamp()
+    RETURNING id, state)
+UPDATE tasks t
+   SET state = 'ready', unfinished_deps = 0, ready_at = clock_timestamp()
+  FROM released r
+ WHERE t.run_id = r.id AND r.state = 'running'
+   AND t.state = 'pending' AND cardinality(t.depends_on) = 0 AND NOT t.always
+   AND t.parent_id IS NULL
+RETURNING t.run_id, t.key

@@ -127,6 +127,17 @@ SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.re
  ORDER BY d.id
    FOR NO KEY UPDATE OF d SKIP LOCKED
 
+-- name: schedules
+-- Schedule rows, before any run row (locks.py): firing a tick, a trigger, a backfill
+-- and every change to a schedule hold its row, so a tick is decided once. The
+-- coordinator skips rows a request holds (locks.schedules appends SKIP LOCKED: its
+-- next pass finds them); a request waits.
+SELECT id, name, workflow_name, workflow_version, input, cron, interval_ms, timezone,
+       overlap, catchup, catchup_window_ms, paused, next_tick_at
+  FROM schedules WHERE id = ANY($1::uuid[])
+ ORDER BY id
+   FOR NO KEY UPDATE
+
 -- name: leader_term
 -- The first lock of every transaction a leading coordinator runs: the leader row, if
 -- ($1 holder, $2 epoch) still hold it. FOR KEY SHARE conflicts with a takeover (which

@@ -1,13 +1,20 @@
 -- name: insert
 -- Returns nothing when request_id was already used (the caller fetches that run).
-INSERT INTO runs (workflow_id, input, concurrency, request_id, started_by)
-VALUES ($1, $2, $3, $4, $5)
+-- $6/$7: the schedule and tick that started it (NULL: none). A delayed start: at $8, or
+-- $9 ms from now on the database clock (both NULL: at once); awaiting_start says whether
+-- that time is still ahead, so the roots wait (the coordinator releases them).
+INSERT INTO runs (workflow_id, input, concurrency, request_id, started_by, schedule_id,
+                  schedule_tick, start_at, awaiting_start)
+SELECT $1, $2, $3, $4, $5, $6, $7, s.at, coalesce(s.at > clock_timestamp(), false)
+  FROM (SELECT coalesce($8::timestamptz,
+                        clock_timestamp() + $9::bigint * interval '1 millisecond') AS at) s
 ON CONFLICT (request_id) DO NOTHING
-RETURNING id
+RETURNING id, awaiting_start
 
 -- name: insert_tasks
 -- :map_over/:map_paths: a map task's upstream and path (JSON array of keys), NULL for
--- other tasks.
+-- other tasks. :delayed: the run's start is delayed: its roots are pending too, waiting
+-- for one more thing, the start time (coordination.sql: release_starts).
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
@@ -15,10 +22,10 @@ INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, depend
 SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
-       t.unfinished_deps,
-       CASE WHEN t.unfinished_deps = 0 THEN 'ready' ELSE 'pending' END,
+       t.unfinished_deps + CASE WHEN t.unfinished_deps = 0 AND :delayed::bool THEN 1 ELSE 0 END,
+       CASE WHEN t.unfinished_deps = 0 AND NOT :delayed::bool THEN 'ready' ELSE 'pending' END,
        t.max_attempts, t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.timeout_ms,
-       CASE WHEN t.unfinished_deps = 0 THEN now() END,
+       CASE WHEN t.unfinished_deps = 0 AND NOT :delayed::bool THEN now() END,
        t.map_over,
        CASE WHEN t.map_over IS NOT NULL
             THEN array(SELECT jsonb_array_elements_text(t.map_path::jsonb)) END,
@@ -40,7 +47,8 @@ SELECT id FROM runs WHERE request_id = $1
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
-       w.version AS workflow_version, r.retried_from, r.retry_from_task
+       w.version AS workflow_version, r.retried_from, r.retry_from_task, r.schedule_id,
+       r.schedule_tick, r.start_at
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE r.id = $1
 
@@ -90,7 +98,8 @@ SELECT state, last_seq FROM runs WHERE id = $1
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
-       w.version AS workflow_version, r.retried_from, r.retry_from_task
+       w.version AS workflow_version, r.retried_from, r.retry_from_task, r.schedule_id,
+       r.schedule_tick, r.start_at
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE ($1::text IS NULL OR w.name = $1)
    AND ($2::text IS NULL OR r.state = $2)

@@ -346,6 +346,8 @@ class StartRunRequest(_message.Message):
     WORKFLOW_VERSION_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    START_DELAY_FIELD_NUMBER: _builtins.int
     workflow_name: _builtins.str
     workflow_version: _builtins.int
     """0: the latest version."""
@@ -359,6 +361,15 @@ class StartRunRequest(_message.Message):
         at most 64 KiB, nested at most 32 levels deep).
         """
 
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """A delayed start (at most one of the two): the run exists at once (visible,
+        cancelable) and its roots become READY at start_time, or start_delay (at most 366
+        days) after the server received the request, on the database clock.
+        """
+
+    @_builtins.property
+    def start_delay(self) -> _duration_pb2.Duration: ...
     def __init__(
         self,
         *,
@@ -366,10 +377,12 @@ class StartRunRequest(_message.Message):
         workflow_version: _builtins.int = ...,
         input: _struct_pb2.Struct | None = ...,
         request_id: _builtins.str = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        start_delay: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "start_delay", b"start_delay", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "request_id", b"request_id", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "request_id", b"request_id", "start_delay", b"start_delay", "start_time", b"start_time", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -419,6 +432,9 @@ class Run(_message.Message):
     CANCEL_REQUESTED_BY_FIELD_NUMBER: _builtins.int
     RETRIED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     RETRY_FROM_TASK_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULE_TICK_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     workflow_name: _builtins.str
     workflow_version: _builtins.int
@@ -438,6 +454,8 @@ class Run(_message.Message):
     given (empty: every task that did not succeed).
     """
     retry_from_task: _builtins.str
+    schedule_id: _builtins.str
+    """Set when a schedule's tick started this run: the schedule's id and the tick's instant."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -451,6 +469,12 @@ class Run(_message.Message):
         """One entry per state the run's tasks are in, in the enum's (lifecycle) order; states
         no task is in are left out. The elements of map tasks are counted as tasks.
         """
+
+    @_builtins.property
+    def schedule_tick(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """A delayed start: when its roots become (or became) READY."""
 
     def __init__(
         self,
@@ -471,10 +495,13 @@ class Run(_message.Message):
         cancel_requested_by: _builtins.str = ...,
         retried_from_run_id: _builtins.str = ...,
         retry_from_task: _builtins.str = ...,
+        schedule_id: _builtins.str = ...,
+        schedule_tick: _timestamp_pb2.Timestamp | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "input", b"input"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "input", b"input", "schedule_tick", b"schedule_tick", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "cancel_requested_by", b"cancel_requested_by", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "retried_from_run_id", b"retried_from_run_id", "retry_from_task", b"retry_from_task", "revision", b"revision", "started_by", b"started_by", "state", b"state", "tasks_by_state", b"tasks_by_state", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "cancel_requested_by", b"cancel_requested_by", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "retried_from_run_id", b"retried_from_run_id", "retry_from_task", b"retry_from_task", "revision", b"revision", "schedule_id", b"schedule_id", "schedule_tick", b"schedule_tick", "start_time", b"start_time", "started_by", b"started_by", "state", b"state", "tasks_by_state", b"tasks_by_state", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

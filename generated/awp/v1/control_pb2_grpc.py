@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from awp.v1 import control_pb2 as awp_dot_v1_dot_control__pb2
+from awp.v1 import schedule_pb2 as awp_dot_v1_dot_schedule__pb2
 
 GRPC_GENERATED_VERSION = '1.85.0'
 GRPC_VERSION = grpc.__version__
@@ -118,6 +119,51 @@ class ControlServiceStub:
                 '/awp.v1.ControlService/WatchStream',
                 request_serializer=awp_dot_v1_dot_control__pb2.WatchStreamRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.WatchStreamResponse.FromString,
+                _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/awp.v1.ControlService/CreateSchedule',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.GetSchedule = channel.unary_unary(
+                '/awp.v1.ControlService/GetSchedule',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.GetScheduleRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.GetScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/awp.v1.ControlService/ListSchedules',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.UpdateSchedule = channel.unary_unary(
+                '/awp.v1.ControlService/UpdateSchedule',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.UpdateScheduleResponse.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/awp.v1.ControlService/PauseSchedule',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.PauseScheduleRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.PauseScheduleResponse.FromString,
+                _registered_method=True)
+        self.ResumeSchedule = channel.unary_unary(
+                '/awp.v1.ControlService/ResumeSchedule',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.ResumeScheduleRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.ResumeScheduleResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/awp.v1.ControlService/DeleteSchedule',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
+        self.TriggerSchedule = channel.unary_unary(
+                '/awp.v1.ControlService/TriggerSchedule',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.TriggerScheduleRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.TriggerScheduleResponse.FromString,
+                _registered_method=True)
+        self.BackfillSchedule = channel.unary_unary(
+                '/awp.v1.ControlService/BackfillSchedule',
+                request_serializer=awp_dot_v1_dot_schedule__pb2.BackfillScheduleRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_schedule__pb2.BackfillScheduleResponse.FromString,
                 _registered_method=True)
 
 
@@ -288,6 +334,63 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """--- Schedules (schedule.proto, docs/schedules.md). Managing them needs the submitter
+        role (reading them, viewer), and each change is audited like StartRun. A bad cron
+        expression, zone, interval or policy is INVALID_ARGUMENT naming the field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TriggerSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BackfillSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -375,6 +478,51 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.WatchStream,
                     request_deserializer=awp_dot_v1_dot_control__pb2.WatchStreamRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.WatchStreamResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'GetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchedule,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.GetScheduleRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.GetScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.UpdateScheduleResponse.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.PauseScheduleRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.PauseScheduleResponse.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.ResumeScheduleRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.ResumeScheduleResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'TriggerSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.TriggerSchedule,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.TriggerScheduleRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.TriggerScheduleResponse.SerializeToString,
+            ),
+            'BackfillSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.BackfillSchedule,
+                    request_deserializer=awp_dot_v1_dot_schedule__pb2.BackfillScheduleRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_schedule__pb2.BackfillScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -836,6 +984,249 @@ class ControlService:
             '/awp.v1.ControlService/WatchStream',
             awp_dot_v1_dot_control__pb2.WatchStreamRequest.SerializeToString,
             awp_dot_v1_dot_control__pb2.WatchStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/CreateSchedule',
+            awp_dot_v1_dot_schedule__pb2.CreateScheduleRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/GetSchedule',
+            awp_dot_v1_dot_schedule__pb2.GetScheduleRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.GetScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/ListSchedules',
+            awp_dot_v1_dot_schedule__pb2.ListSchedulesRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/UpdateSchedule',
+            awp_dot_v1_dot_schedule__pb2.UpdateScheduleRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.UpdateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/PauseSchedule',
+            awp_dot_v1_dot_schedule__pb2.PauseScheduleRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.PauseScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/ResumeSchedule',
+            awp_dot_v1_dot_schedule__pb2.ResumeScheduleRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.ResumeScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/DeleteSchedule',
+            awp_dot_v1_dot_schedule__pb2.DeleteScheduleRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.DeleteScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TriggerSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/TriggerSchedule',
+            awp_dot_v1_dot_schedule__pb2.TriggerScheduleRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.TriggerScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BackfillSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/BackfillSchedule',
+            awp_dot_v1_dot_schedule__pb2.BackfillScheduleRequest.SerializeToString,
+            awp_dot_v1_dot_schedule__pb2.BackfillScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,6 +17,7 @@ INVALID_ARGUMENT, the BadRequest naming the field).
 """
 
 from awp.v1 import control_pb2 as _control_pb2
+from awp.v1 import schedule_pb2 as _schedule_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
@@ -135,6 +136,19 @@ class ControlServiceStub:
     unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
     the readers one server serves at once (its --max-stream-readers, at most 1,000).
     """
+    CreateSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.CreateScheduleRequest, _schedule_pb2.CreateScheduleResponse]
+    """--- Schedules (schedule.proto, docs/schedules.md). Managing them needs the submitter
+    role (reading them, viewer), and each change is audited like StartRun. A bad cron
+    expression, zone, interval or policy is INVALID_ARGUMENT naming the field.
+    """
+    GetSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.GetScheduleRequest, _schedule_pb2.GetScheduleResponse]
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.ListSchedulesRequest, _schedule_pb2.ListSchedulesResponse]
+    UpdateSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.UpdateScheduleRequest, _schedule_pb2.UpdateScheduleResponse]
+    PauseSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.PauseScheduleRequest, _schedule_pb2.PauseScheduleResponse]
+    ResumeSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.ResumeScheduleRequest, _schedule_pb2.ResumeScheduleResponse]
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DeleteScheduleRequest, _schedule_pb2.DeleteScheduleResponse]
+    TriggerSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.TriggerScheduleRequest, _schedule_pb2.TriggerScheduleResponse]
+    BackfillSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.BackfillScheduleRequest, _schedule_pb2.BackfillScheduleResponse]
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -230,6 +244,19 @@ class ControlServiceAsyncStub(ControlServiceStub):
     unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
     the readers one server serves at once (its --max-stream-readers, at most 1,000).
     """
+    CreateSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.CreateScheduleRequest, _schedule_pb2.CreateScheduleResponse]  # type: ignore[assignment]
+    """--- Schedules (schedule.proto, docs/schedules.md). Managing them needs the submitter
+    role (reading them, viewer), and each change is audited like StartRun. A bad cron
+    expression, zone, interval or policy is INVALID_ARGUMENT naming the field.
+    """
+    GetSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.GetScheduleRequest, _schedule_pb2.GetScheduleResponse]  # type: ignore[assignment]
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_schedule_pb2.ListSchedulesRequest, _schedule_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    UpdateSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.UpdateScheduleRequest, _schedule_pb2.UpdateScheduleResponse]  # type: ignore[assignment]
+    PauseSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.PauseScheduleRequest, _schedule_pb2.PauseScheduleResponse]  # type: ignore[assignment]
+    ResumeSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.ResumeScheduleRequest, _schedule_pb2.ResumeScheduleResponse]  # type: ignore[assignment]
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DeleteScheduleRequest, _schedule_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    TriggerSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.TriggerScheduleRequest, _schedule_pb2.TriggerScheduleResponse]  # type: ignore[assignment]
+    BackfillSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.BackfillScheduleRequest, _schedule_pb2.BackfillScheduleResponse]  # type: ignore[assignment]
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -424,5 +451,72 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         unknown run, INVALID_ARGUMENT naming task_key for an unknown task, STREAM_LIMIT past
         the readers one server serves at once (its --max-stream-readers, at most 1,000).
         """
+
+    @_abc_1.abstractmethod
+    def CreateSchedule(
+        self,
+        request: _schedule_pb2.CreateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.CreateScheduleResponse, _abc.Awaitable[_schedule_pb2.CreateScheduleResponse]]:
+        """--- Schedules (schedule.proto, docs/schedules.md). Managing them needs the submitter
+        role (reading them, viewer), and each change is audited like StartRun. A bad cron
+        expression, zone, interval or policy is INVALID_ARGUMENT naming the field.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSchedule(
+        self,
+        request: _schedule_pb2.GetScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.GetScheduleResponse, _abc.Awaitable[_schedule_pb2.GetScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _schedule_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.ListSchedulesResponse, _abc.Awaitable[_schedule_pb2.ListSchedulesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateSchedule(
+        self,
+        request: _schedule_pb2.UpdateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.UpdateScheduleResponse, _abc.Awaitable[_schedule_pb2.UpdateScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PauseSchedule(
+        self,
+        request: _schedule_pb2.PauseScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.PauseScheduleResponse, _abc.Awaitable[_schedule_pb2.PauseScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ResumeSchedule(
+        self,
+        request: _schedule_pb2.ResumeScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.ResumeScheduleResponse, _abc.Awaitable[_schedule_pb2.ResumeScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _schedule_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.DeleteScheduleResponse, _abc.Awaitable[_schedule_pb2.DeleteScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TriggerSchedule(
+        self,
+        request: _schedule_pb2.TriggerScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.TriggerScheduleResponse, _abc.Awaitable[_schedule_pb2.TriggerScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def BackfillSchedule(
+        self,
+        request: _schedule_pb2.BackfillScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.BackfillScheduleResponse, _abc.Awaitable[_schedule_pb2.BackfillScheduleResponse]]: ...
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -86,6 +86,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     stream (AppendStream), or the readers one server serves at once (WatchStream; try
     another replica or later). The message names the limit.
     """
+    ERROR_REASON_SCHEDULE_NOT_FOUND: _ErrorReason.ValueType  # 18
+    """NOT_FOUND: no schedule of that name."""
+    ERROR_REASON_SCHEDULE_EXISTS: _ErrorReason.ValueType  # 19
+    """ALREADY_EXISTS: a schedule of that name exists (UpdateSchedule changes it)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -145,4 +149,8 @@ ERROR_REASON_STREAM_LIMIT: ErrorReason.ValueType  # 17
 stream (AppendStream), or the readers one server serves at once (WatchStream; try
 another replica or later). The message names the limit.
 """
+ERROR_REASON_SCHEDULE_NOT_FOUND: ErrorReason.ValueType  # 18
+"""NOT_FOUND: no schedule of that name."""
+ERROR_REASON_SCHEDULE_EXISTS: ErrorReason.ValueType  # 19
+"""ALREADY_EXISTS: a schedule of that name exists (UpdateSchedule changes it)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -26,6 +26,7 @@ from awp_sdk.records.runs import (
     TaskPage,
     TaskStatus,
 )
+from awp_sdk.records.schedules import Schedule, ScheduleTick
 from awp_sdk.records.workflows import Applied, StoredMap, StoredRetry, StoredTask, StoredWorkflow
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "Pruned",
     "Run",
     "RunDetail",
+    "Schedule",
+    "ScheduleTick",
     "Stats",
     "StoredMap",
     "StoredRetry",

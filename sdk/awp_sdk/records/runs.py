@@ -46,6 +46,11 @@ class Run:
     # Set when a retry started this run: the run it retried, and its from_task.
     retried_from_run_id: str | None = None
     retry_from_task: str | None = None
+    # Set when a schedule's tick started this run: the schedule's id and the tick.
+    schedule_id: str | None = None
+    schedule_tick: datetime | None = None
+    # A delayed start: when its first tasks become (or became) ready.
+    start_time: datetime | None = None
 
     @property
     def done(self) -> bool:

@@ -5,7 +5,7 @@ done their worst).
 check_committed: what holds in every committed state, over the whole database --
 a run's and the fleet's concurrency limits, each task's state agreeing with its
 dispatches and attempts, each map task agreeing with its elements, items 4 and 5 below
-for every run.
+for every run, items 6 and 7 for every stream and schedule.
 
 check_invariants: what a finished scenario must show for the runs it names, plus
 everything check_committed checks:
@@ -24,25 +24,31 @@ everything check_committed checks:
    live dispatch and no running attempt.
 6. Output streams: no chunk stored after its lease ended, offsets contiguous per
    attempt, positions per task (streams.py, in every committed state).
-7. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
+7. Schedules (schedules.py): every started tick has exactly its one run and every run
+   a schedule started its tick; no tick was created under a stale leader epoch.
+8. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
    no INTERNAL answer during the scenario (health.py).
 
-The checks live in committed.py and streams.py (every committed state), runs.py (each finished run)
-and health.py; this module is the one entry point. The checker also reports how many
-executions the tasks cost: at-least-once is paid for in extra attempts, and the output
-should show that price, not hide it.
+The checks live in committed.py, streams.py and schedules.py (every committed state),
+runs.py (each finished run) and health.py; this module is the one entry point. The
+checker also reports how many executions the tasks cost: at-least-once is paid for in
+extra attempts, and the output should show that price, not hide it.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from uuid import UUID
 
-import asyncpg
-
 from kit.invariants.committed import committed
-from kit.invariants.common import Db, Expect, InvariantViolation, RunCost
+from kit.invariants.common import (
+    Db,
+    Expect,
+    InvariantViolation,
+    RunCost,
+    raise_if_any,
+    snapshot,
+)
 from kit.invariants.health import ScenarioHealth, health_problems
 from kit.invariants.runs import cost, run_problems
 
@@ -62,13 +68,13 @@ async def check_committed(
 ) -> dict[str, int]:
     """Raises InvariantViolation unless every committed-state invariant holds (and, with
     finished, no run is still running); returns the live and leased dispatch counts."""
-    async with _snapshot(db) as conn:
+    async with snapshot(db) as conn:
         problems, counts = await committed(conn, global_limit)
         if finished:
             unfinished = await conn.fetchval("SELECT count(*) FROM runs WHERE state = 'running'")
             if unfinished:
                 problems.append(f"{unfinished} runs still running")
-    _raise_if_any(problems)
+    raise_if_any(problems)
     return counts
 
 
@@ -77,7 +83,7 @@ async def check_invariants(
 ) -> dict[UUID, RunCost]:
     """Raises InvariantViolation listing every broken invariant; returns each run's cost."""
     costs: dict[UUID, RunCost] = {}
-    async with _snapshot(db) as conn:
+    async with snapshot(db) as conn:
         problems, _ = await committed(conn)
         for run_id, expect in expected.items():
             problems.extend(await run_problems(conn, run_id, expect))
@@ -86,22 +92,5 @@ async def check_invariants(
         problems.extend(health_problems(health))
     for each in costs.values():
         print(each.line(), flush=True)
-    _raise_if_any(problems)
+    raise_if_any(problems)
     return costs
-
-
-@contextlib.asynccontextmanager
-async def _snapshot(db: Db) -> AsyncIterator[asyncpg.Connection]:
-    """One consistent view of the database: every check sees the same committed state."""
-    async with contextlib.AsyncExitStack() as stack:
-        if isinstance(db, asyncpg.Pool):
-            db = await stack.enter_async_context(db.acquire())
-        await stack.enter_async_context(db.transaction(isolation="repeatable_read"))
-        yield db
-
-
-def _raise_if_any(problems: list[str]) -> None:
-    if problems:
-        raise InvariantViolation(
-            f"{len(problems)} invariant violation(s):\n" + "\n".join(f"  - {p}" for p in problems)
-        )

@@ -3,8 +3,9 @@ its tasks cost, and the error every broken invariant is reported by."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -54,3 +55,20 @@ class RunCost:
 
 class InvariantViolation(AssertionError):
     pass
+
+
+@contextlib.asynccontextmanager
+async def snapshot(db: Db) -> AsyncIterator[asyncpg.Connection]:
+    """One consistent view of the database: every check sees the same committed state."""
+    async with contextlib.AsyncExitStack() as stack:
+        if isinstance(db, asyncpg.Pool):
+            db = await stack.enter_async_context(db.acquire())
+        await stack.enter_async_context(db.transaction(isolation="repeatable_read"))
+        yield db
+
+
+def raise_if_any(problems: list[str]) -> None:
+    if problems:
+        raise InvariantViolation(
+            f"{len(problems)} invariant violation(s):\n" + "\n".join(f"  - {p}" for p in problems)
+        )
