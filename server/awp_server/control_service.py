@@ -7,17 +7,12 @@ messages (awp_server.convert); no SQL and no lifecycle rule lives here.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
 
 import grpc
-from google.protobuf import struct_pb2
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import (
@@ -38,21 +33,20 @@ from awp_db.signals import RUN_EVENTS_CHANNEL
 from awp_kernel.definition_proto import spec_from_proto
 from awp_kernel.errors import AwpError, ErrorKind, invalid
 from awp_protocol.errors import Reason, quote
-from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
+from awp_protocol.jsonvalue import canonical_json
 from awp_protocol.limits import (
     MAX_ATTEMPTS_PAGE_SIZE,
     MAX_GET_RUN_ROWS,
-    MAX_INPUT_BYTES,
     MAX_PAGE_SIZE,
     MAX_PRUNE_RUNS,
     MAX_SEQ,
-    MAX_START_DELAY_MS,
     MAX_STREAM_READERS_PER_SERVER,
     MAX_VERSION,
 )
-from awp_protocol.names import NAME_PATTERN, NAME_RULE, TASK_KEY_PATTERN, TASK_KEY_RULE
+from awp_protocol.names import NAME_PATTERN, TASK_KEY_PATTERN, TASK_KEY_RULE
 from awp_protocol.roles import Role
 from awp_protocol.states import TERMINAL_RUN_STATES
+from awp_server import control_requests as requests
 from awp_server import convert, delivery
 from awp_server.auth import caller, caller_credential
 from awp_server.errors import server_stream, unary
@@ -60,8 +54,6 @@ from awp_server.streams import StreamReaders
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-# One logger for the audit trail, so that it can be routed on its own.
-audit = logging.getLogger("awp.audit")
 WORKFLOWS_PAGE: Final = (100, MAX_PAGE_SIZE)  # (default, max) page size
 RUNS_PAGE: Final = (50, MAX_PAGE_SIZE)
 ATTEMPTS_PAGE: Final = (MAX_ATTEMPTS_PAGE_SIZE, MAX_ATTEMPTS_PAGE_SIZE)
@@ -95,7 +87,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.CreateWorkflowResponse:
         spec = spec_from_proto(request.definition)
         stored, created = await workflows.create(self._pool, spec)
-        _audit("CreateWorkflow", workflow=spec.name, version=spec.version, new=created)
+        requests.audit("CreateWorkflow", workflow=spec.name, version=spec.version, new=created)
         return control_pb2.CreateWorkflowResponse(
             workflow=convert.workflow_to_proto(stored), created=created
         )
@@ -104,8 +96,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     async def GetWorkflow(
         self, request: control_pb2.GetWorkflowRequest, context: Context
     ) -> control_pb2.GetWorkflowResponse:
-        _check_name("name", request.name)
-        _check_version("version", request.version)
+        requests.check_name("name", request.name)
+        requests.check_version("version", request.version)
         stored = await workflows.get(self._pool, request.name, request.version)
         return control_pb2.GetWorkflowResponse(workflow=convert.workflow_to_proto(stored))
 
@@ -114,20 +106,20 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self, request: control_pb2.ListWorkflowsRequest, context: Context
     ) -> control_pb2.ListWorkflowsResponse:
         if request.name:
-            _check_name("name", request.name)
-        size = _page_size(request.page_size, *WORKFLOWS_PAGE)
+            requests.check_name("name", request.name)
+        size = requests.page_size(request.page_size, *WORKFLOWS_PAGE)
         after: tuple[str, int] = ("", 0)  # sorts before every (name, version)
         if request.page_token:
-            name, version = _decode_token(request.page_token, "w", (str, int))
+            name, version = requests.decode_token(request.page_token, "w", (str, int))
             if not NAME_PATTERN.fullmatch(name) or not 1 <= version <= MAX_VERSION:
-                raise _bad_token()
+                raise requests.bad_token()
             after = (name, version)
         found = await workflows.list_page(self._pool, request.name or None, after, size + 1)
         page = found[:size]
         next_token = ""
         if len(found) > size:
             last = page[-1].spec
-            next_token = _encode_token("w", [last.name, last.version])
+            next_token = requests.encode_token("w", [last.name, last.version])
         return control_pb2.ListWorkflowsResponse(
             workflows=[convert.workflow_to_proto(w) for w in page], next_page_token=next_token
         )
@@ -138,17 +130,17 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     async def StartRun(
         self, request: control_pb2.StartRunRequest, context: Context
     ) -> control_pb2.StartRunResponse:
-        _check_name("workflow_name", request.workflow_name)
-        _check_version("workflow_version", request.workflow_version)
-        run_input = _json_object("input", request.input)
-        start = _delayed_start(request)
+        requests.check_name("workflow_name", request.workflow_name)
+        requests.check_version("workflow_version", request.workflow_version)
+        run_input = requests.json_object("input", request.input)
+        start = requests.delayed_start(request)
         workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
         async with self._pool.acquire() as conn:
             started = await runs.start(
                 conn, workflow, run_input, request.request_id or None, caller(), start=start
             )
             run = await _load_run(conn, started.run_id)
-        differs = None if started.created else _differs(request, run_input, run)
+        differs = None if started.created else requests.differs(request, run_input, run)
         if differs is not None:
             # Same key, different request: not a retry. Returning the other run would
             # hide the client's bug.
@@ -159,7 +151,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 f"{run.workflow_name}@{run.workflow_version} with another {differs}",
                 metadata={"run_id": run.id},
             )
-        _audit("StartRun", run_id=run.id, new=started.created)
+        requests.audit("StartRun", run_id=run.id, new=started.created)
         return control_pb2.StartRunResponse(run=run, created=started.created)
 
     @unary
@@ -194,8 +186,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self, request: control_pb2.ListTasksRequest, context: Context
     ) -> control_pb2.ListTasksResponse:
         run_id = runs.parse_run_id(request.run_id)
-        size = _page_size(request.page_size, *TASKS_PAGE)
-        after = _after_id(request.page_token, "t")
+        size = requests.page_size(request.page_size, *TASKS_PAGE)
+        after = requests.after_id(request.page_token, "t")
         async with reads.snapshot(self._pool) as conn:
             await runs.get(conn, run_id)  # RUN_NOT_FOUND before an empty page
             found = await runs.tasks(conn, run_id, after=after, limit=size + 1)
@@ -207,7 +199,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         delivery.trim_tasks(answer)
         kept = len(answer.tasks)
         if kept < len(page) or len(found) > size:
-            answer.next_page_token = _encode_token("t", [page[kept - 1].id])
+            answer.next_page_token = requests.encode_token("t", [page[kept - 1].id])
         return answer
 
     @unary
@@ -228,8 +220,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.ListAttemptsResponse:
         run_id = runs.parse_run_id(request.run_id)
         task_key = request.task_key or None
-        size = _page_size(request.page_size, *ATTEMPTS_PAGE)
-        after = _after_id(request.page_token, "a")
+        size = requests.page_size(request.page_size, *ATTEMPTS_PAGE)
+        after = requests.after_id(request.page_token, "a")
         async with reads.snapshot(self._pool) as conn:
             await runs.get(conn, run_id)  # RUN_NOT_FOUND before an empty page
             if task_key is not None and not await attempts.has_task(conn, run_id, task_key):
@@ -238,7 +230,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         page = found[:size]
         return control_pb2.ListAttemptsResponse(
             attempts=[convert.attempt_detail_to_proto(row) for row in page],
-            next_page_token=_encode_token("a", [page[-1].id]) if len(found) > size else "",
+            next_page_token=requests.encode_token("a", [page[-1].id]) if len(found) > size else "",
         )
 
     @unary
@@ -246,22 +238,22 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self, request: control_pb2.ListRunsRequest, context: Context
     ) -> control_pb2.ListRunsResponse:
         if request.workflow_name:
-            _check_name("workflow_name", request.workflow_name)
+            requests.check_name("workflow_name", request.workflow_name)
         state: str | None = None
         if request.state != types_pb2.RUN_STATE_UNSPECIFIED:
             state = convert.RUN_STATES.name(request.state)
             if state is None:
                 raise invalid("state", f"unknown run state {request.state}")
-        size = _page_size(request.page_size, *RUNS_PAGE)
+        size = requests.page_size(request.page_size, *RUNS_PAGE)
         before: tuple[datetime, UUID] | None = None
         if request.page_token:
-            created_at, run_id = _decode_token(request.page_token, "r", (str, str))
+            created_at, run_id = requests.decode_token(request.page_token, "r", (str, str))
             try:
                 before = (datetime.fromisoformat(created_at), UUID(run_id))
             except ValueError:
-                raise _bad_token() from None
+                raise requests.bad_token() from None
             if before[0].tzinfo is None:
-                raise _bad_token()
+                raise requests.bad_token()
         async with reads.snapshot(self._pool) as conn:
             found = await runs.list_page(
                 conn, request.workflow_name or None, state, before, size + 1
@@ -271,7 +263,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         next_token = ""
         if len(found) > size:
             last = page[-1]
-            next_token = _encode_token("r", [last.created_at.isoformat(), str(last.id)])
+            next_token = requests.encode_token("r", [last.created_at.isoformat(), str(last.id)])
         return control_pb2.ListRunsResponse(
             runs=[convert.run_to_proto(row, counts[row.id]) for row in page],
             next_page_token=next_token,
@@ -286,7 +278,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             # False for a finished (or already canceling) run: nothing to do, not an error.
             recorded = await runs.request_cancel(conn, run_id, request.reason, caller())
             run = await _load_run(conn, run_id)
-        _audit("CancelRun", run_id=str(run_id), recorded=recorded)
+        requests.audit("CancelRun", run_id=str(run_id), recorded=recorded)
         return control_pb2.CancelRunResponse(run=run)
 
     @unary
@@ -304,7 +296,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 ),
             )
             run = await _load_run(conn, started.run_id)
-        _audit(
+        requests.audit(
             "RetryRun",
             run_id=run.id,
             retried_from=str(source),
@@ -371,23 +363,23 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         older_than_s = request.older_than.ToTimedelta().total_seconds()
         if older_than_s <= 0:
             raise invalid("older_than", "must be more than 0, e.g. 7 days")
-        limit = _page_size(request.limit, *PRUNE_CALL)
+        limit = requests.page_size(request.limit, *PRUNE_CALL)
         if request.page_token and not request.dry_run:
             raise invalid("page_token", "only a dry run pages: a prune deletes what it counted")
         after: retention.Position | None = None
         async with self._pool.acquire() as conn:
             if request.page_token:
                 # A dry run keeps the cutoff of its first page: its pages add up.
-                cutoff, finished_at, run_id = _decode_token(
+                cutoff, finished_at, run_id = requests.decode_token(
                     request.page_token, "p", (str, str, str)
                 )
                 try:
                     before = datetime.fromisoformat(cutoff)
                     after = (datetime.fromisoformat(finished_at), UUID(run_id))
                 except ValueError:
-                    raise _bad_token() from None
+                    raise requests.bad_token() from None
                 if before.tzinfo is None or after[0].tzinfo is None:
-                    raise _bad_token()
+                    raise requests.bad_token()
             else:
                 before = await retention.cutoff(conn, older_than_s)
             next_token = ""
@@ -396,14 +388,14 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 counted, last = survey.would, survey.last
                 remaining = 0 if last is None else await retention.backlog(conn, before, last)
                 if remaining and last is not None:
-                    next_token = _encode_token(
+                    next_token = requests.encode_token(
                         "p", [before.isoformat(), last[0].isoformat(), str(last[1])]
                     )
             else:
                 counted = await retention.prune(conn, before, limit)
                 remaining = await retention.backlog(conn, before)
         if not request.dry_run:
-            _audit(
+            requests.audit(
                 "PruneRuns",
                 older_than_s=older_than_s,
                 remaining=remaining,
@@ -438,118 +430,3 @@ async def _load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:
     row = await runs.get(conn, run_id)
     counts = await runs.task_counts(conn, [run_id])
     return convert.run_to_proto(row, counts[run_id])
-
-
-def _differs(
-    request: control_pb2.StartRunRequest, run_input: dict[str, Any], run: control_pb2.Run
-) -> str | None:
-    """What of a StartRun differs from the run its request_id already started, if any.
-
-    Version 0 ("the latest") matches any version: a retry must still find its run after
-    a newer version was created. Inputs are compared as canonical JSON, both read
-    through the same Struct conversion, so key order and 1 vs 1.0 do not count.
-    """
-    if run.workflow_name != request.workflow_name or request.workflow_version not in (
-        0,
-        run.workflow_version,
-    ):
-        return "workflow"
-    if canonical_json(struct_to_dict(run.input)) != canonical_json(run_input):
-        return "input"
-    if run.retried_from_run_id:
-        return f"request (a RetryRun of run {run.retried_from_run_id})"
-    return None
-
-
-# ---------------------------------------------------------------- input checks
-
-
-def _audit(call: str, **fields: object) -> None:
-    """The audit trail's log line of a ControlService write: who, what, on what."""
-    audit.info("audit", extra={"call": call, "by": caller(), **fields})
-
-
-def _check_name(field: str, name: str) -> None:
-    if not NAME_PATTERN.fullmatch(name):
-        raise invalid(field, f"must be {NAME_RULE}")
-
-
-def _delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:
-    """StartRun's start_time or start_delay (at most one; the guard checked the
-    Duration's range)."""
-    if request.HasField("start_time") and request.HasField("start_delay"):
-        raise invalid("start_delay", "give at most one of start_time and start_delay")
-    if request.HasField("start_time"):
-        return runs.Start(at=convert.instant("start_time", request.start_time))
-    if request.HasField("start_delay"):
-        delay_ms = request.start_delay.ToMilliseconds()
-        if not 0 <= delay_ms <= MAX_START_DELAY_MS:
-            raise invalid("start_delay", f"must be between 0 and {MAX_START_DELAY_MS} ms")
-        return runs.Start(delay_ms=delay_ms)
-    return runs.Start()
-
-
-def _check_version(field: str, version: int) -> None:
-    # 0 means "the latest"; the column is a PostgreSQL integer.
-    if version > MAX_VERSION:
-        raise invalid(field, f"must be 0 (latest) to {MAX_VERSION}")
-
-
-def _json_object(field: str, value: struct_pb2.Struct) -> dict[str, Any]:
-    try:
-        data = struct_to_dict(value)
-    except JsonInvalid as exc:
-        raise invalid(field, str(exc)) from None
-    size = json_size(data)
-    if size > MAX_INPUT_BYTES:
-        raise invalid(field, f"is {size} bytes serialised; at most {MAX_INPUT_BYTES}")
-    return data
-
-
-def _page_size(requested: int, default: int, maximum: int) -> int:
-    # Capped, not refused: a client asking for more simply gets pages of the maximum.
-    return min(requested or default, maximum)
-
-
-# ---------------------------------------------------------------- page tokens
-# Opaque to clients: URL-safe base64 of JSON [kind, *last key of the previous page]. The
-# kind stops a token of one listing from being replayed against another.
-
-
-def _encode_token(kind: str, key: list[Any]) -> str:
-    raw = json.dumps([kind, *key], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_token(token: str, kind: str, shape: tuple[type, ...]) -> list[Any]:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        decoded = json.loads(raw)
-    except (binascii.Error, ValueError):
-        raise _bad_token() from None
-    if (
-        not isinstance(decoded, list)
-        or len(decoded) != len(shape) + 1
-        or decoded[0] != kind
-        # bool is an int to isinstance, and never a valid key part.
-        or not all(
-            isinstance(part, expected) and not isinstance(part, bool)
-            for part, expected in zip(decoded[1:], shape, strict=True)
-        )
-    ):
-        raise _bad_token()
-    return decoded[1:]
-
-
-def _after_id(token: str, kind: str) -> int:
-    """The row id a keyset page token of this kind resumes after; 0 for the first page."""
-    if not token:
-        return 0
-    (after,) = _decode_token(token, kind, (int,))
-    if not 0 < after <= MAX_SEQ:  # a row id, a PostgreSQL bigint
-        raise _bad_token()
-    return int(after)
-
-
-def _bad_token() -> AwpError:
-    return invalid("page_token", "is not a page token this listing issued")

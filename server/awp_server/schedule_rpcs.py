@@ -21,20 +21,10 @@ from awp_kernel.schedules import OVERLAPS as OVERLAP_NAMES
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.limits import MAX_PAGE_SIZE
 from awp_protocol.names import NAME_PATTERN
+from awp_server import control_requests as requests
 from awp_server import convert
 from awp_server.auth import caller
-from awp_server.control_service import (
-    Context,
-    ControlService,
-    _audit,
-    _bad_token,
-    _check_name,
-    _check_version,
-    _decode_token,
-    _encode_token,
-    _json_object,
-    _page_size,
-)
+from awp_server.control_service import Context, ControlService
 from awp_server.errors import unary
 
 SCHEDULES_PAGE: Final = (100, MAX_PAGE_SIZE)
@@ -51,9 +41,9 @@ def _ms(value: duration_pb2.Duration) -> int:
 
 def spec_from_proto(spec: schedule_pb2.ScheduleSpec) -> schedules.ScheduleSpec:
     """Wire to storage; the calendar's checks are awp_db.schedules' (naming each field)."""
-    _check_name("name", spec.name)
-    _check_name("workflow_name", spec.workflow_name)
-    _check_version("workflow_version", spec.workflow_version)
+    requests.check_name("name", spec.name)
+    requests.check_name("workflow_name", spec.workflow_name)
+    requests.check_version("workflow_version", spec.workflow_version)
     interval_ms = _ms(spec.interval) if spec.HasField("interval") else 0
     if spec.HasField("interval") and interval_ms <= 0:
         raise invalid("interval", "must be positive")
@@ -71,7 +61,7 @@ def spec_from_proto(spec: schedule_pb2.ScheduleSpec) -> schedules.ScheduleSpec:
         name=spec.name,
         workflow_name=spec.workflow_name,
         workflow_version=spec.workflow_version,
-        input=_json_object("input", spec.input),
+        input=requests.json_object("input", spec.input),
         cron=spec.cron,
         interval_ms=interval_ms,
         timezone=spec.timezone or DEFAULT_TIMEZONE,
@@ -131,7 +121,7 @@ class ControlServiceWithSchedules(ControlService):
     """ControlService, schedule RPCs included: what awp-server serves."""
 
     def _name(self, name: str) -> str:
-        _check_name("name", name)
+        requests.check_name("name", name)
         return name
 
     @unary
@@ -141,7 +131,7 @@ class ControlServiceWithSchedules(ControlService):
         spec = spec_from_proto(request.schedule)
         async with self._pool.acquire() as conn:
             row = await schedules.create(conn, spec, caller())
-        _audit("CreateSchedule", schedule=spec.name, workflow=spec.workflow_name)
+        requests.audit("CreateSchedule", schedule=spec.name, workflow=spec.workflow_name)
         return schedule_pb2.CreateScheduleResponse(schedule=schedule_to_proto(row))
 
     @unary
@@ -156,15 +146,15 @@ class ControlServiceWithSchedules(ControlService):
     async def ListSchedules(
         self, request: schedule_pb2.ListSchedulesRequest, context: Context
     ) -> schedule_pb2.ListSchedulesResponse:
-        size = _page_size(request.page_size, *SCHEDULES_PAGE)
+        size = requests.page_size(request.page_size, *SCHEDULES_PAGE)
         after = ""
         if request.page_token:
-            (after,) = _decode_token(request.page_token, "s", (str,))
+            (after,) = requests.decode_token(request.page_token, "s", (str,))
             if not NAME_PATTERN.fullmatch(after):
-                raise _bad_token()
+                raise requests.bad_token()
         found = await schedules.list_page(self._pool, after, size + 1)
         page = found[:size]
-        token = _encode_token("s", [page[-1].name]) if len(found) > size else ""
+        token = requests.encode_token("s", [page[-1].name]) if len(found) > size else ""
         return schedule_pb2.ListSchedulesResponse(
             schedules=[schedule_to_proto(row) for row in page], next_page_token=token
         )
@@ -176,7 +166,7 @@ class ControlServiceWithSchedules(ControlService):
         spec = spec_from_proto(request.schedule)
         async with self._pool.acquire() as conn:
             row = await schedules.update(conn, spec, caller())
-        _audit("UpdateSchedule", schedule=spec.name, workflow=spec.workflow_name)
+        requests.audit("UpdateSchedule", schedule=spec.name, workflow=spec.workflow_name)
         return schedule_pb2.UpdateScheduleResponse(schedule=schedule_to_proto(row))
 
     @unary
@@ -185,7 +175,7 @@ class ControlServiceWithSchedules(ControlService):
     ) -> schedule_pb2.PauseScheduleResponse:
         async with self._pool.acquire() as conn:
             row = await schedules.set_paused(conn, self._name(request.name), True, caller())
-        _audit("PauseSchedule", schedule=row.name)
+        requests.audit("PauseSchedule", schedule=row.name)
         return schedule_pb2.PauseScheduleResponse(schedule=schedule_to_proto(row))
 
     @unary
@@ -194,7 +184,7 @@ class ControlServiceWithSchedules(ControlService):
     ) -> schedule_pb2.ResumeScheduleResponse:
         async with self._pool.acquire() as conn:
             row = await schedules.set_paused(conn, self._name(request.name), False, caller())
-        _audit("ResumeSchedule", schedule=row.name)
+        requests.audit("ResumeSchedule", schedule=row.name)
         return schedule_pb2.ResumeScheduleResponse(schedule=schedule_to_proto(row))
 
     @unary
@@ -202,7 +192,7 @@ class ControlServiceWithSchedules(ControlService):
         self, request: schedule_pb2.DeleteScheduleRequest, context: Context
     ) -> schedule_pb2.DeleteScheduleResponse:
         await schedules.delete(self._pool, self._name(request.name))
-        _audit("DeleteSchedule", schedule=request.name)
+        requests.audit("DeleteSchedule", schedule=request.name)
         return schedule_pb2.DeleteScheduleResponse()
 
     @unary
@@ -211,7 +201,7 @@ class ControlServiceWithSchedules(ControlService):
     ) -> schedule_pb2.TriggerScheduleResponse:
         async with self._pool.acquire() as conn:
             run_id, tick = await schedules.trigger(conn, self._name(request.name), caller())
-        _audit("TriggerSchedule", schedule=request.name, run_id=run_id)
+        requests.audit("TriggerSchedule", schedule=request.name, run_id=run_id)
         return schedule_pb2.TriggerScheduleResponse(
             run_id=str(run_id), tick_time=convert.timestamp(tick)
         )
@@ -225,7 +215,9 @@ class ControlServiceWithSchedules(ControlService):
         end = _instant("end_time", request.end_time, request.HasField("end_time"))
         async with self._pool.acquire() as conn:
             done = await schedules.backfill(conn, name, start, end, caller())
-        _audit("BackfillSchedule", schedule=name, started=len(done.started), already=done.already)
+        requests.audit(
+            "BackfillSchedule", schedule=name, started=len(done.started), already=done.already
+        )
         return schedule_pb2.BackfillScheduleResponse(
             run_ids=[str(run_id) for run_id in done.started], already_fired=done.already
         )

@@ -146,6 +146,12 @@ def _valid(method: str, world: dict[str, Any]) -> Message:
         "GetUpstreamOutputs": worker_pb2.GetUpstreamOutputsRequest(
             session=session, dispatch_id=1, lease_token="t", keys=["a"]
         ),
+        "AppendStream": worker_pb2.AppendStreamRequest(
+            session=session,
+            dispatch_id=1,
+            lease_token="t",
+            chunks=[worker_pb2.StreamChunkIn(text="fuzz")],
+        ),
         "CreateWorkflow": control_pb2.CreateWorkflowRequest(
             definition=types_pb2.WorkflowDefinition(
                 name="wf2",
