@@ -21,7 +21,7 @@ from awp_sdk.actions import ActionCancelled, ActionRegistry
 from awp_worker import ActionContext
 from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK
-from awp_worker._stream import StreamSettings, StreamTooLarge, StreamWriter
+from awp_worker._stream import StreamLost, StreamSettings, StreamTooLarge, StreamWriter
 from kit import ServerHandle, poll_until, spec, start_run
 from kit.invariants import check_committed
 
@@ -200,3 +200,27 @@ async def test_more_than_an_attempt_may_stream_fails_the_action_at_once() -> Non
         await writer.awrite("one byte too many")
     await asyncio.wait_for(writer.flush(), 60)
     writer.close()
+
+
+async def test_a_sync_write_after_the_stream_is_lost_raises_stream_lost() -> None:
+    # StreamLost is an ActionCancelled, a CancelledError: raised by the coroutine a sync
+    # write runs on the loop, it used to reach the action's thread as a bare
+    # concurrent.futures.CancelledError that `except ActionCancelled` missed.
+    async def refuse(request: worker_pb2.AppendStreamRequest) -> worker_pb2.AppendStreamResponse:
+        return worker_pb2.AppendStreamResponse(outcome=worker_pb2.COMPLETE_OUTCOME_LEASE_LOST)
+
+    lost: list[str] = []
+    writer = StreamWriter(worker_pb2.Lease(attempt=1), refuse, lost.append, StreamSettings(), {})
+    await writer.awrite("refused")
+    await poll_until(lambda: lost, what="the append refused")
+
+    def write_from_a_thread() -> BaseException | None:
+        try:
+            writer.write("after")
+        except BaseException as exc:  # the test inspects what the action would see
+            return exc
+        return None
+
+    raised = await asyncio.to_thread(write_from_a_thread)
+    assert isinstance(raised, StreamLost), repr(raised)
+    assert isinstance(raised, ActionCancelled)

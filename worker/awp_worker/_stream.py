@@ -27,6 +27,7 @@ from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNKS_
 from awp_sdk.actions import ActionCancelled, PermanentError, stream_chunk
 from awp_worker._backoff import Backoff
 from awp_worker._errors import describe, is_transient
+from awp_worker._threads import call_from_thread
 
 log = logging.getLogger("awp_worker.stream")
 
@@ -99,7 +100,7 @@ class StreamWriter:
             self._wakes.add(wake)
             wake.add_done_callback(self._wakes.discard)
             return
-        asyncio.run_coroutine_threadsafe(self.awrite(chunk), self._loop).result()
+        call_from_thread(self._loop, self.awrite(chunk))
 
     async def awrite(self, chunk: Any) -> None:
         encoded = encode(chunk)
