@@ -187,8 +187,9 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.LoadCheckpointsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
     "awp.v1.RecordStepRequest.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.RecordStepRequest.name": MAX_CHECKPOINT_NAME_CHARS,
-    # Characters bound bytes from below: the byte bound (MEMO_LIMIT) is the handler's.
-    "awp.v1.RecordStepRequest.value_json": MAX_MEMO_BYTES,
+    # Bounded by the request's size only: a memo past MAX_MEMO_BYTES is the handler's
+    # MEMO_LIMIT, naming the memo size limit, not a length error.
+    "awp.v1.RecordStepRequest.value_json": MAX_REQUEST_BYTES,
     "awp.v1.WatchStreamRequest.run_id": MAX_ID_CHARS,
     "awp.v1.WatchStreamRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.GetTaskOutputRequest.run_id": MAX_ID_CHARS,

@@ -37,15 +37,16 @@ import math
 import threading
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar, get_args
+from typing import Any, Protocol, TypeVar
 
+from awp_protocol.states import CHECKPOINT_KINDS, CheckpointKind
 from awp_sdk.actions import ActionCancelled
 
 T = TypeVar("T")
 
 # What a checkpoint records: the storage names of awp.v1.CheckpointKind.
-Kind = Literal["step", "sleep", "signal", "approval"]
-KINDS: tuple[Kind, ...] = get_args(Kind)
+Kind = CheckpointKind
+KINDS = CHECKPOINT_KINDS
 
 
 @dataclass(frozen=True, slots=True)
