@@ -108,7 +108,7 @@ class Attempts:
         checkpoints = LeaseCheckpoints(
             lease,
             session.lease_call,
-            lambda reason: self._stream_lost(holding[0], reason),
+            lambda reason: self._memo_lost(holding[0], reason),
             fields,
         )
         stream = StreamWriter(
@@ -152,6 +152,10 @@ class Attempts:
         lease were revoked."""
         if self._owner.leases.holds(held):
             revoke(self._owner, held, "lost")
+
+    def _memo_lost(self, held: HeldLease, reason: str) -> None:
+        self._owner.metrics.memos_refused.inc()
+        self._stream_lost(held, reason)
 
     async def _execute(self, held: HeldLease) -> None:
         bind(**held.log_fields)  # this task's context only: user log lines carry them too

@@ -4,9 +4,12 @@ over LoadCheckpoints and RecordStep (DESIGN.md §16).
 Both are fenced by the server exactly as Complete is. Transient failures are retried
 (a resent RecordStep is answered DUPLICATE), for as long as the attempt lives: its
 safety deadline or revocation cancels the executor, and ``close`` then cancels the
-calls still in flight (a sync action waiting on one gets ``ActionCancelled``). A
-LEASE_LOST answer stops the attempt as a refused AppendStream does (``on_lost``), and
-the action sees ``ActionCancelled``: a stale attempt stores no memo.
+calls still in flight (a sync action waiting on one gets ``ActionCancelled``). A sync
+action's thread outlives its cancelled attempt until it returns to the SDK: a call it
+makes then is still sent, once, and judged by the server, which is the one judge of
+the lease (no retry). A LEASE_LOST answer stops the attempt as a refused AppendStream
+does (``on_lost``), and the action sees ``ActionCancelled``: a stale attempt stores no
+memo.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class LeaseCheckpoints:
         self._on_lost = on_lost
         self._fields = log_fields
         self._lost: str | None = None
+        self._closed = False
         self._calls: set[asyncio.Task[Any]] = set()
 
     async def load(self) -> Sequence[Checkpoint]:
@@ -120,6 +124,7 @@ class LeaseCheckpoints:
     def close(self) -> None:
         """The attempt is over: calls still in flight end (their waiters see
         ``ActionCancelled``)."""
+        self._closed = True
         for task in list(self._calls):
             task.cancel()
 
@@ -153,6 +158,8 @@ class LeaseCheckpoints:
                     raise PermanentError(exc.details() or "MEMO_LIMIT") from None
                 if not is_transient(exc):
                     raise
+                if self._closed:
+                    raise CheckpointsLost(f"{method}: the attempt ended") from None
                 log.info("%s failed (%s); resending", method, describe(exc), extra=self._fields)
                 await asyncio.sleep(backoff.next())
 
