@@ -57,7 +57,7 @@ class Metrics:
         )  # fmt: skip
         self.memos_refused = Counter(
             "awp_worker_memos_refused",
-            "Checkpoint calls (RecordStep, LoadCheckpoints) refused LEASE_LOST: the attempt stopped",
+            "Checkpoint calls refused LEASE_LOST (the attempt stopped)",
             registry=r,
         )
         self.heartbeats = Counter("awp_worker_heartbeats", "Heartbeat requests sent", registry=r)
