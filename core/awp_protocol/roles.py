@@ -16,12 +16,14 @@ class Role(enum.StrEnum):
     WORKER = "worker"  # Register (the session then authenticates the worker's other calls)
     VIEWER = "viewer"  # read workflows, runs, events, workers, stats
     SUBMITTER = "submitter"  # what a viewer may, and start, cancel and retry runs
+    APPROVER = "approver"  # what a viewer may, and decide approvals (docs/design.md §16)
     ADMIN = "admin"  # everything, including creating workflows and pruning runs
 
 
-READ: Final = frozenset({Role.VIEWER, Role.SUBMITTER, Role.ADMIN})
+READ: Final = frozenset({Role.VIEWER, Role.SUBMITTER, Role.APPROVER, Role.ADMIN})
 SUBMIT: Final = frozenset({Role.SUBMITTER, Role.ADMIN})
 ADMIN: Final = frozenset({Role.ADMIN})
+DECIDE: Final = frozenset({Role.APPROVER, Role.ADMIN})
 # Every RPC that needs a credential, and the roles that may make it. WorkerService calls
 # after Register carry the session instead; health and reflection are open.
 ROLES_OF: Final[dict[str, frozenset[Role]]] = {
@@ -53,6 +55,10 @@ ROLES_OF: Final[dict[str, frozenset[Role]]] = {
     "/awp.v1.ControlService/DeleteSchedule": SUBMIT,
     "/awp.v1.ControlService/TriggerSchedule": SUBMIT,
     "/awp.v1.ControlService/BackfillSchedule": SUBMIT,
+    # A signal is input to a run, like starting it; a decision is a person's (§16).
+    "/awp.v1.ControlService/SendSignal": SUBMIT,
+    "/awp.v1.ControlService/Approve": DECIDE,
+    "/awp.v1.ControlService/Reject": DECIDE,
 }
 
 

@@ -64,7 +64,7 @@ CREATE TABLE public.attempts (
     CONSTRAINT attempts_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
     CONSTRAINT attempts_diagnostics_of_failures CHECK (((state = 'failed'::text) OR ((traceback IS NULL) AND (log_tail IS NULL)))),
     CONSTRAINT attempts_log_tail_check CHECK ((length(log_tail) <= 8192)),
-    CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'interrupted'::text, 'timed_out'::text, 'canceled'::text]))),
+    CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'interrupted'::text, 'timed_out'::text, 'canceled'::text, 'suspended'::text]))),
     CONSTRAINT attempts_traceback_check CHECK ((length(traceback) <= 16384))
 );
 
@@ -82,6 +82,34 @@ CREATE SEQUENCE public.attempts_id_seq
     CACHE 1;
 
 ALTER SEQUENCE public.attempts_id_seq OWNED BY public.attempts.id;
+
+CREATE TABLE public.checkpoints (
+    task_id bigint NOT NULL,
+    run_id uuid NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    occurrence integer NOT NULL,
+    value jsonb NOT NULL,
+    value_bytes integer NOT NULL,
+    tokens bigint DEFAULT 0 NOT NULL,
+    cost_usd double precision DEFAULT 0 NOT NULL,
+    timed_out boolean DEFAULT false NOT NULL,
+    dispatch_id bigint,
+    attempt integer,
+    fencing_token bigint,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT checkpoints_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT checkpoints_check CHECK ((((dispatch_id IS NULL) = (attempt IS NULL)) AND ((attempt IS NULL) = (fencing_token IS NULL)))),
+    CONSTRAINT checkpoints_check1 CHECK (((kind <> 'step'::text) OR (dispatch_id IS NOT NULL))),
+    CONSTRAINT checkpoints_check2 CHECK (((kind = 'step'::text) OR ((tokens = 0) AND (cost_usd = (0)::double precision)))),
+    CONSTRAINT checkpoints_cost_usd_check CHECK ((cost_usd >= (0)::double precision)),
+    CONSTRAINT checkpoints_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'sleep'::text, 'signal'::text, 'approval'::text]))),
+    CONSTRAINT checkpoints_occurrence_check CHECK ((occurrence >= 0)),
+    CONSTRAINT checkpoints_tokens_check CHECK ((tokens >= 0)),
+    CONSTRAINT checkpoints_value_bytes_check CHECK ((value_bytes >= 0))
+);
+
+COMMENT ON TABLE public.checkpoints IS 'Memos of a task (step results, satisfied waits), written once under the lease or the run lock; replayed by later attempts.';
 
 CREATE TABLE public.coordinator_leader (
     singleton boolean DEFAULT true NOT NULL,
@@ -298,6 +326,30 @@ COMMENT ON COLUMN public.servers.serving_since IS 'Start of the current unbroken
 
 COMMENT ON COLUMN public.servers.stale_after_ms IS 'The server is live until last_seen_at plus this (two of its liveness intervals).';
 
+CREATE TABLE public.signals (
+    id bigint NOT NULL,
+    run_id uuid NOT NULL,
+    name text NOT NULL,
+    payload jsonb NOT NULL,
+    request_id text,
+    sent_by text NOT NULL,
+    sent_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    consumed_by_task bigint,
+    consumed_at timestamp with time zone,
+    CONSTRAINT signals_check CHECK (((consumed_by_task IS NULL) = (consumed_at IS NULL)))
+);
+
+COMMENT ON TABLE public.signals IS 'Signals sent to runs: buffered until a wait for their name consumes them, oldest first.';
+
+ALTER TABLE public.signals ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.signals_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE public.state_events (
     run_id uuid NOT NULL,
     seq bigint NOT NULL,
@@ -369,6 +421,19 @@ CREATE TABLE public.tasks (
     map_index integer,
     on_failure text DEFAULT 'fail_run'::text NOT NULL,
     always boolean DEFAULT false NOT NULL,
+    suspensions integer DEFAULT 0 NOT NULL,
+    wait_kind text,
+    wait_name text,
+    wait_occurrence integer,
+    wait_prompt text,
+    wait_role text,
+    wait_since timestamp with time zone,
+    wait_due_at timestamp with time zone,
+    wait_attempt integer,
+    wait_task jsonb,
+    saved_steps integer DEFAULT 0 NOT NULL,
+    saved_tokens bigint DEFAULT 0 NOT NULL,
+    saved_cost_usd double precision DEFAULT 0 NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
     CONSTRAINT tasks_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -386,9 +451,17 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT tasks_on_failure_check CHECK ((on_failure = ANY (ARRAY['fail_run'::text, 'continue'::text]))),
     CONSTRAINT tasks_reused_succeeded_without_attempts CHECK (((reused_from_run_id IS NULL) OR ((state = 'succeeded'::text) AND (attempts = 0)))),
-    CONSTRAINT tasks_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text]))),
+    CONSTRAINT tasks_saved_cost_usd_check CHECK ((saved_cost_usd >= (0)::double precision)),
+    CONSTRAINT tasks_saved_steps_check CHECK ((saved_steps >= 0)),
+    CONSTRAINT tasks_saved_tokens_check CHECK ((saved_tokens >= 0)),
+    CONSTRAINT tasks_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text, 'waiting'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text]))),
+    CONSTRAINT tasks_suspensions_check CHECK ((suspensions >= 0)),
     CONSTRAINT tasks_timeout_ms_check CHECK ((timeout_ms > 0)),
-    CONSTRAINT tasks_unfinished_deps_check CHECK ((unfinished_deps >= 0))
+    CONSTRAINT tasks_unfinished_deps_check CHECK ((unfinished_deps >= 0)),
+    CONSTRAINT tasks_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text, 'approval'::text]))),
+    CONSTRAINT tasks_wait_named CHECK (((wait_kind IS NULL) OR ((wait_name IS NOT NULL) AND (wait_since IS NOT NULL)))),
+    CONSTRAINT tasks_wait_occurrence_check CHECK ((wait_occurrence >= 0)),
+    CONSTRAINT tasks_waiting CHECK (((state = 'waiting'::text) = (wait_kind IS NOT NULL)))
 );
 
 COMMENT ON TABLE public.tasks IS 'The tasks of a run, all created with the run; a task''s state moves only under its run''s lock.';
@@ -505,6 +578,9 @@ ALTER TABLE ONLY public.attempts
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_task_id_attempt_key UNIQUE (task_id, attempt);
 
+ALTER TABLE ONLY public.checkpoints
+    ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (task_id, kind, name, occurrence);
+
 ALTER TABLE ONLY public.coordinator_leader
     ADD CONSTRAINT coordinator_leader_epoch_key UNIQUE (epoch);
 
@@ -537,6 +613,12 @@ ALTER TABLE ONLY public.schema_migrations
 
 ALTER TABLE ONLY public.servers
     ADD CONSTRAINT servers_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.signals
+    ADD CONSTRAINT signals_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.signals
+    ADD CONSTRAINT signals_run_id_request_id_key UNIQUE (run_id, request_id);
 
 ALTER TABLE ONLY public.state_events
     ADD CONSTRAINT state_events_pkey PRIMARY KEY (run_id, seq);
@@ -624,6 +706,8 @@ CREATE UNIQUE INDEX schedule_ticks_buffered ON public.schedule_ticks USING btree
 
 CREATE INDEX schedules_due ON public.schedules USING btree (next_tick_at) WHERE (NOT paused);
 
+CREATE INDEX signals_buffered ON public.signals USING btree (run_id, name, id) WHERE (consumed_at IS NULL);
+
 CREATE UNIQUE INDEX stream_chunks_position ON public.stream_chunks USING btree (task_id, "position");
 
 COMMENT ON INDEX public.stream_chunks_position IS 'WatchStream reads a task''s chunks from a position here; an append finds where its attempt starts.';
@@ -643,6 +727,10 @@ COMMENT ON INDEX public.tasks_ready IS 'Dispatch reads each run''s ready tasks i
 CREATE INDEX tasks_retry_due ON public.tasks USING btree (retry_at) WHERE (state = 'waiting_retry'::text);
 
 COMMENT ON INDEX public.tasks_retry_due IS 'The coordinator''s retry timers, earliest first.';
+
+CREATE INDEX tasks_wait_due ON public.tasks USING btree (wait_due_at) WHERE ((state = 'waiting'::text) AND (wait_due_at IS NOT NULL));
+
+CREATE INDEX tasks_waiting_for ON public.tasks USING btree (run_id, wait_kind, wait_name) WHERE (state = 'waiting'::text);
 
 CREATE INDEX workers_live ON public.workers USING btree (last_heartbeat_at) WHERE (state = ANY (ARRAY['active'::text, 'draining'::text]));
 
@@ -664,6 +752,9 @@ ALTER TABLE ONLY public.attempts
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES public.workers(id);
 
+ALTER TABLE ONLY public.checkpoints
+    ADD CONSTRAINT checkpoints_task_id_fkey FOREIGN KEY (task_id) REFERENCES public.tasks(id) ON DELETE CASCADE;
+
 ALTER TABLE ONLY public.dispatches
     ADD CONSTRAINT dispatches_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 
@@ -678,6 +769,12 @@ ALTER TABLE ONLY public.runs
 
 ALTER TABLE ONLY public.schedule_ticks
     ADD CONSTRAINT schedule_ticks_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.signals
+    ADD CONSTRAINT signals_consumed_by_task_fkey FOREIGN KEY (consumed_by_task) REFERENCES public.tasks(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.signals
+    ADD CONSTRAINT signals_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.state_events
     ADD CONSTRAINT state_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;

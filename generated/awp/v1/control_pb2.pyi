@@ -16,6 +16,7 @@ page tokens 512 characters); bytes that do not decode are MALFORMED_REQUEST (all
 INVALID_ARGUMENT, the BadRequest naming the field).
 """
 
+from awp.v1 import durable_pb2 as _durable_pb2
 from awp.v1 import types_pb2 as _types_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
@@ -550,6 +551,9 @@ class Task(_message.Message):
     HAND_BACKS_FIELD_NUMBER: _builtins.int
     MAP_PARENT_FIELD_NUMBER: _builtins.int
     MAP_INDEX_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    SUSPENSIONS_FIELD_NUMBER: _builtins.int
+    SAVED_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     state: _types_pb2.TaskState.ValueType
     executor_kind: _builtins.str
@@ -576,6 +580,10 @@ class Task(_message.Message):
     tasks, each map's in index order.
     """
     map_index: _builtins.int
+    suspensions: _builtins.int
+    """Attempts that ended SUSPENDED at a wait, free of charge like hand_backs (attempts -
+    hand_backs - suspensions count against max_attempts).
+    """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -588,6 +596,14 @@ class Task(_message.Message):
 
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def wait(self) -> _durable_pb2.TaskWait:
+        """Set while the task is WAITING: what for."""
+
+    @_builtins.property
+    def saved(self) -> _types_pb2.MemoSavings:
+        """What replayed step memos saved this task's attempts."""
+
     def __init__(
         self,
         *,
@@ -607,10 +623,13 @@ class Task(_message.Message):
         hand_backs: _builtins.int = ...,
         map_parent: _builtins.str = ...,
         map_index: _builtins.int = ...,
+        wait: _durable_pb2.TaskWait | None = ...,
+        suspensions: _builtins.int = ...,
+        saved: _types_pb2.MemoSavings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at", b"finished_at", "output", b"output", "retry_at", b"retry_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at", b"finished_at", "output", b"output", "retry_at", b"retry_at", "saved", b"saved", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "saved", b"saved", "state", b"state", "suspensions", b"suspensions", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from awp.v1 import control_pb2 as awp_dot_v1_dot_control__pb2
+from awp.v1 import durable_pb2 as awp_dot_v1_dot_durable__pb2
 from awp.v1 import schedule_pb2 as awp_dot_v1_dot_schedule__pb2
 
 GRPC_GENERATED_VERSION = '1.85.0'
@@ -164,6 +165,21 @@ class ControlServiceStub:
                 '/awp.v1.ControlService/BackfillSchedule',
                 request_serializer=awp_dot_v1_dot_schedule__pb2.BackfillScheduleRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_schedule__pb2.BackfillScheduleResponse.FromString,
+                _registered_method=True)
+        self.SendSignal = channel.unary_unary(
+                '/awp.v1.ControlService/SendSignal',
+                request_serializer=awp_dot_v1_dot_durable__pb2.SendSignalRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_durable__pb2.SendSignalResponse.FromString,
+                _registered_method=True)
+        self.Approve = channel.unary_unary(
+                '/awp.v1.ControlService/Approve',
+                request_serializer=awp_dot_v1_dot_durable__pb2.ApproveRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_durable__pb2.ApproveResponse.FromString,
+                _registered_method=True)
+        self.Reject = channel.unary_unary(
+                '/awp.v1.ControlService/Reject',
+                request_serializer=awp_dot_v1_dot_durable__pb2.RejectRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_durable__pb2.RejectResponse.FromString,
                 _registered_method=True)
 
 
@@ -391,6 +407,36 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendSignal(self, request, context):
+        """--- Durable waits (durable.proto, DESIGN.md §16).
+        Sends a run a signal. Stored at once (durable): the oldest task waiting for its name
+        consumes it in this transaction and goes READY; with none waiting it is buffered and
+        the first wait for its name to be reached consumes it (no signal sent before the
+        wait is lost). Each wait consumes exactly one signal, oldest first. Needs the
+        submitter role; audited. RUN_NOT_FOUND; RUN_FINISHED for a run that has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Approve(self, request, context):
+        """Decides the approval a WAITING task waits for: its wait's checkpoint records the
+        decision, who made it, when and the comment, and the task goes READY (a wait task
+        ends SUCCEEDED, or FAILED when rejected). Needs the approver or admin role (admin
+        only when the wait asks for it); audited, and recorded in the run's events.
+        RUN_NOT_FOUND; NOT_WAITING when the task is not waiting for an approval (already
+        decided, not reached yet, or the run ended).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -523,6 +569,21 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.BackfillSchedule,
                     request_deserializer=awp_dot_v1_dot_schedule__pb2.BackfillScheduleRequest.FromString,
                     response_serializer=awp_dot_v1_dot_schedule__pb2.BackfillScheduleResponse.SerializeToString,
+            ),
+            'SendSignal': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendSignal,
+                    request_deserializer=awp_dot_v1_dot_durable__pb2.SendSignalRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_durable__pb2.SendSignalResponse.SerializeToString,
+            ),
+            'Approve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Approve,
+                    request_deserializer=awp_dot_v1_dot_durable__pb2.ApproveRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_durable__pb2.ApproveResponse.SerializeToString,
+            ),
+            'Reject': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reject,
+                    request_deserializer=awp_dot_v1_dot_durable__pb2.RejectRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_durable__pb2.RejectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1227,6 +1288,87 @@ class ControlService:
             '/awp.v1.ControlService/BackfillSchedule',
             awp_dot_v1_dot_schedule__pb2.BackfillScheduleRequest.SerializeToString,
             awp_dot_v1_dot_schedule__pb2.BackfillScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendSignal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/SendSignal',
+            awp_dot_v1_dot_durable__pb2.SendSignalRequest.SerializeToString,
+            awp_dot_v1_dot_durable__pb2.SendSignalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Approve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/Approve',
+            awp_dot_v1_dot_durable__pb2.ApproveRequest.SerializeToString,
+            awp_dot_v1_dot_durable__pb2.ApproveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/Reject',
+            awp_dot_v1_dot_durable__pb2.RejectRequest.SerializeToString,
+            awp_dot_v1_dot_durable__pb2.RejectResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,6 +17,7 @@ INVALID_ARGUMENT, the BadRequest naming the field).
 """
 
 from awp.v1 import control_pb2 as _control_pb2
+from awp.v1 import durable_pb2 as _durable_pb2
 from awp.v1 import schedule_pb2 as _schedule_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -149,6 +150,23 @@ class ControlServiceStub:
     DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DeleteScheduleRequest, _schedule_pb2.DeleteScheduleResponse]
     TriggerSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.TriggerScheduleRequest, _schedule_pb2.TriggerScheduleResponse]
     BackfillSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.BackfillScheduleRequest, _schedule_pb2.BackfillScheduleResponse]
+    SendSignal: _grpc.UnaryUnaryMultiCallable[_durable_pb2.SendSignalRequest, _durable_pb2.SendSignalResponse]
+    """--- Durable waits (durable.proto, DESIGN.md §16).
+    Sends a run a signal. Stored at once (durable): the oldest task waiting for its name
+    consumes it in this transaction and goes READY; with none waiting it is buffered and
+    the first wait for its name to be reached consumes it (no signal sent before the
+    wait is lost). Each wait consumes exactly one signal, oldest first. Needs the
+    submitter role; audited. RUN_NOT_FOUND; RUN_FINISHED for a run that has ended.
+    """
+    Approve: _grpc.UnaryUnaryMultiCallable[_durable_pb2.ApproveRequest, _durable_pb2.ApproveResponse]
+    """Decides the approval a WAITING task waits for: its wait's checkpoint records the
+    decision, who made it, when and the comment, and the task goes READY (a wait task
+    ends SUCCEEDED, or FAILED when rejected). Needs the approver or admin role (admin
+    only when the wait asks for it); audited, and recorded in the run's events.
+    RUN_NOT_FOUND; NOT_WAITING when the task is not waiting for an approval (already
+    decided, not reached yet, or the run ended).
+    """
+    Reject: _grpc.UnaryUnaryMultiCallable[_durable_pb2.RejectRequest, _durable_pb2.RejectResponse]
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -257,6 +275,23 @@ class ControlServiceAsyncStub(ControlServiceStub):
     DeleteSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DeleteScheduleRequest, _schedule_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
     TriggerSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.TriggerScheduleRequest, _schedule_pb2.TriggerScheduleResponse]  # type: ignore[assignment]
     BackfillSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.BackfillScheduleRequest, _schedule_pb2.BackfillScheduleResponse]  # type: ignore[assignment]
+    SendSignal: _aio.UnaryUnaryMultiCallable[_durable_pb2.SendSignalRequest, _durable_pb2.SendSignalResponse]  # type: ignore[assignment]
+    """--- Durable waits (durable.proto, DESIGN.md §16).
+    Sends a run a signal. Stored at once (durable): the oldest task waiting for its name
+    consumes it in this transaction and goes READY; with none waiting it is buffered and
+    the first wait for its name to be reached consumes it (no signal sent before the
+    wait is lost). Each wait consumes exactly one signal, oldest first. Needs the
+    submitter role; audited. RUN_NOT_FOUND; RUN_FINISHED for a run that has ended.
+    """
+    Approve: _aio.UnaryUnaryMultiCallable[_durable_pb2.ApproveRequest, _durable_pb2.ApproveResponse]  # type: ignore[assignment]
+    """Decides the approval a WAITING task waits for: its wait's checkpoint records the
+    decision, who made it, when and the comment, and the task goes READY (a wait task
+    ends SUCCEEDED, or FAILED when rejected). Needs the approver or admin role (admin
+    only when the wait asks for it); audited, and recorded in the run's events.
+    RUN_NOT_FOUND; NOT_WAITING when the task is not waiting for an approval (already
+    decided, not reached yet, or the run ended).
+    """
+    Reject: _aio.UnaryUnaryMultiCallable[_durable_pb2.RejectRequest, _durable_pb2.RejectResponse]  # type: ignore[assignment]
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -518,5 +553,40 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _schedule_pb2.BackfillScheduleRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_schedule_pb2.BackfillScheduleResponse, _abc.Awaitable[_schedule_pb2.BackfillScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SendSignal(
+        self,
+        request: _durable_pb2.SendSignalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_durable_pb2.SendSignalResponse, _abc.Awaitable[_durable_pb2.SendSignalResponse]]:
+        """--- Durable waits (durable.proto, DESIGN.md §16).
+        Sends a run a signal. Stored at once (durable): the oldest task waiting for its name
+        consumes it in this transaction and goes READY; with none waiting it is buffered and
+        the first wait for its name to be reached consumes it (no signal sent before the
+        wait is lost). Each wait consumes exactly one signal, oldest first. Needs the
+        submitter role; audited. RUN_NOT_FOUND; RUN_FINISHED for a run that has ended.
+        """
+
+    @_abc_1.abstractmethod
+    def Approve(
+        self,
+        request: _durable_pb2.ApproveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_durable_pb2.ApproveResponse, _abc.Awaitable[_durable_pb2.ApproveResponse]]:
+        """Decides the approval a WAITING task waits for: its wait's checkpoint records the
+        decision, who made it, when and the comment, and the task goes READY (a wait task
+        ends SUCCEEDED, or FAILED when rejected). Needs the approver or admin role (admin
+        only when the wait asks for it); audited, and recorded in the run's events.
+        RUN_NOT_FOUND; NOT_WAITING when the task is not waiting for an approval (already
+        decided, not reached yet, or the run ended).
+        """
+
+    @_abc_1.abstractmethod
+    def Reject(
+        self,
+        request: _durable_pb2.RejectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_durable_pb2.RejectResponse, _abc.Awaitable[_durable_pb2.RejectResponse]]: ...
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -90,6 +90,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """NOT_FOUND: no schedule of that name."""
     ERROR_REASON_SCHEDULE_EXISTS: _ErrorReason.ValueType  # 19
     """ALREADY_EXISTS: a schedule of that name exists (UpdateSchedule changes it)."""
+    ERROR_REASON_MEMO_LIMIT: _ErrorReason.ValueType  # 20
+    """RESOURCE_EXHAUSTED: a step memo past its size, or past the memos (count or bytes)
+    one task may store (RecordStep). The message names the limit.
+    """
+    ERROR_REASON_RUN_FINISHED: _ErrorReason.ValueType  # 21
+    """FAILED_PRECONDITION: the run has ended, so it takes no signal."""
+    ERROR_REASON_NOT_WAITING: _ErrorReason.ValueType  # 22
+    """FAILED_PRECONDITION: the task is not waiting for an approval (not reached yet,
+    decided already, or its run has ended).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -153,4 +163,14 @@ ERROR_REASON_SCHEDULE_NOT_FOUND: ErrorReason.ValueType  # 18
 """NOT_FOUND: no schedule of that name."""
 ERROR_REASON_SCHEDULE_EXISTS: ErrorReason.ValueType  # 19
 """ALREADY_EXISTS: a schedule of that name exists (UpdateSchedule changes it)."""
+ERROR_REASON_MEMO_LIMIT: ErrorReason.ValueType  # 20
+"""RESOURCE_EXHAUSTED: a step memo past its size, or past the memos (count or bytes)
+one task may store (RecordStep). The message names the limit.
+"""
+ERROR_REASON_RUN_FINISHED: ErrorReason.ValueType  # 21
+"""FAILED_PRECONDITION: the run has ended, so it takes no signal."""
+ERROR_REASON_NOT_WAITING: ErrorReason.ValueType  # 22
+"""FAILED_PRECONDITION: the task is not waiting for an approval (not reached yet,
+decided already, or its run has ended).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -65,6 +65,7 @@ class _TaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskState.V
     TASK_STATE_FAILED: _TaskState.ValueType  # 7
     TASK_STATE_CANCELED: _TaskState.ValueType  # 8
     TASK_STATE_SKIPPED: _TaskState.ValueType  # 9
+    TASK_STATE_WAITING: _TaskState.ValueType  # 10
 
 class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     """Lifecycle of one task of one run.
@@ -77,6 +78,12 @@ class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     of their own created READY, then run) and ends SUCCEEDED once every element has,
     FAILED when one fails for good. A task downstream of a failure that lets the run
     continue (FAILURE_POLICY_CONTINUE) ends SKIPPED.
+    RUNNING -> WAITING when its attempt reaches a wait (signal, approval, sleep) not yet
+    satisfied: the attempt ends SUSPENDED, no lease or worker slot is held, and the task
+    goes READY again once the wait is satisfied or times out (a new attempt replays its
+    checkpoints). A wait task (TaskDefinition.wait) goes READY -> WAITING -> SUCCEEDED
+    (or FAILED: rejected, timed out) with no attempt at all. Canceling or failing the run
+    ends a WAITING task as it ends a READY one.
     """
 
 TASK_STATE_UNSPECIFIED: TaskState.ValueType  # 0
@@ -89,6 +96,7 @@ TASK_STATE_SUCCEEDED: TaskState.ValueType  # 6
 TASK_STATE_FAILED: TaskState.ValueType  # 7
 TASK_STATE_CANCELED: TaskState.ValueType  # 8
 TASK_STATE_SKIPPED: TaskState.ValueType  # 9
+TASK_STATE_WAITING: TaskState.ValueType  # 10
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 
 class _AttemptState:
@@ -104,11 +112,14 @@ class _AttemptStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AttemptS
     ATTEMPT_STATE_INTERRUPTED: _AttemptState.ValueType  # 4
     ATTEMPT_STATE_TIMED_OUT: _AttemptState.ValueType  # 5
     ATTEMPT_STATE_CANCELED: _AttemptState.ValueType  # 6
+    ATTEMPT_STATE_SUSPENDED: _AttemptState.ValueType  # 7
 
 class AttemptState(_AttemptState, metaclass=_AttemptStateEnumTypeWrapper):
     """One real execution of a task, created only when a worker claims it.
     INTERRUPTED: the lease was lost (worker died, stream gone, handed back).
     TIMED_OUT: the attempt deadline (task timeout) passed.
+    SUSPENDED: it reached a wait not yet satisfied and released its lease; free of
+    charge (it does not count against max_attempts).
     """
 
 ATTEMPT_STATE_UNSPECIFIED: AttemptState.ValueType  # 0
@@ -118,6 +129,7 @@ ATTEMPT_STATE_FAILED: AttemptState.ValueType  # 3
 ATTEMPT_STATE_INTERRUPTED: AttemptState.ValueType  # 4
 ATTEMPT_STATE_TIMED_OUT: AttemptState.ValueType  # 5
 ATTEMPT_STATE_CANCELED: AttemptState.ValueType  # 6
+ATTEMPT_STATE_SUSPENDED: AttemptState.ValueType  # 7
 Global___AttemptState: _TypeAlias = AttemptState  # noqa: Y015
 
 class _DispatchState:
@@ -197,6 +209,36 @@ FAILURE_POLICY_CONTINUE: FailurePolicy.ValueType  # 2
 runs on. The run ends FAILED once nothing is left running.
 """
 Global___FailurePolicy: _TypeAlias = FailurePolicy  # noqa: Y015
+
+class _CheckpointKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CheckpointKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CheckpointKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CHECKPOINT_KIND_UNSPECIFIED: _CheckpointKind.ValueType  # 0
+    CHECKPOINT_KIND_STEP: _CheckpointKind.ValueType  # 1
+    """A step's result (SDK ctx.step)."""
+    CHECKPOINT_KIND_SLEEP: _CheckpointKind.ValueType  # 2
+    """A sleep that ended (ctx.sleep)."""
+    CHECKPOINT_KIND_SIGNAL: _CheckpointKind.ValueType  # 3
+    """A signal consumed by a wait (ctx.wait_for_signal), or that wait's timeout."""
+    CHECKPOINT_KIND_APPROVAL: _CheckpointKind.ValueType  # 4
+    """A decision on an approval (ctx.wait_for_approval), or its timeout."""
+
+class CheckpointKind(_CheckpointKind, metaclass=_CheckpointKindEnumTypeWrapper):
+    """What a checkpoint (a memo of a task) records."""
+
+CHECKPOINT_KIND_UNSPECIFIED: CheckpointKind.ValueType  # 0
+CHECKPOINT_KIND_STEP: CheckpointKind.ValueType  # 1
+"""A step's result (SDK ctx.step)."""
+CHECKPOINT_KIND_SLEEP: CheckpointKind.ValueType  # 2
+"""A sleep that ended (ctx.sleep)."""
+CHECKPOINT_KIND_SIGNAL: CheckpointKind.ValueType  # 3
+"""A signal consumed by a wait (ctx.wait_for_signal), or that wait's timeout."""
+CHECKPOINT_KIND_APPROVAL: CheckpointKind.ValueType  # 4
+"""A decision on an approval (ctx.wait_for_approval), or its timeout."""
+Global___CheckpointKind: _TypeAlias = CheckpointKind  # noqa: Y015
 
 class _EventType:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -337,6 +379,7 @@ class TaskDefinition(_message.Message):
     MAP_FIELD_NUMBER: _builtins.int
     ON_FAILURE_FIELD_NUMBER: _builtins.int
     ALWAYS_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     """Unique within the workflow: [A-Za-z0-9_.-]{1,64}."""
     executor_kind: _builtins.str
@@ -376,6 +419,12 @@ class TaskDefinition(_message.Message):
     def map(self) -> Global___TaskMap:
         """Unset: the task runs once."""
 
+    @_builtins.property
+    def wait(self) -> Global___WaitTaskDefinition:
+        """Set: a wait task no worker runs (executor_kind and action stay empty). It waits once
+        it is ready and ends SUCCEEDED with the wait's outcome as its output.
+        """
+
     def __init__(
         self,
         *,
@@ -389,14 +438,116 @@ class TaskDefinition(_message.Message):
         map: Global___TaskMap | None = ...,
         on_failure: Global___FailurePolicy.ValueType = ...,
         always: _builtins.bool = ...,
+        wait: Global___WaitTaskDefinition | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "map", b"map", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "map", b"map", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskDefinition: _TypeAlias = TaskDefinition  # noqa: Y015
+
+@_typing.final
+class StepUsage(_message.Message):
+    """What a step reported it cost (e.g. its model calls), kept with its memo and counted as
+    saved each time a later attempt replays the memo instead of running the step.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENS_FIELD_NUMBER: _builtins.int
+    COST_USD_FIELD_NUMBER: _builtins.int
+    tokens: _builtins.int
+    cost_usd: _builtins.float
+    """Finite and not negative."""
+    def __init__(
+        self,
+        *,
+        tokens: _builtins.int = ...,
+        cost_usd: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_usd", b"cost_usd", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepUsage: _TypeAlias = StepUsage  # noqa: Y015
+
+@_typing.final
+class MemoSavings(_message.Message):
+    """Memos an attempt replayed instead of running their steps again, with what those
+    steps had reported they cost: added to the task's savings (Task.saved).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEPS_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    COST_USD_FIELD_NUMBER: _builtins.int
+    steps: _builtins.int
+    tokens: _builtins.int
+    cost_usd: _builtins.float
+    def __init__(
+        self,
+        *,
+        steps: _builtins.int = ...,
+        tokens: _builtins.int = ...,
+        cost_usd: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_usd", b"cost_usd", "steps", b"steps", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoSavings: _TypeAlias = MemoSavings  # noqa: Y015
+
+@_typing.final
+class WaitTaskDefinition(_message.Message):
+    """A wait task: SLEEP (sleep required) or APPROVAL (prompt required, timeout optional).
+    An approved task SUCCEEDS with {"approved": true, "decided_by", "comment",
+    "decided_at"} as its output; a rejected or timed-out one FAILS (not retryable), and
+    the task's on_failure applies. A sleep task SUCCEEDS with {"woke_at"} once due.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    SLEEP_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    kind: Global___CheckpointKind.ValueType
+    prompt: _builtins.str
+    """APPROVAL: the question shown to the person deciding (at most 4 KiB)."""
+    role: _builtins.str
+    """APPROVAL: as AwaitRequest.role."""
+    @_builtins.property
+    def sleep(self) -> _duration_pb2.Duration:
+        """SLEEP: from the moment the task is ready. At most 366 days."""
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """APPROVAL: unset waits for ever. At most 366 days."""
+
+    def __init__(
+        self,
+        *,
+        kind: Global___CheckpointKind.ValueType = ...,
+        sleep: _duration_pb2.Duration | None = ...,
+        prompt: _builtins.str = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sleep", b"sleep", "timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "prompt", b"prompt", "role", b"role", "sleep", b"sleep", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitTaskDefinition: _TypeAlias = WaitTaskDefinition  # noqa: Y015
 
 @_typing.final
 class WorkflowDefinition(_message.Message):

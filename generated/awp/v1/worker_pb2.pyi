@@ -65,6 +65,31 @@ LEASE_STATUS_UNKNOWN: LeaseStatus.ValueType  # 3
 """No such lease, or the token does not match: stop and do not complete."""
 Global___LeaseStatus: _TypeAlias = LeaseStatus  # noqa: Y015
 
+class _AwaitOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AwaitOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AwaitOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    AWAIT_OUTCOME_UNSPECIFIED: _AwaitOutcome.ValueType  # 0
+    AWAIT_OUTCOME_SATISFIED: _AwaitOutcome.ValueType  # 1
+    """The wait's checkpoint is stored (checkpoint): go on."""
+    AWAIT_OUTCOME_SUSPENDED: _AwaitOutcome.ValueType  # 2
+    """The attempt ended SUSPENDED: stop the action, report nothing."""
+    AWAIT_OUTCOME_LEASE_LOST: _AwaitOutcome.ValueType  # 3
+    """The lease is not (or no longer) valid: stop, report nothing."""
+
+class AwaitOutcome(_AwaitOutcome, metaclass=_AwaitOutcomeEnumTypeWrapper): ...
+
+AWAIT_OUTCOME_UNSPECIFIED: AwaitOutcome.ValueType  # 0
+AWAIT_OUTCOME_SATISFIED: AwaitOutcome.ValueType  # 1
+"""The wait's checkpoint is stored (checkpoint): go on."""
+AWAIT_OUTCOME_SUSPENDED: AwaitOutcome.ValueType  # 2
+"""The attempt ended SUSPENDED: stop the action, report nothing."""
+AWAIT_OUTCOME_LEASE_LOST: AwaitOutcome.ValueType  # 3
+"""The lease is not (or no longer) valid: stop, report nothing."""
+Global___AwaitOutcome: _TypeAlias = AwaitOutcome  # noqa: Y015
+
 class _ResultOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -735,6 +760,277 @@ class HeartbeatResponse(_message.Message):
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
 
 @_typing.final
+class Checkpoint(_message.Message):
+    """A memo of the task: a step's result or a satisfied wait's outcome."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    OCCURRENCE_FIELD_NUMBER: _builtins.int
+    VALUE_JSON_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    TIMED_OUT_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    kind: _types_pb2.CheckpointKind.ValueType
+    name: _builtins.str
+    """The step's name, the signal's name, the approval's name, or "" for a sleep."""
+    occurrence: _builtins.int
+    """0 for the first step (or wait) of this kind and name the action reaches, 1 for the
+    next, and so on: replay is by this order.
+    """
+    value_json: _builtins.str
+    """A JSON value as text. STEP: what the step returned. SIGNAL: the signal's payload.
+    APPROVAL: {"approved": bool, "decided_by", "comment", "decided_at"}. SLEEP:
+    {"woke_at"}. "null" when timed_out.
+    """
+    timed_out: _builtins.bool
+    """The wait ended by its timeout, not its condition."""
+    attempt: _builtins.int
+    """The attempt that stored it; 0 for a wait's outcome stored while no attempt ran."""
+    @_builtins.property
+    def usage(self) -> _types_pb2.StepUsage:
+        """STEP only."""
+
+    def __init__(
+        self,
+        *,
+        kind: _types_pb2.CheckpointKind.ValueType = ...,
+        name: _builtins.str = ...,
+        occurrence: _builtins.int = ...,
+        value_json: _builtins.str = ...,
+        usage: _types_pb2.StepUsage | None = ...,
+        timed_out: _builtins.bool = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "kind", b"kind", "name", b"name", "occurrence", b"occurrence", "timed_out", b"timed_out", "usage", b"usage", "value_json", b"value_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Checkpoint: _TypeAlias = Checkpoint  # noqa: Y015
+
+@_typing.final
+class LoadCheckpointsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.int
+    lease_token: _builtins.str
+    """At most 128 characters."""
+    page_token: _builtins.str
+    """Empty for the first page; then the previous answer's next_page_token."""
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+        dispatch_id: _builtins.int = ...,
+        lease_token: _builtins.str = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "lease_token", b"lease_token", "page_token", b"page_token", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadCheckpointsRequest: _TypeAlias = LoadCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class LoadCheckpointsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def checkpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Checkpoint]:
+        """At most 2 MiB of values per page (the first checkpoint always fits: one memo is at
+        most 256 KiB).
+        """
+
+    def __init__(
+        self,
+        *,
+        checkpoints: _abc.Iterable[Global___Checkpoint] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints", b"checkpoints", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadCheckpointsResponse: _TypeAlias = LoadCheckpointsResponse  # noqa: Y015
+
+@_typing.final
+class RecordStepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    OCCURRENCE_FIELD_NUMBER: _builtins.int
+    VALUE_JSON_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.int
+    lease_token: _builtins.str
+    """At most 128 characters."""
+    name: _builtins.str
+    """[A-Za-z0-9_.:-]{1,128}."""
+    occurrence: _builtins.int
+    value_json: _builtins.str
+    """A JSON value as text, at most 256 KiB (MEMO_LIMIT past it)."""
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    @_builtins.property
+    def usage(self) -> _types_pb2.StepUsage: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+        dispatch_id: _builtins.int = ...,
+        lease_token: _builtins.str = ...,
+        name: _builtins.str = ...,
+        occurrence: _builtins.int = ...,
+        value_json: _builtins.str = ...,
+        usage: _types_pb2.StepUsage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session", "usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "lease_token", b"lease_token", "name", b"name", "occurrence", b"occurrence", "session", b"session", "usage", b"usage", "value_json", b"value_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordStepRequest: _TypeAlias = RecordStepRequest  # noqa: Y015
+
+@_typing.final
+class RecordStepResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    outcome: Global___CompleteOutcome.ValueType
+    def __init__(
+        self,
+        *,
+        outcome: Global___CompleteOutcome.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordStepResponse: _TypeAlias = RecordStepResponse  # noqa: Y015
+
+@_typing.final
+class AwaitRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    OCCURRENCE_FIELD_NUMBER: _builtins.int
+    SLEEP_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.int
+    lease_token: _builtins.str
+    """At most 128 characters."""
+    kind: _types_pb2.CheckpointKind.ValueType
+    """SLEEP, SIGNAL or APPROVAL."""
+    name: _builtins.str
+    """SIGNAL: the signal's name; APPROVAL: the approval's name (one task may ask several);
+    SLEEP: "". [A-Za-z0-9_.:-]{1,128} otherwise.
+    """
+    occurrence: _builtins.int
+    prompt: _builtins.str
+    """APPROVAL: the question shown to the person deciding (at most 4 KiB)."""
+    role: _builtins.str
+    """APPROVAL: the role that may decide besides admin: "approver" (the default when
+    empty) or "admin" (admins only).
+    """
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    @_builtins.property
+    def sleep(self) -> _duration_pb2.Duration:
+        """SLEEP: how long, from the first time the wait is reached (its due time is then fixed
+        on the database clock and survives every later attempt). At most 366 days.
+        """
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """SIGNAL and APPROVAL: unset waits for ever; else the wait ends timed out this long
+        after it is first reached. At most 366 days.
+        """
+
+    @_builtins.property
+    def replayed(self) -> _types_pb2.MemoSavings:
+        """What this attempt replayed so far (reported here because a suspended attempt
+        sends no Complete).
+        """
+
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+        dispatch_id: _builtins.int = ...,
+        lease_token: _builtins.str = ...,
+        kind: _types_pb2.CheckpointKind.ValueType = ...,
+        name: _builtins.str = ...,
+        occurrence: _builtins.int = ...,
+        sleep: _duration_pb2.Duration | None = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+        prompt: _builtins.str = ...,
+        role: _builtins.str = ...,
+        replayed: _types_pb2.MemoSavings | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["replayed", b"replayed", "session", b"session", "sleep", b"sleep", "timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "kind", b"kind", "lease_token", b"lease_token", "name", b"name", "occurrence", b"occurrence", "prompt", b"prompt", "replayed", b"replayed", "role", b"role", "session", b"session", "sleep", b"sleep", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitRequest: _TypeAlias = AwaitRequest  # noqa: Y015
+
+@_typing.final
+class AwaitResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    outcome: Global___AwaitOutcome.ValueType
+    @_builtins.property
+    def checkpoint(self) -> Global___Checkpoint:
+        """With SATISFIED."""
+
+    def __init__(
+        self,
+        *,
+        outcome: Global___AwaitOutcome.ValueType = ...,
+        checkpoint: Global___Checkpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitResponse: _TypeAlias = AwaitResponse  # noqa: Y015
+
+@_typing.final
 class TaskResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -743,6 +1039,7 @@ class TaskResult(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
     lease_token: _builtins.str
     """At most 128 characters."""
@@ -759,6 +1056,10 @@ class TaskResult(_message.Message):
         length TaskError states: send them, and `awp logs` shows where the action failed.
         """
 
+    @_builtins.property
+    def replayed(self) -> _types_pb2.MemoSavings:
+        """What this attempt replayed from memos (durable execution)."""
+
     def __init__(
         self,
         *,
@@ -767,10 +1068,11 @@ class TaskResult(_message.Message):
         outcome: Global___ResultOutcome.ValueType = ...,
         output: _struct_pb2.Struct | None = ...,
         error: _types_pb2.TaskError | None = ...,
+        replayed: _types_pb2.MemoSavings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "output", b"output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "output", b"output", "replayed", b"replayed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "error", b"error", "lease_token", b"lease_token", "outcome", b"outcome", "output", b"output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "error", b"error", "lease_token", b"lease_token", "outcome", b"outcome", "output", b"output", "replayed", b"replayed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -69,6 +69,21 @@ class WorkerServiceStub:
                 request_serializer=awp_dot_v1_dot_worker__pb2.AppendStreamRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_worker__pb2.AppendStreamResponse.FromString,
                 _registered_method=True)
+        self.LoadCheckpoints = channel.unary_unary(
+                '/awp.v1.WorkerService/LoadCheckpoints',
+                request_serializer=awp_dot_v1_dot_worker__pb2.LoadCheckpointsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_worker__pb2.LoadCheckpointsResponse.FromString,
+                _registered_method=True)
+        self.RecordStep = channel.unary_unary(
+                '/awp.v1.WorkerService/RecordStep',
+                request_serializer=awp_dot_v1_dot_worker__pb2.RecordStepRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_worker__pb2.RecordStepResponse.FromString,
+                _registered_method=True)
+        self.Await = channel.unary_unary(
+                '/awp.v1.WorkerService/Await',
+                request_serializer=awp_dot_v1_dot_worker__pb2.AwaitRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_worker__pb2.AwaitResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -151,6 +166,44 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadCheckpoints(self, request, context):
+        """--- Durable execution (DESIGN.md §16). Every call below is fenced exactly as
+        Complete (the session's holder, the lease token, the database clock before the lease
+        expiry and the attempt deadline, under the lease's row lock) and answered LEASE_LOST
+        (stop the attempt, send nothing more) otherwise: no stale attempt can store a memo.
+
+        The task's checkpoints stored so far (step memos and satisfied waits, by every
+        attempt), ordered by (kind, name, occurrence). An attempt reads them before its
+        first step or wait and replays them: a step whose memo exists returns it without
+        running, a wait whose checkpoint exists returns its outcome at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordStep(self, request, context):
+        """Stores a step's result as a memo keyed by (name, occurrence). ACCEPTED; DUPLICATE
+        (the same value is stored already: an answer lost); RESULT_CONFLICT (a different
+        value is stored: use the stored one, never overwritten); LEASE_LOST. MEMO_LIMIT past
+        the size of one memo or the memos (count or bytes) one task may store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Await(self, request, context):
+        """The attempt reaches a wait. When its condition is met already (a buffered signal, a
+        sleep of no time left) the wait's checkpoint is stored in this transaction
+        (consuming that one signal) and answered SATISFIED: go on. Otherwise the attempt ends
+        SUSPENDED in this transaction: the lease ends (it is not renewed, REVOKED from now
+        on), the slot is free, no attempt is charged, and the task is WAITING until the
+        condition is met or the wait times out; answered SUSPENDED: stop the action and
+        report nothing. A later attempt replays the wait from its checkpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +241,21 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.AppendStream,
                     request_deserializer=awp_dot_v1_dot_worker__pb2.AppendStreamRequest.FromString,
                     response_serializer=awp_dot_v1_dot_worker__pb2.AppendStreamResponse.SerializeToString,
+            ),
+            'LoadCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadCheckpoints,
+                    request_deserializer=awp_dot_v1_dot_worker__pb2.LoadCheckpointsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_worker__pb2.LoadCheckpointsResponse.SerializeToString,
+            ),
+            'RecordStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordStep,
+                    request_deserializer=awp_dot_v1_dot_worker__pb2.RecordStepRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_worker__pb2.RecordStepResponse.SerializeToString,
+            ),
+            'Await': grpc.unary_unary_rpc_method_handler(
+                    servicer.Await,
+                    request_deserializer=awp_dot_v1_dot_worker__pb2.AwaitRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_worker__pb2.AwaitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -379,6 +447,87 @@ class WorkerService:
             '/awp.v1.WorkerService/AppendStream',
             awp_dot_v1_dot_worker__pb2.AppendStreamRequest.SerializeToString,
             awp_dot_v1_dot_worker__pb2.AppendStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.WorkerService/LoadCheckpoints',
+            awp_dot_v1_dot_worker__pb2.LoadCheckpointsRequest.SerializeToString,
+            awp_dot_v1_dot_worker__pb2.LoadCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.WorkerService/RecordStep',
+            awp_dot_v1_dot_worker__pb2.RecordStepRequest.SerializeToString,
+            awp_dot_v1_dot_worker__pb2.RecordStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Await(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.WorkerService/Await',
+            awp_dot_v1_dot_worker__pb2.AwaitRequest.SerializeToString,
+            awp_dot_v1_dot_worker__pb2.AwaitResponse.FromString,
             options,
             channel_credentials,
             insecure,

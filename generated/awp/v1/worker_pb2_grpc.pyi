@@ -97,6 +97,32 @@ class WorkerServiceStub:
     a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
     stored). STREAM_LIMIT past the bytes one attempt may stream.
     """
+    LoadCheckpoints: _grpc.UnaryUnaryMultiCallable[_worker_pb2.LoadCheckpointsRequest, _worker_pb2.LoadCheckpointsResponse]
+    """--- Durable execution (DESIGN.md §16). Every call below is fenced exactly as
+    Complete (the session's holder, the lease token, the database clock before the lease
+    expiry and the attempt deadline, under the lease's row lock) and answered LEASE_LOST
+    (stop the attempt, send nothing more) otherwise: no stale attempt can store a memo.
+
+    The task's checkpoints stored so far (step memos and satisfied waits, by every
+    attempt), ordered by (kind, name, occurrence). An attempt reads them before its
+    first step or wait and replays them: a step whose memo exists returns it without
+    running, a wait whose checkpoint exists returns its outcome at once.
+    """
+    RecordStep: _grpc.UnaryUnaryMultiCallable[_worker_pb2.RecordStepRequest, _worker_pb2.RecordStepResponse]
+    """Stores a step's result as a memo keyed by (name, occurrence). ACCEPTED; DUPLICATE
+    (the same value is stored already: an answer lost); RESULT_CONFLICT (a different
+    value is stored: use the stored one, never overwritten); LEASE_LOST. MEMO_LIMIT past
+    the size of one memo or the memos (count or bytes) one task may store.
+    """
+    Await: _grpc.UnaryUnaryMultiCallable[_worker_pb2.AwaitRequest, _worker_pb2.AwaitResponse]
+    """The attempt reaches a wait. When its condition is met already (a buffered signal, a
+    sleep of no time left) the wait's checkpoint is stored in this transaction
+    (consuming that one signal) and answered SATISFIED: go on. Otherwise the attempt ends
+    SUSPENDED in this transaction: the lease ends (it is not renewed, REVOKED from now
+    on), the slot is free, no attempt is charged, and the task is WAITING until the
+    condition is met or the wait times out; answered SUSPENDED: stop the action and
+    report nothing. A later attempt replays the wait from its checkpoint.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -149,6 +175,32 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     A resend of stored chunks (an answer lost) is DUPLICATE (any new tail is stored);
     a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
     stored). STREAM_LIMIT past the bytes one attempt may stream.
+    """
+    LoadCheckpoints: _aio.UnaryUnaryMultiCallable[_worker_pb2.LoadCheckpointsRequest, _worker_pb2.LoadCheckpointsResponse]  # type: ignore[assignment]
+    """--- Durable execution (DESIGN.md §16). Every call below is fenced exactly as
+    Complete (the session's holder, the lease token, the database clock before the lease
+    expiry and the attempt deadline, under the lease's row lock) and answered LEASE_LOST
+    (stop the attempt, send nothing more) otherwise: no stale attempt can store a memo.
+
+    The task's checkpoints stored so far (step memos and satisfied waits, by every
+    attempt), ordered by (kind, name, occurrence). An attempt reads them before its
+    first step or wait and replays them: a step whose memo exists returns it without
+    running, a wait whose checkpoint exists returns its outcome at once.
+    """
+    RecordStep: _aio.UnaryUnaryMultiCallable[_worker_pb2.RecordStepRequest, _worker_pb2.RecordStepResponse]  # type: ignore[assignment]
+    """Stores a step's result as a memo keyed by (name, occurrence). ACCEPTED; DUPLICATE
+    (the same value is stored already: an answer lost); RESULT_CONFLICT (a different
+    value is stored: use the stored one, never overwritten); LEASE_LOST. MEMO_LIMIT past
+    the size of one memo or the memos (count or bytes) one task may store.
+    """
+    Await: _aio.UnaryUnaryMultiCallable[_worker_pb2.AwaitRequest, _worker_pb2.AwaitResponse]  # type: ignore[assignment]
+    """The attempt reaches a wait. When its condition is met already (a buffered signal, a
+    sleep of no time left) the wait's checkpoint is stored in this transaction
+    (consuming that one signal) and answered SATISFIED: go on. Otherwise the attempt ends
+    SUSPENDED in this transaction: the lease ends (it is not renewed, REVOKED from now
+    on), the slot is free, no attempt is charged, and the task is WAITING until the
+    condition is met or the wait times out; answered SUSPENDED: stop the action and
+    report nothing. A later attempt replays the wait from its checkpoint.
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -241,6 +293,50 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         A resend of stored chunks (an answer lost) is DUPLICATE (any new tail is stored);
         a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
         stored). STREAM_LIMIT past the bytes one attempt may stream.
+        """
+
+    @_abc_1.abstractmethod
+    def LoadCheckpoints(
+        self,
+        request: _worker_pb2.LoadCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.LoadCheckpointsResponse, _abc.Awaitable[_worker_pb2.LoadCheckpointsResponse]]:
+        """--- Durable execution (DESIGN.md §16). Every call below is fenced exactly as
+        Complete (the session's holder, the lease token, the database clock before the lease
+        expiry and the attempt deadline, under the lease's row lock) and answered LEASE_LOST
+        (stop the attempt, send nothing more) otherwise: no stale attempt can store a memo.
+
+        The task's checkpoints stored so far (step memos and satisfied waits, by every
+        attempt), ordered by (kind, name, occurrence). An attempt reads them before its
+        first step or wait and replays them: a step whose memo exists returns it without
+        running, a wait whose checkpoint exists returns its outcome at once.
+        """
+
+    @_abc_1.abstractmethod
+    def RecordStep(
+        self,
+        request: _worker_pb2.RecordStepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.RecordStepResponse, _abc.Awaitable[_worker_pb2.RecordStepResponse]]:
+        """Stores a step's result as a memo keyed by (name, occurrence). ACCEPTED; DUPLICATE
+        (the same value is stored already: an answer lost); RESULT_CONFLICT (a different
+        value is stored: use the stored one, never overwritten); LEASE_LOST. MEMO_LIMIT past
+        the size of one memo or the memos (count or bytes) one task may store.
+        """
+
+    @_abc_1.abstractmethod
+    def Await(
+        self,
+        request: _worker_pb2.AwaitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.AwaitResponse, _abc.Awaitable[_worker_pb2.AwaitResponse]]:
+        """The attempt reaches a wait. When its condition is met already (a buffered signal, a
+        sleep of no time left) the wait's checkpoint is stored in this transaction
+        (consuming that one signal) and answered SATISFIED: go on. Otherwise the attempt ends
+        SUSPENDED in this transaction: the lease ends (it is not renewed, REVOKED from now
+        on), the slot is free, no attempt is charged, and the task is WAITING until the
+        condition is met or the wait times out; answered SUSPENDED: stop the action and
+        report nothing. A later attempt replays the wait from its checkpoint.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
