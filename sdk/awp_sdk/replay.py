@@ -32,7 +32,6 @@ Await, since a suspended attempt reports no result).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import math
 import threading
 from collections.abc import Awaitable, Mapping, Sequence
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from awp_protocol.states import CHECKPOINT_KINDS, CheckpointKind
-from awp_sdk.actions import ActionCancelled
+from awp_sdk.threads import call_from_thread
 
 T = TypeVar("T")
 
@@ -184,22 +183,7 @@ class Replay:
             raise RuntimeError(
                 "a sync durable call from an async action would block the event loop: await it"
             )
-
-        async def run() -> T | ActionCancelled:
-            try:
-                return await awaitable
-            except ActionCancelled as exc:
-                # Handed to the thread as it is: raised in the loop, a CancelledError
-                # would only cancel the future, its message lost.
-                return exc
-
-        try:
-            result = asyncio.run_coroutine_threadsafe(run(), self._loop).result()
-        except concurrent.futures.CancelledError:
-            raise ActionCancelled("the attempt ended during a durable call") from None
-        if isinstance(result, ActionCancelled):
-            raise result
-        return result
+        return call_from_thread(self._loop, awaitable)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

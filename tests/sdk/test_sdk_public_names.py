@@ -59,6 +59,7 @@ MODULES = {
     "awp_sdk.replay": "Checkpoint CheckpointStore KINDS Kind Replay Savings Usage",
     "awp_sdk.schedules": "Catchup Overlap Schedules",
     "awp_sdk.steps": "UsageSpec run_step step",
+    "awp_sdk.threads": "call_from_thread",
     "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWorkflow",
     "awp_sdk.streams": "AttemptBoundary StreamChunk StreamItem task_stream",
     "awp_sdk.sync": "Client RunHandle",

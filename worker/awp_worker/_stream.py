@@ -25,9 +25,9 @@ import grpc
 from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNKS_PER_APPEND
 from awp_sdk.actions import ActionCancelled, PermanentError, stream_chunk
+from awp_sdk.threads import call_from_thread
 from awp_worker._backoff import Backoff
 from awp_worker._errors import describe, is_transient
-from awp_worker._threads import call_from_thread
 
 log = logging.getLogger("awp_worker.stream")
 
