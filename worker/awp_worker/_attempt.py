@@ -24,6 +24,7 @@ from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import task_state_name
 from awp_sdk.actions import ActionContext, output_struct
+from awp_worker import _tracing
 from awp_worker._completer import DROPPED, ResultFlusher
 from awp_worker._diagnostics import LogTail, collecting
 from awp_worker._errors import Kind, classify, describe, error_reason
@@ -138,6 +139,10 @@ class Attempts:
 
     async def _execute(self, held: HeldLease) -> None:
         bind(**held.log_fields)  # this task's context only: user log lines carry them too
+        with _tracing.attempt(held, self._owner.session.worker_id or ""):
+            await self._execute_traced(held)
+
+    async def _execute_traced(self, held: HeldLease) -> None:
         metrics = self._owner.metrics
         lease = held.lease
         kind = lease.executor_kind
@@ -157,7 +162,8 @@ class Attempts:
                 result = None
         except asyncio.CancelledError:
             held.ctx._cancel()
-            metrics.executions.labels(kind, "cancelled").inc()
+            held.outcome = "cancelled"
+            metrics.executions.labels(kind, held.outcome).inc()
             lease_log.info("execution cancelled (%s)", held.cancel_reason or "worker stopping")
             raise
         finally:
@@ -166,11 +172,13 @@ class Attempts:
                 held.stream.close()
             metrics.execution_seconds.labels(kind).observe(time.monotonic() - started)
         if result is None:
-            metrics.executions.labels(kind, "safety_deadline").inc()
+            held.outcome = "safety_deadline"
+            metrics.executions.labels(kind, held.outcome).inc()
             self._owner.leases.abandon(held)
             return
         succeeded = result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED
-        metrics.executions.labels(kind, "succeeded" if succeeded else "failed").inc()
+        held.outcome = "succeeded" if succeeded else "failed"
+        metrics.executions.labels(kind, held.outcome).inc()
         self._report(held, result, lease_log)
 
     async def _run_executor(
@@ -187,7 +195,8 @@ class Attempts:
                         held, lease_log
                     ):
                         return None
-                    output = await executor.execute(held.ctx, struct_to_dict(lease.input))
+                    with _tracing.action(held):
+                        output = await executor.execute(held.ctx, struct_to_dict(lease.input))
             if timeout.expired():  # the action swallowed the cancellation and returned
                 self._safety_deadline_passed(held, lease_log)
                 return None
@@ -257,6 +266,7 @@ class Attempts:
             return
         held.result = result
         held.phase = Phase.REPORTING
+        _tracing.submitted(held)
         self._flusher.submit(held)
 
 
@@ -283,5 +293,6 @@ def revoke(owner: Owner, held: HeldLease, status: str) -> None:
         held.phase.value,
         extra={STOOD_DOWN: StandDown.REVOKED},
     )
+    _tracing.revoked(held, status)
     owner.leases.release(held)
     held.cancel("revoked")

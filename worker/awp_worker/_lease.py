@@ -13,7 +13,7 @@ import contextlib
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import duration_pb2
 
@@ -21,6 +21,9 @@ from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_WORKER_CONCURRENCY
 from awp_sdk.actions import ActionContext
 from awp_worker._stream import StreamWriter
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 class StandDown(enum.StrEnum):
@@ -110,6 +113,11 @@ class HeldLease:
     stream: StreamWriter | None = None
     # Why the runtime cancelled the executor ("revoked", "shutdown", ...); None: it did not.
     cancel_reason: str | None = None
+    # How the execution ended (the executions metric's label); None: still running.
+    outcome: str | None = None
+    # The attempt's span (_tracing; None: not traced) and when its result was handed over.
+    span: Span | None = None
+    submitted_ns: int | None = None
 
     @property
     def dispatch_id(self) -> int:

@@ -1,0 +1,264 @@
+"""OpenTelemetry traces in every AWP process (docs/observability.md).
+
+Off by default, and then close to free: nothing of OpenTelemetry is imported, and every
+helper here returns after one check. It is on in a process whose environment asks for
+traces in the standard way: an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) or ``OTEL_TRACES_EXPORTER=otlp``/``console``,
+unless ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``. The official SDK
+then reads the rest of the ``OTEL_*`` variables itself (service name, resource
+attributes, sampler, the exporter's endpoint, headers, TLS, batch sizes). It needs the
+``otel`` extra (``pip install 'awp[otel]'``); asked for without it, the process says so
+and stops.
+
+A run's spans come from processes that never talk to each other about it (the server
+that leases a task, the worker that runs it, the coordinator that rescues it), so they
+are joined through the run's stored trace context (`TraceRef`), not through in-process
+context: each span about a run is a child of the run's own span, whose ids StartRun fixes,
+and the coordinator exports that span itself once the run has finished, with those ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Final
+
+from awp_common.extras import OTEL
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from awp_common._otel import Otel
+
+log = logging.getLogger("awp.tracing")
+
+# Span attribute names: one home, shared by every process that emits them.
+RUN_ID: Final = "awp.run_id"
+TASK_KEY: Final = "awp.task_key"
+ATTEMPT: Final = "awp.attempt"
+WORKER_ID: Final = "awp.worker_id"
+FENCING_TOKEN: Final = "awp.fencing_token"
+DISPATCH_ID: Final = "awp.dispatch_id"
+ACTION: Final = "awp.action"
+OUTCOME: Final = "awp.outcome"
+WORKFLOW: Final = "awp.workflow"
+
+# Span names.
+RUN_SPAN: Final = "awp.run"
+QUEUE_WAIT_SPAN: Final = "awp.queue_wait"
+ATTEMPT_SPAN: Final = "awp.attempt"
+ACTION_SPAN: Final = "awp.action"
+COMPLETE_SPAN: Final = "awp.complete"
+DISPATCH_SPAN: Final = "awp.coordinator.dispatch"
+REAP_SPAN: Final = "awp.coordinator.reap"
+
+# Span events: what happens to a lease that no peer's spans show.
+REVOKED_EVENT: Final = "awp.lease.revoked"
+EXPIRED_EVENT: Final = "awp.lease.expired"
+RESCUE_EVENT: Final = "awp.rescue"
+
+# The W3C trace-context header, as gRPC metadata carries it (keys are lowercase).
+TRACEPARENT: Final = "traceparent"
+
+_TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRef:
+    """A span's place in a trace: its trace id and span id, as lowercase hex."""
+
+    trace_id: str
+    span_id: str
+
+    @property
+    def traceparent(self) -> str:
+        return f"00-{self.trace_id}-{self.span_id}-01"
+
+    @classmethod
+    def parse(cls, header: str) -> TraceRef | None:
+        """A sampled, valid W3C traceparent's ids; None for anything else (a caller that
+        is not sampling, or a malformed header: the run then starts its own trace)."""
+        match = _TRACEPARENT.match(header.strip().lower())
+        if match is None:
+            return None
+        trace_id, span_id, flags = match.groups()
+        if int(flags, 16) & 1 == 0 or not int(trace_id, 16) or not int(span_id, 16):
+            return None
+        return cls(trace_id, span_id)
+
+
+def new_span_id() -> str:
+    return secrets.token_hex(8)
+
+
+def new_trace_id() -> str:
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTrace:
+    """A run's trace as StartRun stores it: the run's own span, and its caller's span
+    (None: the run's span is the root of a trace the server began)."""
+
+    run: TraceRef
+    caller_span: str | None
+
+    @classmethod
+    def begin(cls, caller: TraceRef | None) -> RunTrace | None:
+        """The trace of a new run: the caller's, or a new one if this process traces;
+        None: the run is not traced."""
+        if caller is not None:
+            return cls(TraceRef(caller.trace_id, new_span_id()), caller.span_id)
+        if _process.otel is None:
+            return None
+        return cls(TraceRef(new_trace_id(), new_span_id()), None)
+
+
+# --- the process's setup ---------------------------------------------------------------
+
+
+class _Process:
+    """This process's tracing: None while off (the default)."""
+
+    otel: Otel | None = None
+
+
+_process = _Process()
+
+
+def requested(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the standard OTEL_* variables ask this process for traces."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    return exporter in ("otlp", "console") or any(environ.get(name) for name in endpoints)
+
+
+def configure(service_name: str, environ: Mapping[str, str] = os.environ) -> bool:
+    """Sets up tracing for this process if its environment asks for it; True if on.
+    ``service_name`` is the default for ``OTEL_SERVICE_NAME``."""
+    if _process.otel is None and requested(environ):
+        problem = OTEL.problem("tracing (OTEL_* variables)")
+        if problem is not None:
+            raise RuntimeError(problem)
+        # Only now, and only installed: the base install has no OpenTelemetry.
+        from awp_common._otel import Otel  # noqa: PLC0415
+
+        _process.otel = Otel(service_name, environ)
+        log.info("tracing on: exporting spans", extra={"service": service_name})
+    return _process.otel is not None
+
+
+@contextlib.contextmanager
+def process(service_name: str) -> Iterator[None]:
+    """Tracing for a whole process's run (`configure`, then `shutdown` at its end)."""
+    configure(service_name)
+    try:
+        yield
+    finally:
+        shutdown()
+
+
+def enabled() -> bool:
+    return _process.otel is not None
+
+
+def shutdown() -> None:
+    """Exports what is buffered (at a clean exit; a killed process loses it)."""
+    otel, _process.otel = _process.otel, None
+    if otel is not None:
+        otel.shutdown()
+
+
+# --- spans -----------------------------------------------------------------------------
+
+Attributes = Mapping[str, str | int | float | bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    name: str
+    at_ns: int
+    attributes: Attributes | None = None
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def ns(instant: datetime) -> int:
+    """A span time from a database timestamp (the database's clock)."""
+    return int(instant.timestamp() * 1e9)
+
+
+@contextlib.contextmanager
+def span(
+    name: str, parent: TraceRef | None = None, attributes: Attributes | None = None
+) -> Iterator[Span | None]:
+    """A span around the block, current within it (so spans the block starts nest under
+    it), a child of ``parent`` if given, else of the current span; None when off."""
+    otel = _process.otel
+    if otel is None:
+        yield None
+        return
+    with otel.span(name, parent, attributes) as current:
+        yield current
+
+
+def record(
+    name: str,
+    parent: TraceRef | None,
+    start_ns: int,
+    end_ns: int,
+    attributes: Attributes | None = None,
+    *,
+    events: Sequence[Event] = (),
+    ids: TraceRef | None = None,
+    error: str | None = None,
+    links: Sequence[TraceRef] = (),
+) -> None:
+    """Exports a span that is over already: its times come from the database (a task's
+    wait, a rescued attempt, a finished run). ``ids``: the span's own fixed ids."""
+    otel = _process.otel
+    if otel is not None:
+        otel.record(
+            name, parent, start_ns, max(start_ns, end_ns), attributes, events, ids, error, links
+        )
+
+
+def current_traceparent() -> str | None:
+    """The current span's traceparent in this process, if the application traces (with
+    its own OpenTelemetry setup or AWP's): what the SDK sends with StartRun. Costs one
+    lookup when OpenTelemetry was never imported, so no caller can have a span."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid or not context.trace_flags.sampled:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
+
+
+class TraceIds(logging.Filter):
+    """Adds trace_id and span_id to a log record made inside a span (a structured field
+    like run_id), so a log line leads to its trace and back."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        trace = sys.modules.get("opentelemetry.trace")
+        if trace is not None:
+            context = trace.get_current_span().get_span_context()
+            if context.is_valid:
+                record.trace_id = f"{context.trace_id:032x}"
+                record.span_id = f"{context.span_id:016x}"
+        return True
