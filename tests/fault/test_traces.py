@@ -111,7 +111,7 @@ async def start_traced_run(cluster: Cluster, caller: TracerProvider) -> tuple[UU
     context = own.get_span_context()
     # The SDK's exporter thread calls the receiver served on this loop: never block it.
     await asyncio.to_thread(caller.force_flush)
-    return UUID(handle.run_id), (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+    return UUID(handle.id), (f"{context.trace_id:032x}", f"{context.span_id:016x}")
 
 
 ReceivedSpanIds = tuple[str, str]
