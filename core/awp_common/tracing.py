@@ -237,6 +237,28 @@ def record(
         )
 
 
+# --- where a trace is shown ------------------------------------------------------------
+
+# The user's tracing UI: a URL template with {trace_id}, for `awp run get` and the console.
+TRACE_URL_VARIABLE: Final = "AWP_TRACE_URL"
+
+
+def trace_url_template(template: str) -> str:
+    """The template, checked: an http(s) URL with {trace_id} in it."""
+    if not template.startswith(("http://", "https://")) or "{trace_id}" not in template:
+        raise ValueError(
+            f"{TRACE_URL_VARIABLE} must be an http(s) URL with {{trace_id}} in it, got {template!r}"
+        )
+    return template
+
+
+def trace_link(template: str | None, trace_id: str | None) -> str | None:
+    """The trace's page in the user's tracing UI; None without a template or a trace."""
+    if not template or not trace_id:
+        return None
+    return trace_url_template(template).replace("{trace_id}", trace_id)
+
+
 def current_traceparent() -> str | None:
     """The current span's traceparent in this process, if the application traces (with
     its own OpenTelemetry setup or AWP's): what the SDK sends with StartRun. Costs one

@@ -52,6 +52,7 @@ class RunInfo:
     schedule_id: UUID | None
     schedule_tick: datetime | None
     start_at: datetime | None
+    trace_id: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,7 +91,9 @@ async def start_python_worker(cluster: Cluster, name: str) -> WorkerProcess:
     return await cluster.start_foreign_worker(name, argv)
 
 
-async def start_traced_run(cluster: Cluster, caller: TracerProvider) -> tuple[UUID, ReceivedSpanIds]:
+async def start_traced_run(
+    cluster: Cluster, caller: TracerProvider
+) -> tuple[UUID, tuple[str, str]]:
     """prep -> slow, started through the SDK inside the caller's own span."""
     definition = workload.definition(
         "traced",
@@ -112,9 +114,6 @@ async def start_traced_run(cluster: Cluster, caller: TracerProvider) -> tuple[UU
     # The SDK's exporter thread calls the receiver served on this loop: never block it.
     await asyncio.to_thread(caller.force_flush)
     return UUID(handle.id), (f"{context.trace_id:032x}", f"{context.span_id:016x}")
-
-
-ReceivedSpanIds = tuple[str, str]
 
 
 def attempt_spans(spans: list[ReceivedSpan], key: str, attempt: int) -> list[ReceivedSpan]:
@@ -236,8 +235,9 @@ async def test_one_trace_per_run_from_the_caller_through_a_rescue(
 
     # Log lines made inside a span carry its ids.
     (done,) = [
-        line for line in log_lines(survivor) if line["msg"] == traced_actions.DONE_LINE
-        and line.get("task_key") == "slow"
+        line
+        for line in log_lines(survivor)
+        if line["msg"] == traced_actions.DONE_LINE and line.get("task_key") == "slow"
     ]
     (user,) = children(spans, children(spans, again, tracing.ACTION_SPAN)[0], "user.model_call")
     assert (done["trace_id"], done["span_id"]) == (trace_id, user.span_id)

@@ -51,7 +51,7 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
        w.version AS workflow_version, r.retried_from, r.retry_from_task, r.schedule_id,
-       r.schedule_tick, r.start_at
+       r.schedule_tick, r.start_at, r.trace_id
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE r.id = $1
 
@@ -102,7 +102,7 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
        w.version AS workflow_version, r.retried_from, r.retry_from_task, r.schedule_id,
-       r.schedule_tick, r.start_at
+       r.schedule_tick, r.start_at, r.trace_id
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE ($1::text IS NULL OR w.name = $1)
    AND ($2::text IS NULL OR r.state = $2)
