@@ -31,6 +31,10 @@ def summary(values: list[float]) -> dict[str, float]:
 
 FIGURES = (
     "tasks_per_s",
+    # the tracing scenario's (bench/tracing_bench.py)
+    "tasks_per_s_untraced",
+    "tracing_drop_pct",
+    "spans_per_task",
     "fairness",
     "hop_ms_p50",
     "hop_ms_p99",
