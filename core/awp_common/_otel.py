@@ -89,6 +89,14 @@ class Otel:
         ) as current:
             yield current
 
+    def start(self, name: str, parent: TraceRef | None, attributes: Attributes | None) -> Span:
+        return self.tracer.start_span(name, context=_context(parent), attributes=attributes)
+
+    @contextlib.contextmanager
+    def current(self, span: Span) -> Iterator[None]:
+        with trace.use_span(span, end_on_exit=False):
+            yield
+
     def record(
         self,
         name: str,

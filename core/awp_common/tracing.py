@@ -56,7 +56,6 @@ RUN_SPAN: Final = "awp.run"
 QUEUE_WAIT_SPAN: Final = "awp.queue_wait"
 ATTEMPT_SPAN: Final = "awp.attempt"
 ACTION_SPAN: Final = "awp.action"
-COMPLETE_SPAN: Final = "awp.complete"
 DISPATCH_SPAN: Final = "awp.coordinator.dispatch"
 REAP_SPAN: Final = "awp.coordinator.reap"
 
@@ -64,6 +63,9 @@ REAP_SPAN: Final = "awp.coordinator.reap"
 REVOKED_EVENT: Final = "awp.lease.revoked"
 EXPIRED_EVENT: Final = "awp.lease.expired"
 RESCUE_EVENT: Final = "awp.rescue"
+# Complete's answer for the attempt's result, and its attribute on the attempt's span.
+COMPLETE_EVENT: Final = "awp.complete"
+COMPLETE_OUTCOME: Final = "awp.complete.outcome"
 
 # The W3C trace-context header, as gRPC metadata carries it (keys are lowercase).
 TRACEPARENT: Final = "traceparent"
@@ -214,6 +216,25 @@ def span(
         return
     with otel.span(name, parent, attributes) as current:
         yield current
+
+
+def start(name: str, parent: TraceRef | None, attributes: Attributes | None = None) -> Span | None:
+    """A span its caller ends (``span.end()``) whenever it is over, made current only
+    within `current`; None when off."""
+    otel = _process.otel
+    return None if otel is None else otel.start(name, parent, attributes)
+
+
+@contextlib.contextmanager
+def current(span: Span) -> Iterator[None]:
+    """``span`` is the current span within the block (spans started there nest under
+    it); it does not end with the block."""
+    otel = _process.otel
+    if otel is None:
+        yield
+        return
+    with otel.current(span):
+        yield
 
 
 def record(

@@ -5,7 +5,8 @@ with -9 while it runs a task.
 
 The run's spans form one connected trace rooted at the caller's span: the run, each
 task's queue wait, each attempt with its identity (worker, fencing token, outcome), the
-action's code and the user's own span inside it, each Complete's answer; the killed
+action's code and the user's own span inside it, each Complete's answer (an event on
+the attempt's span); the killed
 worker's attempt appears as the coordinator's rescue of it, and the next attempt has a
 higher fencing token.
 """
@@ -146,10 +147,10 @@ async def test_one_trace_per_run_from_the_caller_through_a_rescue(
     stored = await cluster.fetchval("SELECT trace_id FROM runs WHERE id = $1", run_id)
     assert stored == trace_id  # the run continues the caller's trace
 
-    # prep's spans all reached the receiver (its Complete's span is its worker's last):
-    # killing that worker later loses none of them.
+    # prep's spans all reached the receiver (its attempt's span, which ends once its
+    # Complete is answered, is its worker's last): killing that worker loses none of them.
     await wait_for(
-        lambda: any(received.named(tracing.COMPLETE_SPAN)), "prep's Complete span", within=30
+        lambda: attempt_spans(received.spans, "prep", 1), "prep's attempt span", within=30
     )
     first = await wait_attempt(cluster, run_id, "slow", 1, "running")
     victim = cluster.worker_of(first["worker_id"])
@@ -159,8 +160,8 @@ async def test_one_trace_per_run_from_the_caller_through_a_rescue(
 
     def complete() -> bool:
         spans = received.trace(trace_id)
-        return any(s.name == tracing.RUN_SPAN for s in spans) and any(
-            children(spans, a, tracing.COMPLETE_SPAN) for a in attempt_spans(spans, "slow", 2)
+        return any(s.name == tracing.RUN_SPAN for s in spans) and bool(
+            attempt_spans(spans, "slow", 2)
         )
 
     await wait_for(complete, "the run's span and the last attempt's", within=30)
@@ -215,8 +216,8 @@ async def test_one_trace_per_run_from_the_caller_through_a_rescue(
         (code,) = children(spans, span, tracing.ACTION_SPAN)
         (user,) = children(spans, code, traced_actions.USER_SPAN)
         assert user.attributes["user.task"] == key
-        (answered,) = children(spans, span, tracing.COMPLETE_SPAN)
-        assert answered.attributes[tracing.OUTCOME] == "accepted"
+        assert span.attributes[tracing.COMPLETE_OUTCOME] == "accepted"
+        assert (tracing.COMPLETE_EVENT, {tracing.OUTCOME: "accepted"}) in span.events
         assert span.attributes["awp.stream.chunks"] == 1
 
     # The killed worker's attempt: the coordinator's rescue, then a higher fencing token.

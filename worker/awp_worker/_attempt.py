@@ -139,7 +139,8 @@ class Attempts:
 
     async def _execute(self, held: HeldLease) -> None:
         bind(**held.log_fields)  # this task's context only: user log lines carry them too
-        with _tracing.attempt(held, self._owner.session.worker_id or ""):
+        worker_id = self._owner.session.worker_id or ""
+        with _tracing.attempt(held, worker_id, lambda: self._owner.leases.holds(held)):
             await self._execute_traced(held)
 
     async def _execute_traced(self, held: HeldLease) -> None:
@@ -266,7 +267,6 @@ class Attempts:
             return
         held.result = result
         held.phase = Phase.REPORTING
-        _tracing.submitted(held)
         self._flusher.submit(held)
 
 

@@ -20,6 +20,7 @@ from google.protobuf import duration_pb2
 from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_WORKER_CONCURRENCY
 from awp_sdk.actions import ActionContext
+from awp_worker import _tracing
 from awp_worker._stream import StreamWriter
 
 if TYPE_CHECKING:
@@ -115,9 +116,9 @@ class HeldLease:
     cancel_reason: str | None = None
     # How the execution ended (the executions metric's label); None: still running.
     outcome: str | None = None
-    # The attempt's span (_tracing; None: not traced) and when its result was handed over.
+    # The attempt's span (_tracing; None: not traced), and whether it ends on release.
     span: Span | None = None
-    submitted_ns: int | None = None
+    span_ends_on_release: bool = False
 
     @property
     def dispatch_id(self) -> int:
@@ -184,6 +185,7 @@ class LeaseTable:
         if not self.holds(held):
             return False
         del self._leases[held.dispatch_id]
+        _tracing.released(held)
         self.releases += 1
         self._on_release()
         return True

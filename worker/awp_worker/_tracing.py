@@ -1,52 +1,63 @@
-"""The worker's spans (docs/observability.md): each attempt, the action's own code as
-its child, the Complete that reports it, and what happened to its lease.
+"""The worker's spans (docs/observability.md): each attempt, with the action's own code
+as its child, the Complete that reports it, and what happened to its lease.
 
 An attempt's span is a child of its run's span (the lease's traceparent), so the worker
 joins the run's trace without knowing any other process; a lease without one (a run
-that is not traced) gets no span. The action runs inside its span, so whatever the
-action's code traces itself (an HTTP or model client) nests under it.
+that is not traced) gets no span. The action runs inside the attempt's span, so
+whatever its code traces itself (an HTTP or model client) nests under it. The span lasts
+until the lease is let go: its Complete's answer is an event on it (no span of its own,
+which would cost as much again per task), as a revocation is.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from awp_common import tracing
-from awp_worker._lease import HeldLease
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from awp_worker._lease import HeldLease
+
 
 @contextlib.contextmanager
-def attempt(held: HeldLease, worker_id: str) -> Iterator[None]:
-    """The attempt's span around its execution; its outcome is `held.outcome` then."""
+def attempt(held: HeldLease, worker_id: str, still_held: Callable[[], bool]) -> Iterator[None]:
+    """The attempt's span, current around its execution; its outcome is `held.outcome`
+    then. It ends here if the lease is gone already, else when it is let go (`released`)."""
     lease = held.lease
     run = tracing.TraceRef.parse(lease.traceparent) if tracing.enabled() else None
-    if run is None:
+    span = None if run is None else tracing.start(
+        tracing.ATTEMPT_SPAN,
+        run,
+        {
+            tracing.RUN_ID: lease.run_id,
+            tracing.TASK_KEY: lease.task_key,
+            tracing.ATTEMPT: lease.attempt,
+            tracing.WORKER_ID: worker_id,
+            tracing.FENCING_TOKEN: lease.fencing_token,
+            tracing.DISPATCH_ID: lease.dispatch_id,
+            tracing.ACTION: lease.action,
+        },
+    )  # fmt: skip
+    if span is None:
         yield
         return
-    attributes: tracing.Attributes = {
-        tracing.RUN_ID: lease.run_id,
-        tracing.TASK_KEY: lease.task_key,
-        tracing.ATTEMPT: lease.attempt,
-        tracing.WORKER_ID: worker_id,
-        tracing.FENCING_TOKEN: lease.fencing_token,
-        tracing.DISPATCH_ID: lease.dispatch_id,
-        tracing.ACTION: lease.action,
-    }
-    with tracing.span(tracing.ATTEMPT_SPAN, run, attributes) as span:
-        held.span = span
-        try:
+    held.span = span
+    try:
+        with tracing.current(span):
             yield
-        finally:
-            if span is not None:
-                _close(held, span)
+    finally:
+        _executed(held, span)
+        if still_held():
+            held.span_ends_on_release = True
+        else:
+            span.end()
 
 
-def _close(held: HeldLease, span: Span) -> None:
+def _executed(held: HeldLease, span: Span) -> None:
     span.set_attribute(tracing.OUTCOME, held.outcome or "cancelled")
     if held.cancel_reason is not None:
         span.set_attribute("awp.cancel_reason", held.cancel_reason)
@@ -66,25 +77,20 @@ def action(held: HeldLease) -> contextlib.AbstractContextManager[object]:
 
 
 def revoked(held: HeldLease, status: str) -> None:
-    """The server took the lease back while the attempt ran: an event on its span."""
+    """The server took the lease back: an event on the attempt's span."""
     if held.span is not None and held.span.is_recording():
         held.span.add_event(tracing.REVOKED_EVENT, {"awp.status": status})
 
 
-def submitted(held: HeldLease) -> None:
-    held.submitted_ns = tracing.now_ns()
-
-
 def completed(held: HeldLease, outcome: str) -> None:
-    """Complete answered for the attempt's result (accepted, duplicate, lease lost...):
-    a span from the result's hand-over to the answer, a child of the attempt's."""
-    if held.span is None or held.submitted_ns is None:
-        return
-    context = held.span.get_span_context()
-    tracing.record(
-        tracing.COMPLETE_SPAN,
-        tracing.TraceRef(f"{context.trace_id:032x}", f"{context.span_id:016x}"),
-        held.submitted_ns,
-        tracing.now_ns(),
-        {tracing.OUTCOME: outcome, tracing.FENCING_TOKEN: held.lease.fencing_token},
-    )
+    """Complete answered for the attempt's result (accepted, duplicate, lease lost...)."""
+    if held.span is not None and held.span.is_recording():
+        held.span.set_attribute(tracing.COMPLETE_OUTCOME, outcome)
+        held.span.add_event(tracing.COMPLETE_EVENT, {tracing.OUTCOME: outcome})
+
+
+def released(held: HeldLease) -> None:
+    """The lease is let go (settled, revoked, given up): its span, if still open, ends."""
+    if held.span_ends_on_release and held.span is not None:
+        held.span_ends_on_release = False
+        held.span.end()
