@@ -24,9 +24,9 @@ from awp_db.connect import connect
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from kit.otlp import OtlpReceiver
 
-# A task of the benchmark makes these spans: its queue wait (server), its attempt, the
-# action's code and its Complete (worker); a run adds one (coordinator).
-SPANS_PER_TASK = 4
+# A task of the benchmark makes these spans: its queue wait (server), its attempt and the
+# action's code (worker); a run adds one (coordinator).
+SPANS_PER_TASK = 3
 # How long the traced processes get to export what they buffered, after the run.
 EXPORT_WAIT_S = 30.0
 

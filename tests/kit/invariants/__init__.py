@@ -26,6 +26,7 @@ everything check_committed checks:
    attempt, positions per task (streams.py, in every committed state).
 7. Schedules (schedules.py): every started tick has exactly its one run and every run
    a schedule started its tick; no tick was created under a stale leader epoch.
+   Traces (traces.py): a run's span is exported only once the run has finished.
 8. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
    no INTERNAL answer during the scenario (health.py).
 
