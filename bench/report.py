@@ -106,7 +106,7 @@ def aggregate(case: Case, reps: list[dict[str, Any]], sizes: Sizes) -> dict[str,
         values = [rep[name] for rep in reps if name in rep]
         if values:
             entry[name] = summary(values)
-    for group in ("cpu_s_per_task", "peak_rss_mb"):
+    for group in ("cpu_s_per_task", "cpu_s_per_task_untraced", "peak_rss_mb"):
         if group not in reps[0]:
             continue  # idle sessions run no tasks
         entry[group] = {

@@ -84,6 +84,7 @@ async def tracing_overhead(
             off = await untraced()
         spans = len(receiver.spans)
     on["tasks_per_s_untraced"] = off["tasks_per_s"]
+    on["cpu_s_per_task_untraced"] = off["cpu_s_per_task"]
     on["tracing_drop_pct"] = 100.0 * (1.0 - on["tasks_per_s"] / off["tasks_per_s"])
     on["spans_per_task"] = spans / tasks
     return on

@@ -84,6 +84,7 @@ class Coordinator:
         self.config = config
         self.metrics = metrics if metrics is not None else Metrics()
         self._last_sweep = float("-inf")
+        self._last_traces = float("-inf")
         self._leading = False
 
     @property
@@ -184,7 +185,10 @@ class Coordinator:
                     # Only busy runs had work: come back shortly (MIN_SLEEP_S), not at
                     # the next scan. (A pass that dispatched anything is followed at once.)
                     report.next_due_in = 0.0
-            if tracing.enabled():
+            # A run's span waits for the run's end anyway: once per scan interval is
+            # enough, not a statement more per pass.
+            if tracing.enabled() and time.monotonic() - self._last_traces >= config.scan_interval_s:
+                self._last_traces = time.monotonic()
                 await spans.finished_runs(conn, batch)
         self._record(report, time.perf_counter() - started)
         return report
