@@ -15,6 +15,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import (
     Link,
     NonRecordingSpan,
@@ -76,6 +77,11 @@ class Otel:
         # The global provider too, so the actions' own instrumentation exports alike.
         trace.set_tracer_provider(self.provider)
         self.tracer = self.provider.get_tracer("awp")
+
+    def sampled(self, trace_id: str, name: str) -> bool:
+        """Whether the process's sampler keeps a new trace (a run's, begun here)."""
+        decision = self.provider.sampler.should_sample(None, int(trace_id, 16), name)
+        return decision.decision is Decision.RECORD_AND_SAMPLE
 
     def shutdown(self) -> None:
         self.provider.shutdown()

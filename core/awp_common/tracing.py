@@ -86,15 +86,20 @@ class TraceRef:
 
     @classmethod
     def parse(cls, header: str) -> TraceRef | None:
-        """A sampled, valid W3C traceparent's ids; None for anything else (a caller that
-        is not sampling, or a malformed header: the run then starts its own trace)."""
-        match = _TRACEPARENT.match(header.strip().lower())
-        if match is None:
-            return None
-        trace_id, span_id, flags = match.groups()
-        if int(flags, 16) & 1 == 0 or not int(trace_id, 16) or not int(span_id, 16):
-            return None
-        return cls(trace_id, span_id)
+        """A sampled, valid W3C traceparent's ids; None for anything else."""
+        found = _parse(header)
+        return found[0] if found is not None and found[1] else None
+
+
+def _parse(header: str) -> tuple[TraceRef, bool] | None:
+    """A valid W3C traceparent's ids and its sampled flag; None if it is not valid."""
+    match = _TRACEPARENT.match(header.strip().lower())
+    if match is None:
+        return None
+    trace_id, span_id, flags = match.groups()
+    if not int(trace_id, 16) or not int(span_id, 16):
+        return None
+    return TraceRef(trace_id, span_id), bool(int(flags, 16) & 1)
 
 
 def new_span_id() -> str:
@@ -115,13 +120,26 @@ class RunTrace:
 
     @classmethod
     def begin(cls, caller: TraceRef | None) -> RunTrace | None:
-        """The trace of a new run: the caller's, or a new one if this process traces;
-        None: the run is not traced."""
+        """The trace of a new run: the caller's, or a new one if this process traces
+        and its sampler (``OTEL_TRACES_SAMPLER``) keeps it; None: the run is not traced."""
         if caller is not None:
             return cls(TraceRef(caller.trace_id, new_span_id()), caller.span_id)
-        if _process.otel is None:
+        otel = _process.otel
+        trace_id = new_trace_id()
+        if otel is None or not otel.sampled(trace_id, RUN_SPAN):
             return None
-        return cls(TraceRef(new_trace_id(), new_span_id()), None)
+        return cls(TraceRef(trace_id, new_span_id()), None)
+
+    @classmethod
+    def of_caller(cls, traceparent: str | None) -> RunTrace | None:
+        """The trace of a run started with this traceparent (None: without one). A
+        caller that does not sample its trace leaves the run untraced; a header that is
+        not valid W3C is ignored, as if there were none."""
+        found = None if traceparent is None else _parse(traceparent)
+        if found is None:
+            return cls.begin(None)
+        caller, sampled = found
+        return cls.begin(caller) if sampled else None
 
 
 # --- the process's setup ---------------------------------------------------------------

@@ -15,7 +15,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from awp.v1 import control_pb2
-from awp_common.tracing import TRACEPARENT, RunTrace, TraceRef
+from awp_common.tracing import TRACEPARENT, RunTrace
 from awp_db import runs
 from awp_kernel.errors import AwpError, invalid
 from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
@@ -79,12 +79,12 @@ def delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:
 
 def run_trace(context: grpc.aio.ServicerContext[Any, Any]) -> RunTrace | None:
     """A new run's trace: the caller's (its W3C traceparent metadata), or a new one when
-    this server traces; a header that is not a sampled, valid traceparent is ignored."""
-    caller = None
+    this server traces (RunTrace.of_caller)."""
+    traceparent = None
     for key, value in context.invocation_metadata() or ():
         if key == TRACEPARENT and isinstance(value, str):
-            caller = TraceRef.parse(value)
-    return RunTrace.begin(caller)
+            traceparent = value
+    return RunTrace.of_caller(traceparent)
 
 
 def check_version(field: str, version: int) -> None:

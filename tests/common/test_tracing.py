@@ -4,6 +4,7 @@ imports nothing of OpenTelemetry (the base install has none)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -56,7 +57,13 @@ def test_a_sampled_traceparent_is_continued() -> None:
 def test_anything_else_starts_no_trace_of_the_callers(header: str) -> None:
     assert TraceRef.parse(header) is None
     # Tracing is off in this process: the run is not traced at all.
-    assert RunTrace.begin(None) is None
+    assert RunTrace.of_caller(header) is None
+
+
+def test_a_caller_that_does_not_sample_leaves_the_run_untraced() -> None:
+    assert RunTrace.of_caller(HEADER) is not None
+    assert RunTrace.of_caller(HEADER[:-2] + "00") is None
+    assert RunTrace.of_caller(None) is None  # and this process does not trace
 
 
 def test_the_tracing_ui_link() -> None:
@@ -80,3 +87,21 @@ def test_tracing_off_imports_no_opentelemetry() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(("ratio", "traced"), [("0", False), ("1", True)])
+def test_a_run_the_server_begins_is_traced_as_its_sampler_says(ratio: str, traced: bool) -> None:
+    code = (
+        "from awp_common import tracing; assert tracing.configure('x');"
+        "print(tracing.RunTrace.of_caller(None) is not None); tracing.shutdown()"
+    )
+    environ = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_TRACES_SAMPLER": "traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": ratio,
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environ
+    ).stdout
+    assert out.strip() == str(traced)
