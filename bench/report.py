@@ -34,6 +34,7 @@ FIGURES = (
     # the tracing scenario's (bench/tracing_bench.py)
     "tasks_per_s_untraced",
     "tracing_drop_pct",
+    "tracing_cpu_us_per_task",
     "spans_per_task",
     "fairness",
     "hop_ms_p50",
