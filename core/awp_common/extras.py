@@ -21,7 +21,7 @@ class Extra:
     modules: tuple[str, ...]
 
     def missing(self) -> list[str]:
-        return [module for module in self.modules if importlib.util.find_spec(module) is None]
+        return [module for module in self.modules if not _found(module)]
 
     def problem(self, what: str) -> str | None:
         """One line saying what to install for `what`, or None when nothing is missing."""
@@ -32,6 +32,14 @@ class Extra:
             f"{what} needs the {self.name!r} extra, not installed ({', '.join(missing)} "
             f"missing): pip install 'awp[{self.name}]'"
         )
+
+
+def _found(module: str) -> bool:
+    # find_spec imports a dotted name's parents: a missing parent package raises.
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 SERVER: Final = Extra("server", ("asyncpg", "grpc_health", "grpc_reflection", "croniter"))

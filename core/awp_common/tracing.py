@@ -145,6 +145,10 @@ class RunTrace:
 # --- the process's setup ---------------------------------------------------------------
 
 
+class TracingUnavailable(RuntimeError):
+    """Tracing was asked for, but the otel extra is not installed."""
+
+
 class _Process:
     """This process's tracing: None while off (the default)."""
 
@@ -171,7 +175,7 @@ def configure(service_name: str, environ: Mapping[str, str] = os.environ) -> boo
     if _process.otel is None and requested(environ):
         problem = OTEL.problem("tracing (OTEL_* variables)")
         if problem is not None:
-            raise RuntimeError(problem)
+            raise TracingUnavailable(problem)
         # Only now, and only installed: the base install has no OpenTelemetry.
         from awp_common._otel import Otel  # noqa: PLC0415
 
@@ -182,8 +186,13 @@ def configure(service_name: str, environ: Mapping[str, str] = os.environ) -> boo
 
 @contextlib.contextmanager
 def process(service_name: str) -> Iterator[None]:
-    """Tracing for a whole process's run (`configure`, then `shutdown` at its end)."""
-    configure(service_name)
+    """Tracing for a whole process's run (`configure`, then `shutdown` at its end). Asked
+    for without the otel extra, the process says so in one line and exits 2."""
+    try:
+        configure(service_name)
+    except TracingUnavailable as exc:
+        print(f"{service_name}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         yield
     finally:
