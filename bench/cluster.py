@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -42,8 +43,12 @@ START_CONCURRENCY = 64
 class Cluster:
     """A fresh database and the processes serving it."""
 
-    def __init__(self, pg: Postgres, database: str, logdir: Path) -> None:
+    def __init__(
+        self, pg: Postgres, database: str, logdir: Path, env: Mapping[str, str] | None = None
+    ) -> None:
         self.pg = pg
+        # Extra environment of every process (the tracing scenario's OTEL_* variables).
+        self.env = dict(env or {})
         self.database = database
         self.dsn = pg.dsn_for(database)
         self.logdir = logdir
@@ -88,6 +93,7 @@ class Cluster:
                     "--insecure",
                 ],
                 self.logdir,
+                self.env,
             )
         )  # fmt: skip
         self.procs.append(
@@ -99,6 +105,7 @@ class Cluster:
                     "--metrics-listen", f"127.0.0.1:{self.coordinator_metrics}",
                 ],
                 self.logdir,
+                self.env,
             )
         )  # fmt: skip
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.grpc_port}")
@@ -142,6 +149,7 @@ class Cluster:
                         *self._worker_args,
                     ],
                     self.logdir,
+                    self.env,
                 )
             )  # fmt: skip
         self.procs.extend(added)

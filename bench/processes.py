@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -80,16 +80,22 @@ def _cpu_ticks() -> tuple[int, int]:
     return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
 
 
-def spawn(kind: str, name: str, args: list[str], logdir: Path) -> Proc:
-    """One of AWP's binaries, with production defaults: only the flags it is given."""
-    return launch_proc(kind, name, [*command(f"awp-{kind}"), *args], logdir)
+def spawn(
+    kind: str, name: str, args: list[str], logdir: Path, env: Mapping[str, str] | None = None
+) -> Proc:
+    """One of AWP's binaries, with production defaults: only the flags it is given (and
+    the environment variables, e.g. OTEL_*)."""
+    return launch_proc(kind, name, [*command(f"awp-{kind}"), *args], logdir, env)
 
 
-def launch_proc(kind: str, name: str, argv: list[str], logdir: Path) -> Proc:
+def launch_proc(
+    kind: str, name: str, argv: list[str], logdir: Path, env: Mapping[str, str] | None = None
+) -> Proc:
     """Any process of the benchmark (AWP's binaries, the session simulator) by the one
     launcher of awp_common.processes, its output in logdir/name.log."""
     log = logdir / f"{name}.log"
-    launched = launch(argv, log, env=clean_env(), banner=f"=== bench {name}: {' '.join(argv)}")
+    environ = {**clean_env(), **(env or {})}
+    launched = launch(argv, log, env=environ, banner=f"=== bench {name}: {' '.join(argv)}")
     return Proc(kind, name, launched.popen, log)
 
 

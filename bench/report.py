@@ -31,6 +31,11 @@ def summary(values: list[float]) -> dict[str, float]:
 
 FIGURES = (
     "tasks_per_s",
+    # the tracing scenario's (bench/tracing_bench.py)
+    "tasks_per_s_untraced",
+    "tracing_drop_pct",
+    "tracing_cpu_us_per_task",
+    "spans_per_task",
     "fairness",
     "hop_ms_p50",
     "hop_ms_p99",
@@ -107,7 +112,7 @@ def aggregate(case: Case, reps: list[dict[str, Any]], sizes: Sizes) -> dict[str,
         values = [rep[name] for rep in reps if name in rep]
         if values:
             entry[name] = summary(values)
-    for group in ("cpu_s_per_task", "peak_rss_mb"):
+    for group in ("cpu_s_per_task", "cpu_s_per_task_untraced", "peak_rss_mb"):
         if group not in reps[0]:
             continue  # idle sessions run no tasks
         entry[group] = {

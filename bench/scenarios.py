@@ -25,12 +25,15 @@ from cost_model import COST_MODEL, concurrent_runs, payload, run_size
 from idle_sessions import idle_sessions
 from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, percentile, wait_for
 from replay_bench import replay
+from tracing_bench import tracing_overhead
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.connect import connect
 
 SCENARIOS = (
     "single_run",
+    # single_run/4w untraced and traced, exported (bench/tracing_bench.py).
+    "tracing",
     "many_runs",
     "chain",
     "latency",
@@ -253,6 +256,8 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
     for name in selected:
         if name == "single_run":
             chosen += [Case(name, w, sizes.single_tasks) for w in sizes.single_workers]
+        elif name == "tracing":
+            chosen.append(Case(name, 4, sizes.single_tasks))
         elif name == "many_runs":
             chosen.append(Case(name, 4, sizes.many_tasks, sizes.many_runs))
         elif name == "chain":
@@ -325,6 +330,15 @@ async def run_case(
     caselogs.mkdir(parents=True, exist_ok=True)
     if case.name == "idle_sessions":
         return await idle_sessions(pg, case.workers, caselogs)
+    if case.name == "tracing":
+        return await tracing_overhead(
+            pg,
+            case.workers,
+            case.tasks,
+            repetition,
+            caselogs,
+            lambda cluster, window: single_run(cluster, window, sizes, 1, case.tasks),
+        )
     caselogs.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(pg, database, caselogs)
     admin = await connect(pg.dsn, application_name="awp-bench-admin")

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from awp_cli.render import counts_text, local_time, seconds_between, styled, took, workflow_ref
 from awp_cli.render_tasks import attempts_table, elements_of, error_text, tasks_table
+from awp_common import tracing
 from awp_sdk.enums import TaskState
 from awp_sdk.records import Run, RunDetail
 
@@ -109,11 +110,23 @@ def omissions_view(detail: RunDetail) -> list[RenderableType]:
     return [Text(note, style="yellow") for note in notes]
 
 
-def run_view(detail: RunDetail) -> RenderableType:
+def trace_text(run: Run, url_template: str | None) -> list[RenderableType]:
+    """The run's trace id, and its page in the user's tracing UI (AWP_TRACE_URL)."""
+    if run.trace_id is None:
+        return []
+    text = Text.assemble(("trace ", "dim"), run.trace_id)
+    link = tracing.trace_link(url_template, run.trace_id)
+    if link is not None:
+        text.append_text(Text.assemble("  ", (link, f"link {link}")))
+    return [text]
+
+
+def run_view(detail: RunDetail, trace_url: str | None = None) -> RenderableType:
     run = detail.run
     parts: list[RenderableType] = [
         run_header(run),
         audit_text(run),
+        *trace_text(run, trace_url),
         counts_text(task_counts(run)),
         Text(""),
         tasks_table(detail),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 from datetime import timedelta
 
@@ -22,6 +23,7 @@ from awp_cli.follow import ProgressView, follow, run_exit
 from awp_cli.render_fleet import add_pruned, prune_progress, prune_summary
 from awp_cli.render_runs import run_summary, run_view, runs_table, task_counts
 from awp_cli.render_tasks import attempt_log, task_list
+from awp_common import tracing
 from awp_protocol.jsonvalue import canonical_json
 from awp_sdk import wire
 from awp_sdk.client import AsyncClient
@@ -105,8 +107,19 @@ async def run_get(client: AsyncClient, args: argparse.Namespace) -> Exit:
     if args.json:
         render.print_json(wire.run_detail(detail))
     else:
-        render.stdout.print(run_view(detail))
+        render.stdout.print(run_view(detail, _trace_url()))
     return Exit.OK
+
+
+def _trace_url() -> str | None:
+    """The tracing UI's URL template (AWP_TRACE_URL), checked; None when unset."""
+    template = os.environ.get(tracing.TRACE_URL_VARIABLE) or None
+    if template is None:
+        return None
+    try:
+        return tracing.trace_url_template(template)
+    except ValueError as exc:
+        raise CliError(Exit.USAGE, str(exc)) from None
 
 
 async def run_tasks(client: AsyncClient, args: argparse.Namespace) -> Exit:

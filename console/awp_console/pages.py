@@ -14,11 +14,18 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from awp_console import api, graph, metrics, recovery
+from awp_console import api, graph, metrics, recovery, timeline
 from awp_console.web import Caller, caller, console_of, page
 from awp_protocol.states import RUN_STATES, TASK_STATES, TERMINAL_RUN_STATES
-from awp_sdk.client import AsyncClient
-from awp_sdk.records import Attempt, Run, RunDetail, StoredWorkflow, TaskError, TaskStatus
+from awp_sdk.records import (
+    Attempt,
+    Run,
+    RunDetail,
+    StoredWorkflow,
+    TaskError,
+    TaskStatus,
+    Worker,
+)
 from awp_sdk.schedules import Schedules
 
 RUNS_PAGE: Final = 25
@@ -131,7 +138,14 @@ async def run(request: Request) -> Response:
     run_id = request.path_params["run_id"]
     detail = await who.api.get_run(run_id, outputs=False)
     drawing = graph.draw(_items(detail))
-    recoveries = await _recoveries(who.api, detail)
+    workers = await who.api.list_workers(include_inactive=True) if detail.attempts else ()
+    recoveries = _recoveries(detail, workers)
+    drawn = timeline.draw(
+        detail.attempts,
+        {w.id: w.name for w in workers},
+        detail.run.created_at or datetime.now(UTC),
+        detail.run.finished_at or datetime.now(UTC),
+    )
     data = {
         "run": {"id": detail.run.id, "state": detail.run.state, "last_seq": detail.run.last_seq},
         "tasks": _task_rows(detail),
@@ -150,14 +164,14 @@ async def run(request: Request) -> Response:
         data=data,
         recoveries=recoveries,
         recovery_summary=recovery.summary(recoveries),
+        timeline=drawn,
         **_actions(who, detail.run),
     )
 
 
-async def _recoveries(client: AsyncClient, detail: RunDetail) -> list[recovery.Recovery]:
+def _recoveries(detail: RunDetail, workers: Sequence[Worker]) -> list[recovery.Recovery]:
     if not any(a.state == "interrupted" for a in detail.attempts):
         return []
-    workers = await client.list_workers(include_inactive=True)
     return recovery.recoveries(detail.attempts, {w.id: w for w in workers})
 
 

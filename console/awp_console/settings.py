@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit
 
-from awp_common import flags
+from awp_common import flags, tracing
 from awp_common import tls as tls_flags
 from awp_common.flags import flag
 from awp_sdk.connection import DEFAULT_ADDRESS, DEFAULT_PORT, server_address
@@ -110,6 +110,17 @@ class Settings:
             "AWP_CONSOLE_SESSION_IDLE_TIMEOUT",
             "a signed-in browser unused this long must sign in again",
             read=flags.positive_duration,
+        ),
+    )
+    # The user's tracing UI: the run page links the run's trace there.
+    trace_url: str | None = field(
+        default=None,
+        metadata=flag(
+            "--trace-url",
+            tracing.TRACE_URL_VARIABLE,
+            "URL of a trace in your tracing UI, with {trace_id} where its id goes "
+            "(e.g. http://jaeger:16686/trace/{trace_id}): a run's page links its trace",
+            read=tracing.trace_url_template,
         ),
     )
 

@@ -29,6 +29,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from awp_common import tracing
 from awp_common.durations import format_duration
 from awp_console import api, graph
 from awp_console.sessions import COOKIE, Session, Sessions
@@ -153,7 +154,13 @@ def page(request: Request, who: Caller | None, template: str, **context: Any) ->
     response = console_of(request).templates.TemplateResponse(
         request,
         template,
-        {"who": who, "csrf": session.csrf, "now": datetime.now(UTC), **context},
+        {
+            "who": who,
+            "csrf": session.csrf,
+            "now": datetime.now(UTC),
+            "trace_url": console_of(request).settings.trace_url,
+            **context,
+        },
     )
     fresh: Session | None = getattr(request.state, "new_session", None)
     if fresh is not None:
@@ -339,6 +346,7 @@ def templates() -> Jinja2Templates:
         lstrip_blocks=True,
     )
     env.filters.update(
+        trace_link=lambda trace_id, template: tracing.trace_link(template, trace_id),
         ago=_ago,
         seconds=_seconds,
         when=_when,

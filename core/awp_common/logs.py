@@ -12,6 +12,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from awp_common.tracing import TraceIds
+
 FORMATS: Final = ("json", "text")
 LEVELS: Final = ("debug", "info", "warning", "error")
 DEFAULT_FORMAT: Final = "json"
@@ -60,6 +62,7 @@ def setup(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> None:
         raise ValueError(f"log format must be 'json' or 'text', not {log_format!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.addFilter(TraceIds())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

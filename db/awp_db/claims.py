@@ -16,6 +16,7 @@ from uuid import UUID
 
 import asyncpg
 
+from awp_common.tracing import TraceRef
 from awp_db import locks, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
@@ -58,6 +59,10 @@ class IssuedLease:
     upstream_outputs: dict[str, dict[str, Any]]
     omitted_upstream_keys: tuple[str, ...]
     upstream_states: dict[str, str]
+    # The run's span (None: not traced), and when the task became ready and was leased.
+    trace: TraceRef | None
+    ready_at: datetime | None
+    leased_at: datetime
 
     @property
     def idempotency_key(self) -> str:
@@ -268,6 +273,9 @@ def _issued(row: asyncpg.Record, lease_token: str) -> IssuedLease:
         upstream_outputs=upstream,
         omitted_upstream_keys=tuple(key for key in row["depends_on"] if key not in upstream),
         upstream_states=row["upstream_states"] or {},
+        trace=TraceRef(row["trace_id"], row["trace_span"]) if row["trace_id"] else None,
+        ready_at=row["ready_at"],
+        leased_at=row["leased_at"],
     )
 
 

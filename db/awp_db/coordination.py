@@ -34,12 +34,15 @@ class Reaped:
     interrupted: int = 0
     timed_out: int = 0
     settled: settle.Settled = field(default_factory=settle.Settled)
+    # The leases settled (their attempts' spans: awp_db.traces).
+    dispatch_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Offline:
     workers: list[UUID] = field(default_factory=list)
     leases: int = 0
+    dispatch_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,7 @@ async def reap_expired(conn: Conn, limit: int = 500, *, term: Term | None = None
         settled = await settle.end_attempts(conn, endings, events)
         await events.flush(conn)
     timed_out = sum(1 for row in expired if row.ending == "timed_out")
-    return Reaped(len(expired) - timed_out, timed_out, settled)
+    return Reaped(len(expired) - timed_out, timed_out, settled, tuple(row.id for row in expired))
 
 
 _REAPED_BECAUSE: dict[AttemptEnd, str] = {
@@ -138,7 +141,7 @@ async def mark_silent_offline(
             conn, held, f"worker offline: no heartbeat for {rule.intervals} intervals", events
         )
         await events.flush(conn)
-    return Offline(gone, interrupted)
+    return Offline(gone, interrupted, tuple(held))
 
 
 async def release_retries(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:

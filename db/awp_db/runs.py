@@ -10,6 +10,7 @@ from uuid import UUID
 
 import asyncpg
 
+from awp_common.tracing import RunTrace
 from awp_db import locks, settle
 from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
@@ -51,6 +52,7 @@ class RunInfo:
     schedule_id: UUID | None
     schedule_tick: datetime | None
     start_at: datetime | None
+    trace_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,8 @@ class Start:
     schedule_id: UUID | None = None
     schedule_tick: datetime | None = None
     leader_epoch: int | None = None
+    # Its place in a distributed trace (None: not traced).
+    trace: RunTrace | None = None
 
     def payload(self) -> dict[str, Any]:
         if self.schedule_id is None or self.schedule_tick is None:
@@ -146,6 +150,9 @@ async def start(
             start.schedule_tick,
             start.at,
             start.delay_ms,
+            start.trace.run.trace_id if start.trace else None,
+            start.trace.run.span_id if start.trace else None,
+            start.trace.caller_span if start.trace else None,
         )
         if inserted is None:
             existing = await conn.fetchval(Q["by_request_id"], request_id)

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from awp_common.tracing import RunTrace
 from awp_db import locks, runs, settle, workflows
 from awp_db.connect import Conn, Pool
 from awp_db.leadership import Term, transaction
@@ -211,7 +212,13 @@ async def _start_run(
     conn: Conn, schedule: locks.LockedSchedule, tick: datetime, by: str, epoch: int | None
 ) -> UUID:
     workflow = await workflows.get(conn, schedule.workflow_name, schedule.workflow_version)
-    start = runs.Start(schedule_id=schedule.id, schedule_tick=tick, leader_epoch=epoch)
+    # A new trace if the coordinator traces: no caller's span to continue.
+    start = runs.Start(
+        schedule_id=schedule.id,
+        schedule_tick=tick,
+        leader_epoch=epoch,
+        trace=RunTrace.begin(None),
+    )
     started = await runs.start(conn, workflow, schedule.input, None, by, start=start)
     await conn.execute(Q["set_tick_run"], schedule.id, tick, started.run_id)
     return started.run_id

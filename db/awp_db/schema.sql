@@ -204,6 +204,10 @@ CREATE TABLE public.runs (
     schedule_tick timestamp with time zone,
     start_at timestamp with time zone,
     awaiting_start boolean DEFAULT false NOT NULL,
+    trace_id text,
+    trace_span text,
+    trace_parent text,
+    trace_pending boolean DEFAULT false NOT NULL,
     CONSTRAINT runs_awaiting_has_start CHECK (((NOT awaiting_start) OR (start_at IS NOT NULL))),
     CONSTRAINT runs_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
     CONSTRAINT runs_concurrency_check CHECK ((concurrency >= 0)),
@@ -212,7 +216,13 @@ CREATE TABLE public.runs (
     CONSTRAINT runs_retry_from_task_of_a_retry CHECK (((retry_from_task IS NULL) OR (retried_from IS NOT NULL))),
     CONSTRAINT runs_revision_check CHECK ((revision >= 0)),
     CONSTRAINT runs_schedule_tick_together CHECK (((schedule_id IS NULL) = (schedule_tick IS NULL))),
-    CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])))
+    CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))),
+    CONSTRAINT runs_trace_id_check CHECK ((trace_id ~ '^[0-9a-f]{32}$'::text)),
+    CONSTRAINT runs_trace_parent_check CHECK ((trace_parent ~ '^[0-9a-f]{16}$'::text)),
+    CONSTRAINT runs_trace_parent_of_a_trace CHECK (((trace_parent IS NULL) OR (trace_id IS NOT NULL))),
+    CONSTRAINT runs_trace_pending_of_a_trace CHECK (((NOT trace_pending) OR (trace_id IS NOT NULL))),
+    CONSTRAINT runs_trace_span_check CHECK ((trace_span ~ '^[0-9a-f]{16}$'::text)),
+    CONSTRAINT runs_trace_together CHECK (((trace_id IS NULL) = (trace_span IS NULL)))
 );
 
 COMMENT ON TABLE public.runs IS 'One execution of a workflow version. Its row lock serialises every change to the run, its tasks and its events (lock order: awp_db/locks.py).';
@@ -244,6 +254,14 @@ COMMENT ON COLUMN public.runs.schedule_tick IS 'The tick (its instant) that star
 COMMENT ON COLUMN public.runs.start_at IS 'A delayed start: when the run''s roots become ready, on the database clock (NULL: at once).';
 
 COMMENT ON COLUMN public.runs.awaiting_start IS 'True until the coordinator makes the roots of a delayed run ready.';
+
+COMMENT ON COLUMN public.runs.trace_id IS 'The W3C trace id of the trace the run belongs to (32 lowercase hex digits): the caller''s, or a new one; NULL: not traced.';
+
+COMMENT ON COLUMN public.runs.trace_span IS 'The span id of the run''s own span (16 hex digits): the parent of every span about the run.';
+
+COMMENT ON COLUMN public.runs.trace_parent IS 'The caller''s span id, the parent of the run''s span; NULL: the run''s span is the root of its trace.';
+
+COMMENT ON COLUMN public.runs.trace_pending IS 'The run''s span is still to be exported, once the run has finished (the coordinator).';
 
 CREATE TABLE public.schedule_ticks (
     schedule_id uuid NOT NULL,
@@ -701,6 +719,8 @@ CREATE INDEX runs_running ON public.runs USING btree (last_dispatched_at NULLS F
 CREATE INDEX runs_schedule_running ON public.runs USING btree (schedule_id) WHERE ((schedule_id IS NOT NULL) AND (state = 'running'::text));
 
 CREATE UNIQUE INDEX runs_schedule_tick ON public.runs USING btree (schedule_id, schedule_tick) WHERE (schedule_id IS NOT NULL);
+
+CREATE INDEX runs_trace_pending ON public.runs USING btree (finished_at) WHERE trace_pending;
 
 CREATE UNIQUE INDEX schedule_ticks_buffered ON public.schedule_ticks USING btree (schedule_id) WHERE (outcome = 'buffered'::text);
 

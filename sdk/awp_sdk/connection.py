@@ -19,7 +19,7 @@ from typing import Any, Final, NoReturn, TypeVar
 import grpc
 
 from awp.v1 import control_pb2_grpc
-from awp_common import flags
+from awp_common import flags, tracing
 from awp_common import tls as tls_flags
 from awp_common.flags import flag, positive_duration
 from awp_sdk.errors import from_rpc_error
@@ -153,9 +153,14 @@ class Channel:
             await self._channel.close()
 
     async def call(self, method: Callable[..., Awaitable[Resp]], request: Req) -> Resp:
-        """A unary call with the token and the connection's deadline."""
+        """A unary call with the token and the connection's deadline, and the caller's
+        trace context when it traces (StartRun stores it: the run's trace continues it)."""
+        metadata = self._metadata
+        traceparent = tracing.current_traceparent()
+        if traceparent is not None:
+            metadata = (*metadata, (tracing.TRACEPARENT, traceparent))
         try:
-            return await method(request, metadata=self._metadata, timeout=self.connection.timeout)
+            return await method(request, metadata=metadata, timeout=self.connection.timeout)
         except grpc.aio.AioRpcError as error:
             raise self.error(error) from None
 

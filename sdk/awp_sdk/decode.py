@@ -84,6 +84,7 @@ def run(message: control_pb2.Run) -> records.Run:
         schedule_id=message.schedule_id or None,
         schedule_tick=when(message.schedule_tick),
         start_time=when(message.start_time),
+        trace_id=message.trace_id or None,
     )
 
 

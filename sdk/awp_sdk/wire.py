@@ -63,6 +63,7 @@ def _run(run: records.Run) -> control_pb2.Run:
         retried_from_run_id=run.retried_from_run_id or "",
         retry_from_task=run.retry_from_task or "",
         schedule_id=run.schedule_id or "",
+        trace_id=run.trace_id or "",
     )
     _struct(message.input, run.input)
     _stamp(message.created_at, run.created_at)

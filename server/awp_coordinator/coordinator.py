@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
+from awp_common import tracing
+from awp_coordinator import spans
 from awp_coordinator.config import CoordinatorConfig
 from awp_coordinator.leadership import Leadership
 from awp_coordinator.metrics import Metrics
@@ -82,6 +84,7 @@ class Coordinator:
         self.config = config
         self.metrics = metrics if metrics is not None else Metrics()
         self._last_sweep = float("-inf")
+        self._last_traces = float("-inf")
         self._leading = False
 
     @property
@@ -118,17 +121,25 @@ class Coordinator:
                 )
 
             if due.silent_workers:
+                step_ns = tracing.now_ns()
                 offline = await coordination.mark_silent_offline(
                     conn, config.offline_rule, term=term
                 )
                 report.offline_workers = len(offline.workers)
                 report.offline_leases = offline.leases
+                if tracing.enabled():
+                    runs = await spans.rescued(conn, offline.dispatch_ids, spans.OFFLINE)
+                    spans.step(tracing.REAP_SPAN, step_ns, offline.leases, runs)
 
             if due.expired_leases:
+                step_ns = tracing.now_ns()
                 reaped = await coordination.reap_expired(conn, batch, term=term)
                 report.interrupted = reaped.interrupted
                 report.timed_out = reaped.timed_out
                 report.runs_finished += len(reaped.settled.runs_finished)
+                if tracing.enabled():
+                    runs = await spans.rescued(conn, reaped.dispatch_ids, spans.EXPIRED)
+                    spans.step(tracing.REAP_SPAN, step_ns, len(reaped.dispatch_ids), runs)
 
             # Settling attempts just now may have started retry timers of 0 ms.
             if due.retries or report.offline_leases or report.interrupted or report.timed_out:
@@ -164,14 +175,21 @@ class Coordinator:
             )
             made_ready = report.retries_released or report.starts_released or report.runs_started
             if made_ready or (due.ready and (due.short or freed)):
+                step_ns = tracing.now_ns()
                 dispatched = await coordination.create_dispatches(
                     conn, config.global_dispatch_limit, config.dispatch_prefetch, term=term
                 )
                 report.dispatched = dispatched.created
+                spans.step(tracing.DISPATCH_SPAN, step_ns, dispatched.created)
                 if dispatched.skipped_runs and not dispatched.created:
                     # Only busy runs had work: come back shortly (MIN_SLEEP_S), not at
                     # the next scan. (A pass that dispatched anything is followed at once.)
                     report.next_due_in = 0.0
+            # A run's span waits for the run's end anyway: once per scan interval is
+            # enough, not a statement more per pass.
+            if tracing.enabled() and time.monotonic() - self._last_traces >= config.scan_interval_s:
+                self._last_traces = time.monotonic()
+                await spans.finished_runs(conn, batch)
         self._record(report, time.perf_counter() - started)
         return report
 

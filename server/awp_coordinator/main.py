@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import asyncpg
 from prometheus_client import start_http_server
 
-from awp_common import logs
+from awp_common import logs, tracing
 from awp_common.flags import host_port
 from awp_coordinator import queue_gauges
 from awp_coordinator.config import CoordinatorConfig, parse
@@ -90,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = parse(argv)
     logs.setup(config.log_format, config.log_level)
     try:
-        asyncio.run(serve(config))
+        with tracing.process("awp-coordinator"):
+            asyncio.run(serve(config))
     except (SchemaError, pooler.PoolerMismatch) as exc:
         log.error("awp-coordinator cannot start", extra={"error": str(exc)})
         print(f"awp-coordinator: {exc}", file=sys.stderr)

@@ -11,9 +11,11 @@ import json
 import logging
 from typing import Any
 
+import grpc
 from google.protobuf import struct_pb2
 
 from awp.v1 import control_pb2
+from awp_common.tracing import TRACEPARENT, RunTrace
 from awp_db import runs
 from awp_kernel.errors import AwpError, invalid
 from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
@@ -73,6 +75,16 @@ def delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:
             raise invalid("start_delay", f"must be between 0 and {MAX_START_DELAY_MS} ms")
         return runs.Start(delay_ms=delay_ms)
     return runs.Start()
+
+
+def run_trace(context: grpc.aio.ServicerContext[Any, Any]) -> RunTrace | None:
+    """A new run's trace: the caller's (its W3C traceparent metadata), or a new one when
+    this server traces (RunTrace.of_caller)."""
+    traceparent = None
+    for key, value in context.invocation_metadata() or ():
+        if key == TRACEPARENT and isinstance(value, str):
+            traceparent = value
+    return RunTrace.of_caller(traceparent)
 
 
 def check_version(field: str, version: int) -> None:

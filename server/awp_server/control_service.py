@@ -8,6 +8,7 @@ messages (awp_server.convert); no SQL and no lifecycle rule lives here.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
@@ -133,7 +134,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         requests.check_name("workflow_name", request.workflow_name)
         requests.check_version("workflow_version", request.workflow_version)
         run_input = requests.json_object("input", request.input)
-        start = requests.delayed_start(request)
+        start = replace(requests.delayed_start(request), trace=requests.run_trace(context))
         workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
         async with self._pool.acquire() as conn:
             started = await runs.start(

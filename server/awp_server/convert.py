@@ -193,6 +193,7 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
         schedule_id=_id_text(row.schedule_id),
         schedule_tick=timestamp(row.schedule_tick),
         start_time=timestamp(row.start_at),
+        trace_id=row.trace_id or "",
     )
 
 

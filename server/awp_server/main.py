@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import asyncpg
 from prometheus_client import start_http_server
 
-from awp_common import logs
+from awp_common import logs, tracing
 from awp_common.flags import host_port
 from awp_db.connect import Conn
 from awp_db.migrate import (
@@ -119,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = parse(args)
     logs.setup(config.log_format, config.log_level)
     try:
-        asyncio.run(serve(config))
+        with tracing.process("awp-server"):
+            asyncio.run(serve(config))
     except (OSError, CredentialsInvalid, SchemaError, PoolerMismatch) as exc:
         log.error("awp-server cannot start", extra={"error": str(exc)})
         print(f"awp-server: {exc}", file=sys.stderr)

@@ -34,7 +34,7 @@ from awp_protocol.limits import (
 )
 from awp_protocol.names import check_register
 from awp_protocol.results import check_result
-from awp_server import checkpoint_rpcs, delivery, metrics
+from awp_server import checkpoint_rpcs, delivery, metrics, spans
 from awp_server.batching import (
     MAX_HEARTBEATS_PER_WRITE,
     ClaimBatcher,
@@ -200,11 +200,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                         key: TASK_STATES.proto(state)
                         for key, state in lease.upstream_states.items()
                     },
+                    traceparent=lease.trace.traceparent if lease.trace else "",
                 )
                 for lease in issued
             ]
         )
         delivery.fill_upstream(answer, issued)
+        spans.queue_waits(issued, str(worker_id))
         return answer
 
     async def Heartbeat(

@@ -215,3 +215,24 @@ def test_run_get_collapses_a_map_tasks_elements() -> None:
     assert "  search[2]" in text  # the failed element, under its map task
     assert "search[0]" not in text and "search[3]" not in text
     assert "search[...]" in text and "2 succeeded" in text  # their attempts, collapsed
+
+
+def test_run_get_shows_the_trace_and_its_link() -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    answer = control_pb2.GetRunResponse(
+        run=control_pb2.Run(id="r", state=types_pb2.RUN_STATE_SUCCEEDED, trace_id=trace_id)
+    )
+    detail = decode.run_detail(answer)
+    console = Console(record=True, width=160)
+    console.print(run_view(detail, "http://jaeger:16686/trace/{trace_id}"))
+    assert f"trace {trace_id}  http://jaeger:16686/trace/{trace_id}" in console.export_text()
+    console = Console(record=True, width=160)
+    console.print(run_view(detail))
+    shown = console.export_text()
+    assert f"trace {trace_id}" in shown and "http" not in shown
+    untraced = decode.run_detail(
+        control_pb2.GetRunResponse(run=control_pb2.Run(id="r", state=types_pb2.RUN_STATE_SUCCEEDED))
+    )
+    console = Console(record=True, width=160)
+    console.print(run_view(untraced))
+    assert "trace" not in console.export_text()

@@ -36,6 +36,8 @@ USERS = {
 }
 TOKENS = {name: f"console-test-token-of-{name}" for name in USERS}
 STARTUP_S = 30.0
+# The console's link to a (pretend) tracing UI.
+TRACE_URL = "http://tracing.example/trace/{trace_id}"
 
 
 def auth(name: str) -> tuple[tuple[str, str], ...]:
@@ -172,6 +174,7 @@ async def start(directory: Path, dsn: str) -> ConsoleStack:
             "--listen", "127.0.0.1:0", "--log-format", "text",
             "--metrics-url", f"http://127.0.0.1:{server_metrics}/metrics",
             "--metrics-url", f"http://127.0.0.1:{coordinator_metrics}/metrics",
+            "--trace-url", TRACE_URL,
         ], env)  # fmt: skip
         stack.url = await _printed(console, r"awp console listening on (\S+)")
         await stack.workers_registered()

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import awp_server.metrics  # noqa: F401 (its counters, in this process's default registry)
 from awp_common import flags
-from awp_console import graph, metrics, pages, recovery, web
+from awp_console import graph, metrics, pages, recovery, timeline, web
 from awp_console.graph import Item, draw
 from awp_console.sessions import Sessions
 from awp_console.settings import Settings
@@ -370,3 +370,42 @@ def test_the_task_panel_shows_hand_backs_apart_and_a_map_element_s_parent() -> N
         retry_request_id="x",
     )
     assert "1 of at most 3" in plain and "handed back" not in plain and "element" not in plain
+
+
+def test_the_timeline_puts_each_task_s_attempts_on_its_row_in_time() -> None:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def attempt(key: str, number: int, state: AttemptState, start: float, end: float) -> Attempt:
+        return Attempt(
+            task_key=key,
+            attempt=number,
+            state=state,
+            worker_id=f"w{number}",
+            dispatch_id=number,
+            fencing_token=10 + number,
+            started_at=t0 + timedelta(seconds=start),
+            deadline=None,
+            finished_at=t0 + timedelta(seconds=end),
+            error=None,
+        )
+
+    drawn = timeline.draw(
+        [
+            attempt("a", 1, AttemptState.SUCCEEDED, 0, 1),
+            attempt("b", 1, AttemptState.INTERRUPTED, 1, 5),
+            attempt("b", 2, AttemptState.SUCCEEDED, 6, 10),
+        ],
+        {"w1": "alpha"},
+        t0,
+        t0 + timedelta(seconds=10),
+    )
+    assert drawn is not None
+    assert [r.task_key for r in drawn.rows] == ["a", "b"]
+    a, lost, again = drawn.bars
+    scale = timeline.PLOT_W / 10
+    assert (a.x, a.width) == (timeline.LABEL_W, scale)
+    assert lost.y == again.y > a.y
+    assert (lost.state, again.x) == ("interrupted", timeline.LABEL_W + 6 * scale)
+    assert lost.label == "#1 alpha" and again.label == "#2 w2"
+    assert "fencing token 12" in again.title
+    assert timeline.draw([], {}, t0, t0) is None

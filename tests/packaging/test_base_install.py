@@ -57,6 +57,21 @@ def test_the_worker_and_the_cli_start(base: Path, tmp_path: Path) -> None:
     assert "usage: awp" in checked([str(base / "awp"), "--help"], tmp_path, 60)
 
 
+def test_tracing_asked_for_without_its_extra_is_named_in_one_line(
+    base: Path, tmp_path: Path
+) -> None:
+    done = run(
+        [str(base / "awp-worker"), "--server", "127.0.0.1:9", "--log-level", "error"],
+        tmp_path,
+        60,
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"},
+    )
+    assert done.returncode == 2, done
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "needs the 'otel' extra" in lines[0] and "pip install 'awp[otel]'" in lines[0]
+
+
 @pytest.mark.parametrize(
     ("argv", "extra"),
     [

@@ -91,7 +91,7 @@ RECORD_FIELDS = {
     "Pruned": "runs tasks attempts dispatches events remaining cutoff next_page_token",
     "Run": "id workflow version state input request_id revision last_seq created_at "
     "finished_at cancel_requested_at started_by cancel_requested_by task_counts "
-    "retried_from_run_id retry_from_task schedule_id schedule_tick start_time",
+    "retried_from_run_id retry_from_task schedule_id schedule_tick start_time trace_id",
     "Schedule": "id name workflow version input cron every timezone overlap catchup "
     "catchup_window paused next_fire_at created_at created_by updated_at updated_by "
     "recent_ticks",

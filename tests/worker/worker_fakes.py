@@ -64,6 +64,8 @@ class Task:
     holder: str = ""
     state: str = "pending"  # (parked,) pending, leased, completed, revoked, handed_back
     result: worker_pb2.TaskResult | None = None
+    # The run's span (Lease.traceparent); empty: the run is not traced.
+    traceparent: str = ""
 
 
 @dataclass
@@ -231,6 +233,7 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     idempotency_key=f"run-1/t{task.dispatch_id}",
                     lease_remaining=seconds(min(task.lease_s, task.attempt_s)),
                     attempt_remaining=seconds(task.attempt_s),
+                    traceparent=task.traceparent,
                 )
             )
         return worker_pb2.ClaimResponse(leases=issued)

@@ -25,6 +25,7 @@ from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import task_state_name
 from awp_sdk.actions import ActionContext, output_struct
 from awp_sdk.replay import Replay
+from awp_worker import _tracing
 from awp_worker._checkpoints import LeaseCheckpoints
 from awp_worker._completer import DROPPED, ResultFlusher
 from awp_worker._diagnostics import LogTail, collecting
@@ -159,6 +160,11 @@ class Attempts:
 
     async def _execute(self, held: HeldLease) -> None:
         bind(**held.log_fields)  # this task's context only: user log lines carry them too
+        worker_id = self._owner.session.worker_id or ""
+        with _tracing.attempt(held, worker_id, lambda: self._owner.leases.holds(held)):
+            await self._execute_traced(held)
+
+    async def _execute_traced(self, held: HeldLease) -> None:
         metrics = self._owner.metrics
         lease = held.lease
         kind = lease.executor_kind
@@ -178,7 +184,8 @@ class Attempts:
                 result = None
         except asyncio.CancelledError:
             held.ctx._cancel()
-            metrics.executions.labels(kind, "cancelled").inc()
+            held.outcome = "cancelled"
+            metrics.executions.labels(kind, held.outcome).inc()
             lease_log.info("execution cancelled (%s)", held.cancel_reason or "worker stopping")
             raise
         finally:
@@ -189,11 +196,13 @@ class Attempts:
                 held.checkpoints.close()
             metrics.execution_seconds.labels(kind).observe(time.monotonic() - started)
         if result is None:
-            metrics.executions.labels(kind, "safety_deadline").inc()
+            held.outcome = "safety_deadline"
+            metrics.executions.labels(kind, held.outcome).inc()
             self._owner.leases.abandon(held)
             return
         succeeded = result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED
-        metrics.executions.labels(kind, "succeeded" if succeeded else "failed").inc()
+        held.outcome = "succeeded" if succeeded else "failed"
+        metrics.executions.labels(kind, held.outcome).inc()
         self._report(held, result, lease_log)
 
     async def _run_executor(
@@ -210,7 +219,8 @@ class Attempts:
                         held, lease_log
                     ):
                         return None
-                    output = await executor.execute(held.ctx, struct_to_dict(lease.input))
+                    with _tracing.action(held):
+                        output = await executor.execute(held.ctx, struct_to_dict(lease.input))
             if timeout.expired():  # the action swallowed the cancellation and returned
                 self._safety_deadline_passed(held, lease_log)
                 return None
@@ -313,5 +323,6 @@ def revoke(owner: Owner, held: HeldLease, status: str) -> None:
         held.phase.value,
         extra={STOOD_DOWN: StandDown.REVOKED},
     )
+    _tracing.revoked(held, status)
     owner.leases.release(held)
     held.cancel("revoked")

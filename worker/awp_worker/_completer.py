@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
+from awp_worker import _tracing
 from awp_worker._backoff import Backoff
 from awp_worker._errors import Kind, classify, describe, server_fault, session_lost
 from awp_worker._executors import failure
@@ -271,6 +272,7 @@ class ResultFlusher:
         # LEASE_LOST: the lease was no longer ours; the metric's label says the same.
         extra = {STOOD_DOWN: StandDown.LEASE_LOST} if outcome == StandDown.LEASE_LOST else {}
         LeaseLog(log, held.log_fields).log(level, "%s", message, extra=extra)
+        _tracing.completed(held, outcome)
         self._owner.settled(held, outcome)
 
 

@@ -13,15 +13,19 @@ import contextlib
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import duration_pb2
 
 from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_WORKER_CONCURRENCY
 from awp_sdk.actions import ActionContext
+from awp_worker import _tracing
 from awp_worker._checkpoints import LeaseCheckpoints
 from awp_worker._stream import StreamWriter
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 class StandDown(enum.StrEnum):
@@ -113,6 +117,11 @@ class HeldLease:
     checkpoints: LeaseCheckpoints | None = None
     # Why the runtime cancelled the executor ("revoked", "shutdown", ...); None: it did not.
     cancel_reason: str | None = None
+    # How the execution ended (the executions metric's label); None: still running.
+    outcome: str | None = None
+    # The attempt's span (_tracing; None: not traced), and whether it ends on release.
+    span: Span | None = None
+    span_ends_on_release: bool = False
 
     @property
     def dispatch_id(self) -> int:
@@ -179,6 +188,7 @@ class LeaseTable:
         if not self.holds(held):
             return False
         del self._leases[held.dispatch_id]
+        _tracing.released(held)
         self.releases += 1
         self._on_release()
         return True

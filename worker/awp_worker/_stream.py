@@ -80,6 +80,7 @@ class StreamWriter:
         self._pending: deque[tuple[worker_pb2.StreamChunkIn, int]] = deque()
         self._buffered = 0
         self._offset = 0  # of the first pending chunk
+        self._batches = 0  # appends stored, for the attempt's span
         self._written = 0  # UTF-8 bytes of every chunk accepted, for the per-attempt bound
         self._lost: str | None = None
         self._changed = asyncio.Condition()
@@ -87,6 +88,10 @@ class StreamWriter:
         self._wakes: set[asyncio.Task[None]] = set()
 
     # --- the action's side --------------------------------------------------------
+
+    def summary(self) -> tuple[int, int, int]:
+        """What was stored so far: chunks, their UTF-8 bytes written, and appends."""
+        return self._offset, self._written, self._batches
 
     def write(self, chunk: Any) -> None:
         if threading.get_ident() == self._loop_thread:
@@ -215,6 +220,7 @@ class StreamWriter:
                     for _ in batch:
                         self._buffered -= self._pending.popleft()[1]
                     self._offset += len(batch)
+                    self._batches += 1
                     self._changed.notify_all()
                 continue
             reason = (

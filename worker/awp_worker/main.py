@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from awp_common import tracing
 from awp_sdk.actions import DEFAULT_REGISTRY
 from awp_worker._config import WorkerConfig, parse_config
 from awp_worker._diagnostics import collect_stdout
@@ -68,7 +69,8 @@ def run(config: WorkerConfig) -> int:
                 "(or AWP_WORKER_MODULE) naming the module(s) that define them"
             )
     runtime = WorkerRuntime(config)
-    return asyncio.run(serve(runtime))
+    with tracing.process("awp-worker"):
+        return asyncio.run(serve(runtime))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -47,7 +47,7 @@ WITH picked AS (
       JOIN tasks t ON t.id = nb.task_id
      WHERE d.id = nb.id
  RETURNING d.id, d.run_id, d.task_id, d.worker_id, d.fencing_token, d.lease_expires_at,
-           d.attempt_deadline, tk.n
+           d.attempt_deadline, d.leased_at, tk.n
 ), started AS (
     UPDATE tasks t
        SET state = 'running', attempts = t.attempts + 1
@@ -55,7 +55,7 @@ WITH picked AS (
      WHERE t.id = l.task_id AND t.state = 'queued'
  -- A free hand-back moves the last attempt's number up by one (migration 0009).
  RETURNING t.id, t.key, t.attempts, t.max_attempts + t.hand_backs AS max_attempts, t.action,
-           t.input, t.executor_kind, t.depends_on
+           t.input, t.executor_kind, t.depends_on, t.ready_at
 ), recorded AS (
     INSERT INTO attempts (task_id, run_id, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
     SELECT l.task_id, l.run_id, s.attempts, l.id, l.worker_id, l.fencing_token, statement_timestamp(), l.attempt_deadline
@@ -66,7 +66,9 @@ SELECT l.id AS dispatch_id, l.n AS token_index, l.run_id, l.worker_id, s.key AS 
        l.lease_expires_at, l.attempt_deadline,
        extract(epoch FROM l.lease_expires_at - statement_timestamp()) * 1000 AS lease_remaining_ms,
        extract(epoch FROM l.attempt_deadline - statement_timestamp()) * 1000 AS attempt_remaining_ms,
-       r.input AS run_input, s.depends_on, up.upstream_outputs, up.upstream_states
+       r.input AS run_input, s.depends_on, up.upstream_outputs, up.upstream_states,
+       -- The run's trace (NULL: not traced) and the task's wait, ready -> leased.
+       r.trace_id, r.trace_span, s.ready_at, l.leased_at
   FROM leased l
   JOIN started s ON s.id = l.task_id
   JOIN runs r ON r.id = l.run_id

@@ -164,3 +164,19 @@ SELECT locked.*, clock_timestamp() AS now
           JOIN attempts a ON a.dispatch_id = d.id
          WHERE d.id = $1
            FOR NO KEY UPDATE OF d) AS locked
+
+-- name: finished_traces
+-- Finished traced runs whose span is still to be exported (migration 0019): clears the
+-- flag as it returns them (at most once: a span lost in export is not resent). Runs
+-- another transaction holds are skipped, never waited for.
+UPDATE runs r
+   SET trace_pending = false
+  FROM (SELECT id FROM runs
+         WHERE trace_pending AND finished_at IS NOT NULL
+         ORDER BY finished_at
+         LIMIT $1
+           FOR NO KEY UPDATE SKIP LOCKED) f,
+       workflows w
+ WHERE r.id = f.id AND w.id = r.workflow_id
+RETURNING r.id, r.state, r.created_at, r.finished_at, r.trace_id, r.trace_span,
+          r.trace_parent, w.name AS workflow_name, w.version AS workflow_version

@@ -3,9 +3,12 @@
 -- $6/$7: the schedule and tick that started it (NULL: none). A delayed start: at $8, or
 -- $9 ms from now on the database clock (both NULL: at once); awaiting_start says whether
 -- that time is still ahead, so the roots wait (the coordinator releases them).
+-- $10-$12: its trace id, its own span id and its caller's (all NULL: not traced).
 INSERT INTO runs (workflow_id, input, concurrency, request_id, started_by, schedule_id,
-                  schedule_tick, start_at, awaiting_start)
-SELECT $1, $2, $3, $4, $5, $6, $7, s.at, coalesce(s.at > clock_timestamp(), false)
+                  schedule_tick, start_at, awaiting_start, trace_id, trace_span,
+                  trace_parent, trace_pending)
+SELECT $1, $2, $3, $4, $5, $6, $7, s.at, coalesce(s.at > clock_timestamp(), false),
+       $10, $11, $12, $10::text IS NOT NULL
   FROM (SELECT coalesce($8::timestamptz,
                         clock_timestamp() + $9::bigint * interval '1 millisecond') AS at) s
 ON CONFLICT (request_id) DO NOTHING
@@ -48,7 +51,7 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
        w.version AS workflow_version, r.retried_from, r.retry_from_task, r.schedule_id,
-       r.schedule_tick, r.start_at
+       r.schedule_tick, r.start_at, r.trace_id
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE r.id = $1
 
@@ -100,7 +103,7 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
        w.version AS workflow_version, r.retried_from, r.retry_from_task, r.schedule_id,
-       r.schedule_tick, r.start_at
+       r.schedule_tick, r.start_at, r.trace_id
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE ($1::text IS NULL OR w.name = $1)
    AND ($2::text IS NULL OR r.state = $2)

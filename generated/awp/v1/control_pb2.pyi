@@ -436,6 +436,7 @@ class Run(_message.Message):
     SCHEDULE_ID_FIELD_NUMBER: _builtins.int
     SCHEDULE_TICK_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     workflow_name: _builtins.str
     workflow_version: _builtins.int
@@ -457,6 +458,11 @@ class Run(_message.Message):
     retry_from_task: _builtins.str
     schedule_id: _builtins.str
     """Set when a schedule's tick started this run: the schedule's id and the tick's instant."""
+    trace_id: _builtins.str
+    """The id of the trace the run belongs to (32 lowercase hex digits), for a tracing UI
+    (docs/observability.md): the trace of the StartRun caller's span, when it sent a
+    W3C traceparent, else one the server began. Empty: the run is not traced.
+    """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -499,10 +505,11 @@ class Run(_message.Message):
         schedule_id: _builtins.str = ...,
         schedule_tick: _timestamp_pb2.Timestamp | None = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
+        trace_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "input", b"input", "schedule_tick", b"schedule_tick", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "cancel_requested_by", b"cancel_requested_by", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "retried_from_run_id", b"retried_from_run_id", "retry_from_task", b"retry_from_task", "revision", b"revision", "schedule_id", b"schedule_id", "schedule_tick", b"schedule_tick", "start_time", b"start_time", "started_by", b"started_by", "state", b"state", "tasks_by_state", b"tasks_by_state", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "cancel_requested_by", b"cancel_requested_by", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "retried_from_run_id", b"retried_from_run_id", "retry_from_task", b"retry_from_task", "revision", b"revision", "schedule_id", b"schedule_id", "schedule_tick", b"schedule_tick", "start_time", b"start_time", "started_by", b"started_by", "state", b"state", "tasks_by_state", b"tasks_by_state", "trace_id", b"trace_id", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

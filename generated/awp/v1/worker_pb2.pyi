@@ -455,6 +455,7 @@ class Lease(_message.Message):
     UPSTREAM_OUTPUTS_FIELD_NUMBER: _builtins.int
     OMITTED_UPSTREAM_KEYS_FIELD_NUMBER: _builtins.int
     UPSTREAM_STATES_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
     lease_token: _builtins.str
     """Secret proof of ownership: send it back with heartbeats and the result."""
@@ -475,6 +476,11 @@ class Lease(_message.Message):
     """
     idempotency_key: _builtins.str
     """"<run_id>/<task_key>": stable across attempts, for idempotent side effects."""
+    traceparent: _builtins.str
+    """The run's span as a W3C traceparent (docs/observability.md): the worker's span of
+    this attempt is its child, so the attempt joins the run's trace. Empty: the run is
+    not traced. At most 55 characters.
+    """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -529,10 +535,11 @@ class Lease(_message.Message):
         upstream_outputs: _abc.Mapping[_builtins.str, _struct_pb2.Struct] | None = ...,
         omitted_upstream_keys: _abc.Iterable[_builtins.str] | None = ...,
         upstream_states: _abc.Mapping[_builtins.str, _types_pb2.TaskState.ValueType] | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "run_input", b"run_input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "dispatch_id", b"dispatch_id", "executor_kind", b"executor_kind", "fencing_token", b"fencing_token", "idempotency_key", b"idempotency_key", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "omitted_upstream_keys", b"omitted_upstream_keys", "run_id", b"run_id", "run_input", b"run_input", "task_key", b"task_key", "upstream_outputs", b"upstream_outputs", "upstream_states", b"upstream_states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "attempt_deadline", b"attempt_deadline", "attempt_remaining", b"attempt_remaining", "dispatch_id", b"dispatch_id", "executor_kind", b"executor_kind", "fencing_token", b"fencing_token", "idempotency_key", b"idempotency_key", "input", b"input", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "omitted_upstream_keys", b"omitted_upstream_keys", "run_id", b"run_id", "run_input", b"run_input", "task_key", b"task_key", "traceparent", b"traceparent", "upstream_outputs", b"upstream_outputs", "upstream_states", b"upstream_states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -51,6 +51,8 @@ class Run:
     schedule_tick: datetime | None = None
     # A delayed start: when its first tasks become (or became) ready.
     start_time: datetime | None = None
+    # The trace it belongs to, for a tracing UI (docs/observability.md); None: not traced.
+    trace_id: str | None = None
 
     @property
     def done(self) -> bool:

@@ -12,6 +12,7 @@ from kit.invariants.checkpoints import checkpoint_problems
 from kit.invariants.common import Db
 from kit.invariants.schedules import schedule_problems
 from kit.invariants.streams import stream_problems
+from kit.invariants.traces import trace_problems
 
 
 async def committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[str, int]]:
@@ -32,6 +33,7 @@ async def committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[st
     problems.extend(await stream_problems(conn))
     problems.extend(await checkpoint_problems(conn))
     problems.extend(await schedule_problems(conn))
+    problems.extend(await trace_problems(conn))
     for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
         problems.extend(await _event_log(conn, run["id"]))
         problems.extend(await _nothing_live(conn, run["id"]))
