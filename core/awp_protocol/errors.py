@@ -52,6 +52,9 @@ class Reason(StrEnum):
     STREAM_LIMIT = _reason(errors_pb2.ERROR_REASON_STREAM_LIMIT)
     SCHEDULE_NOT_FOUND = _reason(errors_pb2.ERROR_REASON_SCHEDULE_NOT_FOUND)
     SCHEDULE_EXISTS = _reason(errors_pb2.ERROR_REASON_SCHEDULE_EXISTS)
+    MEMO_LIMIT = _reason(errors_pb2.ERROR_REASON_MEMO_LIMIT)
+    RUN_FINISHED = _reason(errors_pb2.ERROR_REASON_RUN_FINISHED)
+    NOT_WAITING = _reason(errors_pb2.ERROR_REASON_NOT_WAITING)
 
 
 # A worker's session is over for good: retrying the same call cannot help; the process

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import descriptor, duration_pb2, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, types_pb2
 from awp_protocol.errors import Reason
 from awp_sdk import decode, enums, errors
 from awp_sdk.enums import RunState, TaskState
@@ -121,6 +121,9 @@ ANSWERS = [
     (control_pb2.GetStatsResponse, decode.stats),
     (control_pb2.PruneRunsResponse, decode.pruned),
     (control_pb2.WhoAmIResponse, decode.identity),
+    (durable_pb2.SendSignalResponse, decode.signal_sent),
+    (durable_pb2.ApproveResponse, decode.decided),
+    (durable_pb2.RejectResponse, decode.decided),
 ]
 
 
@@ -156,10 +159,46 @@ def test_the_flags_and_enums_of_a_task_are_read() -> None:
     assert decode.task(control_pb2.Task(key="plain", state=1)).map_index is None
 
 
+def test_a_waiting_task_says_what_for_and_its_suspensions_are_free() -> None:
+    task = control_pb2.Task(
+        key="review",
+        state=types_pb2.TASK_STATE_WAITING,
+        attempts=4,
+        hand_backs=1,
+        suspensions=2,
+        wait=durable_pb2.TaskWait(
+            kind=types_pb2.CHECKPOINT_KIND_APPROVAL,
+            name="approval",
+            prompt="Publish?",
+            role="admin",
+            since=timestamp_pb2.Timestamp(seconds=1_700_000_000),
+            attempt=4,
+        ),
+        saved=types_pb2.MemoSavings(steps=2, tokens=1234, cost_usd=0.02),
+    )
+    record = decode.task(task)
+    assert record.state is TaskState.WAITING
+    assert record.charged_attempts == 1
+    assert record.wait is not None
+    assert (record.wait.kind, record.wait.name, record.wait.prompt, record.wait.role) == (
+        enums.CheckpointKind.APPROVAL,
+        "approval",
+        "Publish?",
+        "admin",
+    )
+    assert (record.wait.due_at, record.wait.attempt) == (None, 4)  # unset: never times out
+    assert (record.saved.steps, record.saved.tokens, record.saved.cost_usd) == (2, 1234, 0.02)
+    # A task that waits for nothing has no wait, and saved nothing.
+    plain = decode.task(control_pb2.Task(key="plain", state=types_pb2.TASK_STATE_RUNNING))
+    assert plain.wait is None
+    assert not plain.saved
+
+
 PAIRS = [
     (enums.RunState, types_pb2.RunState),
     (enums.TaskState, types_pb2.TaskState),
     (enums.AttemptState, types_pb2.AttemptState),
+    (enums.CheckpointKind, types_pb2.CheckpointKind),
     (enums.DispatchState, types_pb2.DispatchState),
     (enums.WorkerState, types_pb2.WorkerState),
     (enums.EventType, types_pb2.EventType),
