@@ -11,6 +11,7 @@ from rich.text import Text
 
 from awp_cli.render import counts_text, local_time, seconds_between, styled, took, workflow_ref
 from awp_cli.render_tasks import attempts_table, elements_of, error_text, tasks_table
+from awp_cli.render_waits import durable_view
 from awp_sdk.enums import TaskState
 from awp_sdk.records import Run, RunDetail
 
@@ -118,6 +119,7 @@ def run_view(detail: RunDetail) -> RenderableType:
         Text(""),
         tasks_table(detail),
     ]
+    parts += durable_view(detail)
     if detail.attempts:
         parts += [
             Text(""),

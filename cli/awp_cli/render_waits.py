@@ -1,0 +1,94 @@
+"""Durable execution in `awp run get` (docs/design.md §16): the tasks that wait and what
+for, and what replayed step memos saved the run's tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from awp_cli.render import ago, local_time
+from awp_sdk.enums import CheckpointKind
+from awp_sdk.records import MemoSavings, RunDetail, TaskStatus, TaskWait
+
+
+def wait_text(wait: TaskWait) -> str:
+    """What a task waits for, in a few words."""
+    if wait.kind is CheckpointKind.SLEEP:
+        return "sleep"
+    if wait.kind is CheckpointKind.SIGNAL:
+        return f"signal {wait.name!r}"
+    deciders = "admins" if wait.role == "admin" else "approvers or admins"
+    return f"approval {wait.name!r} by {deciders}"
+
+
+def _due_text(wait: TaskWait) -> str:
+    if wait.due_at is None:
+        return "never" if wait.kind is not CheckpointKind.SLEEP else "-"
+    return local_time(wait.due_at)
+
+
+def waits_table(tasks: Iterable[TaskStatus]) -> Table | None:
+    """One row per waiting task: what for, since when, until when, and the prompt; None
+    when no task waits."""
+    waiting = [task for task in tasks if task.wait is not None]
+    if not waiting:
+        return None
+    table = Table(box=None, header_style="bold")
+    for column in ("TASK", "WAITS FOR", "SINCE", "WAKES / TIMES OUT", "ATTEMPT"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("PROMPT")
+    for task in waiting:
+        wait = task.wait
+        assert wait is not None
+        table.add_row(
+            task.key,
+            wait_text(wait),
+            ago(wait.since),
+            _due_text(wait),
+            str(wait.attempt) if wait.attempt else "no worker",
+            wait.prompt,
+        )
+    return table
+
+
+def savings_text(saved: MemoSavings) -> str:
+    """'2 steps, 1,234 tokens, $0.0200 not spent again'."""
+    parts = [f"{saved.steps} step{'s' * (saved.steps != 1)}"]
+    if saved.tokens:
+        parts.append(f"{saved.tokens:,} tokens")
+    if saved.cost_usd:
+        parts.append(f"${saved.cost_usd:,.4f}")
+    return ", ".join(parts) + " not run again"
+
+
+def durable_view(detail: RunDetail) -> list[RenderableType]:
+    """The run's waiting tasks, and the savings of its tasks' memos (with the run's sum)."""
+    parts: list[RenderableType] = []
+    table = waits_table(detail.tasks.values())
+    if table is not None:
+        parts += [
+            Text(""),
+            Text("waiting", style="bold"),
+            table,
+            Text(
+                f"resume: awp approve|reject {detail.run.id} TASK, "
+                f"awp signal send {detail.run.id} NAME",
+                style="dim",
+            ),
+        ]
+    saved = [task for task in detail.tasks.values() if task.saved]
+    if saved:
+        total = MemoSavings(
+            steps=sum(t.saved.steps for t in saved),
+            tokens=sum(t.saved.tokens for t in saved),
+            cost_usd=sum(t.saved.cost_usd for t in saved),
+        )
+        parts += [Text(""), Text(f"memos saved: {savings_text(total)}", style="bold")]
+        parts += [
+            Text.assemble(("  ", ""), (task.key, "bold"), f": {savings_text(task.saved)}")
+            for task in saved
+        ]
+    return parts
