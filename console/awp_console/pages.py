@@ -15,10 +15,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from awp_console import api, graph, metrics, recovery
-from awp_console.web import Caller, caller, console_of, page
-from awp_protocol.states import RUN_STATES, TASK_STATES, TERMINAL_RUN_STATES
+from awp_console.web import TASK_STATES, Caller, caller, console_of, page
+from awp_protocol.roles import Role
+from awp_protocol.states import RUN_STATES, TERMINAL_RUN_STATES
 from awp_sdk.client import AsyncClient
-from awp_sdk.records import Attempt, Run, RunDetail, StoredWorkflow, TaskError, TaskStatus
+from awp_sdk.enums import CheckpointKind
+from awp_sdk.records import (
+    Attempt,
+    Identity,
+    Run,
+    RunDetail,
+    StoredWorkflow,
+    TaskError,
+    TaskStatus,
+    TaskWait,
+)
 from awp_sdk.schedules import Schedules
 
 RUNS_PAGE: Final = 25
@@ -27,7 +38,7 @@ RUNS_PAGE: Final = 25
 RECOVERY_RUNS: Final = 20
 RECOVERY_MAX_TASKS: Final = 2_000
 # The overview's queue table: task states of running runs, per executor kind.
-QUEUE_STATES: Final = ("ready", "queued", "running", "waiting_retry")
+QUEUE_STATES: Final = ("ready", "queued", "running", "waiting_retry", "waiting")
 # The runs list names the task a failed run failed on, read with GetRun (a page has at
 # most RUNS_PAGE of them), for runs of at most this many tasks: a larger one's count of
 # failed tasks is shown, its page names them.
@@ -244,8 +255,18 @@ async def task(request: Request) -> Response:
         attempts=attempts,
         error=shown_error(found, attempts),
         timeline=_timeline(attempts),
+        may_decide=may_decide(who.identity, found.wait),
         **_actions(who, shown),
     )
+
+
+def may_decide(identity: Identity, wait: TaskWait | None) -> bool:
+    """Whether the task panel offers this caller Approve and Reject (the server checks
+    again): the task waits for an approval, the caller's role may decide, and it is an
+    admin's when the wait asks for admins."""
+    if wait is None or wait.kind is not CheckpointKind.APPROVAL or not identity.may("Approve"):
+        return False
+    return wait.role != Role.ADMIN or Role.ADMIN in identity.roles
 
 
 def shown_error(task: TaskStatus, attempts: Sequence[Attempt]) -> TaskError | None:
