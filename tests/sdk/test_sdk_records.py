@@ -12,12 +12,12 @@ from enum import StrEnum
 from typing import Any
 
 import pytest
-from google.protobuf import descriptor, duration_pb2, struct_pb2, timestamp_pb2
+from google.protobuf import descriptor, duration_pb2, json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from awp.v1 import control_pb2, durable_pb2, types_pb2
 from awp_protocol.errors import Reason
-from awp_sdk import decode, enums, errors
+from awp_sdk import decode, enums, errors, waits
 from awp_sdk.enums import RunState, TaskState
 
 _counter = itertools.count(1001)
@@ -244,3 +244,19 @@ def test_every_protocol_reason_has_its_error_class() -> None:
     assert set(errors.BY_REASON) == set(Reason)
     assert errors.BY_REASON[Reason.RUN_NOT_FOUND] is errors.RunNotFound
     assert all(issubclass(kind, errors.AwpError) for kind in errors.BY_REASON.values())
+
+
+def test_a_signal_s_payload_is_any_json_value_and_refused_before_sending_if_not_exact() -> None:
+    for payload in (None, 3, "yes", [1, {"a": None}], {"paid": 12.5}):
+        request = waits.signal_request("r", "paid", payload, None)
+        assert json_format.MessageToDict(request.payload) == payload
+    assert waits.signal_request("r", "paid", 1, "once").request_id == "once"
+    with pytest.raises(errors.InvalidArgument) as refused:
+        waits.signal_request("r", "paid", {"amount": [1, 2**60]}, None)
+    assert [v.field for v in refused.value.violations] == ["payload.amount[1]"]
+    assert "2**53" in refused.value.message
+    approve = waits.decision("r", "review", "fine", approve=True)
+    reject = waits.decision("r", "review", "", approve=False)
+    assert isinstance(approve, durable_pb2.ApproveRequest)
+    assert isinstance(reject, durable_pb2.RejectRequest)
+    assert (approve.task_key, approve.comment) == ("review", "fine")
