@@ -245,6 +245,14 @@ async def task(request: Request) -> Response:
     definition = next((d for d in workflow.tasks if d.key == key), None)
     if definition is None and (name := graph.fanout_of(key)) is not None:
         definition = next((d for d in workflow.tasks if d.key == name), None)
+    # Only a task that asked for a decision has one: an approval task, or an action that
+    # suspended at a wait (an approval needs its task waiting).
+    asked = found.suspensions or (
+        definition is not None
+        and definition.wait is not None
+        and definition.wait.kind is CheckpointKind.APPROVAL
+    )
+    decided = await api.decisions(who.api, run_id, key, shown.last_seq) if asked else []
     return page(
         request,
         who,
@@ -256,6 +264,7 @@ async def task(request: Request) -> Response:
         error=shown_error(found, attempts),
         timeline=_timeline(attempts),
         may_decide=may_decide(who.identity, found.wait),
+        decisions=decided,
         **_actions(who, shown),
     )
 

@@ -16,7 +16,7 @@ request)`` calls it with the token and deadline.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -338,8 +338,9 @@ class AsyncClient:
         after_seq: int = 0,
         give_up_after: float = GIVE_UP_AFTER_S,
         on_reconnect: ReconnectHandler | None = None,
-    ) -> AsyncIterator[Event]:
-        """The run's events after `after_seq` until it ends, resumed across reconnects."""
+    ) -> AsyncGenerator[Event, None]:
+        """The run's events after `after_seq` until it ends, resumed across reconnects
+        (aclose() it to stop early)."""
         async for event in run_events(
             self.channel,
             run_id,

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 from awp_console import pages, web
 from awp_protocol.roles import Role
-from awp_sdk.enums import CheckpointKind, RunState, TaskState
-from awp_sdk.records import Identity, MemoSavings, Run, TaskStatus, TaskWait
+from awp_sdk.enums import CheckpointKind, EventType, RunState, TaskState
+from awp_sdk.records import Event, Identity, MemoSavings, Run, TaskStatus, TaskWait
 
 
 def _task(key: str, state: str) -> TaskStatus:
@@ -66,6 +66,7 @@ def test_the_task_panel_shows_the_wait_its_prompt_and_the_decision_form() -> Non
             may_retry=False,
             may_decide=decide,
             retry_request_id="x",
+            decisions=[],
             csrf="form-token",
             now=datetime(2025, 1, 1, 0, 5, tzinfo=UTC),
             who=web.Caller(None, None, identity),  # type: ignore[arg-type]
@@ -82,3 +83,37 @@ def test_the_task_panel_shows_the_wait_its_prompt_and_the_decision_form() -> Non
     refused = render(Identity("ada", frozenset({Role.APPROVER}), True), False)
     assert "Publish?" in refused and 'id="decide-form"' not in refused
     assert "Admins decide; ada (approver) may not." in refused
+
+
+def test_the_task_panel_lists_the_decisions_made_with_who_and_the_comment() -> None:
+    task = dataclasses.replace(_task("review", "running"), attempts=2, suspensions=1)
+    run = Run(
+        "r", "w", 1, RunState.RUNNING, {}, "", 1, 9, None, None, None, started_by="admin"
+    )  # fmt: skip
+    at = datetime(2025, 1, 1, 0, 3, tzinfo=UTC)
+    decided = Event(
+        "r", 7, 5, EventType.TASK_STATE, "review", None, TaskState.WAITING, TaskState.READY,
+        {"approved": False, "decided_by": "ada", "comment": "<b>not yet</b>", "resumed_attempt": 1},
+        at,
+    )  # fmt: skip
+    shown = (
+        web.templates()
+        .env.get_template("task.html")
+        .render(
+            run=run,
+            task=task,
+            definition=None,
+            attempts=[],
+            error=None,
+            timeline=[],
+            may_cancel=False,
+            may_retry=False,
+            may_decide=False,
+            decisions=[decided],
+            retry_request_id="x",
+        )
+    )
+    assert (
+        "<li><b>rejected</b> by <b>ada</b> at 2025-01-01 00:03:00 UTC, resuming attempt 1: "
+        "<q>&lt;b&gt;not yet&lt;/b&gt;</q></li>"
+    ) in shown
