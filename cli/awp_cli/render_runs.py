@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -13,7 +13,7 @@ from awp_cli.render import counts_text, local_time, seconds_between, styled, too
 from awp_cli.render_tasks import attempts_table, elements_of, error_text, tasks_table
 from awp_cli.render_waits import durable_view
 from awp_sdk.enums import TaskState
-from awp_sdk.records import Run, RunDetail
+from awp_sdk.records import Decision, Run, RunDetail
 
 
 def task_counts(run: Run) -> dict[str, int]:
@@ -110,7 +110,7 @@ def omissions_view(detail: RunDetail) -> list[RenderableType]:
     return [Text(note, style="yellow") for note in notes]
 
 
-def run_view(detail: RunDetail) -> RenderableType:
+def run_view(detail: RunDetail, decisions: Sequence[Decision] = ()) -> RenderableType:
     run = detail.run
     parts: list[RenderableType] = [
         run_header(run),
@@ -119,7 +119,7 @@ def run_view(detail: RunDetail) -> RenderableType:
         Text(""),
         tasks_table(detail),
     ]
-    parts += durable_view(detail)
+    parts += durable_view(detail, decisions)
     if detail.attempts:
         parts += [
             Text(""),

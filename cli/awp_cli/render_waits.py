@@ -3,7 +3,7 @@ for, and what replayed step memos saved the run's tasks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rich.console import RenderableType
 from rich.table import Table
@@ -11,7 +11,7 @@ from rich.text import Text
 
 from awp_cli.render import ago, local_time
 from awp_sdk.enums import CheckpointKind
-from awp_sdk.records import MemoSavings, RunDetail, TaskStatus, TaskWait
+from awp_sdk.records import Decision, MemoSavings, RunDetail, TaskStatus, TaskWait
 
 
 def wait_text(wait: TaskWait) -> str:
@@ -64,8 +64,24 @@ def savings_text(saved: MemoSavings) -> str:
     return ", ".join(parts) + " not run again"
 
 
-def durable_view(detail: RunDetail) -> list[RenderableType]:
-    """The run's waiting tasks, and the savings of its tasks' memos (with the run's sum)."""
+def decision_line(decision: Decision) -> Text:
+    """'review  approved by ada at 2025-01-01 10:00:00, resuming attempt 2: "looks good"'."""
+    verdict = ("approved", "green") if decision.approved else ("rejected", "bold red")
+    text = Text.assemble(
+        (f"  {decision.task_key}  ", "bold"),
+        verdict,
+        f" by {decision.decided_by or '?'} at {local_time(decision.decided_at)}",
+    )
+    if decision.resumed_attempt:
+        text.append(f", resuming attempt {decision.resumed_attempt}")
+    if decision.comment:
+        text.append(f": {decision.comment!r}")
+    return text
+
+
+def durable_view(detail: RunDetail, decisions: Sequence[Decision] = ()) -> list[RenderableType]:
+    """The run's waiting tasks, the decisions made on its approvals (the audit trail),
+    and the savings of its tasks' memos (with the run's sum)."""
     parts: list[RenderableType] = []
     table = waits_table(detail.tasks.values())
     if table is not None:
@@ -79,6 +95,9 @@ def durable_view(detail: RunDetail) -> list[RenderableType]:
                 style="dim",
             ),
         ]
+    if decisions:
+        parts += [Text(""), Text("decisions", style="bold")]
+        parts += [decision_line(decision) for decision in decisions]
     saved = [task for task in detail.tasks.values() if task.saved]
     if saved:
         total = MemoSavings(

@@ -33,7 +33,6 @@ __all__ = [
     "Unauthenticated",
     "all_attempts",
     "connect",
-    "decisions",
     "get_task",
     "watch",
     "watch_stream",
@@ -73,26 +72,6 @@ async def get_task(client: AsyncClient, run_id: str, key: str) -> tuple[Run, Tas
 async def all_attempts(client: AsyncClient, run_id: str, key: str) -> list[Attempt]:
     # A task has at most its max_attempts and hand-backs (a few): every page, in order.
     return [attempt async for attempt in client.list_attempts(run_id, task_key=key)]
-
-
-async def decisions(client: AsyncClient, run_id: str, key: str, last_seq: int) -> list[Event]:
-    """The decisions made on the task's approvals, oldest first: its events that carry
-    one (a payload with "approved": who decided, the comment, the attempt resumed), of
-    the run's events up to last_seq (no call waits for the run to go on)."""
-    found: list[Event] = []
-    if last_seq <= 0:
-        return found
-    events = client.watch(run_id, give_up_after=0)
-    try:
-        async for event in events:
-            if event.task_key == key and isinstance(event.payload.get("approved"), bool):
-                found.append(event)
-            if event.seq >= last_seq:
-                break
-    finally:
-        # Ends the WatchRun call now, not when the generator is collected.
-        await events.aclose()
-    return found
 
 
 def watch(client: AsyncClient, run_id: str, after_seq: int) -> AsyncIterator[Event]:

@@ -31,6 +31,7 @@ from awp_sdk.records import (
     TaskWait,
 )
 from awp_sdk.schedules import Schedules
+from awp_sdk.waits import asked_for_decision
 
 RUNS_PAGE: Final = 25
 # The overview measures re-dispatch times over the newest runs of at most this many tasks
@@ -245,14 +246,8 @@ async def task(request: Request) -> Response:
     definition = next((d for d in workflow.tasks if d.key == key), None)
     if definition is None and (name := graph.fanout_of(key)) is not None:
         definition = next((d for d in workflow.tasks if d.key == name), None)
-    # Only a task that asked for a decision has one: an approval task, or an action that
-    # suspended at a wait (an approval needs its task waiting).
-    asked = found.suspensions or (
-        definition is not None
-        and definition.wait is not None
-        and definition.wait.kind is CheckpointKind.APPROVAL
-    )
-    decided = await api.decisions(who.api, run_id, key, shown.last_seq) if asked else []
+    asked = asked_for_decision(found)
+    decided = await who.api.decisions(run_id, task_key=key) if asked else []
     return page(
         request,
         who,

@@ -35,6 +35,7 @@ from awp_sdk.records import (
     Applied,
     Attempt,
     Decided,
+    Decision,
     Event,
     Identity,
     Page,
@@ -401,6 +402,11 @@ class AsyncClient:
         same request_id again sends nothing (duplicate). RunFinished once the run ended."""
         request = waits.signal_request(run_id, name, payload, request_id)
         return decode.signal_sent(await self.call(self.control.SendSignal, request))
+
+    async def decisions(self, run_id: str, *, task_key: str | None = None) -> list[Decision]:
+        """The decisions made on the run's approvals (or one task's), oldest first, as its
+        events record them up to now: who decided, the comment, the attempt resumed."""
+        return await waits.decisions(self, run_id, task_key)
 
     async def approve(self, run_id: str, task_key: str, comment: str = "") -> Decided:
         """Approves what the WAITING task asks (approver or admin role); NotWaiting when it

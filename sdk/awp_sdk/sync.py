@@ -27,6 +27,7 @@ from awp_sdk.records import (
     Applied,
     Attempt,
     Decided,
+    Decision,
     Event,
     Identity,
     Page,
@@ -297,6 +298,9 @@ class Client:
         self, run_id: str, name: str, payload: Any = None, *, request_id: str | None = None
     ) -> SignalSent:
         return self._run(self._async.send_signal(run_id, name, payload, request_id=request_id))
+
+    def decisions(self, run_id: str, *, task_key: str | None = None) -> list[Decision]:
+        return self._run(self._async.decisions(run_id, task_key=task_key))
 
     def approve(self, run_id: str, task_key: str, comment: str = "") -> Decided:
         return self._run(self._async.approve(run_id, task_key, comment))

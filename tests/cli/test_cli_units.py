@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -16,12 +17,14 @@ from awp.v1 import control_pb2, durable_pb2, types_pb2
 from awp_cli import commands, render
 from awp_cli.dev import command as dev
 from awp_cli.errors import Exit, exit_error
+from awp_cli.event_view import event_line
 from awp_cli.render_fleet import stats_view
 from awp_cli.render_runs import run_view, task_counts
 from awp_cli.render_tasks import tasks_table
 from awp_sdk import decode
+from awp_sdk.enums import EventType, TaskState
 from awp_sdk.errors import START_HINT, UnknownEnumValue, from_rpc_error
-from awp_sdk.records import Page
+from awp_sdk.records import Decision, Event, Page
 
 
 class Failed(grpc.aio.AioRpcError):
@@ -254,7 +257,9 @@ def test_run_get_shows_what_tasks_wait_for_and_what_memos_saved() -> None:
     console.print(run_view(decode.run_detail(answer)))
     shown = console.export_text()
     # Suspensions are free: 1 of 2 charged, the 2 suspended said apart.
-    assert re.search(r"review\s+waiting\s.*1/2 \+2 suspended\s+-\s+waits for approval", shown), shown
+    assert re.search(r"review\s+waiting\s.*1/2 \+2 suspended\s+-\s+waits for approval", shown), (
+        shown
+    )
     assert re.search(
         r"review\s+approval 'approval' by admins\s.*never\s+3\s+Publish the summary\?", shown
     ), shown
@@ -262,6 +267,24 @@ def test_run_get_shows_what_tasks_wait_for_and_what_memos_saved() -> None:
     assert "awp approve|reject r1 TASK" in shown
     assert "memos saved: 3 steps, 1,334 tokens, $0.0200 not run again" in shown
     assert re.search(r"review: 2 steps, 1,234 tokens, \$0.0200 not run again", shown), shown
+    # The decisions made (the audit trail), as the run's events record them.
+    at = datetime(2025, 1, 1, tzinfo=UTC)
+    decided = [
+        Decision("gate", True, "ada", "looks right", 2, at),
+        Decision("sign", False, "root", "", None, at),
+    ]
+    console = Console(record=True, width=200)
+    console.print(run_view(decode.run_detail(answer), decided))
+    audit = console.export_text()
+    assert re.search(r"gate  approved by ada at .*, resuming attempt 2: 'looks right'", audit), (
+        audit
+    )
+    assert re.search(r"sign  rejected by root at [-0-9: ]+\n", audit), audit
+    line = event_line(
+        Event("r1", 7, 5, EventType.TASK_STATE, "gate", None, TaskState.WAITING, TaskState.READY,
+              {"approved": True, "decided_by": "ada", "comment": "looks right"}, at)
+    ).plain  # fmt: skip
+    assert line.endswith("waiting -> ready  approved by ada: 'looks right'"), line
     # A run where nothing waits and no memo saved anything says nothing of either.
     plain = control_pb2.GetRunResponse(run=answer.run, tasks=[answer.tasks[2]])
     console = Console(record=True, width=200)

@@ -19,7 +19,7 @@ from awp_sdk import records
 
 ALL = (
     "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptBoundary "
-    "AttemptState CheckpointKind Decided MemoLimit MemoSavings NotWaiting RunFinished "
+    "AttemptState CheckpointKind Decided Decision MemoLimit MemoSavings NotWaiting RunFinished "
     "SignalSent StoredWait TaskWait "
     "AwpError Client Conflict Connection DeadlineExceeded DefinitionConflict DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
@@ -56,7 +56,7 @@ MODULES = {
     "awp_sdk.handle": "AsyncRunHandle OUTPUT_FETCHES complete_outputs first_failure "
     "last_attempt_error outcome",
     "awp_sdk.records": "",
-    "awp_sdk.records.durable": "Decided MemoSavings SignalSent TaskWait",
+    "awp_sdk.records.durable": "Decided Decision MemoSavings SignalSent TaskWait",
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
@@ -68,7 +68,7 @@ MODULES = {
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
-    "awp_sdk.waits": "decision signal_request",
+    "awp_sdk.waits": "asked_for_decision decision decision_of decisions signal_request",
     "awp_sdk.wire": "applied attempts backfilled decided event pruned run run_detail runs "
     "schedule schedule_deleted schedules signal_sent started stats tasks triggered workers "
     "workflow "
@@ -77,7 +77,7 @@ MODULES = {
 }
 
 CLIENT_METHODS = (
-    "apply approve as_caller call cancel close control get_run get_stats get_task_output "
+    "apply approve as_caller call cancel close control decisions get_run get_stats get_task_output "
     "get_workflow "
     "list_attempts list_attempts_page list_runs list_runs_page list_tasks list_tasks_page "
     "list_workers list_workflows list_workflows_page prune_runs reject retry run "
@@ -114,6 +114,7 @@ RECORD_FIELDS = {
     "MemoSavings": "steps tokens cost_usd",
     "SignalSent": "signal_id delivered_to duplicate",
     "Decided": "task_state resumed_attempt decided_at",
+    "Decision": "task_key approved decided_by comment resumed_attempt decided_at",
     "StoredWorkflow": "name version description concurrency tasks created_at definition",
     "TaskCount": "state executor_kind count",
     "TaskError": "message retryable type traceback log_tail",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from awp.v1 import control_pb2, durable_pb2, types_pb2
 from awp_protocol.errors import Reason
-from awp_sdk import decode, enums, errors, waits
+from awp_sdk import decode, enums, errors, records, waits
 from awp_sdk.enums import RunState, TaskState
 
 _counter = itertools.count(1001)
@@ -260,3 +260,32 @@ def test_a_signal_s_payload_is_any_json_value_and_refused_before_sending_if_not_
     assert isinstance(approve, durable_pb2.ApproveRequest)
     assert isinstance(reject, durable_pb2.RejectRequest)
     assert (approve.task_key, approve.comment) == ("review", "fine")
+
+
+def test_a_decision_is_read_from_the_event_that_records_it() -> None:
+    at = datetime(2025, 1, 1, tzinfo=UTC)
+
+    def event(payload: dict[str, Any], key: str | None = "review") -> records.Event:
+        return records.Event(
+            "r", 7, 5, enums.EventType.TASK_STATE, key, None, TaskState.WAITING,
+            TaskState.READY, payload, at,
+        )  # fmt: skip
+
+    payload = {"approved": True, "decided_by": "ada", "comment": "go", "resumed_attempt": 2}
+    assert waits.decision_of(event(payload)) == records.Decision("review", True, "ada", "go", 2, at)
+    # A wait task resumes no attempt.
+    rejected = waits.decision_of(event({"approved": False, "decided_by": "root"}))
+    assert rejected == records.Decision("review", False, "root", "", None, at)
+    # Any other event records no decision.
+    assert waits.decision_of(event({"by": "alice"})) is None
+    assert waits.decision_of(event({"approved": "yes"})) is None
+    assert waits.decision_of(event(payload, key=None)) is None
+
+
+def test_only_a_task_that_waits_waited_or_is_a_wait_asked_for_a_decision() -> None:
+    plain = decode.task(
+        control_pb2.Task(key="a", state=types_pb2.TASK_STATE_SUCCEEDED, executor_kind="python")
+    )
+    assert not waits.asked_for_decision(plain)
+    assert waits.asked_for_decision(dataclasses.replace(plain, suspensions=1))
+    assert waits.asked_for_decision(dataclasses.replace(plain, executor_kind=""))

@@ -59,3 +59,17 @@ class Decided:
     task_state: TaskState
     resumed_attempt: int
     decided_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decision made on an approval, as the run's events record it: the task, approved
+    or rejected, who decided (the credential's name), the comment, the attempt whose
+    wait it resumed (None for a wait task no worker runs) and when."""
+
+    task_key: str
+    approved: bool
+    decided_by: str
+    comment: str
+    resumed_attempt: int | None
+    decided_at: datetime | None
