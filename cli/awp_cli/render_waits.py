@@ -100,12 +100,7 @@ def durable_view(detail: RunDetail, decisions: Sequence[Decision] = ()) -> list[
         parts += [decision_line(decision) for decision in decisions]
     saved = [task for task in detail.tasks.values() if task.saved]
     if saved:
-        total = MemoSavings(
-            steps=sum(t.saved.steps for t in saved),
-            tokens=sum(t.saved.tokens for t in saved),
-            cost_usd=sum(t.saved.cost_usd for t in saved),
-        )
-        parts += [Text(""), Text(f"memos saved: {savings_text(total)}", style="bold")]
+        parts += [Text(""), Text(f"memos saved: {savings_text(detail.saved)}", style="bold")]
         parts += [
             Text.assemble(("  ", ""), (task.key, "bold"), f": {savings_text(task.saved)}")
             for task in saved

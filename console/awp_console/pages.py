@@ -162,6 +162,7 @@ async def run(request: Request) -> Response:
         data=data,
         recoveries=recoveries,
         recovery_summary=recovery.summary(recoveries),
+        saved=detail.saved,
         **_actions(who, detail.run),
     )
 
@@ -193,8 +194,15 @@ async def run_header(request: Request) -> Response:
     """The run's header again (state, audit, buttons): the page swaps it in when the run's
     state changes."""
     who = await caller(request)
-    found = (await who.api.get_run(request.path_params["run_id"], outputs=False)).run
-    return page(request, who, "run_header.html", run=found, **_actions(who, found))
+    detail = await who.api.get_run(request.path_params["run_id"], outputs=False)
+    return page(
+        request,
+        who,
+        "run_header.html",
+        run=detail.run,
+        saved=detail.saved,
+        **_actions(who, detail.run),
+    )
 
 
 async def run_graph(request: Request) -> Response:

@@ -113,3 +113,15 @@ def test_the_task_panel_lists_the_decisions_made_with_who_and_the_comment() -> N
         "<li><b>rejected</b> by <b>ada</b> at 2025-01-01 00:03:00 UTC, resuming attempt 1: "
         "<q>&lt;b&gt;not yet&lt;/b&gt;</q></li>"
     ) in shown
+
+
+def test_the_run_header_says_what_memos_saved_the_run() -> None:
+    run = Run(
+        "r", "w", 1, RunState.RUNNING, {}, "", 1, 9, None, None, None, started_by="admin"
+    )  # fmt: skip
+    template = web.templates().env.get_template("run_header.html")
+    context = {"run": run, "may_cancel": False, "may_retry": False, "retry_request_id": "x"}
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    shown = template.render(saved=MemoSavings(3, 12_345, 0.5), now=now, **context)
+    assert '<dd id="run-savings">3 steps not run again, 12,345 tokens, $0.5000</dd>' in shown
+    assert "run-savings" not in template.render(saved=MemoSavings(), now=now, **context)

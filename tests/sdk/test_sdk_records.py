@@ -188,6 +188,10 @@ def test_a_waiting_task_says_what_for_and_its_suspensions_are_free() -> None:
     )
     assert (record.wait.due_at, record.wait.attempt) == (None, 4)  # unset: never times out
     assert (record.saved.steps, record.saved.tokens, record.saved.cost_usd) == (2, 1234, 0.02)
+    # The run's savings are its tasks' summed.
+    other = dataclasses.replace(record, key="other", saved=records.MemoSavings(1, 100, 0.01))
+    detail = records.RunDetail(decode.run(control_pb2.Run(state=1)), {"a": record, "b": other}, ())
+    assert detail.saved == records.MemoSavings(3, 1334, 0.03)
     # A task that waits for nothing has no wait, and saved nothing.
     plain = decode.task(control_pb2.Task(key="plain", state=types_pb2.TASK_STATE_RUNNING))
     assert plain.wait is None

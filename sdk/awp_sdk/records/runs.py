@@ -161,6 +161,16 @@ class RunDetail:
     attempts_omitted: int = 0
     tracebacks_omitted: int = 0
 
+    @property
+    def saved(self) -> MemoSavings:
+        """What replayed step memos saved the run: its tasks' savings summed."""
+        tasks = self.tasks.values()
+        return MemoSavings(
+            steps=sum(task.saved.steps for task in tasks),
+            tokens=sum(task.saved.tokens for task in tasks),
+            cost_usd=sum(task.saved.cost_usd for task in tasks),
+        )
+
     def outputs(self) -> dict[str, dict[str, Any]]:
         """The output of every task that succeeded, by task key, however large: never a
         key silently missing. OutputsOmitted when this record does not hold them all
