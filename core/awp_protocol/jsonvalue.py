@@ -48,18 +48,31 @@ def json_size(value: Any) -> int:
     return len(canonical_json(value))
 
 
-def parse_object(text: str) -> dict[str, Any]:
-    """The JSON object an output travels as on its own (GetUpstreamOutputs,
-    GetTaskOutput): canonical JSON, so its integers are ints, as struct_to_dict gives them.
-    JsonInvalid if the text is not one JSON object."""
-
+def _loads(text: str) -> Any:
     def refuse(constant: str) -> Any:
         raise JsonInvalid(f"numbers must be finite, not {constant}")
 
     try:
-        value = json.loads(text, parse_constant=refuse)
+        return json.loads(text, parse_constant=refuse)
     except json.JSONDecodeError as exc:
         raise JsonInvalid(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise JsonInvalid(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def parse_value(text: str, where: str = "value") -> Any:
+    """Any JSON value that travels as text (a step's memo), held to the rules of a value
+    a client sends (to_struct's): JsonInvalid naming the problem otherwise."""
+    value = _loads(text)
+    _check(value, where, 1)
+    return value
+
+
+def parse_object(text: str) -> dict[str, Any]:
+    """The JSON object an output travels as on its own (GetUpstreamOutputs,
+    GetTaskOutput): canonical JSON, so its integers are ints, as struct_to_dict gives them.
+    JsonInvalid if the text is not one JSON object."""
+    value = _loads(text)
     if not isinstance(value, dict):
         raise JsonInvalid("must be a JSON object")
     return value

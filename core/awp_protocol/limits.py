@@ -130,6 +130,18 @@ MAX_STREAM_READERS_PER_SERVER: Final = 1_000
 # Chunks a WatchStream reads from PostgreSQL at a time (and sends in one message).
 STREAM_READ_BATCH: Final = 500
 
+# --- step checkpoints (LoadCheckpoints, RecordStep; docs/design.md §16)
+# One memo's value, as canonical JSON; and what one task may store in all (every
+# attempt's memos together): past any of them RecordStep answers MEMO_LIMIT, naming it.
+MAX_MEMO_BYTES: Final = 256 * 1024
+MAX_MEMOS_PER_TASK: Final = 1_000
+MAX_MEMO_BYTES_PER_TASK: Final = 16 * 1024 * 1024
+# A LoadCheckpoints page holds memos whose values add up to at most this (the first
+# always fits: one memo is at most MAX_MEMO_BYTES), under MAX_RESPONSE_BYTES.
+MAX_CHECKPOINT_PAGE_BYTES: Final = 2 * 1024 * 1024
+# A step's name (and a signal's or an approval's): what the action calls it.
+MAX_CHECKPOINT_NAME_CHARS: Final = 128
+
 # The length of every string field of every request, by field (awp_protocol.wire checks
 # them all; a test checks that none is missing).
 TEXT_LIMITS: Final[Mapping[str, int]] = {
@@ -171,6 +183,13 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.AppendStreamRequest.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.StreamChunkIn.text": MAX_STREAM_CHUNK_CHARS,
     "awp.v1.StreamChunkIn.json": MAX_STREAM_CHUNK_CHARS,
+    "awp.v1.LoadCheckpointsRequest.lease_token": MAX_TOKEN_CHARS,
+    "awp.v1.LoadCheckpointsRequest.page_token": MAX_PAGE_TOKEN_CHARS,
+    "awp.v1.RecordStepRequest.lease_token": MAX_TOKEN_CHARS,
+    "awp.v1.RecordStepRequest.name": MAX_CHECKPOINT_NAME_CHARS,
+    # Bounded by the request's size only: a memo past MAX_MEMO_BYTES is the handler's
+    # MEMO_LIMIT, naming the memo size limit, not a length error.
+    "awp.v1.RecordStepRequest.value_json": MAX_REQUEST_BYTES,
     "awp.v1.WatchStreamRequest.run_id": MAX_ID_CHARS,
     "awp.v1.WatchStreamRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.GetTaskOutputRequest.run_id": MAX_ID_CHARS,

@@ -11,6 +11,7 @@ from typing import Final
 
 from awp_protocol.errors import FieldsInvalid, FieldViolation, quote
 from awp_protocol.limits import (
+    MAX_CHECKPOINT_NAME_CHARS,
     MAX_EXECUTOR_KINDS,
     MAX_LABEL_VALUE_CHARS,
     MAX_LABELS,
@@ -24,6 +25,8 @@ TASK_KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ACTION_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
 EXECUTOR_KIND_PATTERN: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 LABEL_KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_./-]{1,63}")
+# A step's, a signal's or an approval's name (docs/design.md §16).
+CHECKPOINT_NAME_PATTERN: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_CHECKPOINT_NAME_CHARS}}}")
 # Where a map task finds its list in its upstream's output: object keys (or, for a list
 # on the way, an index) joined by dots, e.g. "queries" or "result.items".
 MAP_PATH_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
@@ -33,6 +36,9 @@ TASK_KEY_RULE: Final = "1-64 characters of letters, digits, '_', '.', '-'"
 ACTION_RULE: Final = (
     "an identifier like 'reports.summarize' (letters, digits, '_', '.', ':', '-'; "
     "no paths, URLs or commands)"
+)
+CHECKPOINT_NAME_RULE: Final = (
+    f"1-{MAX_CHECKPOINT_NAME_CHARS} characters of letters, digits, '_', '.', ':', '-'"
 )
 EXECUTOR_KIND_RULE: Final = "1-32 characters: a lower-case letter, then a-z, 0-9, '_' or '-'"
 MAP_PATH_RULE: Final = (

@@ -8,11 +8,12 @@ first all agree on it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from awp.v1 import worker_pb2
+from awp.v1 import types_pb2, worker_pb2
 from awp_protocol.errors import FieldsInvalid, FieldViolation
 from awp_protocol.jsonvalue import JsonInvalid, json_size, struct_to_dict
 from awp_protocol.limits import (
@@ -64,6 +65,33 @@ class StoredError:
 
 
 @dataclass(frozen=True, slots=True)
+class Replayed:
+    """What an attempt replayed from step memos instead of running the steps
+    (MemoSavings): added to its task's savings (tasks.saved_*) when its result is."""
+
+    steps: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+NOTHING_REPLAYED: Final = Replayed()
+
+
+def check_cost(where: str, tokens: int, cost_usd: float) -> None:
+    """What a step reports it cost (StepUsage) or a replay saved (MemoSavings): tokens a
+    PostgreSQL bigint, dollars finite and not negative; FieldsInvalid naming the field."""
+    if tokens >= 2**63:
+        raise _refused(f"{where}.tokens", "must be below 2**63")
+    if not math.isfinite(cost_usd) or cost_usd < 0:
+        raise _refused(f"{where}.cost_usd", "must be finite and not negative")
+
+
+def check_replayed(where: str, saved: types_pb2.MemoSavings) -> Replayed:
+    check_cost(where, saved.tokens, saved.cost_usd)
+    return Replayed(saved.steps, saved.tokens, saved.cost_usd)
+
+
+@dataclass(frozen=True, slots=True)
 class CheckedResult:
     """A result the server may store, for the lease it names: its outcome and what it
     carries, as plain values. Storage takes it as it is (awp_db.leases.Completion).
@@ -80,6 +108,7 @@ class CheckedResult:
     error_type: str = ""
     traceback: str = ""
     log_tail: str = ""
+    replayed: Replayed = Replayed()
 
     def error(self) -> StoredError | None:
         """The error the attempt, its task and its event keep (None for a success)."""
@@ -91,6 +120,7 @@ class CheckedResult:
 def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
     """The result as stored, or FieldsInvalid naming the field under `where`
     (e.g. ``results[3]``)."""
+    replayed = check_replayed(f"{where}.replayed", result.replayed)
     if result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED:
         if result.HasField("error"):
             raise _refused(f"{where}.error", "only a FAILED result carries an error")
@@ -100,7 +130,9 @@ def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
             raise _refused(f"{where}.output", str(exc)) from None
         if json_size(output) > MAX_OUTPUT_BYTES:
             raise _refused(f"{where}.output", f"at most {MAX_OUTPUT_BYTES} bytes serialised")
-        return CheckedResult(result.dispatch_id, result.lease_token, "succeeded", output=output)
+        return CheckedResult(
+            result.dispatch_id, result.lease_token, "succeeded", output=output, replayed=replayed
+        )
     if result.outcome == worker_pb2.RESULT_OUTCOME_FAILED:
         if result.HasField("output") and result.output.fields:
             raise _refused(f"{where}.output", "only a SUCCEEDED result carries an output")
@@ -121,6 +153,7 @@ def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
             error_type=error.type,
             traceback=error.traceback,
             log_tail=error.log_tail,
+            replayed=replayed,
         )
     raise _refused(f"{where}.outcome", "must be SUCCEEDED or FAILED")
 

@@ -30,6 +30,10 @@ ATTEMPT_STATES: Final[tuple[AttemptState, ...]] = get_args(AttemptState)
 DISPATCH_STATES: Final[tuple[DispatchState, ...]] = get_args(DispatchState)
 WORKER_STATES: Final[tuple[WorkerState, ...]] = get_args(WorkerState)
 
+# What a checkpoint (a memo of a task) records (docs/design.md §16; awp.v1.CheckpointKind).
+CheckpointKind = Literal["step", "sleep", "signal", "approval"]
+CHECKPOINT_KINDS: Final[tuple[CheckpointKind, ...]] = get_args(CheckpointKind)
+
 TERMINAL_TASK_STATES: Final[frozenset[str]] = frozenset(
     {"succeeded", "failed", "canceled", "skipped"}
 )

@@ -237,6 +237,7 @@ async def complete_many(
                             digest=digest,
                             traceback=result.traceback,
                             log_tail=result.log_tail,
+                            replayed=result.replayed,
                         )
                     )
             outcomes.append(verdicts)

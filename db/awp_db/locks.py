@@ -23,7 +23,11 @@ LOCK ORDER (DESIGN.md §6), over every relation:
    heartbeat's renewal and a lost stream's shortening (awp_db.leases) -- and those
    never wait for a lease while holding another: they lock the free ones SKIP LOCKED,
    then wait for each busy one alone (`lease`), in a statement or transaction of its
-   own. A Claim takes pending dispatches SKIP LOCKED.
+   own; an output stream's append and a step memo's write (`lease_for_memo`) wait for
+   their one lease holding no other row, then write only rows of their own (stream
+   chunks, checkpoints) whose foreign-key checks take FOR KEY SHARE (the task, the
+   dispatch), which no lock of the order waits for. A Claim takes pending dispatches
+   SKIP LOCKED.
 6. Task, attempt and event rows are written only under their run's lock, so no two
    transactions ever contend for them in another order.
 
@@ -58,7 +62,7 @@ from typing import Any
 from uuid import UUID
 
 from awp_db.connect import Conn
-from awp_db.queries import queries, rows_as
+from awp_db.queries import queries, row_as, rows_as
 from awp_kernel.retry import AttemptEnd
 
 Q = queries("locks")
@@ -202,6 +206,29 @@ async def dispatches_for_settlement(
 async def lease(conn: Conn, dispatch_id: int, worker_id: UUID) -> bool:
     """Waits for one lease of the worker and locks it; False if no longer its lease."""
     return await conn.fetchval(Q["lease"], dispatch_id, worker_id) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoLease:
+    """A step memo's writer, its dispatch locked (awp_db.checkpoints.record_step)."""
+
+    id: int
+    run_id: UUID
+    task_id: int
+    state: str
+    worker_id: UUID | None
+    lease_token_hash: bytes | None
+    lease_expires_at: datetime | None
+    attempt_deadline: datetime | None
+    fencing_token: int
+    attempt: int
+    now: datetime
+
+
+async def lease_for_memo(conn: Conn, dispatch_id: int) -> MemoLease | None:
+    """Waits for one dispatch row and locks it, holding no other (as an append to an
+    output stream): rule 5's exception, a lease locked without its run."""
+    return await row_as(MemoLease, conn, Q["lease_for_memo"], dispatch_id)
 
 
 async def expired_dispatches(conn: Conn, dispatch_ids: Sequence[int]) -> list[ExpiredDispatch]:

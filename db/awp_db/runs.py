@@ -73,6 +73,10 @@ class TaskInfo:
     # An element of a map task: that task's key and the element's index.
     map_parent: str | None
     map_index: int | None
+    # What replayed step memos saved the task's attempts (docs/design.md §16).
+    saved_steps: int = 0
+    saved_tokens: int = 0
+    saved_cost_usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide, decide_hand_back
 from awp_kernel.states import run_outcome
 from awp_protocol.limits import MAX_FREE_HAND_BACKS
-from awp_protocol.results import StoredError
+from awp_protocol.results import NOTHING_REPLAYED, Replayed, StoredError
 
 Q = queries("settle")
 
@@ -64,6 +64,8 @@ class Ending:
     # against its foreign keys again, taking locks out of order (awp_db.locks).
     traceback: str = ""
     log_tail: str = ""
+    # What the attempt replayed from step memos: added to its task's savings.
+    replayed: Replayed = Replayed()
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,7 @@ def ending_of(
     hand_back: bool = False,
     traceback: str = "",
     log_tail: str = "",
+    replayed: Replayed = NOTHING_REPLAYED,
 ) -> Ending:
     """The Ending of a dispatch row locked for settlement (its attempt, task and policy)."""
     assert row.attempt is not None, "only a leased dispatch has an attempt to end"
@@ -112,6 +115,7 @@ def ending_of(
         result_hash=digest,
         traceback=traceback,
         log_tail=log_tail,
+        replayed=replayed,
     )
 
 
@@ -173,6 +177,9 @@ async def end_attempts(conn: Conn, endings: Sequence[Ending], events: EventBatch
             retry_in_ms=[d.retry_in_ms for d in decisions],
             tracebacks=[e.traceback or None for e in endings],
             log_tails=[e.log_tail or None for e in endings],
+            saved_steps=[e.replayed.steps for e in endings],
+            saved_tokens=[e.replayed.tokens for e in endings],
+            saved_cost_usd=[e.replayed.cost_usd for e in endings],
         )
     ):
         if row["run_may_finish"]:

@@ -94,6 +94,7 @@ from awp_sdk.records import (
     TaskWait,
     Worker,
 )
+from awp_sdk.steps import step
 from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
 from awp_sdk.workflow import Map, Retry, Task, TaskFunction, TaskOptions, Workflow
@@ -179,4 +180,5 @@ __all__ = [
     "Workflow",
     "WorkflowNotFound",
     "action",
+    "step",
 ]

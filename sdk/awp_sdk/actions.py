@@ -10,20 +10,25 @@ knows nothing of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
 import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from google.protobuf import struct_pb2
 
 from awp_protocol.jsonvalue import json_size, struct_to_dict, to_struct
 from awp_protocol.limits import MAX_OUTPUT_BYTES, MAX_STREAM_CHUNK_CHARS
 from awp_protocol.names import ACTION_PATTERN, ACTION_RULE
+
+if TYPE_CHECKING:
+    from awp_sdk.replay import Replay
 
 ActionFunc = Callable[["ActionContext", dict[str, Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -170,6 +175,9 @@ class ActionContext:
     upstream_states: dict[str, str] = field(default_factory=dict)
     # The attempt's output stream (OutputStream above).
     stream: OutputStream = field(default_factory=_Unattached, repr=False)
+    # The attempt's replay core (awp_sdk.replay): the task's checkpoints, which ctx.step
+    # and the waits use. None in a context no worker made.
+    replay: Replay | None = field(default=None, repr=False)
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -195,8 +203,49 @@ class ActionContext:
         """A logger whose lines carry run_id, task_key, attempt and worker_id."""
         return _action_logger
 
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        usage: Mapping[str, Any] | Callable[[Any], Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Runs ``fn(*args, **kwargs)`` once per task across attempts, as the step
+        ``name`` (awp_sdk.steps): its JSON result is memoised under the lease, and a
+        later attempt gets it back without running ``fn``. ``usage`` is what the step
+        cost (``{"tokens": 1234, "cost_usd": 0.02}``, or a function of its result giving
+        that), reported as saved whenever a later attempt replays the memo. In an async
+        action, ``await ctx.step(...)``. A step that raises is not memoised."""
+        from awp_sdk.steps import run_step  # noqa: PLC0415 (steps builds on this module)
+
+        return run_step(self, name, fn, args, kwargs, usage)
+
     def _cancel(self) -> None:
         self._cancel_event.set()
+
+
+_current: contextvars.ContextVar[ActionContext] = contextvars.ContextVar("awp_action_context")
+
+
+def current_context() -> ActionContext:
+    """The context of the action running in this task or thread (the decorator form of
+    steps finds it so); RuntimeError outside an action."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError("no action is running here: call a step inside an action") from None
+
+
+@contextlib.contextmanager
+def running(ctx: ActionContext) -> Iterator[None]:
+    """Makes ``ctx`` the current context while an executor runs its action."""
+    token = _current.set(ctx)
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ reports it (``OutputError`` for a value the worker would refuse: not a JSON obje
 unchanged (RetryableError, PermanentError, KeyError...): the test decides what they
 mean. ``cancel()`` does what a worker does when the lease is revoked, ``logs`` holds
 what the action logged through ``ctx.logger``, as a failure's log tail would, and
-``streamed`` what it wrote to ``ctx.stream``, as a reader receives it.
+``streamed`` what it wrote to ``ctx.stream``, as a reader receives it. ``checkpoints``
+holds the memos of its steps (``ctx.step``), kept across runs as a task's are across
+attempts: a second ``run`` replays them (``savings`` says what the last run replayed).
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from typing import Any
 
 from awp_protocol.jsonvalue import struct_to_dict, to_struct
 from awp_protocol.names import idempotency_key
-from awp_sdk.actions import ActionContext, ActionFunc, _is_async, output_struct, stream_chunk
+from awp_sdk.actions import (
+    ActionContext,
+    ActionFunc,
+    _is_async,
+    output_struct,
+    running,
+    stream_chunk,
+)
+from awp_sdk.replay import Checkpoint, Replay, Savings, Usage
 
 
 def _as_leased(value: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
@@ -77,6 +87,30 @@ class _RecordedStream:
         return count
 
 
+class _MemoryStore:
+    """The checkpoints of a test's task, in a list (the worker's are LoadCheckpoints and
+    RecordStep)."""
+
+    def __init__(self, checkpoints: list[Checkpoint], attempt: int) -> None:
+        self._checkpoints = checkpoints
+        self._attempt = attempt
+
+    async def load(self) -> list[Checkpoint]:
+        return list(self._checkpoints)
+
+    async def record_step(
+        self, name: str, occurrence: int, value_json: str, usage: Usage
+    ) -> Checkpoint | None:
+        for stored in self._checkpoints:
+            if (stored.kind, stored.name, stored.occurrence) == ("step", name, occurrence):
+                return stored
+        value = json.loads(value_json)
+        self._checkpoints.append(
+            Checkpoint("step", name, occurrence, value, usage, attempt=self._attempt)
+        )
+        return None
+
+
 class ActionEnvironment:
     """What the attempt under test is: its run, task, attempt and the JSON it reads. Each
     ``run`` hands the action a fresh context with ``timeout`` seconds to its deadline;
@@ -120,7 +154,11 @@ class ActionEnvironment:
         self.logs: list[str] = []
         # What the action wrote to ctx.stream, in order (every run's).
         self.streamed: list[Any] = []
+        # The task's memos (every run's), and what the last run replayed of them.
+        self.checkpoints: list[Checkpoint] = []
+        self.savings = Savings()
         self._context: ActionContext | None = None
+        self._replay: Replay | None = None
         self._task: asyncio.Task[Any] | None = None
 
     def context(self) -> ActionContext:
@@ -139,6 +177,7 @@ class ActionEnvironment:
             upstream=self.upstream,
             upstream_states=self.upstream_states,
             stream=_RecordedStream(self.streamed),
+            replay=self._replay,
         )
 
     def run(self, fn: ActionFunc, input: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -153,19 +192,25 @@ class ActionEnvironment:
         """``run`` from inside a running event loop. As on a worker, a sync action runs in
         a thread of its own and an async one as a task of the loop, which ``cancel()``
         cancels and which ends with TimeoutError once ``timeout`` passes."""
-        with self._running() as ctx:
+        replay = self._replay = Replay(
+            _MemoryStore(self.checkpoints, self.attempt), asyncio.get_running_loop()
+        )
+        with self._running() as ctx, running(ctx):
             leased = _as_leased(input, "input")
-            if _is_async(fn):
-                output = fn(ctx, leased)
-            else:
-                output = await asyncio.to_thread(fn, ctx, leased)
-            if inspect.isawaitable(output):  # async, or a sync wrapper of an async action
-                self._task = asyncio.ensure_future(output)
-                try:
-                    async with asyncio.timeout(self.timeout):
-                        output = await self._task
-                finally:
-                    self._task = None
+            try:
+                if _is_async(fn):
+                    output = fn(ctx, leased)
+                else:
+                    output = await asyncio.to_thread(fn, ctx, leased)
+                if inspect.isawaitable(output):  # async, or a sync wrapper of an async action
+                    self._task = asyncio.ensure_future(output)
+                    try:
+                        async with asyncio.timeout(self.timeout):
+                            output = await self._task
+                    finally:
+                        self._task = None
+            finally:
+                self.savings = replay.savings
         return struct_to_dict(output_struct(output))
 
     def cancel(self) -> None:

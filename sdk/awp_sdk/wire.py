@@ -118,12 +118,12 @@ def _task(task: records.TaskStatus) -> control_pb2.Task:
         map_index=task.map_index or 0,
         suspensions=task.suspensions,
     )
-    if task.saved:
-        message.saved.CopyFrom(
-            types_pb2.MemoSavings(
-                steps=task.saved.steps, tokens=task.saved.tokens, cost_usd=task.saved.cost_usd
-            )
+    # Sent for every task, zeros included (convert.task_to_proto).
+    message.saved.CopyFrom(
+        types_pb2.MemoSavings(
+            steps=task.saved.steps, tokens=task.saved.tokens, cost_usd=task.saved.cost_usd
         )
+    )
     _wait(message.wait, task.wait)
     _struct(message.output, task.output)
     _error(message.error, task.error)

@@ -236,6 +236,9 @@ def task_to_proto(row: TaskInfo, traceback: str | None = None) -> control_pb2.Ta
         hand_backs=row.hand_backs,
         map_parent=row.map_parent or "",
         map_index=row.map_index or 0,
+        saved=types_pb2.MemoSavings(
+            steps=row.saved_steps, tokens=row.saved_tokens, cost_usd=row.saved_cost_usd
+        ),
     )
 
 

@@ -17,6 +17,10 @@ COMPLETES = Counter("awp_complete_results_total", "Reported results by verdict",
 STREAM_APPENDS = Counter(
     "awp_stream_appends_total", "Output stream appends (AppendStream) by verdict", ["verdict"]
 )
+# LEASE_LOST: a stale attempt's memo refused (docs/design.md §16).
+MEMO_WRITES = Counter(
+    "awp_memo_writes_total", "Step memos recorded (RecordStep) by verdict", ["verdict"]
+)
 HEARTBEAT_STREAMS = Gauge("awp_heartbeat_streams_open", "Open heartbeat streams")
 STREAMS_LOST = Counter(
     "awp_heartbeat_streams_lost_total", "Streams that broke without a drain (leases shortened)"

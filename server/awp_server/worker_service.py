@@ -34,7 +34,7 @@ from awp_protocol.limits import (
 )
 from awp_protocol.names import check_register
 from awp_protocol.results import check_result
-from awp_server import delivery, metrics
+from awp_server import checkpoint_rpcs, delivery, metrics
 from awp_server.batching import (
     MAX_HEARTBEATS_PER_WRITE,
     ClaimBatcher,
@@ -392,6 +392,23 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         return worker_pb2.AppendStreamResponse(
             outcome=_VERDICTS[appended.verdict], next_offset=appended.next_offset
         )
+
+    @unary
+    async def LoadCheckpoints(
+        self,
+        request: worker_pb2.LoadCheckpointsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_pb2.LoadCheckpointsResponse:
+        worker_id, token = _session(request.session)
+        return await checkpoint_rpcs.load_checkpoints(self._pool, worker_id, token, request)
+
+    @unary
+    async def RecordStep(
+        self, request: worker_pb2.RecordStepRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.RecordStepResponse:
+        worker_id, token = _session(request.session)
+        verdict = await checkpoint_rpcs.record_step(self._pool, worker_id, token, request)
+        return worker_pb2.RecordStepResponse(outcome=_VERDICTS[verdict])
 
 
 def _revoked(stream: Stream) -> worker_pb2.HeartbeatResponse:

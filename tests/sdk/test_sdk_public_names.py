@@ -29,13 +29,13 @@ ALL = (
     "StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem StreamLimit Task "
     "TaskCount TaskError TaskFunction "
     "TaskOptions TaskPage TaskState TaskStatus Unauthenticated Unavailable UnknownEnumValue "
-    "WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound action"
+    "WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound action step"
 )
 
 MODULES = {
     "awp_sdk.actions": "ActionCancelled ActionContext ActionFunc ActionRegistry "
     "DEFAULT_REGISTRY OutputError OutputStream PermanentError RegisteredAction RetryableError "
-    "action output_struct stream_chunk",
+    "action current_context output_struct running stream_chunk",
     "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
     "awp_sdk.decode": "applied attempt decided event identity memo_savings message_json "
@@ -60,7 +60,9 @@ MODULES = {
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
+    "awp_sdk.replay": "Checkpoint CheckpointStore KINDS Kind Replay Savings Usage",
     "awp_sdk.schedules": "Catchup Overlap Schedules",
+    "awp_sdk.steps": "UsageSpec run_step step",
     "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWait "
     "StoredWorkflow",
     "awp_sdk.streams": "AttemptBoundary StreamChunk StreamItem task_stream",

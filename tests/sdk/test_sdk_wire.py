@@ -118,6 +118,8 @@ def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
         tracebacks_omitted=2,
         tasks_omitted=3,
     )
+    for task in answer.tasks:  # the server sends every task's savings, zeros included
+        task.saved.SetInParent()
     assert wire.run_detail(decode.run_detail(answer)) == message_json(answer)
     listed = control_pb2.ListTasksResponse(
         tasks=answer.tasks, next_page_token="t", tracebacks_omitted=4

@@ -19,11 +19,13 @@ from typing import Any
 
 import grpc
 
-from awp.v1 import worker_pb2
+from awp.v1 import types_pb2, worker_pb2
 from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import task_state_name
 from awp_sdk.actions import ActionContext, output_struct
+from awp_sdk.replay import Replay
+from awp_worker._checkpoints import LeaseCheckpoints
 from awp_worker._completer import DROPPED, ResultFlusher
 from awp_worker._diagnostics import LogTail, collecting
 from awp_worker._errors import Kind, classify, describe, error_reason
@@ -103,6 +105,12 @@ class Attempts:
             "action": lease.action,
         }
         holding: list[HeldLease] = []
+        checkpoints = LeaseCheckpoints(
+            lease,
+            session.lease_call,
+            lambda reason: self._memo_lost(holding[0], reason),
+            fields,
+        )
         stream = StreamWriter(
             lease,
             session.append_stream,
@@ -126,15 +134,28 @@ class Attempts:
                 key: task_state_name(state) for key, state in lease.upstream_states.items()
             },
             stream=stream,
+            replay=Replay(checkpoints, asyncio.get_running_loop()),
         )
-        held = HeldLease(lease=lease, clock=clock, ctx=ctx, log_fields=fields, stream=stream)
+        held = HeldLease(
+            lease=lease,
+            clock=clock,
+            ctx=ctx,
+            log_fields=fields,
+            stream=stream,
+            checkpoints=checkpoints,
+        )
         holding.append(held)
         return held
 
     def _stream_lost(self, held: HeldLease, reason: str) -> None:
-        """An append was refused: the attempt stops as if its lease were revoked."""
+        """An append or a memo was refused (LEASE_LOST): the attempt stops as if its
+        lease were revoked."""
         if self._owner.leases.holds(held):
             revoke(self._owner, held, "lost")
+
+    def _memo_lost(self, held: HeldLease, reason: str) -> None:
+        self._owner.metrics.memos_refused.inc()
+        self._stream_lost(held, reason)
 
     async def _execute(self, held: HeldLease) -> None:
         bind(**held.log_fields)  # this task's context only: user log lines carry them too
@@ -164,6 +185,8 @@ class Attempts:
             held.timeout = None
             if held.stream is not None:
                 held.stream.close()
+            if held.checkpoints is not None:
+                held.checkpoints.close()
             metrics.execution_seconds.labels(kind).observe(time.monotonic() - started)
         if result is None:
             metrics.executions.labels(kind, "safety_deadline").inc()
@@ -255,6 +278,13 @@ class Attempts:
             # Revoked while the action ran: the server no longer wants this result.
             self._owner.metrics.completes.labels(DROPPED).inc()
             return
+        if held.ctx.replay is not None:
+            saved = held.ctx.replay.savings
+            result.replayed.CopyFrom(
+                types_pb2.MemoSavings(
+                    steps=saved.steps, tokens=saved.tokens, cost_usd=saved.cost_usd
+                )
+            )
         held.result = result
         held.phase = Phase.REPORTING
         self._flusher.submit(held)

@@ -27,6 +27,7 @@ from awp_sdk.actions import (
     ActionRegistry,
     PermanentError,
     RetryableError,
+    running,
 )
 from awp_worker._diagnostics import action_traceback, exception_type
 
@@ -180,17 +181,18 @@ class PythonExecutor:
                 f"unknown action {ctx.action!r} for executor kind 'python' "
                 f"(registered here: {known})"
             )
-        if registered.is_async:
-            return await registered.fn(ctx, input)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._max_threads, thread_name_prefix="awp-action")
-        loop = asyncio.get_running_loop()
-        # The thread sees the task's context variables (log fields among them).
-        context = contextvars.copy_context()
-        result = await loop.run_in_executor(self._pool, context.run, registered.fn, ctx, input)
-        if inspect.isawaitable(result):  # a sync wrapper that returned a coroutine
-            result = await result
-        return result
+        with running(ctx):  # decorated steps find their context
+            if registered.is_async:
+                return await registered.fn(ctx, input)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._max_threads, thread_name_prefix="awp-action")
+            loop = asyncio.get_running_loop()
+            # The thread sees the task's context variables (log fields among them).
+            context = contextvars.copy_context()
+            result = await loop.run_in_executor(self._pool, context.run, registered.fn, ctx, input)
+            if inspect.isawaitable(result):  # a sync wrapper that returned a coroutine
+                result = await result
+            return result
 
     def close(self) -> None:
         if self._pool is not None:

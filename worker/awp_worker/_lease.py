@@ -20,6 +20,7 @@ from google.protobuf import duration_pb2
 from awp.v1 import worker_pb2
 from awp_protocol.limits import MAX_WORKER_CONCURRENCY
 from awp_sdk.actions import ActionContext
+from awp_worker._checkpoints import LeaseCheckpoints
 from awp_worker._stream import StreamWriter
 
 
@@ -108,6 +109,8 @@ class HeldLease:
     result: worker_pb2.TaskResult | None = None
     # The attempt's output stream (ctx.stream), once the attempt runs.
     stream: StreamWriter | None = None
+    # The attempt's checkpoints on the wire (ctx.replay's store).
+    checkpoints: LeaseCheckpoints | None = None
     # Why the runtime cancelled the executor ("revoked", "shutdown", ...); None: it did not.
     cancel_reason: str | None = None
 

@@ -55,6 +55,11 @@ class Metrics:
             "awp_worker_safety_deadline_cancellations",
             "Executions cancelled because their local safety deadline passed", registry=r,
         )  # fmt: skip
+        self.memos_refused = Counter(
+            "awp_worker_memos_refused",
+            "Checkpoint calls refused LEASE_LOST (the attempt stopped)",
+            registry=r,
+        )
         self.heartbeats = Counter("awp_worker_heartbeats", "Heartbeat requests sent", registry=r)
         self.heartbeat_reconnects = Counter(
             "awp_worker_heartbeat_reconnects", "Heartbeat stream reconnects", registry=r

@@ -264,6 +264,12 @@ class Session:
             raise
         return response
 
+    async def lease_call(self, method: str, request: Any) -> Any:
+        """One call acting on a lease (LoadCheckpoints, RecordStep, Await), the session
+        filled in; raises the call's RpcError (the caller retries)."""
+        request.session.CopyFrom(self.token)
+        return await self._call(method, request, self._config.rpc_timeout)
+
     def heartbeat(self) -> tuple[int, HeartbeatCall]:
         """Open one heartbeat stream; its route, for ``failed``, and the call."""
         route, stub = self.route()

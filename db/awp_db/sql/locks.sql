@@ -150,3 +150,17 @@ SELECT set_config('idle_in_transaction_session_timeout', $3::int::text, true) AS
   FROM coordinator_leader
  WHERE holder = $1 AND epoch = $2
    FOR KEY SHARE
+
+-- name: lease_for_memo
+-- A step memo's writer (awp_db.checkpoints.record_step): its dispatch locked, holding
+-- no other row (as an output stream's append): the reaper, renewals and settlement need
+-- this lock too, so the lease cannot end while the memo is judged and stored, and every
+-- memo an attempt stored is committed before the attempt ends. With the attempt it is,
+-- its task, and the live clock read after the lock.
+SELECT locked.*, clock_timestamp() AS now
+  FROM (SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash,
+               d.lease_expires_at, d.attempt_deadline, a.fencing_token, a.attempt
+          FROM dispatches d
+          JOIN attempts a ON a.dispatch_id = d.id
+         WHERE d.id = $1
+           FOR NO KEY UPDATE OF d) AS locked

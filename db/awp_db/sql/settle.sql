@@ -12,6 +12,7 @@
 -- succeeded: a later attempt's success clears an earlier one's error, which stays on that
 -- attempt (clients show a task's error as its last attempt's). A task sent back to `ready` was handed back
 -- free of charge (awp_kernel.retry.decide_hand_back): it counts one more free hand-back.
+-- What the attempt replayed from step memos (:saved_*) adds to its task's savings.
 -- Runs and dispatches are locked by the caller, so no other writer touches these
 -- attempts and tasks meanwhile.
 -- Returns each task, as awp_db.dynamic.Finished, and whether its run may have finished:
@@ -23,9 +24,11 @@ WITH e AS (
       FROM unnest(:dispatch_ids::bigint[], :dispatch_states::text[], :result_hashes::bytea[],
                   :attempt_states::text[], :outputs::text[], :errors::text[], :task_ids::bigint[],
                   :task_states::text[], :retry_in_ms::bigint[], :tracebacks::text[],
-                  :log_tails::text[])
+                  :log_tails::text[], :saved_steps::int[], :saved_tokens::bigint[],
+                  :saved_cost_usd::float8[])
            AS e (dispatch_id, dispatch_state, result_hash, attempt_state, output, error,
-                 task_id, task_state, retry_in_ms, traceback, log_tail)
+                 task_id, task_state, retry_in_ms, traceback, log_tail, saved_steps,
+                 saved_tokens, saved_cost_usd)
 ), ended_dispatches AS (
     UPDATE dispatches d
        SET state = e.dispatch_state, result_hash = e.result_hash, finished_at = clock_timestamp()
@@ -49,6 +52,9 @@ WITH e AS (
                            THEN clock_timestamp() + e.retry_in_ms * interval '1 millisecond' END,
            finished_at = CASE WHEN e.task_state IN ('succeeded', 'failed') THEN clock_timestamp() END,
            hand_backs = t.hand_backs + (e.task_state = 'ready')::int,
+           saved_steps = t.saved_steps + e.saved_steps,
+           saved_tokens = t.saved_tokens + e.saved_tokens,
+           saved_cost_usd = t.saved_cost_usd + e.saved_cost_usd,
            ready_at = CASE WHEN e.task_state = 'ready' THEN clock_timestamp() ELSE t.ready_at END
       FROM e
      WHERE t.id = e.task_id AND t.state = 'running'

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
+from kit.invariants.checkpoints import checkpoint_problems
 from kit.invariants.common import Db
 from kit.invariants.schedules import schedule_problems
 from kit.invariants.streams import stream_problems
@@ -29,6 +30,7 @@ async def committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[st
     problems.extend(await _maps_agree_with_elements(conn))
     problems.extend(await _leased_to_gone_workers(conn))
     problems.extend(await stream_problems(conn))
+    problems.extend(await checkpoint_problems(conn))
     problems.extend(await schedule_problems(conn))
     for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
         problems.extend(await _event_log(conn, run["id"]))
