@@ -31,6 +31,9 @@ Scenarios:
   worker: CancelRun call -> the action's cancellation observed (the worker's "execution
   cancelled" line), p50 and p99, and the share of revocations the server pushed
   (bench/cancel_latency.py);
+* ``replay``: 20 runs of one task of 100 memoised steps (``ctx.step``) that fails after
+  them on attempt 1: attempt 1 (every step run, its memo stored) and attempt 2 (every
+  memo loaded and replayed) timed, p50 and p99 (bench/replay_bench.py);
 * ``recovery``: worker A holds 8 leases of tasks sleeping 20 s (longer than the 15 s
   lease TTL), worker B is idle; A is killed with SIGKILL. Figures: seconds from the kill
   until all 8 tasks run again as attempt 2 (on B), and until the run succeeds. The

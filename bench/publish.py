@@ -184,6 +184,7 @@ def performance_block(results: list[Entry]) -> list[str]:
               f"{cancel['pushed_share']['median']:.0%}"]],
         )  # fmt: skip
     lines += _streams(results)
+    lines += _replay(results)
     lines += _cost_model(results)
     return lines
 
@@ -211,6 +212,30 @@ def _streams(results: list[Entry]) -> list[str]:
           _figure(streams, "stream_xacts_per_chunk", 3),
           _figure(streams, "stream_wal_bytes_per_chunk", 0),
           "yes" if streams["stream_every_reader_whole"]["median"] == 1 else "no"]],
+    )  # fmt: skip
+    return lines
+
+
+def _replay(results: list[Entry]) -> list[str]:
+    replay = _find(results, "replay")
+    if not replay:
+        return []
+    steps = int(replay["replay_steps"]["median"])
+    lines = [
+        "",
+        f"Step checkpoints (bench/replay_bench.py; the contract: [design.md](design.md) \u00a716),"
+        f" measured {replay.get('measured_at', 'on a date not recorded')} ({_load([replay])}):"
+        f" {replay['runs']} runs one after another of a task of {steps} memoised steps that"
+        " fails after them on attempt 1 and succeeds on attempt 2, one worker; an attempt's"
+        " started -> finished on the database clock:",
+        "",
+    ]
+    lines += _table(
+        ["attempt", "p50 ms", "p99 ms"],
+        [[f"1: runs the {steps} steps, one fenced RecordStep each",
+          _figure(replay, "first_run_ms_p50", 0), _figure(replay, "first_run_ms_p99", 0)],
+         [f"2: loads the {steps} memos and replays them (no step runs)",
+          _figure(replay, "replay_ms_p50", 1), _figure(replay, "replay_ms_p99", 1)]],
     )  # fmt: skip
     return lines
 

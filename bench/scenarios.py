@@ -24,6 +24,7 @@ from cluster import Cluster, Window
 from cost_model import COST_MODEL, concurrent_runs, payload, run_size
 from idle_sessions import idle_sessions
 from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, percentile, wait_for
+from replay_bench import replay
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.connect import connect
@@ -36,6 +37,7 @@ SCENARIOS = (
     "recovery",
     "cancel_latency",
     "streams",
+    "replay",
     *COST_MODEL,
     "idle_sessions",
 )
@@ -92,6 +94,7 @@ class Sizes:
     concurrent_tasks: int = 10
     payload_pairs: int = 500
     idle_sessions: tuple[int, ...] = (100, 1000, 5000)
+    replay_runs: int = 20
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -107,6 +110,7 @@ class Sizes:
             concurrent_runs=100,
             payload_pairs=50,
             idle_sessions=(50, 300),
+            replay_runs=5,
         )
 
 
@@ -260,6 +264,8 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
         elif name == "streams":
             # 13 workers of 8 slots: room for the 100 streams at once.
             chosen.append(Case(name, 13, 1, stream_bench.STREAMS, once=True))
+        elif name == "replay":
+            chosen.append(Case(name, 1, 1, sizes.replay_runs))
         elif name == "recovery":
             # One worker holds the leases and is killed; a second one starts to take over.
             chosen.append(Case(name, 2, WORKER_CONCURRENCY))
@@ -344,6 +350,8 @@ async def run_case(
             figures = await cancel_latency(cluster, window, case.runs)
         elif case.name == "streams":
             figures = await stream_bench.stream_latency(cluster, window, case.runs)
+        elif case.name == "replay":
+            figures = await replay(cluster, window, case.runs)
         elif case.name == "run_size":
             figures = await run_size(cluster, window, case.tasks)
         elif case.name == "concurrent_runs":

@@ -185,14 +185,21 @@ class Replay:
                 "a sync durable call from an async action would block the event loop: await it"
             )
 
-        async def run() -> T:
-            return await awaitable
+        async def run() -> T | ActionCancelled:
+            try:
+                return await awaitable
+            except ActionCancelled as exc:
+                # Handed to the thread as it is: raised in the loop, a CancelledError
+                # would only cancel the future, its message lost.
+                return exc
 
         try:
-            return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+            result = asyncio.run_coroutine_threadsafe(run(), self._loop).result()
         except concurrent.futures.CancelledError:
-            # The attempt ended under the call (its lease is gone): stop the action.
             raise ActionCancelled("the attempt ended during a durable call") from None
+        if isinstance(result, ActionCancelled):
+            raise result
+        return result
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

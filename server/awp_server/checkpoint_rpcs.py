@@ -5,6 +5,7 @@ the storage are awp_db.checkpoints'.
 
 from __future__ import annotations
 
+import logging
 from typing import Final
 
 from awp.v1 import types_pb2, worker_pb2
@@ -23,6 +24,8 @@ CHECKPOINT_KINDS_MAP: Final = convert.enum_map(
     types_pb2.CheckpointKind, "CHECKPOINT_KIND_", CHECKPOINT_KINDS
 )
 _PAGE_TOKEN: Final = "checkpoints"
+
+log = logging.getLogger("awp.server.checkpoints")
 
 
 def checkpoint_message(stored: checkpoints.StoredCheckpoint) -> worker_pb2.Checkpoint:
@@ -102,4 +105,14 @@ async def record_step(
             conn, session.worker_id, request.dispatch_id, request.lease_token, memo
         )
     metrics.MEMO_WRITES.labels(verdict.value).inc()
+    if verdict is ResultVerdict.LEASE_LOST:
+        log.info(
+            "step memo refused: lease lost",
+            extra={
+                "worker_id": worker_id,
+                "dispatch_id": request.dispatch_id,
+                "step": request.name,
+                "occurrence": request.occurrence,
+            },
+        )
     return verdict

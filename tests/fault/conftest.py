@@ -87,6 +87,19 @@ async def slow_heartbeat(
 
 
 @pytest.fixture
+async def patient_sessions(
+    request: pytest.FixtureRequest, tmp_path: Path, database_dsn: str
+) -> AsyncIterator[Cluster]:
+    """As `cluster`, with sessions marked offline only after 60 s of silence: a worker
+    frozen for longer than its leases (which still expire after 2 s) keeps its session,
+    so what it sends once thawed is judged by the lease rule alone."""
+    timings = replace(Timings(), offline_after_s=60.0)
+    cluster = Cluster(tmp_path / "cluster", database_dsn, timings=timings)
+    async with _running(request, cluster) as running:
+        yield running
+
+
+@pytest.fixture
 def own_postgres() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of this test's own, for scenarios that stop it (others are untouched).
 

@@ -77,10 +77,9 @@ async def one_task_running_on_one_of_two(
     await cluster.start_coordinator()
     w1 = await cluster.start_worker("w1", concurrency=1)
     w2 = await cluster.start_worker("w2", concurrency=1)
-    run_id = await workload.start(
-        cluster.control(),
-        workload.definition(workflow, [workload.Task(key, input={"sleep_ms": sleep_ms})]),
-    )
+    # Checkpointed: the sleep is three memoised steps (MockExecutor's `steps`).
+    task = workload.Task(key, input={"sleep_ms": sleep_ms, "steps": 3})
+    run_id = await workload.start(cluster.control(), workload.definition(workflow, [task]))
     first = await wait_attempt(cluster, run_id, key, 1, "running")
     holder = cluster.worker_of(first["worker_id"])
     return run_id, holder, w2 if holder is w1 else w1
@@ -105,6 +104,14 @@ async def test_killed_workers_task_runs_again_on_the_other(cluster: Cluster) -> 
     assert second["worker_id"] == survivor.worker_id
     first = await wait_attempt(cluster, run_id, "slow", 1)
     assert first["state"] == "interrupted"
+    # Each step's memo stored once; attempt 2 replayed (and counted as saved) exactly
+    # those attempt 1 stored before the kill.
+    memos = await cluster.fetch(
+        "SELECT occurrence, attempt FROM checkpoints WHERE run_id = $1 ORDER BY 1", run_id
+    )
+    assert [row["occurrence"] for row in memos] == [0, 1, 2]
+    saved = await cluster.fetchval("SELECT saved_steps FROM tasks WHERE run_id = $1", run_id)
+    assert saved == sum(row["attempt"] == 1 for row in memos)
     await cluster.check_invariants({run_id: Expect()})
 
 
@@ -221,12 +228,16 @@ async def test_chaos_random_worker_kills(cluster: Cluster) -> None:
     await cluster.start_coordinator()
     live = [await cluster.start_worker(f"chaos-{i:02d}", concurrency=6) for i in range(3)]
     # 10 layers of 30, each task waiting on two of the layer above: ~20 s of work for
-    # 18 slots. Attempts are generous: a task may be caught by several kills in a row,
+    # 18 slots, each task's sleep in two memoised steps (a killed task's retry replays).
+    # Attempts are generous: a task may be caught by several kills in a row,
     # and this test is about the platform's guarantees, not about exhausting retries.
     run_id = await workload.start(
         cluster.control(),
         workload.definition(
-            "chaos", workload.layers(10, 30, sleep_ms=600), max_attempts=20, timeout_ms=30_000
+            "chaos",
+            workload.layers(10, 30, sleep_ms=600, steps=2),
+            max_attempts=20,
+            timeout_ms=30_000,
         ),
     )
     started = time.monotonic()

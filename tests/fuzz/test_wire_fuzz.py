@@ -152,6 +152,12 @@ def _valid(method: str, world: dict[str, Any]) -> Message:
             lease_token="t",
             chunks=[worker_pb2.StreamChunkIn(text="fuzz")],
         ),
+        "LoadCheckpoints": worker_pb2.LoadCheckpointsRequest(
+            session=session, dispatch_id=1, lease_token="t"
+        ),
+        "RecordStep": worker_pb2.RecordStepRequest(
+            session=session, dispatch_id=1, lease_token="t", name="step", value_json="{}"
+        ),
         "CreateWorkflow": control_pb2.CreateWorkflowRequest(
             definition=types_pb2.WorkflowDefinition(
                 name="wf2",

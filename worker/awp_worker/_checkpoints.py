@@ -2,14 +2,13 @@
 over LoadCheckpoints and RecordStep (DESIGN.md §16).
 
 Both are fenced by the server exactly as Complete is. Transient failures are retried
-(a resent RecordStep is answered DUPLICATE), for as long as the attempt lives: its
-safety deadline or revocation cancels the executor, and ``close`` then cancels the
-calls still in flight (a sync action waiting on one gets ``ActionCancelled``). A sync
-action's thread outlives its cancelled attempt until it returns to the SDK: a call it
-makes then is still sent, once, and judged by the server, which is the one judge of
-the lease (no retry). A LEASE_LOST answer stops the attempt as a refused AppendStream
-does (``on_lost``), and the action sees ``ActionCancelled``: a stale attempt stores no
-memo.
+(a resent RecordStep is answered DUPLICATE) while the attempt lives; an async action's
+call ends with its cancelled attempt. A sync action's thread outlives its cancelled
+attempt until it returns to the SDK: a call it makes then (``close`` was called) is sent
+but not resent, and judged by the server, the one judge of the lease. A LEASE_LOST
+answer (or a session the server no longer knows) stops the attempt as a refused
+AppendStream does (``on_lost``), and the action sees ``ActionCancelled``: a stale
+attempt stores no memo.
 """
 
 from __future__ import annotations
@@ -26,8 +25,9 @@ from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import parse_value
 from awp_sdk.actions import ActionCancelled, PermanentError
 from awp_sdk.replay import KINDS, Checkpoint, Kind, Usage
+from awp_worker import _errors
 from awp_worker._backoff import Backoff
-from awp_worker._errors import describe, error_reason, is_transient
+from awp_worker._errors import classify, describe, error_reason
 
 log = logging.getLogger("awp_worker.checkpoints")
 
@@ -77,7 +77,6 @@ class LeaseCheckpoints:
         self._fields = log_fields
         self._lost: str | None = None
         self._closed = False
-        self._calls: set[asyncio.Task[Any]] = set()
 
     async def load(self) -> Sequence[Checkpoint]:
         found: list[Checkpoint] = []
@@ -122,27 +121,15 @@ class LeaseCheckpoints:
         raise CheckpointsLost(f"step {name!r} of attempt {self._lease.attempt}: lease lost")
 
     def close(self) -> None:
-        """The attempt is over: calls still in flight end (their waiters see
-        ``ActionCancelled``)."""
+        """The attempt is over: a call in flight or made later is not resent."""
         self._closed = True
-        for task in list(self._calls):
-            task.cancel()
 
     # --- internals ----------------------------------------------------------------
 
     async def _send(self, method: str, request: Any) -> Any:
         if self._lost is not None:
             raise CheckpointsLost(self._lost)
-        task = asyncio.ensure_future(self._retrying(method, request))
-        self._calls.add(task)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if task.cancelled() and not _cancelling():
-                raise CheckpointsLost(f"{method}: the attempt ended") from None
-            raise
-        finally:
-            self._calls.discard(task)
+        return await self._retrying(method, request)
 
     async def _retrying(self, method: str, request: Any) -> Any:
         backoff = Backoff(0.05, 2.0)
@@ -150,15 +137,22 @@ class LeaseCheckpoints:
             try:
                 return await self._call(method, request)
             except grpc.RpcError as exc:
-                if error_reason(exc) == Reason.LEASE_LOST:
-                    self._lose(f"{method}: lease lost")
-                    raise CheckpointsLost(f"{method}: lease lost") from None
-                if error_reason(exc) == Reason.MEMO_LIMIT:
-                    # Past a limit of the task's memos: every retry would be too.
-                    raise PermanentError(exc.details() or "MEMO_LIMIT") from None
-                if not is_transient(exc):
-                    raise
+                kind = classify(exc)
+                if error_reason(exc) == Reason.LEASE_LOST or kind is _errors.Kind.PERMANENT:
+                    # The lease, or the whole session, is gone: stop, report nothing.
+                    self._lose(f"{method}: {describe(exc)}")
+                    raise CheckpointsLost(f"{method}: {describe(exc)}") from None
+                if kind is _errors.Kind.REJECTED:
+                    # Past a memo limit, or a memo the server refuses as sent: every
+                    # retry would be too.
+                    raise PermanentError(f"{method} refused: {describe(exc)}") from None
                 if self._closed:
+                    log.info(
+                        "%s failed (%s) after the attempt ended: not resent",
+                        method,
+                        describe(exc),
+                        extra=self._fields,
+                    )
                     raise CheckpointsLost(f"{method}: the attempt ended") from None
                 log.info("%s failed (%s); resending", method, describe(exc), extra=self._fields)
                 await asyncio.sleep(backoff.next())
@@ -168,8 +162,3 @@ class LeaseCheckpoints:
             self._lost = reason
             log.warning("checkpoints refused: %s", reason, extra=self._fields)
             self._on_lost(reason)
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

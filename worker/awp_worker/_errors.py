@@ -63,8 +63,9 @@ def classify(exc: Exception) -> Kind:
     # wrong cluster worker token (TOKEN_INVALID); neither heals by retrying.
     if reason in PERMANENT_REASONS or code == grpc.StatusCode.UNAUTHENTICATED:
         return Kind.PERMANENT
-    if reason == Reason.STREAM_LIMIT:
-        return Kind.REJECTED  # the same append is refused again (the attempt's bytes)
+    if reason in (Reason.STREAM_LIMIT, Reason.MEMO_LIMIT):
+        # The same append or memo is refused again (the attempt's bytes, the task's memos).
+        return Kind.REJECTED
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _oversized(exc):
         # gRPC refused the message's size (ours to the server, or its answer to us):
         # sending the same request again can only fail the same way.

@@ -109,7 +109,10 @@ class MockExecutor:
     chunks ``"<attempt>:<i> "`` to the output stream, one every ``stream_every_ms`` (on a
     fixed schedule), each padded to ``stream_chunk_bytes``; ``stream_stamp: true`` puts the
     wall-clock time of the write in each, ``"<attempt>:<i>@<epoch seconds> "`` (the stream
-    tests and benchmark).
+    tests and benchmark); ``steps: N`` spends the sleep in N memoised steps
+    (``ctx.step("mock.nap")``, sleep_ms / N each): a later attempt replays the naps an
+    earlier one finished and sleeps only the rest (the fault workloads, the replay
+    benchmark).
     """
 
     async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
@@ -124,7 +127,10 @@ class MockExecutor:
             if every_s > 0:
                 await asyncio.sleep(max(0.0, began + (index + 1) * every_s - loop.time()))
         sleep_ms = _number(input, "sleep_ms")
-        if sleep_ms > 0:
+        steps = int(_number(input, "steps"))
+        for _ in range(steps):
+            await ctx.step("mock.nap", _nap, sleep_ms / steps / 1000)
+        if sleep_ms > 0 and not steps:
             await asyncio.sleep(sleep_ms / 1000)
         fail = input.get("fail")
         if fail is not None and fail is not False:
@@ -149,6 +155,11 @@ class MockExecutor:
             # cannot compress it away (payload figures would flatter AWP).
             output["padding"] = random.Random(padding).randbytes(padding // 2 + 1).hex()[:padding]
         return output
+
+
+async def _nap(seconds: float) -> float:
+    await asyncio.sleep(seconds)
+    return seconds
 
 
 def _number(input: dict[str, Any], name: str) -> float:
