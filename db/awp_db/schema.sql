@@ -4,6 +4,22 @@
 -- is a constraint, so a bug cannot commit a bad state. The COMMENT ON statements say
 -- why the rest exists; the lock order is stated in db/awp_db/locks.py.
 
+CREATE FUNCTION public.clear_task_wait() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.wait_kind := NULL;
+    NEW.wait_name := NULL;
+    NEW.wait_occurrence := NULL;
+    NEW.wait_prompt := NULL;
+    NEW.wait_role := NULL;
+    NEW.wait_since := NULL;
+    NEW.wait_due_at := NULL;
+    NEW.wait_attempt := NULL;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION public.heartbeat_silence_from() RETURNS timestamp with time zone
     LANGUAGE plpgsql
     AS $$
@@ -739,6 +755,10 @@ COMMENT ON INDEX public.workers_live IS 'The coordinator finds silent live sessi
 CREATE TRIGGER dispatches_lease_revoked AFTER UPDATE OF state ON public.dispatches FOR EACH ROW WHEN (((old.state = 'leased'::text) AND (new.state = ANY (ARRAY['canceled'::text, 'expired'::text])))) EXECUTE FUNCTION public.notify_lease_revoked();
 
 COMMENT ON TRIGGER dispatches_lease_revoked ON public.dispatches IS 'A lease ended by anyone but its holder''s result: the server holding the holder''s heartbeat stream answers REVOKED at once.';
+
+CREATE TRIGGER tasks_wait_cleared BEFORE UPDATE OF state ON public.tasks FOR EACH ROW WHEN (((old.state = 'waiting'::text) AND (new.state <> 'waiting'::text))) EXECUTE FUNCTION public.clear_task_wait();
+
+COMMENT ON TRIGGER tasks_wait_cleared ON public.tasks IS 'A task leaving WAITING forgets what it waited for (docs/design.md §16).';
 
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_dispatch_id_fkey FOREIGN KEY (dispatch_id) REFERENCES public.dispatches(id) ON DELETE CASCADE;
