@@ -87,6 +87,7 @@ from awp_sdk.records import (
 from awp_sdk.steps import step
 from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
+from awp_sdk.waits import Decision, WaitTimedOut
 from awp_sdk.workflow import Map, Retry, Task, TaskFunction, TaskOptions, Workflow
 
 __all__ = [
@@ -103,6 +104,7 @@ __all__ = [
     "Conflict",
     "Connection",
     "DeadlineExceeded",
+    "Decision",
     "DefinitionConflict",
     "DefinitionInvalid",
     "DispatchCount",
@@ -153,6 +155,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UnknownEnumValue",
+    "WaitTimedOut",
     "WaitTimeout",
     "Worker",
     "WorkerDraining",

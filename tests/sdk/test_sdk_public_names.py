@@ -20,7 +20,8 @@ from awp_sdk import records
 ALL = (
     "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptBoundary "
     "AttemptState "
-    "AwpError Client Conflict Connection DeadlineExceeded DefinitionConflict DefinitionInvalid "
+    "AwpError Client Conflict Connection DeadlineExceeded Decision DefinitionConflict "
+    "DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
     "InvalidArgument LeaseLost Map NotFound OutputStream OutputsOmitted Page PermanentError "
     "PermissionDenied ProtocolUnsupported Pruned RequestIdConflict Retry RetryableError Run "
@@ -28,7 +29,8 @@ ALL = (
     "StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem StreamLimit Task "
     "TaskCount TaskError TaskFunction "
     "TaskOptions TaskPage TaskState TaskStatus Unauthenticated Unavailable UnknownEnumValue "
-    "WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound action step"
+    "WaitTimedOut WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound "
+    "action step"
 )
 
 MODULES = {
@@ -68,6 +70,8 @@ MODULES = {
     "awp_sdk.wire": "applied attempts backfilled event pruned run run_detail runs "
     "schedule schedule_deleted schedules started stats tasks triggered workers workflow "
     "workflows",
+    "awp_sdk.waits": "Decision Duration WaitSpec WaitSuspended WaitTimedOut duration_ms "
+    "sleep wait_for_approval wait_for_signal",
     "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow check_options",
 }
 
