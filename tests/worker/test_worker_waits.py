@@ -15,12 +15,14 @@ from test_worker_integration import run_state, server, start_worker, worker_conf
 from awp_coordinator.coordinator import Coordinator
 from awp_db import waits
 from awp_db.connect import Pool
+from awp_protocol.results import Replayed
 from awp_sdk.actions import ActionRegistry
 from awp_sdk.waits import Decision, WaitTimedOut
 from awp_worker import ActionContext
 from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK
 from kit import ServerHandle, poll_until, spec, start_run
+from kit.db import register
 from kit.invariants import check_committed
 
 __all__ = ["server"]  # a fixture
@@ -142,3 +144,41 @@ async def test_a_timeout_raises_inside_the_action_and_an_approval_returns_its_de
     # Three suspensions (the timeout, the sleep, the approval), then the attempt that ended.
     assert await pool.fetchval("SELECT suspensions FROM tasks WHERE run_id = $1", run_id) == 3
     await check_committed(pool, finished=True)
+
+
+async def test_1000_waiting_tasks_hold_no_lease_and_no_slot_while_a_1_slot_worker_serves_others(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    # 1,000 tasks suspended at a wait (through the storage layer, for speed: the
+    # suspension is the same transaction an Await makes).
+    waiting_run = await start_run(pool, spec("waiting", tasks=1000))
+    holder = await register(pool, max_concurrency=1000, name="suspender")
+    leases = await holder.dispatch_and_claim(1000)
+    assert len(leases) == 1000
+    async with pool.acquire() as conn:
+        for lease in leases:
+            awaited = await waits.await_wait(
+                conn,
+                holder.worker_id,
+                lease.dispatch_id,
+                lease.lease_token,
+                waits.Wait("signal", "go", 0, None),
+                Replayed(),
+            )
+            assert awaited.outcome is waits.AwaitOutcome.SUSPENDED
+    await waiting(pool, waiting_run, 1000)
+    assert (await check_committed(pool))["leased"] == 0
+    # A 1-slot worker runs another run's tasks to the end meanwhile.
+    other = await start_run(pool, spec("other", tasks=5, task_input={"sleep_ms": 10}))
+    worker = start_worker(worker_config(server, concurrency=1))
+    assert await run_state(pool, other, "succeeded", "failed") == "succeeded"
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM dispatches d JOIN tasks t ON t.id = d.task_id"
+            " WHERE t.run_id = $1 AND d.state IN ('pending', 'leased')",
+            waiting_run,
+        )
+        == 0
+    )
+    assert await worker.stop() == EXIT_OK
+    await check_committed(pool)
