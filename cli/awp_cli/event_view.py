@@ -10,7 +10,7 @@ from awp_cli.render import styled
 from awp_common.durations import format_duration
 from awp_sdk.enums import EventType
 from awp_sdk.records import Event
-from awp_sdk.waits import decision_of
+from awp_sdk.resumes import decision_of
 
 # The events that show a run's progress; attempt detail is left to `awp run watch`.
 PROGRESS_EVENTS: Final = frozenset(

@@ -13,7 +13,7 @@ from awp_cli.render import counts_text, local_time, seconds_between, styled, too
 from awp_cli.render_tasks import attempts_table, elements_of, error_text, tasks_table
 from awp_cli.render_waits import durable_view
 from awp_sdk.enums import TaskState
-from awp_sdk.records import Decision, Run, RunDetail
+from awp_sdk.records import Run, RunDecision, RunDetail
 
 
 def task_counts(run: Run) -> dict[str, int]:
@@ -110,7 +110,7 @@ def omissions_view(detail: RunDetail) -> list[RenderableType]:
     return [Text(note, style="yellow") for note in notes]
 
 
-def run_view(detail: RunDetail, decisions: Sequence[Decision] = ()) -> RenderableType:
+def run_view(detail: RunDetail, decisions: Sequence[RunDecision] = ()) -> RenderableType:
     run = detail.run
     parts: list[RenderableType] = [
         run_header(run),

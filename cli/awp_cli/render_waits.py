@@ -11,7 +11,7 @@ from rich.text import Text
 
 from awp_cli.render import ago, local_time
 from awp_sdk.enums import CheckpointKind
-from awp_sdk.records import Decision, MemoSavings, RunDetail, TaskStatus, TaskWait
+from awp_sdk.records import MemoSavings, RunDecision, RunDetail, TaskStatus, TaskWait
 
 
 def wait_text(wait: TaskWait) -> str:
@@ -64,7 +64,7 @@ def savings_text(saved: MemoSavings) -> str:
     return ", ".join(parts) + " not run again"
 
 
-def decision_line(decision: Decision) -> Text:
+def decision_line(decision: RunDecision) -> Text:
     """'review  approved by ada at 2025-01-01 10:00:00, resuming attempt 2: "looks good"'."""
     verdict = ("approved", "green") if decision.approved else ("rejected", "bold red")
     text = Text.assemble(
@@ -79,7 +79,7 @@ def decision_line(decision: Decision) -> Text:
     return text
 
 
-def durable_view(detail: RunDetail, decisions: Sequence[Decision] = ()) -> list[RenderableType]:
+def durable_view(detail: RunDetail, decisions: Sequence[RunDecision] = ()) -> list[RenderableType]:
     """The run's waiting tasks, the decisions made on its approvals (the audit trail),
     and the savings of its tasks' memos (with the run's sum)."""
     parts: list[RenderableType] = []

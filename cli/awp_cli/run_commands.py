@@ -26,7 +26,7 @@ from awp_protocol.jsonvalue import canonical_json
 from awp_sdk import wire
 from awp_sdk.client import AsyncClient
 from awp_sdk.records import Attempt, Event, Pruned, Run, RunDetail, TaskStatus
-from awp_sdk.waits import asked_for_decision
+from awp_sdk.resumes import asked_for_decision
 
 
 async def run_start(client: AsyncClient, args: argparse.Namespace) -> Exit:

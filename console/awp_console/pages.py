@@ -30,8 +30,8 @@ from awp_sdk.records import (
     TaskStatus,
     TaskWait,
 )
+from awp_sdk.resumes import asked_for_decision
 from awp_sdk.schedules import Schedules
-from awp_sdk.waits import asked_for_decision
 
 RUNS_PAGE: Final = 25
 # The overview measures re-dispatch times over the newest runs of at most this many tasks

@@ -510,6 +510,8 @@ COMMENT ON COLUMN public.tasks.on_failure IS 'What the task''s permanent failure
 
 COMMENT ON COLUMN public.tasks.always IS 'Runs once every other task is terminal (not on cancel); never in another task''s dependents.';
 
+COMMENT ON COLUMN public.tasks.suspensions IS 'Attempts that ended SUSPENDED at a wait, free of charge; attempts - hand_backs - suspensions <= max_attempts.';
+
 CREATE SEQUENCE public.tasks_id_seq
     START WITH 1
     INCREMENT BY 1
@@ -643,7 +645,7 @@ ALTER TABLE ONLY public.stream_chunks
     ADD CONSTRAINT stream_chunks_pkey PRIMARY KEY (dispatch_id, chunk_offset);
 
 ALTER TABLE public.tasks
-    ADD CONSTRAINT tasks_charged_attempts CHECK (((attempts - hand_backs) <= max_attempts)) NOT VALID;
+    ADD CONSTRAINT tasks_charged_attempts CHECK ((((attempts - hand_backs) - suspensions) <= max_attempts)) NOT VALID;
 
 ALTER TABLE public.tasks
     ADD CONSTRAINT tasks_hand_backs_check CHECK ((hand_backs >= 0)) NOT VALID;
@@ -656,6 +658,9 @@ ALTER TABLE ONLY public.tasks
 
 ALTER TABLE ONLY public.tasks
     ADD CONSTRAINT tasks_run_id_key_key UNIQUE (run_id, key);
+
+ALTER TABLE public.tasks
+    ADD CONSTRAINT tasks_suspensions_made CHECK (((hand_backs + suspensions) <= attempts)) NOT VALID;
 
 ALTER TABLE ONLY public.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (id);

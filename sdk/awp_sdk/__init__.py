@@ -71,7 +71,6 @@ from awp_sdk.records import (
     Applied,
     Attempt,
     Decided,
-    Decision,
     DispatchCount,
     Event,
     Identity,
@@ -79,6 +78,7 @@ from awp_sdk.records import (
     Page,
     Pruned,
     Run,
+    RunDecision,
     RunDetail,
     SignalSent,
     Stats,
@@ -97,6 +97,7 @@ from awp_sdk.records import (
 from awp_sdk.steps import step
 from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
+from awp_sdk.waits import Decision, WaitTimedOut
 from awp_sdk.workflow import Map, Retry, Task, TaskFunction, TaskOptions, Workflow
 
 __all__ = [
@@ -144,6 +145,7 @@ __all__ = [
     "RetryableError",
     "Run",
     "RunCanceled",
+    "RunDecision",
     "RunDetail",
     "RunFailed",
     "RunFinished",
@@ -173,6 +175,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UnknownEnumValue",
+    "WaitTimedOut",
     "WaitTimeout",
     "Worker",
     "WorkerDraining",

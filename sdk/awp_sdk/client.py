@@ -26,7 +26,7 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_common.durations import parse_duration
 from awp_protocol.jsonvalue import JsonInvalid, parse_object, to_struct
 from awp_protocol.limits import MAX_PAGE_SIZE
-from awp_sdk import decode, definitions, waits
+from awp_sdk import decode, definitions, resumes
 from awp_sdk.connection import Channel, Connection
 from awp_sdk.enums import RunState, encode
 from awp_sdk.errors import json_refused
@@ -35,12 +35,12 @@ from awp_sdk.records import (
     Applied,
     Attempt,
     Decided,
-    Decision,
     Event,
     Identity,
     Page,
     Pruned,
     Run,
+    RunDecision,
     RunDetail,
     SignalSent,
     Stats,
@@ -400,23 +400,23 @@ class AsyncClient:
         """Sends the run a signal (any JSON value as payload): stored at once, consumed by
         the oldest task waiting for its name, else buffered until a wait reaches it. The
         same request_id again sends nothing (duplicate). RunFinished once the run ended."""
-        request = waits.signal_request(run_id, name, payload, request_id)
+        request = resumes.signal_request(run_id, name, payload, request_id)
         return decode.signal_sent(await self.call(self.control.SendSignal, request))
 
-    async def decisions(self, run_id: str, *, task_key: str | None = None) -> list[Decision]:
+    async def decisions(self, run_id: str, *, task_key: str | None = None) -> list[RunDecision]:
         """The decisions made on the run's approvals (or one task's), oldest first, as its
         events record them up to now: who decided, the comment, the attempt resumed."""
-        return await waits.decisions(self, run_id, task_key)
+        return await resumes.decisions(self, run_id, task_key)
 
     async def approve(self, run_id: str, task_key: str, comment: str = "") -> Decided:
         """Approves what the WAITING task asks (approver or admin role); NotWaiting when it
         waits for no approval."""
-        request = waits.decision(run_id, task_key, comment, approve=True)
+        request = resumes.decision(run_id, task_key, comment, approve=True)
         return decode.decided(await self.call(self.control.Approve, request))
 
     async def reject(self, run_id: str, task_key: str, comment: str = "") -> Decided:
         """Rejects what the WAITING task asks; see approve."""
-        request = waits.decision(run_id, task_key, comment, approve=False)
+        request = resumes.decision(run_id, task_key, comment, approve=False)
         return decode.decided(await self.call(self.control.Reject, request))
 
     # ------------------------------------------------------------ fleet

@@ -27,12 +27,12 @@ from awp_sdk.records import (
     Applied,
     Attempt,
     Decided,
-    Decision,
     Event,
     Identity,
     Page,
     Pruned,
     Run,
+    RunDecision,
     RunDetail,
     SignalSent,
     Stats,
@@ -299,7 +299,7 @@ class Client:
     ) -> SignalSent:
         return self._run(self._async.send_signal(run_id, name, payload, request_id=request_id))
 
-    def decisions(self, run_id: str, *, task_key: str | None = None) -> list[Decision]:
+    def decisions(self, run_id: str, *, task_key: str | None = None) -> list[RunDecision]:
         return self._run(self._async.decisions(run_id, task_key=task_key))
 
     def approve(self, run_id: str, task_key: str, comment: str = "") -> Decided:

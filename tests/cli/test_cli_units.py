@@ -24,7 +24,7 @@ from awp_cli.render_tasks import tasks_table
 from awp_sdk import decode
 from awp_sdk.enums import EventType, TaskState
 from awp_sdk.errors import START_HINT, UnknownEnumValue, from_rpc_error
-from awp_sdk.records import Decision, Event, Page
+from awp_sdk.records import Event, Page, RunDecision
 
 
 class Failed(grpc.aio.AioRpcError):
@@ -270,8 +270,8 @@ def test_run_get_shows_what_tasks_wait_for_and_what_memos_saved() -> None:
     # The decisions made (the audit trail), as the run's events record them.
     at = datetime(2025, 1, 1, tzinfo=UTC)
     decided = [
-        Decision("gate", True, "ada", "looks right", 2, at),
-        Decision("sign", False, "root", "", None, at),
+        RunDecision("gate", True, "ada", "looks right", 2, at),
+        RunDecision("sign", False, "root", "", None, at),
     ]
     console = Console(record=True, width=200)
     console.print(run_view(decode.run_detail(answer), decided))

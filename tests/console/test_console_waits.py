@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from awp_console import pages, web
 from awp_protocol.roles import Role
 from awp_sdk.enums import CheckpointKind, RunState, TaskState
-from awp_sdk.records import Decision, Identity, MemoSavings, Run, TaskStatus, TaskWait
+from awp_sdk.records import Identity, MemoSavings, Run, RunDecision, TaskStatus, TaskWait
 
 
 def _task(key: str, state: str) -> TaskStatus:
@@ -91,7 +91,7 @@ def test_the_task_panel_lists_the_decisions_made_with_who_and_the_comment() -> N
         "r", "w", 1, RunState.RUNNING, {}, "", 1, 9, None, None, None, started_by="admin"
     )  # fmt: skip
     at = datetime(2025, 1, 1, 0, 3, tzinfo=UTC)
-    decided = Decision("review", False, "ada", "<b>not yet</b>", 1, at)
+    decided = RunDecision("review", False, "ada", "<b>not yet</b>", 1, at)
     shown = (
         web.templates()
         .env.get_template("task.html")

@@ -19,8 +19,8 @@ from awp_sdk import records
 
 ALL = (
     "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptBoundary "
-    "AttemptState CheckpointKind Decided Decision MemoLimit MemoSavings NotWaiting RunFinished "
-    "SignalSent StoredWait TaskWait "
+    "AttemptState CheckpointKind Decided Decision MemoLimit MemoSavings NotWaiting RunDecision "
+    "RunFinished SignalSent StoredWait TaskWait "
     "AwpError Client Conflict Connection DeadlineExceeded DefinitionConflict DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
     "InvalidArgument LeaseLost Map NotFound OutputStream OutputsOmitted Page PermanentError "
@@ -29,7 +29,8 @@ ALL = (
     "StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem StreamLimit Task "
     "TaskCount TaskError TaskFunction "
     "TaskOptions TaskPage TaskState TaskStatus Unauthenticated Unavailable UnknownEnumValue "
-    "WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound action step"
+    "WaitTimedOut WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound "
+    "action step"
 )
 
 MODULES = {
@@ -56,7 +57,7 @@ MODULES = {
     "awp_sdk.handle": "AsyncRunHandle OUTPUT_FETCHES complete_outputs first_failure "
     "last_attempt_error outcome",
     "awp_sdk.records": "",
-    "awp_sdk.records.durable": "Decided Decision MemoSavings SignalSent TaskWait",
+    "awp_sdk.records.durable": "Decided MemoSavings RunDecision SignalSent TaskWait",
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
@@ -70,11 +71,13 @@ MODULES = {
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
-    "awp_sdk.waits": "asked_for_decision decision decision_of decisions signal_request",
+    "awp_sdk.resumes": "asked_for_decision decision decision_of decisions signal_request",
     "awp_sdk.wire": "applied attempts backfilled decided event pruned run run_detail runs "
     "schedule schedule_deleted schedules signal_sent started stats tasks triggered workers "
     "workflow "
     "workflows",
+    "awp_sdk.waits": "Decision Duration WaitSpec WaitSuspended WaitTimedOut duration_ms "
+    "sleep wait_for_approval wait_for_signal",
     "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow check_options",
 }
 
@@ -116,7 +119,7 @@ RECORD_FIELDS = {
     "MemoSavings": "steps tokens cost_usd",
     "SignalSent": "signal_id delivered_to duplicate",
     "Decided": "task_state resumed_attempt decided_at",
-    "Decision": "task_key approved decided_by comment resumed_attempt decided_at",
+    "RunDecision": "task_key approved decided_by comment resumed_attempt decided_at",
     "StoredWorkflow": "name version description concurrency tasks created_at definition",
     "TaskCount": "state executor_kind count",
     "TaskError": "message retryable type traceback log_tail",

@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from awp.v1 import control_pb2, durable_pb2, types_pb2
 from awp_protocol.errors import Reason
-from awp_sdk import decode, enums, errors, records, waits
+from awp_sdk import decode, enums, errors, records, resumes
 from awp_sdk.enums import RunState, TaskState
 
 _counter = itertools.count(1001)
@@ -252,15 +252,15 @@ def test_every_protocol_reason_has_its_error_class() -> None:
 
 def test_a_signal_s_payload_is_any_json_value_and_refused_before_sending_if_not_exact() -> None:
     for payload in (None, 3, "yes", [1, {"a": None}], {"paid": 12.5}):
-        request = waits.signal_request("r", "paid", payload, None)
+        request = resumes.signal_request("r", "paid", payload, None)
         assert json_format.MessageToDict(request.payload) == payload
-    assert waits.signal_request("r", "paid", 1, "once").request_id == "once"
+    assert resumes.signal_request("r", "paid", 1, "once").request_id == "once"
     with pytest.raises(errors.InvalidArgument) as refused:
-        waits.signal_request("r", "paid", {"amount": [1, 2**60]}, None)
+        resumes.signal_request("r", "paid", {"amount": [1, 2**60]}, None)
     assert [v.field for v in refused.value.violations] == ["payload.amount[1]"]
     assert "2**53" in refused.value.message
-    approve = waits.decision("r", "review", "fine", approve=True)
-    reject = waits.decision("r", "review", "", approve=False)
+    approve = resumes.decision("r", "review", "fine", approve=True)
+    reject = resumes.decision("r", "review", "", approve=False)
     assert isinstance(approve, durable_pb2.ApproveRequest)
     assert isinstance(reject, durable_pb2.RejectRequest)
     assert (approve.task_key, approve.comment) == ("review", "fine")
@@ -276,20 +276,22 @@ def test_a_decision_is_read_from_the_event_that_records_it() -> None:
         )  # fmt: skip
 
     payload = {"approved": True, "decided_by": "ada", "comment": "go", "resumed_attempt": 2}
-    assert waits.decision_of(event(payload)) == records.Decision("review", True, "ada", "go", 2, at)
+    assert resumes.decision_of(event(payload)) == records.RunDecision(
+        "review", True, "ada", "go", 2, at
+    )
     # A wait task resumes no attempt.
-    rejected = waits.decision_of(event({"approved": False, "decided_by": "root"}))
-    assert rejected == records.Decision("review", False, "root", "", None, at)
+    rejected = resumes.decision_of(event({"approved": False, "decided_by": "root"}))
+    assert rejected == records.RunDecision("review", False, "root", "", None, at)
     # Any other event records no decision.
-    assert waits.decision_of(event({"by": "alice"})) is None
-    assert waits.decision_of(event({"approved": "yes"})) is None
-    assert waits.decision_of(event(payload, key=None)) is None
+    assert resumes.decision_of(event({"by": "alice"})) is None
+    assert resumes.decision_of(event({"approved": "yes"})) is None
+    assert resumes.decision_of(event(payload, key=None)) is None
 
 
 def test_only_a_task_that_waits_waited_or_is_a_wait_asked_for_a_decision() -> None:
     plain = decode.task(
         control_pb2.Task(key="a", state=types_pb2.TASK_STATE_SUCCEEDED, executor_kind="python")
     )
-    assert not waits.asked_for_decision(plain)
-    assert waits.asked_for_decision(dataclasses.replace(plain, suspensions=1))
-    assert waits.asked_for_decision(dataclasses.replace(plain, executor_kind=""))
+    assert not resumes.asked_for_decision(plain)
+    assert resumes.asked_for_decision(dataclasses.replace(plain, suspensions=1))
+    assert resumes.asked_for_decision(dataclasses.replace(plain, executor_kind=""))

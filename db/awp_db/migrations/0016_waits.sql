@@ -25,3 +25,15 @@ CREATE TRIGGER tasks_wait_cleared
 
 COMMENT ON TRIGGER tasks_wait_cleared ON tasks IS
     'A task leaving WAITING forgets what it waited for (docs/design.md §16).';
+
+-- An attempt that ended SUSPENDED at a wait is free of charge, as a hand-back is: what
+-- max_attempts bounds is attempts - hand_backs - suspensions (awp_kernel.retry:
+-- charged_attempts). Existing rows have suspensions = 0 and met the old check.
+ALTER TABLE tasks
+    DROP CONSTRAINT tasks_charged_attempts,
+    ADD CONSTRAINT tasks_charged_attempts
+        CHECK (attempts - hand_backs - suspensions <= max_attempts) NOT VALID,
+    ADD CONSTRAINT tasks_suspensions_made CHECK (hand_backs + suspensions <= attempts) NOT VALID;
+
+COMMENT ON COLUMN tasks.suspensions IS
+    'Attempts that ended SUSPENDED at a wait, free of charge; attempts - hand_backs - suspensions <= max_attempts.';

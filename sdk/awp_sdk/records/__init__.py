@@ -8,7 +8,7 @@ payloads) are what the action returned: integral numbers within 2**53 as int
 decode.py, then in whoever renders it (docs/architecture.md).
 """
 
-from awp_sdk.records.durable import Decided, Decision, MemoSavings, SignalSent, TaskWait
+from awp_sdk.records.durable import Decided, MemoSavings, RunDecision, SignalSent, TaskWait
 from awp_sdk.records.fleet import (
     DispatchCount,
     Identity,
@@ -41,7 +41,6 @@ __all__ = [
     "Applied",
     "Attempt",
     "Decided",
-    "Decision",
     "DispatchCount",
     "Event",
     "Identity",
@@ -49,6 +48,7 @@ __all__ = [
     "Page",
     "Pruned",
     "Run",
+    "RunDecision",
     "RunDetail",
     "Schedule",
     "ScheduleTick",

@@ -62,7 +62,7 @@ class Decided:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RunDecision:
     """A decision made on an approval, as the run's events record it: the task, approved
     or rejected, who decided (the credential's name), the comment, the attempt whose
     wait it resumed (None for a wait task no worker runs) and when."""
