@@ -49,6 +49,8 @@ def run_step(
     replay = ctx.replay
     if replay is None:
         raise RuntimeError("this ActionContext keeps no checkpoints: only a worker attaches them")
+    # A step of an attempt whose lease is gone would be paid for and then refused.
+    ctx.raise_if_cancelled()
     # Handed out at the call, in the action's order, not when an awaitable is awaited.
     occurrence = replay.occurrence("step", name)
     if replay.on_loop():

@@ -6,7 +6,8 @@ batched across sessions, completions of successes and of failures that carry a
 traceback (settlement plus diagnostics), retries, runs failing (the rest of the run
 stopped while its leases are out), cancels of runs whose long steps are running,
 heartbeats, a worker killed (lost stream, reaped leases, offline sweep) and another
-drained (hand-backs), and retention pruning finished runs meanwhile.
+drained (hand-backs), and retention pruning finished runs meanwhile. Tasks spend their
+sleeps in memoised steps, so fenced memo writes (RecordStep) and replays meet all of it.
 
 Every deadlock is a transaction PostgreSQL aborted and, where a handler ran it, an
 INTERNAL answer: the contract says neither ever happens (DESIGN.md §6). The scenario
@@ -50,7 +51,7 @@ IN_FLIGHT = 8  # runs kept going at once
 FLAKY = workload.definition(
     "flaky",
     [
-        workload.Task(f"t{i:02d}", (), {"fail_attempts": 2, "sleep_ms": i % 4 * 20})
+        workload.Task(f"t{i:02d}", (), {"fail_attempts": 2, "sleep_ms": i % 4 * 20, "steps": 2})
         for i in range(16)
     ],
     max_attempts=3,
@@ -60,12 +61,12 @@ DOOMED = workload.definition(
     "doomed",
     [
         workload.Task("start", (), {}),
-        *(workload.Task(f"b{i}", ("start",), {"sleep_ms": 400}) for i in range(10)),
+        *(workload.Task(f"b{i}", ("start",), {"sleep_ms": 400, "steps": 4}) for i in range(10)),
         workload.Task("bad", ("start",), {"sleep_ms": 100, "fail": "doomed on purpose"}),
     ],
 )
 SLOW = workload.definition(
-    "slow", [workload.Task(f"s{i}", (), {"sleep_ms": 4_000}) for i in range(8)]
+    "slow", [workload.Task(f"s{i}", (), {"sleep_ms": 4_000, "steps": 8}) for i in range(8)]
 )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from awp_protocol.limits import MAX_MEMO_BYTES
-from awp_sdk import ActionContext, PermanentError
+from awp_sdk import ActionCancelled, ActionContext, PermanentError
 from awp_sdk.replay import Checkpoint, Usage
 from awp_sdk.steps import step
 from awp_sdk.testing import ActionEnvironment
@@ -169,3 +169,17 @@ def test_memos_stored_by_an_earlier_attempt_are_replayed_by_occurrence() -> None
 
     assert env.run(act) == {"a": "FIRST", "b": "STORED"}
     assert calls == ["first"]
+
+
+def test_a_cancelled_attempt_runs_no_further_step() -> None:
+    env = ActionEnvironment()
+
+    def act(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        ctx.step("call", _model, "paid")
+        env.cancel()  # as a revoked lease does
+        ctx.step("call", _model, "never")
+        return {}
+
+    with pytest.raises(ActionCancelled):
+        env.run(act)
+    assert calls == ["paid"]

@@ -13,6 +13,7 @@ from test_worker_integration import run_state, server, start_worker, worker_conf
 
 from awp_coordinator.coordinator import Coordinator
 from awp_db.connect import Pool
+from awp_protocol.limits import MAX_MEMOS_PER_TASK
 from awp_sdk.actions import ActionCancelled, ActionRegistry, RetryableError
 from awp_sdk.steps import step
 from awp_worker import ActionContext
@@ -154,3 +155,33 @@ async def test_a_step_finished_after_the_lease_was_lost_stores_nothing(
     output = await pool.fetchval("SELECT output FROM tasks WHERE run_id = $1", run_id)
     assert output == {"value": 2}
     await check_committed(pool)
+
+
+async def test_a_step_past_the_tasks_memo_limit_fails_the_task_naming_it(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    registry = ActionRegistry()
+
+    @registry.action("noop")
+    def agent(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+        return {"value": ctx.step("one-more", lambda: 1)}
+
+    run_id = await start_run(pool, spec("full", tasks=1, kind="python", max_attempts=3))
+    # The task holds as many checkpoints as a task may (made directly: satisfied sleeps).
+    await pool.execute(
+        """INSERT INTO checkpoints (task_id, run_id, kind, name, occurrence, value, value_bytes)
+           SELECT t.id, t.run_id, 'sleep', '', n, '{}', 2
+             FROM tasks t, generate_series(0, $2 - 1) AS n WHERE t.run_id = $1""",
+        run_id,
+        MAX_MEMOS_PER_TASK,
+    )
+    worker = start_worker(
+        worker_config(server, kinds=("python",)), executors={"python": PythonExecutor(registry)}
+    )
+    assert await run_state(pool, run_id, "succeeded", "failed") == "failed"
+    assert await worker.stop() == EXIT_OK
+    task = await pool.fetchrow("SELECT attempts, error FROM tasks WHERE run_id = $1", run_id)
+    assert task is not None and task["attempts"] == 1, "a memo limit is not retried"
+    assert "MEMO_LIMIT" in task["error"]["message"]
+    assert "memos-per-task limit" in task["error"]["message"]
+    assert not task["error"]["retryable"]

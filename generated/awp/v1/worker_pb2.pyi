@@ -852,7 +852,9 @@ class LoadCheckpointsResponse(_message.Message):
     """Empty on the last page."""
     @_builtins.property
     def checkpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Checkpoint]:
-        """At most 4 MiB of values per page."""
+        """At most 2 MiB of values per page (the first checkpoint always fits: one memo is at
+        most 256 KiB).
+        """
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ done their worst).
 check_committed: what holds in every committed state, over the whole database --
 a run's and the fleet's concurrency limits, each task's state agreeing with its
 dispatches and attempts, each map task agreeing with its elements, items 4 and 5 below
-for every run, items 6 and 7 for every stream and schedule.
+for every run, items 6, 7 and 8 for every stream, schedule and checkpoint.
 
 check_invariants: what a finished scenario must show for the runs it names, plus
 everything check_committed checks:
@@ -31,11 +31,10 @@ everything check_committed checks:
 9. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
    no INTERNAL answer during the scenario (health.py).
 
-The checks live in committed.py, streams.py, checkpoints.py and schedules.py (every
-committed state),
-runs.py (each finished run) and health.py; this module is the one entry point. The
-checker also reports how many executions the tasks cost: at-least-once is paid for in
-extra attempts, and the output should show that price, not hide it.
+The checks live in committed.py, streams.py, schedules.py and checkpoints.py (every
+committed state), runs.py (each finished run) and health.py; this module is the one
+entry point. The checker also reports how many executions the tasks cost: at-least-once
+is paid for in extra attempts, and the output should show that price, not hide it.
 """
 
 from __future__ import annotations
