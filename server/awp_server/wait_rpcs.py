@@ -104,7 +104,7 @@ async def await_wait(
             "worker_id": worker_id,
             "dispatch_id": request.dispatch_id,
             "wait": wait.kind,
-            "name": wait.name,
+            "wait_name": wait.name,
             "occurrence": wait.occurrence,
         },
     )
