@@ -140,8 +140,21 @@ def workflow_ref(text: str) -> tuple[str, int]:
     return name, int(version)
 
 
+def json_value(text: str) -> Any:
+    """Any JSON value given inline, or read from a file as @FILE."""
+    value, _ = _read_json(text)
+    return value
+
+
 def json_object(text: str) -> dict[str, Any]:
     """A JSON object given inline, or read from a file as @FILE."""
+    value, source = _read_json(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{source} must be a JSON object, like '{{\"k\": 1}}'")
+    return value
+
+
+def _read_json(text: str) -> tuple[Any, str]:
     source = "the value"
     if text.startswith("@"):
         source = text[1:]
@@ -150,11 +163,8 @@ def json_object(text: str) -> dict[str, Any]:
         except OSError as exc:
             raise argparse.ArgumentTypeError(f"cannot read {source}: {exc.strerror}") from None
     try:
-        value = json.loads(text)
+        return json.loads(text), source
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(
             f"{source} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
         ) from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{source} must be a JSON object, like '{{\"k\": 1}}'")
-    return value

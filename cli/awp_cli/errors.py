@@ -75,6 +75,7 @@ _HINTS: Final[dict[str, str]] = {
         "workflows are immutable: give the changed definition a new version"
     ),
     Reason.TOKEN_INVALID: "pass the admin token with --token or AWP_TOKEN",
+    Reason.NOT_WAITING: "awp run get RUN shows which tasks wait, and for what",
 }
 
 

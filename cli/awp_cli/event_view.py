@@ -10,6 +10,7 @@ from awp_cli.render import styled
 from awp_common.durations import format_duration
 from awp_sdk.enums import EventType
 from awp_sdk.records import Event
+from awp_sdk.resumes import decision_of
 
 # The events that show a run's progress; attempt detail is left to `awp run watch`.
 PROGRESS_EVENTS: Final = frozenset(
@@ -38,7 +39,13 @@ def event_line(event: Event) -> Text:
             text.append(styled(event.from_state))
             text.append(" -> ", style="dim")
         text.append(styled(event.to_state or ""))
-    if by := payload.get("by"):
+    decision = decision_of(event)
+    if decision is not None:
+        text.append("  approved" if decision.approved else "  rejected", style="bold")
+        text.append(f" by {decision.decided_by or '?'}", style="dim")
+        if decision.comment:
+            text.append(f": {decision.comment!r}", style="dim")
+    elif by := payload.get("by"):
         text.append(f"  by {by}", style="dim")
     if retried := payload.get("retried_from"):
         text.append(f"  retry of run {retried}", style="dim")

@@ -37,6 +37,8 @@ STYLES: Final = {
     "queued": "cyan",
     "running": "bold blue",
     "waiting_retry": "magenta",
+    "waiting": "bold yellow",
+    "suspended": "yellow",
     "interrupted": "magenta",
     "timed_out": "red",
     "active": "green",

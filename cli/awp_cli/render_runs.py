@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -11,9 +11,10 @@ from rich.text import Text
 
 from awp_cli.render import counts_text, local_time, seconds_between, styled, took, workflow_ref
 from awp_cli.render_tasks import attempts_table, elements_of, error_text, tasks_table
+from awp_cli.render_waits import durable_view
 from awp_common import tracing
 from awp_sdk.enums import TaskState
-from awp_sdk.records import Run, RunDetail
+from awp_sdk.records import Run, RunDecision, RunDetail
 
 
 def task_counts(run: Run) -> dict[str, int]:
@@ -121,7 +122,9 @@ def trace_text(run: Run, url_template: str | None) -> list[RenderableType]:
     return [text]
 
 
-def run_view(detail: RunDetail, trace_url: str | None = None) -> RenderableType:
+def run_view(
+    detail: RunDetail, decisions: Sequence[RunDecision] = (), trace_url: str | None = None
+) -> RenderableType:
     run = detail.run
     parts: list[RenderableType] = [
         run_header(run),
@@ -131,6 +134,7 @@ def run_view(detail: RunDetail, trace_url: str | None = None) -> RenderableType:
         Text(""),
         tasks_table(detail),
     ]
+    parts += durable_view(detail, decisions)
     if detail.attempts:
         parts += [
             Text(""),

@@ -12,14 +12,20 @@ from rich.table import Table
 from rich.text import Text
 
 from awp_cli.render import STYLES, counts_text, local_time, seconds_between, styled, took
+from awp_cli.render_waits import wait_text
 from awp_sdk.enums import AttemptState, TaskState
 from awp_sdk.records import Attempt, RunDetail, TaskError, TaskStatus
 
 
 def attempts_text(task: TaskStatus) -> str:
-    """Charged attempts of the allowed ones; hand-backs, which are free, said apart."""
+    """Charged attempts of the allowed ones; hand-backs and suspensions at a wait, which
+    are free, said apart."""
     text = f"{task.charged_attempts}/{task.max_attempts}"
-    return f"{text} +{task.hand_backs} handed back" if task.hand_backs else text
+    if task.hand_backs:
+        text += f" +{task.hand_backs} handed back"
+    if task.suspensions:
+        text += f" +{task.suspensions} suspended"
+    return text
 
 
 def _span(keys: set[str], attempts: Sequence[Attempt]) -> float | None:
@@ -42,6 +48,8 @@ def _task_span(task_key: str, attempts: Sequence[Attempt]) -> float | None:
 
 
 def output_text(task: TaskStatus) -> str:
+    if task.wait is not None:
+        return f"waits for {wait_text(task.wait)}"
     # A task that succeeded after a failed attempt still carries that attempt's error.
     if task.state is not TaskState.SUCCEEDED and task.error is not None and task.error.message:
         return task.error.message

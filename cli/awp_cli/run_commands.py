@@ -28,6 +28,7 @@ from awp_protocol.jsonvalue import canonical_json
 from awp_sdk import wire
 from awp_sdk.client import AsyncClient
 from awp_sdk.records import Attempt, Event, Pruned, Run, RunDetail, TaskStatus
+from awp_sdk.resumes import asked_for_decision
 
 
 async def run_start(client: AsyncClient, args: argparse.Namespace) -> Exit:
@@ -106,8 +107,11 @@ async def run_get(client: AsyncClient, args: argparse.Namespace) -> Exit:
     detail = await client.get_run(args.run_id, outputs=False)
     if args.json:
         render.print_json(wire.run_detail(detail))
-    else:
-        render.stdout.print(run_view(detail, _trace_url()))
+        return Exit.OK
+    # The decisions on approvals are in the run's events, read only when a task asked.
+    asked = any(asked_for_decision(task) for task in detail.tasks.values())
+    decided = await client.decisions(args.run_id) if asked else []
+    render.stdout.print(run_view(detail, decided, _trace_url()))
     return Exit.OK
 
 

@@ -1,8 +1,9 @@
-"""What the console's forms do: sign in and out, cancel a run, retry a run.
+"""What the console's forms do: sign in and out, cancel a run, retry a run, decide an
+approval a task waits for.
 
 Every form is checked by web.check_write (same origin, synchronizer token, role) before
 awp-server is called; the server checks the role again and records the credential's
-name on the run (Run.started_by, Run.cancel_requested_by).
+name on the run (Run.started_by, Run.cancel_requested_by) or with the decision.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ log = logging.getLogger("awp.console")
 
 # A token longer than this is no token of AWP's (they are 43 characters).
 MAX_TOKEN_CHARS: Final = 1024
+# The decide form's buttons, and the call each makes.
+DECISIONS: Final = {"approve": "Approve", "reject": "Reject"}
 
 
 def _local(target: str | None) -> str:
@@ -117,3 +120,31 @@ async def retry(request: Request) -> Response:
         extra={"run_id": started.id, "retried_from": run_id, "credential": who.identity.name},
     )
     return RedirectResponse(f"/runs/{quote(started.id)}", status_code=303)
+
+
+async def decide(request: Request) -> Response:
+    """Approve or Reject (the form's button says which) what a task waits for, with the
+    form's comment; back to the run with that task's panel open."""
+    who = await caller(request)
+    form = await request.form()
+    decision = form.get("decision")
+    if decision not in DECISIONS:
+        raise HTTPException(400, "decision must be approve or reject")
+    rpc = DECISIONS[str(decision)]
+    check_write(request, form, who, rpc)
+    run_id = request.path_params["run_id"]
+    task_key = str(form.get("task_key", ""))
+    comment = str(form.get("comment", "")).strip()
+    call = who.api.approve if rpc == "Approve" else who.api.reject
+    decided = await call(run_id, task_key, comment)
+    log.info(
+        "approval decided",
+        extra={
+            "run_id": run_id,
+            "task_key": task_key,
+            "decision": decision,
+            "resumed_attempt": decided.resumed_attempt,
+            "credential": who.identity.name,
+        },
+    )
+    return RedirectResponse(f"/runs/{quote(run_id)}#task={quote(task_key)}", status_code=303)

@@ -41,6 +41,7 @@ def create_app(settings: Settings) -> Starlette:
         Route(f"{run}/tasks/{{task_key:path}}", pages.task),
         Route(f"{run}/cancel", actions.cancel, methods=["POST"]),
         Route(f"{run}/retry", actions.retry, methods=["POST"]),
+        Route(f"{run}/decide", actions.decide, methods=["POST"]),
         Route(f"/api{run}/events", live.events),
         Route(f"/api{run}/tasks/{{task_key:path}}/stream", live.task_stream),
         Route("/workflows", pages.workflows),

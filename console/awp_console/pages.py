@@ -15,17 +15,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from awp_console import api, graph, metrics, recovery, timeline
-from awp_console.web import Caller, caller, console_of, page
-from awp_protocol.states import RUN_STATES, TASK_STATES, TERMINAL_RUN_STATES
+from awp_console.web import TASK_STATES, Caller, caller, console_of, page
+from awp_protocol.roles import Role
+from awp_protocol.states import RUN_STATES, TERMINAL_RUN_STATES
+from awp_sdk.enums import CheckpointKind
 from awp_sdk.records import (
     Attempt,
+    Identity,
     Run,
     RunDetail,
     StoredWorkflow,
     TaskError,
     TaskStatus,
+    TaskWait,
     Worker,
 )
+from awp_sdk.resumes import asked_for_decision
 from awp_sdk.schedules import Schedules
 
 RUNS_PAGE: Final = 25
@@ -34,7 +39,7 @@ RUNS_PAGE: Final = 25
 RECOVERY_RUNS: Final = 20
 RECOVERY_MAX_TASKS: Final = 2_000
 # The overview's queue table: task states of running runs, per executor kind.
-QUEUE_STATES: Final = ("ready", "queued", "running", "waiting_retry")
+QUEUE_STATES: Final = ("ready", "queued", "running", "waiting_retry", "waiting")
 # The runs list names the task a failed run failed on, read with GetRun (a page has at
 # most RUNS_PAGE of them), for runs of at most this many tasks: a larger one's count of
 # failed tasks is shown, its page names them.
@@ -165,6 +170,7 @@ async def run(request: Request) -> Response:
         recoveries=recoveries,
         recovery_summary=recovery.summary(recoveries),
         timeline=drawn,
+        saved=detail.saved,
         **_actions(who, detail.run),
     )
 
@@ -195,8 +201,15 @@ async def run_header(request: Request) -> Response:
     """The run's header again (state, audit, buttons): the page swaps it in when the run's
     state changes."""
     who = await caller(request)
-    found = (await who.api.get_run(request.path_params["run_id"], outputs=False)).run
-    return page(request, who, "run_header.html", run=found, **_actions(who, found))
+    detail = await who.api.get_run(request.path_params["run_id"], outputs=False)
+    return page(
+        request,
+        who,
+        "run_header.html",
+        run=detail.run,
+        saved=detail.saved,
+        **_actions(who, detail.run),
+    )
 
 
 async def run_graph(request: Request) -> Response:
@@ -248,6 +261,8 @@ async def task(request: Request) -> Response:
     definition = next((d for d in workflow.tasks if d.key == key), None)
     if definition is None and (name := graph.fanout_of(key)) is not None:
         definition = next((d for d in workflow.tasks if d.key == name), None)
+    asked = asked_for_decision(found)
+    decided = await who.api.decisions(run_id, task_key=key) if asked else []
     return page(
         request,
         who,
@@ -258,8 +273,19 @@ async def task(request: Request) -> Response:
         attempts=attempts,
         error=shown_error(found, attempts),
         timeline=_timeline(attempts),
+        may_decide=may_decide(who.identity, found.wait),
+        decisions=decided,
         **_actions(who, shown),
     )
+
+
+def may_decide(identity: Identity, wait: TaskWait | None) -> bool:
+    """Whether the task panel offers this caller Approve and Reject (the server checks
+    again): the task waits for an approval, the caller's role may decide, and it is an
+    admin's when the wait asks for admins."""
+    if wait is None or wait.kind is not CheckpointKind.APPROVAL or not identity.may("Approve"):
+        return False
+    return wait.role != Role.ADMIN or Role.ADMIN in identity.roles
 
 
 def shown_error(task: TaskStatus, attempts: Sequence[Attempt]) -> TaskError | None:

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
 from awp_protocol.limits import MAX_EXACT_INT, MAX_JSON_DEPTH
 
@@ -134,6 +134,15 @@ def to_struct(data: Mapping[str, Any], where: str = "value") -> struct_pb2.Struc
     struct = struct_pb2.Struct()
     struct.update(data)
     return struct
+
+
+def to_value(data: Any, where: str = "value") -> struct_pb2.Value:
+    """Any JSON value from a client (an object, a list, a string, a number, a bool or
+    None) as a Value, carried exactly, or JsonInvalid as to_struct says."""
+    _check(data, where, 1)
+    value = struct_pb2.Value()
+    json_format.ParseDict(data, value)
+    return value
 
 
 def _check(value: Any, where: str, depth: int) -> None:

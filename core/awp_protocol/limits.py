@@ -142,6 +142,17 @@ MAX_CHECKPOINT_PAGE_BYTES: Final = 2 * 1024 * 1024
 # A step's name (and a signal's or an approval's): what the action calls it.
 MAX_CHECKPOINT_NAME_CHARS: Final = 128
 
+# --- waits, signals and approvals (Await, SendSignal, Approve, Reject; §16)
+# A sleep, and a wait's or an approval task's timeout.
+MAX_WAIT_MS: Final = 366 * 24 * 3600 * 1000
+# An approval's prompt, and a decision's comment.
+MAX_PROMPT_CHARS: Final = 4 * 1024
+MAX_COMMENT_CHARS: Final = 4 * 1024
+# A signal's payload, as canonical JSON (as one memo: the wait stores it as its checkpoint).
+MAX_SIGNAL_PAYLOAD_BYTES: Final = MAX_MEMO_BYTES
+# The role a wait may ask for (awp_protocol.roles: approver or admin).
+MAX_ROLE_CHARS: Final = 32
+
 # The length of every string field of every request, by field (awp_protocol.wire checks
 # them all; a test checks that none is missing).
 TEXT_LIMITS: Final[Mapping[str, int]] = {
@@ -190,6 +201,21 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     # Bounded by the request's size only: a memo past MAX_MEMO_BYTES is the handler's
     # MEMO_LIMIT, naming the memo size limit, not a length error.
     "awp.v1.RecordStepRequest.value_json": MAX_REQUEST_BYTES,
+    "awp.v1.AwaitRequest.lease_token": MAX_TOKEN_CHARS,
+    "awp.v1.AwaitRequest.name": MAX_CHECKPOINT_NAME_CHARS,
+    "awp.v1.AwaitRequest.prompt": MAX_PROMPT_CHARS,
+    "awp.v1.AwaitRequest.role": MAX_ROLE_CHARS,
+    "awp.v1.SendSignalRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.SendSignalRequest.name": MAX_CHECKPOINT_NAME_CHARS,
+    "awp.v1.SendSignalRequest.request_id": MAX_REQUEST_ID_CHARS,
+    "awp.v1.ApproveRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.ApproveRequest.task_key": MAX_TASK_KEY_CHARS,
+    "awp.v1.ApproveRequest.comment": MAX_COMMENT_CHARS,
+    "awp.v1.RejectRequest.run_id": MAX_ID_CHARS,
+    "awp.v1.RejectRequest.task_key": MAX_TASK_KEY_CHARS,
+    "awp.v1.RejectRequest.comment": MAX_COMMENT_CHARS,
+    "awp.v1.WaitTaskDefinition.prompt": MAX_PROMPT_CHARS,
+    "awp.v1.WaitTaskDefinition.role": MAX_ROLE_CHARS,
     "awp.v1.WatchStreamRequest.run_id": MAX_ID_CHARS,
     "awp.v1.WatchStreamRequest.task_key": MAX_TASK_KEY_CHARS,
     "awp.v1.GetTaskOutputRequest.run_id": MAX_ID_CHARS,

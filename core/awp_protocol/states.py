@@ -18,8 +18,11 @@ TaskState = Literal[
     "failed",
     "canceled",
     "skipped",
+    "waiting",
 ]
-AttemptState = Literal["running", "succeeded", "failed", "interrupted", "timed_out", "canceled"]
+AttemptState = Literal[
+    "running", "succeeded", "failed", "interrupted", "timed_out", "canceled", "suspended"
+]
 DispatchState = Literal["pending", "leased", "completed", "expired", "canceled"]
 WorkerState = Literal["active", "draining", "stopped", "offline"]
 
@@ -36,6 +39,10 @@ CHECKPOINT_KINDS: Final[tuple[CheckpointKind, ...]] = get_args(CheckpointKind)
 
 TERMINAL_TASK_STATES: Final[frozenset[str]] = frozenset(
     {"succeeded", "failed", "canceled", "skipped"}
+)
+# Tasks not yet ended: a run with one is still running. WAITING is live (§16).
+LIVE_TASK_STATES: Final[frozenset[str]] = frozenset(
+    {"pending", "ready", "queued", "running", "waiting_retry", "waiting"}
 )
 TERMINAL_RUN_STATES: Final[frozenset[str]] = frozenset({"succeeded", "failed", "canceled"})
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from awp_db import dispatching, leases, locks, settle, workers
+from awp_db import dispatching, leases, locks, settle, waits, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.leadership import Term, transaction
@@ -27,6 +27,7 @@ Q = queries("coordination")
 # Re-exported so the coordinator needs one storage module for its whole pass.
 create_dispatches = dispatching.create_dispatches
 withdraw_unservable = dispatching.withdraw_unservable
+release_waits = waits.release_due
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,8 @@ class Due:
     retries: bool
     unservable: bool
     ready: bool
+    # Waits whose due time has come (awp_db.waits.release_due).
+    waits: bool
     starts: bool
     schedules: bool
     # Some kind's offers need topping up (dispatching.refill_due).

@@ -105,6 +105,7 @@ class LockedDispatch:
     task_key: str
     max_attempts: int
     hand_backs: int  # the task's free hand-backs so far
+    suspensions: int  # the task's attempts that ended SUSPENDED (free, §16)
     backoff_initial_ms: int
     backoff_max_ms: int
     backoff_multiplier: float

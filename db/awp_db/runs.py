@@ -79,6 +79,15 @@ class TaskInfo:
     saved_steps: int = 0
     saved_tokens: int = 0
     saved_cost_usd: float = 0.0
+    # Attempts that ended SUSPENDED, and while WAITING what for (docs/design.md §16).
+    suspensions: int = 0
+    wait_kind: str | None = None
+    wait_name: str | None = None
+    wait_prompt: str | None = None
+    wait_role: str | None = None
+    wait_since: datetime | None = None
+    wait_due_at: datetime | None = None
+    wait_attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,22 @@
 -- is a constraint, so a bug cannot commit a bad state. The COMMENT ON statements say
 -- why the rest exists; the lock order is stated in db/awp_db/locks.py.
 
+CREATE FUNCTION public.clear_task_wait() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.wait_kind := NULL;
+    NEW.wait_name := NULL;
+    NEW.wait_occurrence := NULL;
+    NEW.wait_prompt := NULL;
+    NEW.wait_role := NULL;
+    NEW.wait_since := NULL;
+    NEW.wait_due_at := NULL;
+    NEW.wait_attempt := NULL;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION public.heartbeat_silence_from() RETURNS timestamp with time zone
     LANGUAGE plpgsql
     AS $$
@@ -512,6 +528,8 @@ COMMENT ON COLUMN public.tasks.on_failure IS 'What the task''s permanent failure
 
 COMMENT ON COLUMN public.tasks.always IS 'Runs once every other task is terminal (not on cancel); never in another task''s dependents.';
 
+COMMENT ON COLUMN public.tasks.suspensions IS 'Attempts that ended SUSPENDED at a wait, free of charge; attempts - hand_backs - suspensions <= max_attempts.';
+
 CREATE SEQUENCE public.tasks_id_seq
     START WITH 1
     INCREMENT BY 1
@@ -645,7 +663,7 @@ ALTER TABLE ONLY public.stream_chunks
     ADD CONSTRAINT stream_chunks_pkey PRIMARY KEY (dispatch_id, chunk_offset);
 
 ALTER TABLE public.tasks
-    ADD CONSTRAINT tasks_charged_attempts CHECK (((attempts - hand_backs) <= max_attempts)) NOT VALID;
+    ADD CONSTRAINT tasks_charged_attempts CHECK ((((attempts - hand_backs) - suspensions) <= max_attempts)) NOT VALID;
 
 ALTER TABLE public.tasks
     ADD CONSTRAINT tasks_hand_backs_check CHECK ((hand_backs >= 0)) NOT VALID;
@@ -658,6 +676,9 @@ ALTER TABLE ONLY public.tasks
 
 ALTER TABLE ONLY public.tasks
     ADD CONSTRAINT tasks_run_id_key_key UNIQUE (run_id, key);
+
+ALTER TABLE public.tasks
+    ADD CONSTRAINT tasks_suspensions_made CHECK (((hand_backs + suspensions) <= attempts)) NOT VALID;
 
 ALTER TABLE ONLY public.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
@@ -759,6 +780,10 @@ COMMENT ON INDEX public.workers_live IS 'The coordinator finds silent live sessi
 CREATE TRIGGER dispatches_lease_revoked AFTER UPDATE OF state ON public.dispatches FOR EACH ROW WHEN (((old.state = 'leased'::text) AND (new.state = ANY (ARRAY['canceled'::text, 'expired'::text])))) EXECUTE FUNCTION public.notify_lease_revoked();
 
 COMMENT ON TRIGGER dispatches_lease_revoked ON public.dispatches IS 'A lease ended by anyone but its holder''s result: the server holding the holder''s heartbeat stream answers REVOKED at once.';
+
+CREATE TRIGGER tasks_wait_cleared BEFORE UPDATE OF state ON public.tasks FOR EACH ROW WHEN (((old.state = 'waiting'::text) AND (new.state <> 'waiting'::text))) EXECUTE FUNCTION public.clear_task_wait();
+
+COMMENT ON TRIGGER tasks_wait_cleared ON public.tasks IS 'A task leaving WAITING forgets what it waited for (docs/design.md §16).';
 
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_dispatch_id_fkey FOREIGN KEY (dispatch_id) REFERENCES public.dispatches(id) ON DELETE CASCADE;

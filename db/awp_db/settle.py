@@ -25,7 +25,14 @@ from awp_db.events import EventBatch
 from awp_db.locks import LockedDispatch
 from awp_db.queries import named, queries
 from awp_db.signals import COORDINATOR_CHANNEL
-from awp_kernel.retry import AttemptEnd, RetryPolicy, TaskDecision, decide, decide_hand_back
+from awp_kernel.retry import (
+    AttemptEnd,
+    RetryPolicy,
+    TaskDecision,
+    charged_attempts,
+    decide,
+    decide_hand_back,
+)
 from awp_kernel.states import run_outcome
 from awp_protocol.limits import MAX_FREE_HAND_BACKS
 from awp_protocol.results import NOTHING_REPLAYED, Replayed, StoredError
@@ -54,6 +61,8 @@ class Ending:
     policy: RetryPolicy
     # The task's free hand-backs before this ending; a hand-back is `interrupted`.
     hand_backs: int = 0
+    # The task's attempts that ended SUSPENDED before this one (free of charge).
+    suspensions: int = 0
     hand_back: bool = False
     output: dict[str, Any] | None = None
     # Its retryable flag is the one the retry rule reads (None: a success).
@@ -109,6 +118,7 @@ def ending_of(
             multiplier=row.backoff_multiplier,
         ),
         hand_backs=row.hand_backs,
+        suspensions=row.suspensions,
         hand_back=hand_back,
         output=output,
         error=error,
@@ -131,8 +141,7 @@ async def notify_coordinator(conn: Conn, why: str) -> None:
 
 
 def _decision(ending: Ending) -> TaskDecision:
-    # Attempts handed back free of charge do not count against max_attempts.
-    charged = ending.attempt - ending.hand_backs
+    charged = charged_attempts(ending.attempt, ending.hand_backs, ending.suspensions)
     if ending.hand_back:
         return decide_hand_back(ending.policy, charged, ending.hand_backs)
     retryable = ending.error is None or ending.error.retryable

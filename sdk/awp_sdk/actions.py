@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from google.protobuf import struct_pb2
@@ -221,6 +222,35 @@ class ActionContext:
         from awp_sdk.steps import run_step  # noqa: PLC0415 (steps builds on this module)
 
         return run_step(self, name, fn, args, kwargs, usage)
+
+    # Waits (awp_sdk.waits, docs/sdk.md "Durable execution: waits"): each holds no slot
+    # while its condition is not met; in an async action, await them.
+    def sleep(self, duration: float | timedelta) -> Any:
+        """Returns once ``duration`` (seconds or a timedelta) has passed on the database
+        clock since the sleep was first reached; the attempt suspends meanwhile."""
+        from awp_sdk import waits  # noqa: PLC0415 (waits builds on this module)
+
+        return waits.sleep(self, duration)
+
+    def wait_for_signal(self, name: str, timeout: float | timedelta | None = None) -> Any:
+        """The payload of the next signal ``name`` sent to the run (one sent earlier
+        counts); ``WaitTimedOut`` after ``timeout``."""
+        from awp_sdk import waits  # noqa: PLC0415
+
+        return waits.wait_for_signal(self, name, timeout)
+
+    def wait_for_approval(
+        self,
+        prompt: str,
+        timeout: float | timedelta | None = None,
+        role: str | None = None,
+        name: str = "approval",
+    ) -> Any:
+        """The ``Decision`` on ``prompt`` (approved or not, by whom, when, the comment);
+        ``WaitTimedOut`` after ``timeout``; ``role="admin"``: only admins decide."""
+        from awp_sdk import waits  # noqa: PLC0415
+
+        return waits.wait_for_approval(self, prompt, timeout, role, name)
 
     def _cancel(self) -> None:
         self._cancel_event.set()

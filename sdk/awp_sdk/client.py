@@ -16,7 +16,7 @@ request)`` calls it with the token and deadline.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -24,23 +24,25 @@ import grpc
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_common.durations import parse_duration
-from awp_protocol.errors import FieldViolation, Reason
 from awp_protocol.jsonvalue import JsonInvalid, parse_object, to_struct
 from awp_protocol.limits import MAX_PAGE_SIZE
-from awp_sdk import decode, definitions
+from awp_sdk import decode, definitions, resumes
 from awp_sdk.connection import Channel, Connection
 from awp_sdk.enums import RunState, encode
-from awp_sdk.errors import InvalidArgument
+from awp_sdk.errors import json_refused
 from awp_sdk.handle import AsyncRunHandle, complete_outputs
 from awp_sdk.records import (
     Applied,
     Attempt,
+    Decided,
     Event,
     Identity,
     Page,
     Pruned,
     Run,
+    RunDecision,
     RunDetail,
+    SignalSent,
     Stats,
     StoredWorkflow,
     TaskPage,
@@ -76,11 +78,7 @@ def json_input(value: Mapping[str, Any] | None, where: str) -> Any:
     try:
         return to_struct(value, where)
     except JsonInvalid as exc:
-        raise InvalidArgument(
-            str(exc),
-            reason=Reason.INVALID_ARGUMENT,
-            violations=[FieldViolation(exc.where or where, exc.problem)],
-        ) from None
+        raise json_refused(exc, where) from None
 
 
 async def every_item(page: Callable[[str], Awaitable[Page[T]]]) -> AsyncIterator[T]:
@@ -341,8 +339,9 @@ class AsyncClient:
         after_seq: int = 0,
         give_up_after: float = GIVE_UP_AFTER_S,
         on_reconnect: ReconnectHandler | None = None,
-    ) -> AsyncIterator[Event]:
-        """The run's events after `after_seq` until it ends, resumed across reconnects."""
+    ) -> AsyncGenerator[Event, None]:
+        """The run's events after `after_seq` until it ends, resumed across reconnects
+        (aclose() it to stop early)."""
         async for event in run_events(
             self.channel,
             run_id,
@@ -392,6 +391,33 @@ class AsyncClient:
         request = control_pb2.PruneRunsRequest(dry_run=dry_run, limit=limit, page_token=page_token)
         request.older_than.FromTimedelta(timedelta(seconds=seconds))
         return decode.pruned(await self.call(self.control.PruneRuns, request))
+
+    # ------------------------------------------------------------ durable waits
+
+    async def send_signal(
+        self, run_id: str, name: str, payload: Any = None, *, request_id: str | None = None
+    ) -> SignalSent:
+        """Sends the run a signal (any JSON value as payload): stored at once, consumed by
+        the oldest task waiting for its name, else buffered until a wait reaches it. The
+        same request_id again sends nothing (duplicate). RunFinished once the run ended."""
+        request = resumes.signal_request(run_id, name, payload, request_id)
+        return decode.signal_sent(await self.call(self.control.SendSignal, request))
+
+    async def decisions(self, run_id: str, *, task_key: str | None = None) -> list[RunDecision]:
+        """The decisions made on the run's approvals (or one task's), oldest first, as its
+        events record them up to now: who decided, the comment, the attempt resumed."""
+        return await resumes.decisions(self, run_id, task_key)
+
+    async def approve(self, run_id: str, task_key: str, comment: str = "") -> Decided:
+        """Approves what the WAITING task asks (approver or admin role); NotWaiting when it
+        waits for no approval."""
+        request = resumes.decision(run_id, task_key, comment, approve=True)
+        return decode.decided(await self.call(self.control.Approve, request))
+
+    async def reject(self, run_id: str, task_key: str, comment: str = "") -> Decided:
+        """Rejects what the WAITING task asks; see approve."""
+        request = resumes.decision(run_id, task_key, comment, approve=False)
+        return decode.decided(await self.call(self.control.Reject, request))
 
     # ------------------------------------------------------------ fleet
 

@@ -10,12 +10,13 @@ from typing import Any
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from google.protobuf.message import Message
 
-from awp.v1 import control_pb2, schedule_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, schedule_pb2, types_pb2
 from awp_protocol.jsonvalue import exact_number, struct_to_dict
 from awp_sdk import records
 from awp_sdk.enums import (
     AttemptState,
     CatchupPolicy,
+    CheckpointKind,
     DispatchState,
     EventType,
     FailurePolicy,
@@ -98,6 +99,24 @@ def task_error(error: types_pb2.TaskError) -> records.TaskError:
     )
 
 
+def task_wait(message: durable_pb2.TaskWait) -> records.TaskWait:
+    return records.TaskWait(
+        kind=decode(CheckpointKind, message.kind),
+        name=message.name,
+        prompt=message.prompt,
+        role=message.role,
+        since=when(message.since),
+        due_at=when(message.due_at),
+        attempt=message.attempt,
+    )
+
+
+def memo_savings(message: types_pb2.MemoSavings) -> records.MemoSavings:
+    return records.MemoSavings(
+        steps=message.steps, tokens=message.tokens, cost_usd=message.cost_usd
+    )
+
+
 def task(message: control_pb2.Task) -> records.TaskStatus:
     return records.TaskStatus(
         key=message.key,
@@ -116,6 +135,9 @@ def task(message: control_pb2.Task) -> records.TaskStatus:
         hand_backs=message.hand_backs,
         map_parent=message.map_parent or None,
         map_index=message.map_index if message.map_parent else None,
+        wait=task_wait(message.wait) if message.HasField("wait") else None,
+        suspensions=message.suspensions,
+        saved=memo_savings(message.saved),
     )
 
 
@@ -183,6 +205,18 @@ def event(message: types_pb2.StateEvent) -> records.Event:
     )
 
 
+def signal_sent(answer: durable_pb2.SendSignalResponse) -> records.SignalSent:
+    return records.SignalSent(answer.signal_id, answer.delivered_to or None, answer.duplicate)
+
+
+def decided(answer: durable_pb2.ApproveResponse | durable_pb2.RejectResponse) -> records.Decided:
+    return records.Decided(
+        task_state=decode(TaskState, answer.task_state),
+        resumed_attempt=answer.resumed_attempt,
+        decided_at=when(answer.decided_at),
+    )
+
+
 # ---------------------------------------------------------------- workflows
 
 
@@ -212,6 +246,17 @@ def _stored_task(message: types_pb2.TaskDefinition) -> records.StoredTask:
         if message.on_failure
         else FailurePolicy.FAIL_RUN,
         always=message.always,
+        wait=_stored_wait(message.wait) if message.HasField("wait") else None,
+    )
+
+
+def _stored_wait(message: types_pb2.WaitTaskDefinition) -> records.StoredWait:
+    return records.StoredWait(
+        kind=decode(CheckpointKind, message.kind),
+        sleep=span(message, "sleep"),
+        prompt=message.prompt,
+        timeout=span(message, "timeout"),
+        role=message.role,
     )
 
 

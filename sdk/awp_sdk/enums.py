@@ -36,6 +36,8 @@ class TaskState(StrEnum):
     FAILED = "failed"
     CANCELED = "canceled"
     SKIPPED = "skipped"
+    # At a wait (signal, approval, sleep) holding no lease or slot (docs/design.md §16).
+    WAITING = "waiting"
 
 
 class AttemptState(StrEnum):
@@ -45,6 +47,17 @@ class AttemptState(StrEnum):
     INTERRUPTED = "interrupted"
     TIMED_OUT = "timed_out"
     CANCELED = "canceled"
+    # Reached a wait not yet satisfied and released its lease; free of charge.
+    SUSPENDED = "suspended"
+
+
+class CheckpointKind(StrEnum):
+    """What a checkpoint (a memo of a task) records, and what a waiting task waits for."""
+
+    STEP = "step"
+    SLEEP = "sleep"
+    SIGNAL = "signal"
+    APPROVAL = "approval"
 
 
 class DispatchState(StrEnum):
@@ -102,6 +115,7 @@ _PROTO: Final[dict[type[StrEnum], tuple[Any, str]]] = {
     RunState: (types_pb2.RunState, "RUN_STATE_"),
     TaskState: (types_pb2.TaskState, "TASK_STATE_"),
     AttemptState: (types_pb2.AttemptState, "ATTEMPT_STATE_"),
+    CheckpointKind: (types_pb2.CheckpointKind, "CHECKPOINT_KIND_"),
     DispatchState: (types_pb2.DispatchState, "DISPATCH_STATE_"),
     WorkerState: (types_pb2.WorkerState, "WORKER_STATE_"),
     EventType: (types_pb2.EventType, "EVENT_TYPE_"),

@@ -16,6 +16,7 @@ import grpc
 from awp_common import tls as tls_flags
 from awp_protocol import errors
 from awp_protocol.errors import FieldViolation, Reason
+from awp_protocol.jsonvalue import JsonInvalid
 
 
 class AwpError(Exception):
@@ -121,6 +122,20 @@ class LeaseLost(FailedPrecondition):
     """The lease is no longer held: revoked, expired or taken over (LEASE_LOST)."""
 
 
+class RunFinished(FailedPrecondition):
+    """The run has ended, so it takes no signal (RUN_FINISHED)."""
+
+
+class NotWaiting(FailedPrecondition):
+    """The task is not waiting for an approval: not reached yet, decided already, or its
+    run has ended (NOT_WAITING)."""
+
+
+class MemoLimit(AwpError):
+    """A step's memo past its size, or past the memos (count or bytes) one task may store
+    (MEMO_LIMIT); the message names the limit."""
+
+
 class StreamLimit(AwpError):
     """An output stream's limit (STREAM_LIMIT): the bytes one attempt may stream, or the
     readers one server serves at once (try another replica, or later)."""
@@ -205,6 +220,9 @@ BY_REASON: Final[Mapping[str, type[AwpError]]] = {
     Reason.STREAM_LIMIT: StreamLimit,
     Reason.SCHEDULE_NOT_FOUND: ScheduleNotFound,
     Reason.SCHEDULE_EXISTS: ScheduleExists,
+    Reason.MEMO_LIMIT: MemoLimit,
+    Reason.RUN_FINISHED: RunFinished,
+    Reason.NOT_WAITING: NotWaiting,
 }
 # A reason this SDK does not know yet (a newer server) falls back on the status code.
 _BY_CODE: Final[Mapping[grpc.StatusCode, type[AwpError]]] = {
@@ -223,6 +241,16 @@ START_HINT: Final = (
     "start one on this machine with `awp dev`, or point AWP_ADDRESS (the CLI's --address) "
     "at a running one"
 )
+
+
+def json_refused(exc: JsonInvalid, where: str) -> InvalidArgument:
+    """The error of a value that cannot be sent exactly (a run's input, a signal's
+    payload), naming where in it the problem is."""
+    return InvalidArgument(
+        str(exc),
+        reason=Reason.INVALID_ARGUMENT,
+        violations=[FieldViolation(exc.where or where, exc.problem)],
+    )
 
 
 def one_line(text: str) -> str:

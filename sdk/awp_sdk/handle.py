@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from awp_sdk.enums import RunState, TaskState
 from awp_sdk.errors import RunCanceled, RunFailed, WaitTimeout
-from awp_sdk.records import Event, Run, RunDetail, TaskError, TaskStatus
+from awp_sdk.records import Event, Run, RunDetail, SignalSent, TaskError, TaskStatus
 from awp_sdk.streams import StreamItem
 
 if TYPE_CHECKING:
@@ -99,6 +99,12 @@ class AsyncRunHandle:
 
     async def cancel(self, reason: str | None = None) -> Run:
         return await self.client.cancel(self.id, reason)
+
+    async def signal(
+        self, name: str, payload: Any = None, *, request_id: str | None = None
+    ) -> SignalSent:
+        """Sends this run a signal (AsyncClient.send_signal)."""
+        return await self.client.send_signal(self.id, name, payload, request_id=request_id)
 
 
 async def outcome(client: AsyncClient, detail: RunDetail) -> dict[str, dict[str, Any]]:

@@ -36,10 +36,13 @@ import math
 import threading
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from awp_protocol.states import CHECKPOINT_KINDS, CheckpointKind
 from awp_sdk.threads import call_from_thread
+
+if TYPE_CHECKING:
+    from awp_sdk.waits import WaitSpec
 
 T = TypeVar("T")
 
@@ -117,6 +120,12 @@ class CheckpointStore(Protocol):
         """Stores a step's result (RecordStep): None once it is stored (ACCEPTED or
         DUPLICATE); the checkpoint stored before, if another value was (a memo never
         changes). PermanentError past a memo limit (MEMO_LIMIT)."""
+        ...
+
+    async def await_wait(self, spec: WaitSpec, replayed: Savings) -> Checkpoint | None:
+        """Reaches a wait (Await; awp_sdk.waits): its checkpoint when it is satisfied now,
+        None when the attempt ended SUSPENDED (the attempt is stopped). ``replayed`` is
+        what the attempt replayed so far, reported since a suspended one sends no result."""
         ...
 
 

@@ -26,12 +26,15 @@ from awp_sdk.handle import AsyncRunHandle
 from awp_sdk.records import (
     Applied,
     Attempt,
+    Decided,
     Event,
     Identity,
     Page,
     Pruned,
     Run,
+    RunDecision,
     RunDetail,
+    SignalSent,
     Stats,
     StoredWorkflow,
     TaskPage,
@@ -291,6 +294,20 @@ class Client:
             self._async.prune_runs(older_than, dry_run=dry_run, limit=limit, page_token=page_token)
         )
 
+    def send_signal(
+        self, run_id: str, name: str, payload: Any = None, *, request_id: str | None = None
+    ) -> SignalSent:
+        return self._run(self._async.send_signal(run_id, name, payload, request_id=request_id))
+
+    def decisions(self, run_id: str, *, task_key: str | None = None) -> list[RunDecision]:
+        return self._run(self._async.decisions(run_id, task_key=task_key))
+
+    def approve(self, run_id: str, task_key: str, comment: str = "") -> Decided:
+        return self._run(self._async.approve(run_id, task_key, comment))
+
+    def reject(self, run_id: str, task_key: str, comment: str = "") -> Decided:
+        return self._run(self._async.reject(run_id, task_key, comment))
+
     def list_workers(self, *, include_inactive: bool = False) -> tuple[Worker, ...]:
         return self._run(self._async.list_workers(include_inactive=include_inactive))
 
@@ -329,3 +346,9 @@ class RunHandle:
 
     def cancel(self, reason: str | None = None) -> Run:
         return self.client._run(self._handle.cancel(reason))
+
+    def signal(
+        self, name: str, payload: Any = None, *, request_id: str | None = None
+    ) -> SignalSent:
+        """Sends this run a signal (AsyncClient.send_signal)."""
+        return self.client._run(self._handle.signal(name, payload, request_id=request_id))

@@ -42,6 +42,7 @@ from awp_sdk.actions import (
     stream_chunk,
 )
 from awp_sdk.replay import Checkpoint, Replay, Savings, Usage
+from awp_sdk.waits import WaitSpec
 
 
 def _as_leased(value: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
@@ -109,6 +110,16 @@ class _MemoryStore:
             Checkpoint("step", name, occurrence, value, usage, attempt=self._attempt)
         )
         return None
+
+    async def await_wait(self, spec: WaitSpec, replayed: Savings) -> Checkpoint | None:
+        """A sleep ends at once (a test does not wait for the clock); a signal or an
+        approval suspends the attempt: add its checkpoint (``Checkpoint("signal", name,
+        0, payload)``) to the checkpoints and run the action again."""
+        if spec.kind != "sleep":
+            return None
+        woke = Checkpoint("sleep", "", spec.occurrence, {"woke_at": "now"}, attempt=self._attempt)
+        self._checkpoints.append(woke)
+        return woke
 
 
 class ActionEnvironment:

@@ -15,13 +15,14 @@ from typing import Any
 
 from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, schedule_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, schedule_pb2, types_pb2
 from awp_protocol.jsonvalue import to_struct
 from awp_sdk import records
 from awp_sdk.decode import message_json
 from awp_sdk.enums import (
     AttemptState,
     CatchupPolicy,
+    CheckpointKind,
     OverlapPolicy,
     RunState,
     TaskState,
@@ -89,6 +90,19 @@ def _error(target: types_pb2.TaskError, error: records.TaskError | None) -> None
         )
 
 
+def _wait(target: durable_pb2.TaskWait, wait: records.TaskWait | None) -> None:
+    if wait is None:
+        return
+    target.SetInParent()
+    target.kind = encode(CheckpointKind, wait.kind)  # type: ignore[assignment]
+    target.name = wait.name
+    target.prompt = wait.prompt
+    target.role = wait.role
+    target.attempt = wait.attempt
+    _stamp(target.since, wait.since)
+    _stamp(target.due_at, wait.due_at)
+
+
 def _task(task: records.TaskStatus) -> control_pb2.Task:
     message = control_pb2.Task(
         key=task.key,
@@ -103,7 +117,15 @@ def _task(task: records.TaskStatus) -> control_pb2.Task:
         hand_backs=task.hand_backs,
         map_parent=task.map_parent or "",
         map_index=task.map_index or 0,
+        suspensions=task.suspensions,
     )
+    # Sent for every task, zeros included (convert.task_to_proto).
+    message.saved.CopyFrom(
+        types_pb2.MemoSavings(
+            steps=task.saved.steps, tokens=task.saved.tokens, cost_usd=task.saved.cost_usd
+        )
+    )
+    _wait(message.wait, task.wait)
     _struct(message.output, task.output)
     _error(message.error, task.error)
     _stamp(message.retry_at, task.retry_at)
@@ -276,6 +298,23 @@ def event(event: records.Event) -> _Json:
     if event.payload:
         _struct(message.payload, event.payload)
     _stamp(message.created_at, event.created_at)
+    return message_json(message)
+
+
+def signal_sent(sent: records.SignalSent) -> _Json:
+    message = durable_pb2.SendSignalResponse(
+        signal_id=sent.signal_id, delivered_to=sent.delivered_to or "", duplicate=sent.duplicate
+    )
+    return message_json(message)
+
+
+def decided(decided: records.Decided) -> _Json:
+    """Approve's answer (Reject's prints alike)."""
+    message = durable_pb2.ApproveResponse(
+        task_state=encode(TaskState, decided.task_state),  # type: ignore[arg-type]
+        resumed_attempt=decided.resumed_attempt,
+    )
+    _stamp(message.decided_at, decided.decided_at)
     return message_json(message)
 
 

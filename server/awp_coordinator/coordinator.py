@@ -55,6 +55,7 @@ class PassReport:
     timed_out: int = 0
     retries_released: int = 0
     starts_released: int = 0
+    waits_released: int = 0
     ticks_fired: int = 0
     withdrawn: int = 0
     dispatched: int = 0
@@ -144,6 +145,8 @@ class Coordinator:
             # Settling attempts just now may have started retry timers of 0 ms.
             if due.retries or report.offline_leases or report.interrupted or report.timed_out:
                 report.retries_released = await coordination.release_retries(conn, batch, term=term)
+            if due.waits:
+                report.waits_released = await coordination.release_waits(conn, batch, term=term)
             if due.starts:
                 report.starts_released = await coordination.release_starts(conn, batch, term=term)
             # Ticks are created only under a leader's term (awp_db.schedules): a pass
@@ -173,7 +176,12 @@ class Coordinator:
                 or report.canceled_runs
                 or report.withdrawn
             )
-            made_ready = report.retries_released or report.starts_released or report.runs_started
+            made_ready = (
+                report.retries_released
+                or report.starts_released
+                or report.waits_released
+                or report.runs_started
+            )
             if made_ready or (due.ready and (due.short or freed)):
                 step_ns = tracing.now_ns()
                 dispatched = await coordination.create_dispatches(

@@ -17,12 +17,9 @@ from awp_protocol.jsonvalue import JsonInvalid, canonical_json, parse_value
 from awp_protocol.limits import MAX_CHECKPOINT_PAGE_BYTES, MAX_MEMO_BYTES
 from awp_protocol.names import CHECKPOINT_NAME_PATTERN, CHECKPOINT_NAME_RULE
 from awp_protocol.results import check_cost
-from awp_protocol.states import CHECKPOINT_KINDS
 from awp_server import control_requests, convert, metrics
 
-CHECKPOINT_KINDS_MAP: Final = convert.enum_map(
-    types_pb2.CheckpointKind, "CHECKPOINT_KIND_", CHECKPOINT_KINDS
-)
+CHECKPOINT_KINDS_MAP: Final = convert.CHECKPOINT_KINDS
 _PAGE_TOKEN: Final = "checkpoints"
 
 log = logging.getLogger("awp.server.checkpoints")

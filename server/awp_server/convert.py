@@ -16,7 +16,7 @@ from uuid import UUID
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, types_pb2
 from awp_db.attempts import AttemptDetail
 from awp_db.events import StoredEvent
 from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
@@ -75,6 +75,9 @@ def enum_map(enum: _EnumTypeWrapper[V], prefix: str, names: Sequence[str]) -> En
 RUN_STATES: Final = enum_map(types_pb2.RunState, "RUN_STATE_", states.RUN_STATES)
 TASK_STATES: Final = enum_map(types_pb2.TaskState, "TASK_STATE_", states.TASK_STATES)
 ATTEMPT_STATES: Final = enum_map(types_pb2.AttemptState, "ATTEMPT_STATE_", states.ATTEMPT_STATES)
+CHECKPOINT_KINDS: Final = enum_map(
+    types_pb2.CheckpointKind, "CHECKPOINT_KIND_", states.CHECKPOINT_KINDS
+)
 DISPATCH_STATES: Final = enum_map(
     types_pb2.DispatchState, "DISPATCH_STATE_", states.DISPATCH_STATES
 )
@@ -240,6 +243,22 @@ def task_to_proto(row: TaskInfo, traceback: str | None = None) -> control_pb2.Ta
         saved=types_pb2.MemoSavings(
             steps=row.saved_steps, tokens=row.saved_tokens, cost_usd=row.saved_cost_usd
         ),
+        suspensions=row.suspensions,
+        wait=_task_wait(row),
+    )
+
+
+def _task_wait(row: TaskInfo) -> durable_pb2.TaskWait | None:
+    if row.wait_kind is None:
+        return None
+    return durable_pb2.TaskWait(
+        kind=CHECKPOINT_KINDS.proto(row.wait_kind),
+        name=row.wait_name or "",
+        prompt=row.wait_prompt or "",
+        role=row.wait_role or "",
+        since=timestamp(row.wait_since),
+        due_at=timestamp(row.wait_due_at),
+        attempt=row.wait_attempt or 0,
     )
 
 

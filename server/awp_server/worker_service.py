@@ -34,7 +34,7 @@ from awp_protocol.limits import (
 )
 from awp_protocol.names import check_register
 from awp_protocol.results import check_result
-from awp_server import checkpoint_rpcs, delivery, metrics, spans
+from awp_server import checkpoint_rpcs, delivery, metrics, spans, wait_rpcs
 from awp_server.batching import (
     MAX_HEARTBEATS_PER_WRITE,
     ClaimBatcher,
@@ -411,6 +411,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         worker_id, token = _session(request.session)
         verdict = await checkpoint_rpcs.record_step(self._pool, worker_id, token, request)
         return worker_pb2.RecordStepResponse(outcome=_VERDICTS[verdict])
+
+    @unary
+    async def Await(
+        self, request: worker_pb2.AwaitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.AwaitResponse:
+        worker_id, token = _session(request.session)
+        return await wait_rpcs.await_wait(self._pool, worker_id, token, request)
 
 
 def _revoked(stream: Stream) -> worker_pb2.HeartbeatResponse:

@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import argparse
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import timestamp_pb2
 from rich.console import Console
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, types_pb2
 from awp_cli import commands, render
 from awp_cli.dev import command as dev
 from awp_cli.errors import Exit, exit_error
+from awp_cli.event_view import event_line
 from awp_cli.render_fleet import stats_view
 from awp_cli.render_runs import run_view, task_counts
 from awp_cli.render_tasks import tasks_table
 from awp_sdk import decode
+from awp_sdk.enums import EventType, TaskState
 from awp_sdk.errors import START_HINT, UnknownEnumValue, from_rpc_error
-from awp_sdk.records import Page
+from awp_sdk.records import Event, Page, RunDecision
 
 
 class Failed(grpc.aio.AioRpcError):
@@ -236,3 +240,88 @@ def test_run_get_shows_the_trace_and_its_link() -> None:
     console = Console(record=True, width=160)
     console.print(run_view(untraced))
     assert "trace" not in console.export_text()
+
+
+def test_run_get_shows_what_tasks_wait_for_and_what_memos_saved() -> None:
+    since = timestamp_pb2.Timestamp(seconds=1_700_000_000)
+    answer = control_pb2.GetRunResponse(
+        run=control_pb2.Run(id="r1", state=types_pb2.RUN_STATE_RUNNING),
+        tasks=[
+            control_pb2.Task(
+                key="review",
+                state=types_pb2.TASK_STATE_WAITING,
+                attempts=3,
+                max_attempts=2,
+                suspensions=2,
+                wait=durable_pb2.TaskWait(
+                    kind=types_pb2.CHECKPOINT_KIND_APPROVAL,
+                    name="approval",
+                    prompt="Publish the summary?",
+                    role="admin",
+                    since=since,
+                    attempt=3,
+                ),
+                saved=types_pb2.MemoSavings(steps=2, tokens=1234, cost_usd=0.02),
+            ),
+            control_pb2.Task(
+                key="hook",
+                state=types_pb2.TASK_STATE_WAITING,
+                wait=durable_pb2.TaskWait(
+                    kind=types_pb2.CHECKPOINT_KIND_SIGNAL, name="payment", since=since
+                ),
+                saved=types_pb2.MemoSavings(steps=1, tokens=100),
+            ),
+            control_pb2.Task(key="done", state=types_pb2.TASK_STATE_SUCCEEDED, attempts=1),
+        ],
+    )
+    console = Console(record=True, width=200)
+    console.print(run_view(decode.run_detail(answer)))
+    shown = console.export_text()
+    # Suspensions are free: 1 of 2 charged, the 2 suspended said apart.
+    assert re.search(r"review\s+waiting\s.*1/2 \+2 suspended\s+-\s+waits for approval", shown), (
+        shown
+    )
+    assert re.search(
+        r"review\s+approval 'approval' by admins\s.*never\s+3\s+Publish the summary\?", shown
+    ), shown
+    assert re.search(r"hook\s+signal 'payment'\s.*never\s+no worker", shown), shown
+    assert "awp approve|reject r1 TASK" in shown
+    assert "memos saved: 3 steps, 1,334 tokens, $0.0200 not run again" in shown
+    assert re.search(r"review: 2 steps, 1,234 tokens, \$0.0200 not run again", shown), shown
+    # The decisions made (the audit trail), as the run's events record them.
+    at = datetime(2025, 1, 1, tzinfo=UTC)
+    decided = [
+        RunDecision("gate", True, "ada", "looks right", 2, at),
+        RunDecision("sign", False, "root", "", None, at),
+    ]
+    console = Console(record=True, width=200)
+    console.print(run_view(decode.run_detail(answer), decided))
+    audit = console.export_text()
+    assert re.search(r"gate  approved by ada at .*, resuming attempt 2: 'looks right'", audit), (
+        audit
+    )
+    assert re.search(r"sign  rejected by root at [-0-9: ]+\n", audit), audit
+    line = event_line(
+        Event("r1", 7, 5, EventType.TASK_STATE, "gate", None, TaskState.WAITING, TaskState.READY,
+              {"approved": True, "decided_by": "ada", "comment": "looks right"}, at)
+    ).plain  # fmt: skip
+    assert line.endswith("waiting -> ready  approved by ada: 'looks right'"), line
+    # A run where nothing waits and no memo saved anything says nothing of either.
+    plain = control_pb2.GetRunResponse(run=answer.run, tasks=[answer.tasks[2]])
+    console = Console(record=True, width=200)
+    console.print(run_view(decode.run_detail(plain)))
+    assert "waiting" not in console.export_text()
+    assert "memos" not in console.export_text()
+
+
+def test_a_signal_payload_is_any_json_value_inline_or_from_a_file(tmp_path: Path) -> None:
+    assert commands.json_value("[1, 2]") == [1, 2]
+    assert commands.json_value('"yes"') == "yes"
+    assert commands.json_value("null") is None
+    payload = tmp_path / "payload.json"
+    payload.write_text('{"paid": 12}')
+    assert commands.json_value(f"@{payload}") == {"paid": 12}
+    with pytest.raises(argparse.ArgumentTypeError, match="not valid JSON"):
+        commands.json_value("{")
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot read"):
+        commands.json_value(f"@{tmp_path / 'missing.json'}")

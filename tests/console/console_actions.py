@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from awp_worker import ActionContext, action
+from awp_worker import ActionContext, PermanentError, RetryableError, action
 
 # How often a gated task looks at its gate: the stand-in for work that takes a while.
 GATE_POLL_S = 0.05
@@ -70,3 +70,31 @@ async def talk(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(GATE_POLL_S)
     await ctx.stream.awrite("the end.")
     return {"words": words}
+
+
+def _model(prompt: str) -> dict[str, Any]:
+    """Stands in for a model call: its answer and the tokens it cost."""
+    return {"text": prompt.upper(), "tokens": 500}
+
+
+@action("console.agent")
+def agent(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Two checkpointed model calls; the first attempt fails after them, so the second
+    replays both memos."""
+    usage = {"tokens": 500, "cost_usd": 0.25}
+    outline = ctx.step("outline", _model, "outline", usage=usage)
+    draft = ctx.step("draft", _model, outline["text"], usage=usage)
+    if ctx.attempt == 1:
+        raise RetryableError("publishing is down; the steps are kept")
+    return {"draft": draft["text"]}
+
+
+@action("console.review")
+def review(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A checkpointed draft, then a person's decision on it: the attempt suspends (holding
+    no slot) until someone decides, and the next one replays the draft."""
+    draft = ctx.step("draft", _model, "the release notes", usage={"tokens": 500})
+    decision = ctx.wait_for_approval(f"Publish {draft['text']}?")
+    if not decision.approved:
+        raise PermanentError(f"rejected by {decision.decided_by}: {decision.comment}")
+    return {"published": draft["text"], "approved_by": decision.decided_by}

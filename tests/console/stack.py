@@ -32,6 +32,7 @@ USERS = {
     "root": Role.ADMIN,
     "alice": Role.SUBMITTER,
     "victor": Role.VIEWER,
+    "ada": Role.APPROVER,
     "fleet": Role.WORKER,
 }
 TOKENS = {name: f"console-test-token-of-{name}" for name in USERS}

@@ -29,8 +29,13 @@ from kit import ServerFactory, ServerHandle, expect_error, spec, start_run
 from kit.db import register
 
 ORIGIN = "https://127.0.0.1:8080"
-TOKENS = {"root": "token-of-root", "alice": "token-of-alice", "victor": "token-of-victor"}
-ROLES = {"root": Role.ADMIN, "alice": Role.SUBMITTER, "victor": Role.VIEWER}
+TOKENS = {
+    "root": "token-of-root",
+    "alice": "token-of-alice",
+    "victor": "token-of-victor",
+    "ada": "token-of-ada",
+}
+ROLES = {"root": Role.ADMIN, "alice": Role.SUBMITTER, "victor": Role.VIEWER, "ada": Role.APPROVER}
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -208,6 +213,40 @@ async def test_a_viewer_gets_no_buttons_and_a_forged_cancel_is_refused_twice(
         Reason.PERMISSION_DENIED,
     )
     assert not (await get_run(server, run_id)).HasField("cancel_requested_at")
+
+
+async def test_a_decision_needs_the_form_token_the_same_origin_and_a_role_that_decides(
+    browser: httpx.AsyncClient, server: ServerHandle, pool: Pool
+) -> None:
+    run_id = await started_run(server, pool)
+    decide = f"/runs/{run_id}/decide"
+    for user in ("victor", "alice"):  # a viewer, and a submitter: neither decides
+        await sign_in(browser, user)
+        csrf = await csrf_of(browser, f"/runs/{run_id}")
+        form = {"csrf": csrf, "task_key": "t0", "decision": "approve", "comment": "ok"}
+        forged = await browser.post(decide, data=form, headers={"origin": ORIGIN})
+        assert forged.status_code == 403, user
+        assert f"&#39;{user}&#39; ({ROLES[user]}) may not call Approve" in forged.text
+    await sign_in(browser, "ada")
+    csrf = await csrf_of(browser, f"/runs/{run_id}")
+    for data, headers in (
+        ({"task_key": "t0", "decision": "reject"}, {"origin": ORIGIN}),
+        ({"csrf": "guessed", "task_key": "t0", "decision": "reject"}, {"origin": ORIGIN}),
+        (
+            {"csrf": csrf, "task_key": "t0", "decision": "reject"},
+            {"origin": "https://evil.example"},
+        ),
+        ({"csrf": csrf, "task_key": "t0", "decision": "reject"}, {}),
+    ):
+        refused = await browser.post(decide, data=data, headers=headers)
+        assert refused.status_code == 403, (data, headers)
+    unknown = await browser.post(
+        decide,
+        data={"csrf": csrf, "task_key": "t0", "decision": "maybe"},
+        headers={"origin": ORIGIN},
+    )
+    assert unknown.status_code == 400
+    assert "decision must be approve or reject" in unknown.text
 
 
 async def test_a_retry_from_the_console_names_the_user(

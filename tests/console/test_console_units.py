@@ -354,6 +354,7 @@ def test_the_task_panel_shows_hand_backs_apart_and_a_map_element_s_parent() -> N
         may_cancel=False,
         may_retry=False,
         retry_request_id="x",
+        decisions=[],
     )
     assert "1 of at most 3" in shown  # the charged attempts: hand-backs are free
     assert "2 handed back by draining workers" in shown
@@ -368,6 +369,7 @@ def test_the_task_panel_shows_hand_backs_apart_and_a_map_element_s_parent() -> N
         may_cancel=False,
         may_retry=False,
         retry_request_id="x",
+        decisions=[],
     )
     assert "1 of at most 3" in plain and "handed back" not in plain and "element" not in plain
 

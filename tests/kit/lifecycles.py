@@ -28,8 +28,11 @@ TASK_MOVES: Final[Lifecycle] = {
     "ready": frozenset({"queued", "canceled", "skipped"}),
     # queued -> ready: the dispatch was withdrawn (no compatible worker), nothing spent.
     "queued": frozenset({"running", "ready", "canceled", "skipped"}),
-    "running": frozenset({"succeeded", "failed", "waiting_retry", "canceled"}),
+    # running -> waiting: its attempt suspended at a wait (§16); waiting -> ready: the wait
+    # was satisfied or timed out.
+    "running": frozenset({"succeeded", "failed", "waiting_retry", "canceled", "waiting"}),
     "waiting_retry": frozenset({"ready", "canceled", "skipped"}),
+    "waiting": frozenset({"ready", "canceled", "skipped"}),
     "succeeded": frozenset(),
     "failed": frozenset(),
     "canceled": frozenset(),
@@ -37,10 +40,13 @@ TASK_MOVES: Final[Lifecycle] = {
 }
 
 ATTEMPT_MOVES: Final[Lifecycle] = {
-    "running": frozenset({"succeeded", "failed", "interrupted", "timed_out", "canceled"}),
+    "running": frozenset(
+        {"succeeded", "failed", "interrupted", "timed_out", "canceled", "suspended"}
+    ),
     "succeeded": frozenset(),
     "failed": frozenset(),
     "interrupted": frozenset(),
+    "suspended": frozenset(),
     "timed_out": frozenset(),
     "canceled": frozenset(),
 }

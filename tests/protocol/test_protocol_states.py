@@ -48,7 +48,7 @@ MACHINES: list[tuple[str, tuple[str, ...], Any, Lifecycle, str, set[str]]] = [
         AttemptState,
         ATTEMPT_MOVES,
         "running",
-        {"succeeded", "failed", "interrupted", "timed_out", "canceled"},
+        {"succeeded", "failed", "interrupted", "timed_out", "canceled", "suspended"},
     ),
     (
         "dispatch",
@@ -179,7 +179,9 @@ def test_design_lifecycles() -> None:
         "interrupted",
         "timed_out",
         "canceled",
+        "suspended",  # at a wait not yet satisfied (§16)
     }
+    assert TASK_MOVES["waiting"] == {"ready", "canceled", "skipped"}
     assert DISPATCH_MOVES["leased"] == {"completed", "expired", "canceled"}
     assert "completed" not in DISPATCH_MOVES["pending"]  # must be leased first
     assert WORKER_MOVES["draining"] == {"stopped", "offline"}

@@ -19,7 +19,8 @@ from awp_sdk import records
 
 ALL = (
     "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptBoundary "
-    "AttemptState "
+    "AttemptState CheckpointKind Decided Decision MemoLimit MemoSavings NotWaiting RunDecision "
+    "RunFinished SignalSent StoredWait TaskWait "
     "AwpError Client Conflict Connection DeadlineExceeded DefinitionConflict DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
     "InvalidArgument LeaseLost Map NotFound OutputStream OutputsOmitted Page PermanentError "
@@ -28,7 +29,8 @@ ALL = (
     "StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem StreamLimit Task "
     "TaskCount TaskError TaskFunction "
     "TaskOptions TaskPage TaskState TaskStatus Unauthenticated Unavailable UnknownEnumValue "
-    "WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound action step"
+    "WaitTimedOut WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound "
+    "action step"
 )
 
 MODULES = {
@@ -37,14 +39,16 @@ MODULES = {
     "action current_context output_struct running stream_chunk",
     "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
-    "awp_sdk.decode": "applied attempt event identity message_json pruned run run_detail "
-    "schedule span stats task task_error task_page when worker workflow",
+    "awp_sdk.decode": "applied attempt decided event identity memo_savings message_json "
+    "pruned run run_detail schedule signal_sent span stats task task_error task_page "
+    "task_wait when worker workflow",
     "awp_sdk.definitions": "Definition MAX_UINT32 OnFailure POLICIES Path_ canonical_key "
     "definition parse_field render_path to_duration unwrap validate",
-    "awp_sdk.enums": "AttemptState CatchupPolicy DispatchState EventType FailurePolicy "
-    "OverlapPolicy RunState TaskState WorkerState decode encode",
+    "awp_sdk.enums": "AttemptState CatchupPolicy CheckpointKind DispatchState EventType "
+    "FailurePolicy OverlapPolicy RunState TaskState WorkerState decode encode",
     "awp_sdk.errors": "AwpError BY_REASON Conflict DeadlineExceeded DefinitionConflict "
-    "DefinitionInvalid FailedPrecondition InvalidArgument LeaseLost NotFound OutputsOmitted "
+    "DefinitionInvalid FailedPrecondition InvalidArgument LeaseLost MemoLimit NotFound "
+    "NotWaiting OutputsOmitted RunFinished json_refused "
     "PermissionDenied ProtocolUnsupported RequestIdConflict RunCanceled RunFailed "
     "RunNotFinished RunNotFound START_HINT ScheduleExists ScheduleNotFound StreamLimit "
     "Unauthenticated Unavailable "
@@ -53,6 +57,7 @@ MODULES = {
     "awp_sdk.handle": "AsyncRunHandle OUTPUT_FETCHES complete_outputs first_failure "
     "last_attempt_error outcome",
     "awp_sdk.records": "",
+    "awp_sdk.records.durable": "Decided MemoSavings RunDecision SignalSent TaskWait",
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
@@ -60,25 +65,32 @@ MODULES = {
     "awp_sdk.schedules": "Catchup Overlap Schedules",
     "awp_sdk.steps": "UsageSpec run_step step",
     "awp_sdk.threads": "call_from_thread",
-    "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWorkflow",
+    "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWait "
+    "StoredWorkflow",
     "awp_sdk.streams": "AttemptBoundary StreamChunk StreamItem task_stream",
     "awp_sdk.sync": "Client RunHandle",
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
-    "awp_sdk.wire": "applied attempts backfilled event pruned run run_detail runs "
-    "schedule schedule_deleted schedules started stats tasks triggered workers workflow "
+    "awp_sdk.resumes": "asked_for_decision decision decision_of decisions signal_request",
+    "awp_sdk.wire": "applied attempts backfilled decided event pruned run run_detail runs "
+    "schedule schedule_deleted schedules signal_sent started stats tasks triggered workers "
+    "workflow "
     "workflows",
+    "awp_sdk.waits": "Decision Duration WaitSpec WaitSuspended WaitTimedOut duration_ms "
+    "sleep wait_for_approval wait_for_signal",
     "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow check_options",
 }
 
 CLIENT_METHODS = (
-    "apply as_caller call cancel close control get_run get_stats get_task_output get_workflow "
+    "apply approve as_caller call cancel close control decisions get_run get_stats get_task_output "
+    "get_workflow "
     "list_attempts list_attempts_page list_runs list_runs_page list_tasks list_tasks_page "
-    "list_workers list_workflows list_workflows_page prune_runs retry run start stream "
+    "list_workers list_workflows list_workflows_page prune_runs reject retry run "
+    "send_signal start stream "
     "task_stream watch who_am_i"
 )
-HANDLE_METHODS = "cancel get result stream watch"
+HANDLE_METHODS = "cancel get result signal stream watch"
 
 RECORD_FIELDS = {
     "Applied": "name version created workflow",
@@ -101,14 +113,21 @@ RECORD_FIELDS = {
     "active_leases oldest_pending",
     "StoredMap": "over path",
     "StoredRetry": "max_attempts initial_backoff max_backoff multiplier",
-    "StoredTask": "key executor_kind action input depends_on retry timeout map on_failure always",
+    "StoredTask": "key executor_kind action input depends_on retry timeout map on_failure always "
+    "wait",
+    "StoredWait": "kind sleep prompt timeout role",
+    "TaskWait": "kind name prompt role since due_at attempt",
+    "MemoSavings": "steps tokens cost_usd",
+    "SignalSent": "signal_id delivered_to duplicate",
+    "Decided": "task_state resumed_attempt decided_at",
+    "RunDecision": "task_key approved decided_by comment resumed_attempt decided_at",
     "StoredWorkflow": "name version description concurrency tasks created_at definition",
     "TaskCount": "state executor_kind count",
     "TaskError": "message retryable type traceback log_tail",
     "TaskPage": "items next_page_token tracebacks_omitted",
     "TaskStatus": "key state executor_kind action depends_on attempts max_attempts output "
     "error retry_at finished_at reused_from_run_id output_omitted hand_backs map_parent "
-    "map_index",
+    "map_index wait suspensions saved",
     "Worker": "id name state executor_kinds max_concurrency active_leases labels "
     "protocol_version registered_at last_heartbeat_at stopped_at",
 }

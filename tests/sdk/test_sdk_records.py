@@ -7,17 +7,17 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 import pytest
-from google.protobuf import descriptor, duration_pb2, struct_pb2, timestamp_pb2
+from google.protobuf import descriptor, duration_pb2, json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, types_pb2
 from awp_protocol.errors import Reason
-from awp_sdk import decode, enums, errors
+from awp_sdk import decode, enums, errors, records, resumes
 from awp_sdk.enums import RunState, TaskState
 
 _counter = itertools.count(1001)
@@ -121,6 +121,9 @@ ANSWERS = [
     (control_pb2.GetStatsResponse, decode.stats),
     (control_pb2.PruneRunsResponse, decode.pruned),
     (control_pb2.WhoAmIResponse, decode.identity),
+    (durable_pb2.SendSignalResponse, decode.signal_sent),
+    (durable_pb2.ApproveResponse, decode.decided),
+    (durable_pb2.RejectResponse, decode.decided),
 ]
 
 
@@ -156,10 +159,50 @@ def test_the_flags_and_enums_of_a_task_are_read() -> None:
     assert decode.task(control_pb2.Task(key="plain", state=1)).map_index is None
 
 
+def test_a_waiting_task_says_what_for_and_its_suspensions_are_free() -> None:
+    task = control_pb2.Task(
+        key="review",
+        state=types_pb2.TASK_STATE_WAITING,
+        attempts=4,
+        hand_backs=1,
+        suspensions=2,
+        wait=durable_pb2.TaskWait(
+            kind=types_pb2.CHECKPOINT_KIND_APPROVAL,
+            name="approval",
+            prompt="Publish?",
+            role="admin",
+            since=timestamp_pb2.Timestamp(seconds=1_700_000_000),
+            attempt=4,
+        ),
+        saved=types_pb2.MemoSavings(steps=2, tokens=1234, cost_usd=0.02),
+    )
+    record = decode.task(task)
+    assert record.state is TaskState.WAITING
+    assert record.charged_attempts == 1
+    assert record.wait is not None
+    assert (record.wait.kind, record.wait.name, record.wait.prompt, record.wait.role) == (
+        enums.CheckpointKind.APPROVAL,
+        "approval",
+        "Publish?",
+        "admin",
+    )
+    assert (record.wait.due_at, record.wait.attempt) == (None, 4)  # unset: never times out
+    assert (record.saved.steps, record.saved.tokens, record.saved.cost_usd) == (2, 1234, 0.02)
+    # The run's savings are its tasks' summed.
+    other = dataclasses.replace(record, key="other", saved=records.MemoSavings(1, 100, 0.01))
+    detail = records.RunDetail(decode.run(control_pb2.Run(state=1)), {"a": record, "b": other}, ())
+    assert detail.saved == records.MemoSavings(3, 1334, 0.03)
+    # A task that waits for nothing has no wait, and saved nothing.
+    plain = decode.task(control_pb2.Task(key="plain", state=types_pb2.TASK_STATE_RUNNING))
+    assert plain.wait is None
+    assert not plain.saved
+
+
 PAIRS = [
     (enums.RunState, types_pb2.RunState),
     (enums.TaskState, types_pb2.TaskState),
     (enums.AttemptState, types_pb2.AttemptState),
+    (enums.CheckpointKind, types_pb2.CheckpointKind),
     (enums.DispatchState, types_pb2.DispatchState),
     (enums.WorkerState, types_pb2.WorkerState),
     (enums.EventType, types_pb2.EventType),
@@ -205,3 +248,50 @@ def test_every_protocol_reason_has_its_error_class() -> None:
     assert set(errors.BY_REASON) == set(Reason)
     assert errors.BY_REASON[Reason.RUN_NOT_FOUND] is errors.RunNotFound
     assert all(issubclass(kind, errors.AwpError) for kind in errors.BY_REASON.values())
+
+
+def test_a_signal_s_payload_is_any_json_value_and_refused_before_sending_if_not_exact() -> None:
+    for payload in (None, 3, "yes", [1, {"a": None}], {"paid": 12.5}):
+        request = resumes.signal_request("r", "paid", payload, None)
+        assert json_format.MessageToDict(request.payload) == payload
+    assert resumes.signal_request("r", "paid", 1, "once").request_id == "once"
+    with pytest.raises(errors.InvalidArgument) as refused:
+        resumes.signal_request("r", "paid", {"amount": [1, 2**60]}, None)
+    assert [v.field for v in refused.value.violations] == ["payload.amount[1]"]
+    assert "2**53" in refused.value.message
+    approve = resumes.decision("r", "review", "fine", approve=True)
+    reject = resumes.decision("r", "review", "", approve=False)
+    assert isinstance(approve, durable_pb2.ApproveRequest)
+    assert isinstance(reject, durable_pb2.RejectRequest)
+    assert (approve.task_key, approve.comment) == ("review", "fine")
+
+
+def test_a_decision_is_read_from_the_event_that_records_it() -> None:
+    at = datetime(2025, 1, 1, tzinfo=UTC)
+
+    def event(payload: dict[str, Any], key: str | None = "review") -> records.Event:
+        return records.Event(
+            "r", 7, 5, enums.EventType.TASK_STATE, key, None, TaskState.WAITING,
+            TaskState.READY, payload, at,
+        )  # fmt: skip
+
+    payload = {"approved": True, "decided_by": "ada", "comment": "go", "resumed_attempt": 2}
+    assert resumes.decision_of(event(payload)) == records.RunDecision(
+        "review", True, "ada", "go", 2, at
+    )
+    # A wait task resumes no attempt.
+    rejected = resumes.decision_of(event({"approved": False, "decided_by": "root"}))
+    assert rejected == records.RunDecision("review", False, "root", "", None, at)
+    # Any other event records no decision.
+    assert resumes.decision_of(event({"by": "alice"})) is None
+    assert resumes.decision_of(event({"approved": "yes"})) is None
+    assert resumes.decision_of(event(payload, key=None)) is None
+
+
+def test_only_a_task_that_waits_waited_or_is_a_wait_asked_for_a_decision() -> None:
+    plain = decode.task(
+        control_pb2.Task(key="a", state=types_pb2.TASK_STATE_SUCCEEDED, executor_kind="python")
+    )
+    assert not resumes.asked_for_decision(plain)
+    assert resumes.asked_for_decision(dataclasses.replace(plain, suspensions=1))
+    assert resumes.asked_for_decision(dataclasses.replace(plain, executor_kind=""))

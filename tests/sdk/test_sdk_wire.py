@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, schedule_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, schedule_pb2, types_pb2
 from awp_sdk import decode, wire
 from awp_sdk.decode import message_json
 
@@ -77,6 +77,27 @@ def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
                 reused_from_run_id="r0",
             ),
             control_pb2.Task(key="b[1]", state=types_pb2.TASK_STATE_READY, map_parent="b"),
+            control_pb2.Task(
+                key="review",
+                state=types_pb2.TASK_STATE_WAITING,
+                attempts=3,
+                suspensions=2,
+                wait=durable_pb2.TaskWait(
+                    kind=types_pb2.CHECKPOINT_KIND_APPROVAL,
+                    name="approval",
+                    prompt="Publish?",
+                    role="admin",
+                    since=_at(6),
+                    due_at=_at(3600),
+                    attempt=3,
+                ),
+                saved=types_pb2.MemoSavings(steps=2, tokens=1234, cost_usd=0.25),
+            ),
+            control_pb2.Task(
+                key="nap",
+                state=types_pb2.TASK_STATE_WAITING,
+                wait=durable_pb2.TaskWait(kind=types_pb2.CHECKPOINT_KIND_SLEEP, since=_at(7)),
+            ),
         ],
         attempts=[
             control_pb2.Attempt(
@@ -97,6 +118,8 @@ def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
         tracebacks_omitted=2,
         tasks_omitted=3,
     )
+    for task in answer.tasks:  # the server sends every task's savings, zeros included
+        task.saved.SetInParent()
     assert wire.run_detail(decode.run_detail(answer)) == message_json(answer)
     listed = control_pb2.ListTasksResponse(
         tasks=answer.tasks, next_page_token="t", tracebacks_omitted=4
@@ -108,6 +131,21 @@ def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
     attempts = control_pb2.ListAttemptsResponse(attempts=answer.attempts, next_page_token="n")
     decoded = tuple(map(decode.attempt, attempts.attempts))
     assert wire.attempts(decoded, "n") == message_json(attempts)
+
+
+def test_signals_and_decisions_print_as_sent() -> None:
+    sent = durable_pb2.SendSignalResponse(signal_id=42, delivered_to="review", duplicate=True)
+    assert wire.signal_sent(decode.signal_sent(sent)) == message_json(sent)
+    buffered = durable_pb2.SendSignalResponse(signal_id=43)
+    assert wire.signal_sent(decode.signal_sent(buffered)) == message_json(buffered)
+    approved = durable_pb2.ApproveResponse(
+        task_state=types_pb2.TASK_STATE_READY, resumed_attempt=3, decided_at=_at(9)
+    )
+    assert wire.decided(decode.decided(approved)) == message_json(approved)
+    rejected = durable_pb2.RejectResponse(
+        task_state=types_pb2.TASK_STATE_FAILED, decided_at=_at(10)
+    )
+    assert wire.decided(decode.decided(rejected)) == message_json(rejected)
 
 
 def test_runs_and_their_answers_print_as_sent() -> None:

@@ -54,11 +54,24 @@ SCHEDULE_WRITES = (
     "TriggerSchedule",
     "BackfillSchedule",
 )
+# A signal is input to a run, as starting it is; a decision is an approver's (§16).
+DECISIONS = ("Approve", "Reject")
 MAY_CALL = {
     Role.WORKER: {"Register", "WhoAmI"},
     Role.VIEWER: {*READS, "WhoAmI"},
-    Role.SUBMITTER: {*READS, *SCHEDULE_WRITES, "WhoAmI", "StartRun", "CancelRun", "RetryRun"},
+    Role.SUBMITTER: {
+        *READS,
+        *SCHEDULE_WRITES,
+        "WhoAmI",
+        "StartRun",
+        "CancelRun",
+        "RetryRun",
+        "SendSignal",
+    },
+    Role.APPROVER: {*READS, *DECISIONS, "WhoAmI"},
     Role.ADMIN: {
+        *DECISIONS,
+        "SendSignal",
         *READS,
         *SCHEDULE_WRITES,
         "WhoAmI",

@@ -111,6 +111,7 @@ class Attempts:
             session.lease_call,
             lambda reason: self._memo_lost(holding[0], reason),
             fields,
+            lambda: self._suspended(holding[0]),
         )
         stream = StreamWriter(
             lease,
@@ -153,6 +154,13 @@ class Attempts:
         lease were revoked."""
         if self._owner.leases.holds(held):
             revoke(self._owner, held, "lost")
+
+    def _suspended(self, held: HeldLease) -> None:
+        """The attempt ended SUSPENDED at a wait (the server ended its lease): stop it,
+        report nothing, free the slot."""
+        if self._owner.leases.holds(held):
+            self._owner.leases.release(held)
+            held.cancel("suspended")
 
     def _memo_lost(self, held: HeldLease, reason: str) -> None:
         self._owner.metrics.memos_refused.inc()

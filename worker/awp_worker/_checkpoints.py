@@ -1,5 +1,6 @@
 """An attempt's checkpoints on the wire: the worker's ``CheckpointStore`` (awp_sdk.replay)
-over LoadCheckpoints and RecordStep (DESIGN.md §16).
+over LoadCheckpoints, RecordStep and Await (DESIGN.md §16). An Await answered
+SUSPENDED ends the attempt without a result (``on_suspended``: the slot is freed).
 
 Both are fenced by the server exactly as Complete is. Transient failures are retried
 (a resent RecordStep is answered DUPLICATE) while the attempt lives; an async action's
@@ -24,7 +25,8 @@ from awp.v1 import types_pb2, worker_pb2
 from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import parse_value
 from awp_sdk.actions import ActionCancelled, PermanentError
-from awp_sdk.replay import KINDS, Checkpoint, Kind, Usage
+from awp_sdk.replay import KINDS, Checkpoint, Kind, Savings, Usage
+from awp_sdk.waits import WaitSpec
 from awp_worker import _errors
 from awp_worker._backoff import Backoff
 from awp_worker._errors import classify, describe, error_reason
@@ -70,10 +72,12 @@ class LeaseCheckpoints:
         call: LeaseCall,
         on_lost: Callable[[str], None],
         log_fields: dict[str, Any],
+        on_suspended: Callable[[], None] = lambda: None,
     ) -> None:
         self._lease = lease
         self._call = call
         self._on_lost = on_lost
+        self._on_suspended = on_suspended
         self._fields = log_fields
         self._lost: str | None = None
         self._closed = False
@@ -119,6 +123,35 @@ class LeaseCheckpoints:
             raise RuntimeError(f"RecordStep answered RESULT_CONFLICT for step {name!r} it lacks")
         self._lose("RecordStep: lease lost")
         raise CheckpointsLost(f"step {name!r} of attempt {self._lease.attempt}: lease lost")
+
+    async def await_wait(self, spec: WaitSpec, replayed: Savings) -> Checkpoint | None:
+        request = worker_pb2.AwaitRequest(
+            dispatch_id=self._lease.dispatch_id,
+            lease_token=self._lease.lease_token,
+            kind=types_pb2.CheckpointKind.Value(f"CHECKPOINT_KIND_{spec.kind.upper()}"),
+            name=spec.name,
+            occurrence=spec.occurrence,
+            prompt=spec.prompt,
+            role=spec.role,
+            replayed=types_pb2.MemoSavings(
+                steps=replayed.steps, tokens=replayed.tokens, cost_usd=replayed.cost_usd
+            ),
+        )
+        if spec.sleep_ms is not None:
+            request.sleep.FromMilliseconds(spec.sleep_ms)
+        if spec.timeout_ms is not None:
+            request.timeout.FromMilliseconds(spec.timeout_ms)
+        response: worker_pb2.AwaitResponse = await self._send("Await", request)
+        if response.outcome == worker_pb2.AWAIT_OUTCOME_SATISFIED:
+            return checkpoint_from_proto(response.checkpoint)
+        if response.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED:
+            # The lease ended with the attempt: free the slot, report nothing.
+            log.info("suspended at the %s wait %r", spec.kind, spec.name, extra=self._fields)
+            self._lost = f"suspended at the {spec.kind} wait {spec.name!r}"
+            self._on_suspended()
+            return None
+        self._lose("Await: lease lost")
+        raise CheckpointsLost(f"wait {spec.name!r} of attempt {self._lease.attempt}: lease lost")
 
     def close(self) -> None:
         """The attempt is over: a call in flight or made later is not resent."""

@@ -436,6 +436,9 @@
   for (const t of tasks) runCounts[t[1]] = (runCounts[t[1]] || 0) + 1;
   bindGraph();
   refilter();
+  // A form that acted on a task (a decision) comes back here with it named: #task=KEY.
+  const named = /^#task=(.+)$/.exec(location.hash);
+  if (named) select(decodeURIComponent(named[1]));
   window.awpFollow(data.run, apply);
   // For tests and the benchmark: the page has drawn what it was given.
   requestAnimationFrame(() => {

@@ -53,8 +53,8 @@ WITH picked AS (
        SET state = 'running', attempts = t.attempts + 1
       FROM leased l
      WHERE t.id = l.task_id AND t.state = 'queued'
- -- A free hand-back moves the last attempt's number up by one (migration 0009).
- RETURNING t.id, t.key, t.attempts, t.max_attempts + t.hand_backs AS max_attempts, t.action,
+ -- A free hand-back (migration 0009) or suspension (0016) moves the last attempt's number up by one.
+ RETURNING t.id, t.key, t.attempts, t.max_attempts + t.hand_backs + t.suspensions AS max_attempts, t.action,
            t.input, t.executor_kind, t.depends_on, t.ready_at
 ), recorded AS (
     INSERT INTO attempts (task_id, run_id, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)

@@ -46,7 +46,7 @@ SELECT r.id FROM runs r
    AND NOT EXISTS (
        SELECT 1 FROM tasks t
         WHERE t.run_id = r.id
-          AND t.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+          AND t.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry', 'waiting')
           AND NOT (t.always AND t.state = 'pending'))
  ORDER BY r.id
  LIMIT $1
@@ -55,7 +55,7 @@ SELECT r.id FROM runs r
 -- A pass's first read: which kinds of work have candidates now (each the exact
 -- condition of that step's candidate query; the steps re-check under their locks),
 -- whether any task is ready, and the seconds until the earliest lease expiry, attempt
--- deadline, retry timer, delayed start, schedule tick or worker silence threshold ($1 of a session's own heartbeat
+-- deadline, retry timer, wait's due time (a sleep's end, a wait's timeout), delayed start, schedule tick or worker silence threshold ($1 of a session's own heartbeat
 -- intervals and at least $2 ms, counted from the later of its last heartbeat and
 -- heartbeat_silence_from(), as locks.silent_sessions), NULL when none is pending.
 -- The difference is taken on the database clock, so the coordinator's clock never
@@ -81,6 +81,8 @@ SELECT EXISTS (SELECT 1 FROM runs
                                    WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)))
            AS unservable,
        EXISTS (SELECT 1 FROM tasks WHERE state = 'ready') AS ready,
+       EXISTS (SELECT 1 FROM tasks
+                WHERE state = 'waiting' AND wait_due_at <= clock_timestamp()) AS waits,
        -- Delayed starts whose time has come, and schedules with a due tick or a
        -- buffered tick free to start (the same conditions as due_starts and
        -- schedules.sql: due).
@@ -111,6 +113,7 @@ SELECT EXISTS (SELECT 1 FROM runs
            (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),
            (SELECT min(attempt_deadline) FROM dispatches WHERE state = 'leased'),
            (SELECT min(retry_at) FROM tasks WHERE state = 'waiting_retry'),
+           (SELECT min(wait_due_at) FROM tasks WHERE state = 'waiting'),
            (SELECT min(start_at) FROM runs WHERE awaiting_start),
            (SELECT min(next_tick_at) FROM schedules WHERE NOT paused),
            (SELECT min(greatest(last_heartbeat_at, (SELECT heartbeat_silence_from()))

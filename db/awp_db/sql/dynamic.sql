@@ -135,7 +135,7 @@ UPDATE tasks t
        retry_at = NULL, finished_at = clock_timestamp()
   FROM (SELECT id, state FROM tasks
          WHERE parent_id = ANY($1::bigint[])
-           AND state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')) live
+           AND state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry', 'waiting')) live
  WHERE t.id = live.id
 RETURNING t.run_id, t.key, live.state AS from_state, t.state AS to_state
 
@@ -168,6 +168,6 @@ UPDATE tasks t
    AND NOT EXISTS (
        SELECT 1 FROM tasks l
         WHERE l.run_id = t.run_id
-          AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+          AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry', 'waiting')
           AND (NOT l.always OR l.key = ANY(t.depends_on)))
 RETURNING t.run_id, t.key

@@ -90,7 +90,7 @@ SELECT r.id
 SELECT locked.*, clock_timestamp() AS now
   FROM (SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash,
                d.result_hash, d.lease_expires_at, d.attempt_deadline,
-               a.attempt, t.key AS task_key, t.max_attempts, t.hand_backs,
+               a.attempt, t.key AS task_key, t.max_attempts, t.hand_backs, t.suspensions,
                t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier
           FROM dispatches d
           JOIN tasks t ON t.id = d.task_id
@@ -114,7 +114,7 @@ SELECT id FROM dispatches
 -- the reaper can never both win. A passed deadline wins over an expired lease.
 SELECT d.id, d.run_id, d.task_id, d.state, d.worker_id, d.lease_token_hash, d.result_hash,
        d.lease_expires_at, d.attempt_deadline,
-       a.attempt, t.key AS task_key, t.max_attempts, t.hand_backs, t.backoff_initial_ms,
+       a.attempt, t.key AS task_key, t.max_attempts, t.hand_backs, t.suspensions, t.backoff_initial_ms,
        t.backoff_max_ms, t.backoff_multiplier,
        clock_timestamp() AS now,
        CASE WHEN d.attempt_deadline <= clock_timestamp() THEN 'timed_out'

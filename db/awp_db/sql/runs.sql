@@ -67,7 +67,8 @@ SELECT t.id, t.key, t.state, t.executor_kind, t.action, t.depends_on, t.attempts
        coalesce(octet_length(t.output::text) > $2, false) AS output_omitted, t.error,
        t.retry_at, t.finished_at, t.reused_from_run_id, t.hand_backs,
        p.key AS map_parent, t.map_index,
-       t.saved_steps, t.saved_tokens, t.saved_cost_usd
+       t.saved_steps, t.saved_tokens, t.saved_cost_usd, t.suspensions, t.wait_kind,
+       t.wait_name, t.wait_prompt, t.wait_role, t.wait_since, t.wait_due_at, t.wait_attempt
   FROM tasks t LEFT JOIN tasks p ON p.id = t.parent_id
  WHERE t.run_id = $1 AND t.id > $3
  ORDER BY t.id

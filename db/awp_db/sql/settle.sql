@@ -66,7 +66,7 @@ WITH e AS (
      WHERE NOT EXISTS (
            SELECT 1 FROM tasks l
             WHERE l.run_id = r.run_id
-              AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+              AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry', 'waiting')
               AND NOT (l.always AND l.state = 'pending')
               AND l.id NOT IN (SELECT id FROM ended_tasks WHERE state IN ('succeeded', 'failed')))
 )
@@ -122,7 +122,7 @@ RETURNING a.run_id, t.key, a.attempt
 WITH live AS (
     SELECT id, state FROM tasks
      WHERE run_id = ANY($1::uuid[])
-       AND state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry')
+       AND state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry', 'waiting')
        AND ($3::bool OR NOT always)
        FOR NO KEY UPDATE
 )
@@ -144,7 +144,7 @@ SELECT r.id,
    AND NOT EXISTS (
        SELECT 1 FROM tasks l
         WHERE l.run_id = r.id
-          AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry'))
+          AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry', 'waiting'))
  GROUP BY r.id
 
 -- name: finish_run

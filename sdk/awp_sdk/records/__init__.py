@@ -8,6 +8,7 @@ payloads) are what the action returned: integral numbers within 2**53 as int
 decode.py, then in whoever renders it (docs/architecture.md).
 """
 
+from awp_sdk.records.durable import Decided, MemoSavings, RunDecision, SignalSent, TaskWait
 from awp_sdk.records.fleet import (
     DispatchCount,
     Identity,
@@ -27,28 +28,41 @@ from awp_sdk.records.runs import (
     TaskStatus,
 )
 from awp_sdk.records.schedules import Schedule, ScheduleTick
-from awp_sdk.records.workflows import Applied, StoredMap, StoredRetry, StoredTask, StoredWorkflow
+from awp_sdk.records.workflows import (
+    Applied,
+    StoredMap,
+    StoredRetry,
+    StoredTask,
+    StoredWait,
+    StoredWorkflow,
+)
 
 __all__ = [
     "Applied",
     "Attempt",
+    "Decided",
     "DispatchCount",
     "Event",
     "Identity",
+    "MemoSavings",
     "Page",
     "Pruned",
     "Run",
+    "RunDecision",
     "RunDetail",
     "Schedule",
     "ScheduleTick",
+    "SignalSent",
     "Stats",
     "StoredMap",
     "StoredRetry",
     "StoredTask",
+    "StoredWait",
     "StoredWorkflow",
     "TaskCount",
     "TaskError",
     "TaskPage",
     "TaskStatus",
+    "TaskWait",
     "Worker",
 ]

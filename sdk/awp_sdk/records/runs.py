@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 from awp_protocol.states import HANDED_BACK
 from awp_sdk.enums import AttemptState, EventType, RunState, TaskState
 from awp_sdk.errors import OutputsOmitted
+from awp_sdk.records.durable import MemoSavings, TaskWait
 
 T = TypeVar("T")
 
@@ -91,8 +92,8 @@ class TaskStatus:
     executor_kind: str
     action: str
     depends_on: tuple[str, ...]
-    # Attempts started, hand-backs included; attempts - hand_backs count against
-    # max_attempts.
+    # Attempts started, hand-backs and suspensions included; attempts - hand_backs -
+    # suspensions count against max_attempts.
     attempts: int
     max_attempts: int
     output: dict[str, Any] | None
@@ -109,10 +110,16 @@ class TaskStatus:
     # Set on a map element: the map task's key and the element's 0-based index.
     map_parent: str | None = None
     map_index: int | None = None
+    # Set while the task is WAITING: what for.
+    wait: TaskWait | None = None
+    # Attempts that ended suspended at a wait, free of charge like hand-backs.
+    suspensions: int = 0
+    # What replayed step memos saved this task's attempts.
+    saved: MemoSavings = field(default_factory=MemoSavings)
 
     @property
     def charged_attempts(self) -> int:
-        return self.attempts - self.hand_backs
+        return self.attempts - self.hand_backs - self.suspensions
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,16 @@ class RunDetail:
     tasks_omitted: int = 0
     attempts_omitted: int = 0
     tracebacks_omitted: int = 0
+
+    @property
+    def saved(self) -> MemoSavings:
+        """What replayed step memos saved the run: its tasks' savings summed."""
+        tasks = self.tasks.values()
+        return MemoSavings(
+            steps=sum(task.saved.steps for task in tasks),
+            tokens=sum(task.saved.tokens for task in tasks),
+            cost_usd=sum(task.saved.cost_usd for task in tasks),
+        )
 
     def outputs(self) -> dict[str, dict[str, Any]]:
         """The output of every task that succeeded, by task key, however large: never a

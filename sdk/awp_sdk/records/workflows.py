@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from awp_sdk.enums import FailurePolicy
+from awp_sdk.enums import CheckpointKind, FailurePolicy
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,19 @@ class StoredMap:
 
 
 @dataclass(frozen=True)
+class StoredWait:
+    """A wait task no worker runs: a SLEEP of ``sleep`` from when it is ready, or an
+    APPROVAL asking ``prompt`` (``timeout`` None: waits for ever; ``role``: who besides
+    admins may decide, "" for approvers)."""
+
+    kind: CheckpointKind
+    sleep: timedelta | None
+    prompt: str
+    timeout: timedelta | None
+    role: str
+
+
+@dataclass(frozen=True)
 class StoredTask:
     """One task of a stored workflow definition."""
 
@@ -42,6 +55,8 @@ class StoredTask:
     map: StoredMap | None
     on_failure: FailurePolicy
     always: bool
+    # Set on a wait task (no executor_kind nor action).
+    wait: StoredWait | None = None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """What holds in every committed state, over the whole database: the concurrency limits,
 each task agreeing with its dispatches and attempts, each map task with its elements,
 every run's event log, nothing live in a finished run, nothing leased to a gone worker,
-every output stream's fencing and offsets (streams.py), and the schedule rules
+every output stream's fencing and offsets (streams.py), the checkpoint rules
+(checkpoints.py), the wait and signal rules (waits.py) and the schedule rules
 (schedules.py)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from kit.invariants.common import Db
 from kit.invariants.schedules import schedule_problems
 from kit.invariants.streams import stream_problems
 from kit.invariants.traces import trace_problems
+from kit.invariants.waits import wait_problems
 
 
 async def committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[str, int]]:
@@ -32,6 +34,7 @@ async def committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[st
     problems.extend(await _leased_to_gone_workers(conn))
     problems.extend(await stream_problems(conn))
     problems.extend(await checkpoint_problems(conn))
+    problems.extend(await wait_problems(conn))
     problems.extend(await schedule_problems(conn))
     problems.extend(await trace_problems(conn))
     for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
