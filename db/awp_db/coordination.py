@@ -54,7 +54,7 @@ class Due:
     ready: bool
     starts: bool
     schedules: bool
-    # Some kind's offers need topping up (dispatching.refill_due).
+    # Some kind's offers need topping up (grant.refill_due).
     short: bool
     next_due_in: float | None
 

@@ -120,11 +120,14 @@ CREATE TABLE public.dispatches (
     attempt_deadline timestamp with time zone,
     result_hash bytea,
     finished_at timestamp with time zone,
+    concurrency_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    concurrency_max integer[] DEFAULT '{}'::integer[] NOT NULL,
     CONSTRAINT dispatches_check CHECK (((state = 'pending'::text) OR (state = 'canceled'::text) OR (state = 'expired'::text) OR (worker_id IS NOT NULL))),
     CONSTRAINT dispatches_check1 CHECK (((state <> 'leased'::text) OR ((lease_token_hash IS NOT NULL) AND (lease_expires_at IS NOT NULL) AND (attempt_deadline IS NOT NULL) AND (fencing_token IS NOT NULL)))),
     CONSTRAINT dispatches_check2 CHECK (((lease_expires_at IS NULL) OR (lease_expires_at <= attempt_deadline))),
     CONSTRAINT dispatches_check3 CHECK (((state = 'completed'::text) = (result_hash IS NOT NULL))),
     CONSTRAINT dispatches_check4 CHECK (((state = ANY (ARRAY['completed'::text, 'expired'::text, 'canceled'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT dispatches_concurrency_aligned CHECK ((cardinality(concurrency_keys) = cardinality(concurrency_max))),
     CONSTRAINT dispatches_lease_token_hash_check CHECK ((length(lease_token_hash) = 32)),
     CONSTRAINT dispatches_result_hash_check CHECK ((length(result_hash) = 32)),
     CONSTRAINT dispatches_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'completed'::text, 'expired'::text, 'canceled'::text])))
@@ -135,6 +138,8 @@ COMMENT ON TABLE public.dispatches IS 'Offers of a task to the workers of its ex
 COMMENT ON COLUMN public.dispatches.lease_token_hash IS 'SHA-256 of the lease token; the token itself is never stored.';
 
 COMMENT ON COLUMN public.dispatches.result_hash IS 'SHA-256 of the canonical accepted result: a repeat is DUPLICATE, a change RESULT_CONFLICT.';
+
+COMMENT ON COLUMN public.dispatches.concurrency_keys IS 'The keys this dispatch holds a unit of while pending or leased (awp_db.grant).';
 
 CREATE SEQUENCE public.dispatches_id_seq
     START WITH 1
@@ -369,6 +374,8 @@ CREATE TABLE public.tasks (
     map_index integer,
     on_failure text DEFAULT 'fail_run'::text NOT NULL,
     always boolean DEFAULT false NOT NULL,
+    concurrency_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    concurrency_max integer[] DEFAULT '{}'::integer[] NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
     CONSTRAINT tasks_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -376,6 +383,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_check2 CHECK (((state = 'waiting_retry'::text) = (retry_at IS NOT NULL))),
     CONSTRAINT tasks_check3 CHECK (((state <> 'pending'::text) OR (unfinished_deps > 0))),
     CONSTRAINT tasks_check4 CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT tasks_concurrency_aligned CHECK ((cardinality(concurrency_keys) = cardinality(concurrency_max))),
     CONSTRAINT tasks_element CHECK (((parent_id IS NULL) = (map_index IS NULL))),
     CONSTRAINT tasks_element_not_a_map CHECK (((parent_id IS NULL) OR (map_over IS NULL))),
     CONSTRAINT tasks_elements_left_check CHECK ((elements_left >= 0)),
@@ -420,6 +428,8 @@ COMMENT ON COLUMN public.tasks.map_index IS 'An element of a map task: its 0-bas
 COMMENT ON COLUMN public.tasks.on_failure IS 'What the task''s permanent failure does: fail_run stops the run; continue skips only its downstream.';
 
 COMMENT ON COLUMN public.tasks.always IS 'Runs once every other task is terminal (not on cancel); never in another task''s dependents.';
+
+COMMENT ON COLUMN public.tasks.concurrency_keys IS 'Keys rendered from the run input at creation; each of its leases holds one unit of each.';
 
 CREATE SEQUENCE public.tasks_id_seq
     START WITH 1
@@ -585,6 +595,8 @@ COMMENT ON INDEX public.dispatches_leased_by_expiry IS 'The reaper''s expired le
 CREATE INDEX dispatches_leased_by_worker ON public.dispatches USING btree (worker_id) WHERE (state = 'leased'::text);
 
 COMMENT ON INDEX public.dispatches_leased_by_worker IS 'A worker''s leases: free slots at claim, hand-back at drain, settlement when it goes offline.';
+
+CREATE INDEX dispatches_live_keyed ON public.dispatches USING btree (id) WHERE ((state = ANY (ARRAY['pending'::text, 'leased'::text])) AND (cardinality(concurrency_keys) > 0));
 
 CREATE UNIQUE INDEX dispatches_one_live_per_task ON public.dispatches USING btree (task_id) WHERE (state = ANY (ARRAY['pending'::text, 'leased'::text]));
 

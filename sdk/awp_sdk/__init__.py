@@ -74,6 +74,7 @@ from awp_sdk.records import (
     Run,
     RunDetail,
     Stats,
+    StoredConcurrency,
     StoredMap,
     StoredRetry,
     StoredTask,
@@ -86,7 +87,7 @@ from awp_sdk.records import (
 )
 from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
-from awp_sdk.workflow import Map, Retry, Task, TaskFunction, TaskOptions, Workflow
+from awp_sdk.workflow import Concurrency, Map, Retry, Task, TaskFunction, TaskOptions, Workflow
 
 __all__ = [
     "ActionCancelled",
@@ -99,6 +100,7 @@ __all__ = [
     "AttemptState",
     "AwpError",
     "Client",
+    "Concurrency",
     "Conflict",
     "Connection",
     "DeadlineExceeded",
@@ -134,6 +136,7 @@ __all__ = [
     "RunNotFound",
     "RunState",
     "Stats",
+    "StoredConcurrency",
     "StoredMap",
     "StoredRetry",
     "StoredTask",

@@ -211,6 +211,9 @@ def _stored_task(message: types_pb2.TaskDefinition) -> records.StoredTask:
         if message.on_failure
         else FailurePolicy.FAIL_RUN,
         always=message.always,
+        concurrency_limits=tuple(
+            records.StoredConcurrency(limit.key, limit.max) for limit in message.concurrency_limits
+        ),
     )
 
 

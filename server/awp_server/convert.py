@@ -16,7 +16,7 @@ from uuid import UUID
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, limits_pb2, types_pb2
 from awp_db.attempts import AttemptDetail
 from awp_db.events import StoredEvent
 from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
@@ -152,6 +152,10 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                 ),
                 on_failure=FAILURE_POLICY.proto(task.on_failure),
                 always=task.always,
+                concurrency_limits=[
+                    limits_pb2.ConcurrencyLimit(key=limit.key, max=limit.max)
+                    for limit in task.concurrency_limits
+                ],
             )
             for task in spec.tasks
         ],

@@ -20,12 +20,14 @@ from awp_sdk import records
 ALL = (
     "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptBoundary "
     "AttemptState "
-    "AwpError Client Conflict Connection DeadlineExceeded DefinitionConflict DefinitionInvalid "
+    "AwpError Client Concurrency Conflict Connection DeadlineExceeded DefinitionConflict "
+    "DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
     "InvalidArgument LeaseLost Map NotFound OutputStream OutputsOmitted Page PermanentError "
     "PermissionDenied ProtocolUnsupported Pruned RequestIdConflict Retry RetryableError Run "
     "RunCanceled RunDetail RunFailed RunHandle RunNotFinished RunNotFound RunState Stats "
-    "StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem StreamLimit Task "
+    "StoredConcurrency StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem "
+    "StreamLimit Task "
     "TaskCount TaskError TaskFunction "
     "TaskOptions TaskPage TaskState TaskStatus Unauthenticated Unavailable UnknownEnumValue "
     "WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound action"
@@ -57,7 +59,8 @@ MODULES = {
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
     "awp_sdk.schedules": "Catchup Overlap Schedules",
-    "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWorkflow",
+    "awp_sdk.records.workflows": "Applied StoredConcurrency StoredMap StoredRetry StoredTask "
+    "StoredWorkflow",
     "awp_sdk.streams": "AttemptBoundary StreamChunk StreamItem task_stream",
     "awp_sdk.sync": "Client RunHandle",
     "awp_sdk.testing": "ActionEnvironment",
@@ -66,7 +69,8 @@ MODULES = {
     "awp_sdk.wire": "applied attempts backfilled event pruned run run_detail runs "
     "schedule schedule_deleted schedules started stats tasks triggered workers workflow "
     "workflows",
-    "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow check_options",
+    "awp_sdk.workflow": "Concurrency Duration Map Retry Task TaskFunction TaskOptions "
+    "Workflow check_options",
 }
 
 CLIENT_METHODS = (
@@ -96,9 +100,11 @@ RECORD_FIELDS = {
     "RunDetail": "run tasks attempts tasks_omitted attempts_omitted tracebacks_omitted",
     "Stats": "tasks_by_state dispatches_by_state runs_by_state workers_by_state "
     "active_leases oldest_pending",
+    "StoredConcurrency": "key max",
     "StoredMap": "over path",
     "StoredRetry": "max_attempts initial_backoff max_backoff multiplier",
-    "StoredTask": "key executor_kind action input depends_on retry timeout map on_failure always",
+    "StoredTask": "key executor_kind action input depends_on retry timeout map on_failure always "
+    "concurrency_limits",
     "StoredWorkflow": "name version description concurrency tasks created_at definition",
     "TaskCount": "state executor_kind count",
     "TaskError": "message retryable type traceback log_tail",

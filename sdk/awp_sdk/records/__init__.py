@@ -27,7 +27,14 @@ from awp_sdk.records.runs import (
     TaskStatus,
 )
 from awp_sdk.records.schedules import Schedule, ScheduleTick
-from awp_sdk.records.workflows import Applied, StoredMap, StoredRetry, StoredTask, StoredWorkflow
+from awp_sdk.records.workflows import (
+    Applied,
+    StoredConcurrency,
+    StoredMap,
+    StoredRetry,
+    StoredTask,
+    StoredWorkflow,
+)
 
 __all__ = [
     "Applied",
@@ -42,6 +49,7 @@ __all__ = [
     "Schedule",
     "ScheduleTick",
     "Stats",
+    "StoredConcurrency",
     "StoredMap",
     "StoredRetry",
     "StoredTask",

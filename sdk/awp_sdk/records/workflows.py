@@ -20,6 +20,14 @@ class StoredRetry:
 
 
 @dataclass(frozen=True)
+class StoredConcurrency:
+    """A keyed limit: at most ``max`` live leases hold the key ``key`` renders to."""
+
+    key: str
+    max: int
+
+
+@dataclass(frozen=True)
 class StoredMap:
     """Fan-out: once per element of the list at ``path`` in task ``over``'s output."""
 
@@ -42,6 +50,7 @@ class StoredTask:
     map: StoredMap | None
     on_failure: FailurePolicy
     always: bool
+    concurrency_limits: tuple[StoredConcurrency, ...]
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,13 @@ everything check_committed checks:
    attempt, positions per task (streams.py, in every committed state).
 7. Schedules (schedules.py): every started tick has exactly its one run and every run
    a schedule started its tick; no tick was created under a stale leader epoch.
-8. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
+8. Concurrency keys (flow.py): a lease holds exactly its task's keys; never more live
+   leases or running attempts holding a key than its max, now or at any instant of the
+   attempt history; no unit held by a dispatch whose task is no longer queued/running.
+9. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
    no INTERNAL answer during the scenario (health.py).
 
-The checks live in committed.py, streams.py and schedules.py (every committed state),
+The checks live in committed.py, streams.py, schedules.py and flow.py (every committed state),
 runs.py (each finished run) and health.py; this module is the one entry point. The
 checker also reports how many executions the tasks cost: at-least-once is paid for in
 extra attempts, and the output should show that price, not hide it.

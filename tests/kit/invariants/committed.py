@@ -1,14 +1,15 @@
 """What holds in every committed state, over the whole database: the concurrency limits,
 each task agreeing with its dispatches and attempts, each map task with its elements,
 every run's event log, nothing live in a finished run, nothing leased to a gone worker,
-every output stream's fencing and offsets (streams.py), and the schedule rules
-(schedules.py)."""
+every output stream's fencing and offsets (streams.py), the schedule rules
+(schedules.py) and the concurrency keys (flow.py)."""
 
 from __future__ import annotations
 
 from uuid import UUID
 
 from kit.invariants.common import Db
+from kit.invariants.flow import flow_problems
 from kit.invariants.schedules import schedule_problems
 from kit.invariants.streams import stream_problems
 
@@ -30,6 +31,7 @@ async def committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[st
     problems.extend(await _leased_to_gone_workers(conn))
     problems.extend(await stream_problems(conn))
     problems.extend(await schedule_problems(conn))
+    problems.extend(await flow_problems(conn))
     for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
         problems.extend(await _event_log(conn, run["id"]))
         problems.extend(await _nothing_live(conn, run["id"]))
