@@ -7,8 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-from awp_kernel import concurrency
+from awp_kernel import concurrency, ratelimits
 from awp_kernel.concurrency import ConcurrencyLimit
+from awp_kernel.ratelimits import RateUse
 from awp_kernel.retry import RetryPolicy
 from awp_protocol.errors import FieldsInvalid, FieldViolation, Reason, quote
 from awp_protocol.jsonvalue import canonical_json, json_size
@@ -91,6 +92,8 @@ class TaskSpec:
     always: bool = False
     # Keyed limits (awp_kernel.concurrency): every lease of this task holds each key.
     concurrency_limits: tuple[ConcurrencyLimit, ...] = ()
+    # Named rate limits each execution charges (awp_kernel.ratelimits).
+    rate_limits: tuple[RateUse, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -117,6 +120,8 @@ class TaskSpec:
             data["always"] = True
         if self.concurrency_limits:
             data["concurrency_limits"] = [limit.to_json() for limit in self.concurrency_limits]
+        if self.rate_limits:
+            data["rate_limits"] = [use.to_json() for use in self.rate_limits]
         return data
 
     @classmethod
@@ -141,6 +146,7 @@ class TaskSpec:
             concurrency_limits=tuple(
                 ConcurrencyLimit.from_json(limit) for limit in t.get("concurrency_limits", ())
             ),
+            rate_limits=tuple(RateUse.from_json(use) for use in t.get("rate_limits", ())),
         )
 
 
@@ -283,6 +289,8 @@ def _task_violations(
     if not 1.0 <= retry.multiplier <= MAX_BACKOFF_MULTIPLIER:
         bad("retry.backoff_multiplier", f"must be between 1 and {MAX_BACKOFF_MULTIPLIER:g}")
     for field_name, description in concurrency.violations(task.concurrency_limits):
+        bad(field_name, f"task {quote(task.key)}: {description}")
+    for field_name, description in ratelimits.violations(task.rate_limits):
         bad(field_name, f"task {quote(task.key)}: {description}")
     return found
 

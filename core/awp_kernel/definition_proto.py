@@ -22,6 +22,7 @@ from awp_kernel.definition import (
     WorkflowSpec,
     validate,
 )
+from awp_kernel.ratelimits import RateUse
 from awp_kernel.retry import RetryPolicy
 from awp_protocol.errors import FieldViolation
 from awp_protocol.jsonvalue import JsonInvalid, struct_to_dict
@@ -70,6 +71,7 @@ def spec_from_proto(
                 concurrency_limits=tuple(
                     ConcurrencyLimit(limit.key, limit.max) for limit in task.concurrency_limits
                 ),
+                rate_limits=tuple(RateUse(use.limit, use.units) for use in task.rate_limits),
             )
         )
     spec = WorkflowSpec(

@@ -52,6 +52,7 @@ class Reason(StrEnum):
     STREAM_LIMIT = _reason(errors_pb2.ERROR_REASON_STREAM_LIMIT)
     SCHEDULE_NOT_FOUND = _reason(errors_pb2.ERROR_REASON_SCHEDULE_NOT_FOUND)
     SCHEDULE_EXISTS = _reason(errors_pb2.ERROR_REASON_SCHEDULE_EXISTS)
+    RATE_LIMIT_NOT_FOUND = _reason(errors_pb2.ERROR_REASON_RATE_LIMIT_NOT_FOUND)
 
 
 # A worker's session is over for good: retrying the same call cannot help; the process

@@ -53,6 +53,10 @@ ROLES_OF: Final[dict[str, frozenset[Role]]] = {
     "/awp.v1.ControlService/DeleteSchedule": SUBMIT,
     "/awp.v1.ControlService/TriggerSchedule": SUBMIT,
     "/awp.v1.ControlService/BackfillSchedule": SUBMIT,
+    # A rate limit bounds every workflow's work: setting one is the operator's.
+    "/awp.v1.ControlService/SetRateLimit": ADMIN,
+    "/awp.v1.ControlService/GetRateLimit": READ,
+    "/awp.v1.ControlService/ListRateLimits": READ,
 }
 
 

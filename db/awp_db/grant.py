@@ -69,7 +69,8 @@ def kind_budget(capacity: Sequence[KindCapacity], prefetch: float) -> dict[str, 
 async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) -> list[Grant]:
     """The ready tasks to grant now, in the order they should go: within each kind's
     budget, `global_room` more live dispatches (None: unbounded), every run's
-    concurrency and every concurrency key's max. The caller holds the dispatch lock.
+    concurrency, every concurrency key's max and every rate limit's free units. The
+    caller holds the dispatch lock.
 
     The query leaves out tasks a full key blocks and takes each first key's free units
     round-robin across keys; here every key of a task is counted, those granted in this
@@ -82,6 +83,7 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
         return []
     left = dict(budget)
     taken: dict[str, int] = {}
+    spent: dict[str, int] = {}
     chosen: list[Grant] = []
     for row in await conn.fetch(Q["candidates"], sorted(budget), total):
         if len(chosen) >= total:
@@ -90,10 +92,17 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
         keys = list(zip(row["concurrency_keys"], row["concurrency_max"], row["held"], strict=True))
         if left.get(kind, 0) <= 0:
             continue
+        rates = list(zip(row["rate_names"], row["rate_units"], row["rate_free"], strict=True))
         if any(taken.get(key, held) >= most for key, most, held in keys):
+            continue
+        if any(
+            free is not None and spent.get(name, 0) + units > free for name, units, free in rates
+        ):
             continue
         left[kind] -= 1
         for key, _, held in keys:
             taken[key] = taken.get(key, held) + 1
+        for name, units, _ in rates:
+            spent[name] = spent.get(name, 0) + units
         chosen.append(Grant(row["id"], row["run_id"]))
     return chosen

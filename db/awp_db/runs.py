@@ -15,7 +15,7 @@ from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
 from awp_db.queries import named, queries, row_as, rows_as
 from awp_db.workflows import StoredWorkflow
-from awp_kernel import concurrency
+from awp_kernel import concurrency, ratelimits
 from awp_kernel.definition import TaskSpec, WorkflowSpec
 from awp_kernel.errors import invalid, not_found
 from awp_protocol.errors import Reason, quote
@@ -174,6 +174,7 @@ async def insert_tasks(
     dependents = spec.dependents()
     tasks = spec.tasks
     keys = [_concurrency_keys(t, run_input) for t in tasks]
+    rates = [_rate_units(t, run_input) for t in tasks]
     return await conn.fetch(
         *named(
             Q["insert_tasks"],
@@ -197,6 +198,8 @@ async def insert_tasks(
             always=[t.always for t in tasks],
             concurrency_keys=[json.dumps([key for key, _ in held]) for held in keys],
             concurrency_max=[json.dumps([most for _, most in held]) for held in keys],
+            rate_names=[json.dumps([name for name, _ in uses]) for uses in rates],
+            rate_units=[json.dumps([units for _, units in uses]) for uses in rates],
             delayed=delayed,
         )
     )
@@ -213,6 +216,19 @@ def _concurrency_keys(task: TaskSpec, run_input: dict[str, Any]) -> list[tuple[s
                 f"task {quote(task.key)}: concurrency key {quote(limit.key)}: {exc}",
             ) from None
     return held
+
+
+def _rate_units(task: TaskSpec, run_input: dict[str, Any]) -> list[tuple[str, int]]:
+    uses: list[tuple[str, int]] = []
+    for use in task.rate_limits:
+        try:
+            uses.append((use.limit, ratelimits.render(use.units, run_input)))
+        except ratelimits.UnitsUnrenderable as exc:
+            raise invalid(
+                "input",
+                f"task {quote(task.key)}: units of rate limit {quote(use.limit)}: {exc}",
+            ) from None
+    return uses
 
 
 async def get(conn: Conn | Pool, run_id: UUID) -> RunInfo:

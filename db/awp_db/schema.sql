@@ -159,6 +159,35 @@ CREATE SEQUENCE public.fencing_tokens
 
 COMMENT ON SEQUENCE public.fencing_tokens IS 'Strictly increasing across every lease ever issued: downstream stores compare it.';
 
+CREATE TABLE public.rate_charges (
+    dispatch_id bigint NOT NULL,
+    limit_name text NOT NULL,
+    granted_at timestamp with time zone NOT NULL,
+    estimate bigint NOT NULL,
+    actual bigint,
+    reported_at timestamp with time zone,
+    budget_units bigint NOT NULL,
+    period_ms bigint NOT NULL,
+    CONSTRAINT rate_charges_actual_check CHECK ((actual >= 0)),
+    CONSTRAINT rate_charges_check CHECK (((actual IS NULL) = (reported_at IS NULL))),
+    CONSTRAINT rate_charges_estimate_check CHECK ((estimate >= 0))
+);
+
+COMMENT ON TABLE public.rate_charges IS 'What each grant charged a rate limit: the estimate, replaced by the reported actual.';
+
+CREATE TABLE public.rate_limits (
+    name text NOT NULL,
+    units bigint NOT NULL,
+    period_ms bigint NOT NULL,
+    paused_until timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT rate_limits_period_ms_check CHECK ((period_ms > 0)),
+    CONSTRAINT rate_limits_units_check CHECK ((units >= 0))
+);
+
+COMMENT ON TABLE public.rate_limits IS 'Named limits of units per period, set at run time; a slow-down report pauses one.';
+
 CREATE TABLE public.runs (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     workflow_id bigint NOT NULL,
@@ -376,6 +405,8 @@ CREATE TABLE public.tasks (
     always boolean DEFAULT false NOT NULL,
     concurrency_keys text[] DEFAULT '{}'::text[] NOT NULL,
     concurrency_max integer[] DEFAULT '{}'::integer[] NOT NULL,
+    rate_names text[] DEFAULT '{}'::text[] NOT NULL,
+    rate_units bigint[] DEFAULT '{}'::bigint[] NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
     CONSTRAINT tasks_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -393,6 +424,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_map_size_check CHECK ((map_size >= 0)),
     CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT tasks_on_failure_check CHECK ((on_failure = ANY (ARRAY['fail_run'::text, 'continue'::text]))),
+    CONSTRAINT tasks_rate_aligned CHECK ((cardinality(rate_names) = cardinality(rate_units))),
     CONSTRAINT tasks_reused_succeeded_without_attempts CHECK (((reused_from_run_id IS NULL) OR ((state = 'succeeded'::text) AND (attempts = 0)))),
     CONSTRAINT tasks_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text]))),
     CONSTRAINT tasks_timeout_ms_check CHECK ((timeout_ms > 0)),
@@ -527,6 +559,12 @@ ALTER TABLE ONLY public.dispatches
 ALTER TABLE ONLY public.dispatches
     ADD CONSTRAINT dispatches_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY public.rate_charges
+    ADD CONSTRAINT rate_charges_pkey PRIMARY KEY (dispatch_id, limit_name);
+
+ALTER TABLE ONLY public.rate_limits
+    ADD CONSTRAINT rate_limits_pkey PRIMARY KEY (name);
+
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
 
@@ -612,6 +650,8 @@ CREATE INDEX dispatches_task ON public.dispatches USING btree (task_id);
 
 COMMENT ON INDEX public.dispatches_task IS 'The foreign key dispatches.task_id: deleting a task (retention) finds its dispatches here, not by a scan.';
 
+CREATE INDEX rate_charges_window ON public.rate_charges USING btree (limit_name, granted_at);
+
 CREATE INDEX runs_awaiting_start ON public.runs USING btree (start_at) WHERE awaiting_start;
 
 CREATE INDEX runs_cancel_pending ON public.runs USING btree (id) WHERE ((state = 'running'::text) AND (cancel_requested_at IS NOT NULL));
@@ -684,6 +724,9 @@ ALTER TABLE ONLY public.dispatches
 
 ALTER TABLE ONLY public.dispatches
     ADD CONSTRAINT dispatches_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES public.workers(id);
+
+ALTER TABLE ONLY public.rate_charges
+    ADD CONSTRAINT rate_charges_dispatch_id_fkey FOREIGN KEY (dispatch_id) REFERENCES public.dispatches(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES public.workflows(id);

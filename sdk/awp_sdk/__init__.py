@@ -76,6 +76,7 @@ from awp_sdk.records import (
     Stats,
     StoredConcurrency,
     StoredMap,
+    StoredRateUse,
     StoredRetry,
     StoredTask,
     StoredWorkflow,
@@ -87,7 +88,16 @@ from awp_sdk.records import (
 )
 from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
-from awp_sdk.workflow import Concurrency, Map, Retry, Task, TaskFunction, TaskOptions, Workflow
+from awp_sdk.workflow import (
+    Concurrency,
+    Map,
+    Rate,
+    Retry,
+    Task,
+    TaskFunction,
+    TaskOptions,
+    Workflow,
+)
 
 __all__ = [
     "ActionCancelled",
@@ -124,6 +134,7 @@ __all__ = [
     "PermissionDenied",
     "ProtocolUnsupported",
     "Pruned",
+    "Rate",
     "RequestIdConflict",
     "Retry",
     "RetryableError",
@@ -138,6 +149,7 @@ __all__ = [
     "Stats",
     "StoredConcurrency",
     "StoredMap",
+    "StoredRateUse",
     "StoredRetry",
     "StoredTask",
     "StoredWorkflow",

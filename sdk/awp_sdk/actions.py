@@ -171,6 +171,26 @@ class ActionContext:
     # The attempt's output stream (OutputStream above).
     stream: OutputStream = field(default_factory=_Unattached, repr=False)
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    # What report_usage and slow_down recorded, sent with the attempt's result.
+    usage: dict[str, int] = field(default_factory=dict, repr=False)
+    slowed: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def report_usage(self, limit: str, units: int) -> None:
+        """What this attempt really used of its task's rate limit ``limit`` (e.g. the
+        tokens a model call consumed): sent with the result, it replaces the estimate
+        charged when the task was granted. The last report per limit counts."""
+        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+            raise ValueError(f"usage of {limit!r} must be a whole number >= 0, got {units!r}")
+        self.usage[limit] = units
+
+    def slow_down(self, limit: str, retry_after: float) -> None:
+        """A provider asked to slow down (e.g. HTTP 429 with retry-after, in seconds): once
+        the result is reported, ``limit`` grants nothing to anyone for that long."""
+        if not 0 < retry_after <= 3600:
+            raise ValueError(
+                f"retry_after must be more than 0 and at most 3600 s, got {retry_after}"
+            )
+        self.slowed[limit] = max(retry_after, self.slowed.get(limit, 0.0))
 
     @property
     def cancelled(self) -> bool:

@@ -64,6 +64,10 @@ class ScheduleNotFound(NotFound):
     pass
 
 
+class RateLimitNotFound(NotFound):
+    pass
+
+
 class Conflict(AwpError):
     """The request contradicts what is stored (ALREADY_EXISTS)."""
 
@@ -205,6 +209,7 @@ BY_REASON: Final[Mapping[str, type[AwpError]]] = {
     Reason.STREAM_LIMIT: StreamLimit,
     Reason.SCHEDULE_NOT_FOUND: ScheduleNotFound,
     Reason.SCHEDULE_EXISTS: ScheduleExists,
+    Reason.RATE_LIMIT_NOT_FOUND: RateLimitNotFound,
 }
 # A reason this SDK does not know yet (a newer server) falls back on the status code.
 _BY_CODE: Final[Mapping[grpc.StatusCode, type[AwpError]]] = {

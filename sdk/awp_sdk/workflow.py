@@ -84,6 +84,20 @@ class Concurrency:
 
 
 @dataclass(frozen=True)
+class Rate:
+    """Each execution of the task charges ``units`` of the named rate limit ``limit``
+    (set at run time: ``awp limits set``): a number, or one placeholder naming an integer
+    of the run's input (``"{input.max_tokens}"``). The estimate is replaced by what the
+    action reports (``ctx.report_usage``)."""
+
+    limit: str
+    units: int | str = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, "units": str(self.units)}
+
+
+@dataclass(frozen=True)
 class Map:
     """Run a task once per element of the list at ``path`` (dotted keys, e.g.
     "result.queries") in the output of task ``over``; each element's input holds the
@@ -102,6 +116,7 @@ class TaskOptions(TypedDict, total=False):
     (the default) or "continue" (the run goes on without this task's dependents).
     always: run once every other task has ended, success or failure (cleanup, notify).
     concurrency: keyed limits (Concurrency) each of its leases holds a unit of.
+    rate_limits: named rate limits (Rate) each execution charges.
     Any other option is refused with a TypeError naming it.
     """
 
@@ -113,6 +128,7 @@ class TaskOptions(TypedDict, total=False):
     on_failure: definitions.OnFailure | None
     always: bool
     concurrency: Sequence[Concurrency]
+    rate_limits: Sequence[Rate]
 
 
 def check_options(key: str, options: Mapping[str, Any]) -> None:
@@ -160,6 +176,7 @@ class Task:
         self.on_failure = options.get("on_failure")
         self.always = options.get("always", False)
         self.concurrency = tuple(options.get("concurrency", ()))
+        self.rate_limits = tuple(options.get("rate_limits", ()))
 
     def to_dict(self) -> dict[str, Any]:
         """The task as a workflow file writes it."""
@@ -180,6 +197,8 @@ class Task:
             entry["always"] = True
         if self.concurrency:
             entry["concurrency_limits"] = [limit.to_dict() for limit in self.concurrency]
+        if self.rate_limits:
+            entry["rate_limits"] = [use.to_dict() for use in self.rate_limits]
         return entry
 
     def __repr__(self) -> str:

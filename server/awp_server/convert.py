@@ -156,6 +156,9 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                     limits_pb2.ConcurrencyLimit(key=limit.key, max=limit.max)
                     for limit in task.concurrency_limits
                 ],
+                rate_limits=[
+                    limits_pb2.RateUse(limit=use.limit, units=use.units) for use in task.rate_limits
+                ],
             )
             for task in spec.tasks
         ],

@@ -24,9 +24,10 @@ ALL = (
     "DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
     "InvalidArgument LeaseLost Map NotFound OutputStream OutputsOmitted Page PermanentError "
-    "PermissionDenied ProtocolUnsupported Pruned RequestIdConflict Retry RetryableError Run "
+    "PermissionDenied ProtocolUnsupported Pruned Rate RequestIdConflict Retry RetryableError Run "
     "RunCanceled RunDetail RunFailed RunHandle RunNotFinished RunNotFound RunState Stats "
-    "StoredConcurrency StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem "
+    "StoredConcurrency StoredMap StoredRateUse StoredRetry StoredTask StoredWorkflow "
+    "StreamChunk StreamItem "
     "StreamLimit Task "
     "TaskCount TaskError TaskFunction "
     "TaskOptions TaskPage TaskState TaskStatus Unauthenticated Unavailable UnknownEnumValue "
@@ -39,7 +40,8 @@ MODULES = {
     "action output_struct stream_chunk",
     "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
-    "awp_sdk.decode": "applied attempt event identity message_json pruned run run_detail "
+    "awp_sdk.decode": "applied attempt event identity message_json pruned rate_limit run "
+    "run_detail "
     "schedule span stats task task_error task_page when worker workflow",
     "awp_sdk.definitions": "Definition MAX_UINT32 OnFailure POLICIES Path_ canonical_key "
     "definition parse_field render_path to_duration unwrap validate",
@@ -47,8 +49,8 @@ MODULES = {
     "OverlapPolicy RunState TaskState WorkerState decode encode",
     "awp_sdk.errors": "AwpError BY_REASON Conflict DeadlineExceeded DefinitionConflict "
     "DefinitionInvalid FailedPrecondition InvalidArgument LeaseLost NotFound OutputsOmitted "
-    "PermissionDenied ProtocolUnsupported RequestIdConflict RunCanceled RunFailed "
-    "RunNotFinished RunNotFound START_HINT ScheduleExists ScheduleNotFound StreamLimit "
+    "PermissionDenied ProtocolUnsupported RateLimitNotFound RequestIdConflict RunCanceled "
+    "RunFailed RunNotFinished RunNotFound START_HINT ScheduleExists ScheduleNotFound StreamLimit "
     "Unauthenticated Unavailable "
     "UnknownEnumValue "
     "WaitTimeout WorkerDraining WorkflowNotFound from_rpc_error is_transient one_line",
@@ -58,9 +60,11 @@ MODULES = {
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
+    "awp_sdk.records.limits": "RateLimit",
+    "awp_sdk.limits": "RateLimits",
     "awp_sdk.schedules": "Catchup Overlap Schedules",
-    "awp_sdk.records.workflows": "Applied StoredConcurrency StoredMap StoredRetry StoredTask "
-    "StoredWorkflow",
+    "awp_sdk.records.workflows": "Applied StoredConcurrency StoredMap StoredRateUse "
+    "StoredRetry StoredTask StoredWorkflow",
     "awp_sdk.streams": "AttemptBoundary StreamChunk StreamItem task_stream",
     "awp_sdk.sync": "Client RunHandle",
     "awp_sdk.testing": "ActionEnvironment",
@@ -69,7 +73,7 @@ MODULES = {
     "awp_sdk.wire": "applied attempts backfilled event pruned run run_detail runs "
     "schedule schedule_deleted schedules started stats tasks triggered workers workflow "
     "workflows",
-    "awp_sdk.workflow": "Concurrency Duration Map Retry Task TaskFunction TaskOptions "
+    "awp_sdk.workflow": "Concurrency Duration Map Rate Retry Task TaskFunction TaskOptions "
     "Workflow check_options",
 }
 
@@ -101,10 +105,12 @@ RECORD_FIELDS = {
     "Stats": "tasks_by_state dispatches_by_state runs_by_state workers_by_state "
     "active_leases oldest_pending",
     "StoredConcurrency": "key max",
+    "RateLimit": "name units period used paused_until updated_at updated_by",
     "StoredMap": "over path",
+    "StoredRateUse": "limit units",
     "StoredRetry": "max_attempts initial_backoff max_backoff multiplier",
     "StoredTask": "key executor_kind action input depends_on retry timeout map on_failure always "
-    "concurrency_limits",
+    "concurrency_limits rate_limits",
     "StoredWorkflow": "name version description concurrency tasks created_at definition",
     "TaskCount": "state executor_kind count",
     "TaskError": "message retryable type traceback log_tail",

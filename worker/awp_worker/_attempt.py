@@ -32,6 +32,7 @@ from awp_worker._executors import (
     failure,
     failure_from_exception,
     success,
+    with_reports,
 )
 from awp_worker._lease import STOOD_DOWN, HeldLease, LeaseClock, Phase, StandDown, seconds
 from awp_worker._logging import LeaseLog, bind
@@ -171,7 +172,7 @@ class Attempts:
             return
         succeeded = result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED
         metrics.executions.labels(kind, "succeeded" if succeeded else "failed").inc()
-        self._report(held, result, lease_log)
+        self._report(held, with_reports(result, held.ctx), lease_log)
 
     async def _run_executor(
         self, held: HeldLease, executor: Executor, lease_log: LeaseLog

@@ -45,11 +45,21 @@ SELECT coalesce(s.kind, p.kind) AS kind,
 WITH moved AS (
     UPDATE tasks t SET state = 'queued'
      WHERE t.id = ANY($1::bigint[]) AND t.state = 'ready'
- RETURNING t.id, t.run_id, t.key, t.executor_kind, t.concurrency_keys, t.concurrency_max
+ RETURNING t.id, t.run_id, t.key, t.executor_kind, t.concurrency_keys, t.concurrency_max,
+           t.rate_names, t.rate_units
 ), created AS (
     INSERT INTO dispatches (run_id, task_id, executor_kind, concurrency_keys, concurrency_max)
     SELECT run_id, id, executor_kind, concurrency_keys, concurrency_max FROM moved
  RETURNING id, task_id
+), charged AS (
+    -- Each rate limit the task uses, if set, is charged the estimate now, with the budget
+    -- in force (SetRateLimit takes the dispatch lock too, so it is the one the grant saw).
+    INSERT INTO rate_charges (dispatch_id, limit_name, granted_at, estimate, budget_units,
+                              period_ms)
+    SELECT c.id, k.name, clock_timestamp(), k.units, l.units, l.period_ms
+      FROM created c JOIN moved m ON m.id = c.task_id
+      CROSS JOIN LATERAL unnest(m.rate_names, m.rate_units) AS k (name, units)
+      JOIN rate_limits l ON l.name = k.name
 ), touched AS (
     UPDATE runs SET last_dispatched_at = clock_timestamp()
      WHERE id IN (SELECT run_id FROM moved)

@@ -15,6 +15,10 @@
 -- (krn) so that one busy key cannot fill the batch. `held` returns each key's units held
 -- when the pass began; the caller counts the units it grants on top (a task of several
 -- keys is checked for all of them there).
+-- Rate limits: a task is a candidate only while each rate limit it uses, if set, is not
+-- paused and has its units free in the window ending now (charges granted in the last
+-- period, each its reported usage where known, else its estimate). `rate_free` returns
+-- each one's free units (NULL: no such limit, unbounded); the caller counts its own.
 -- Each run's tasks are read from its first ready one on (first_ready, found in the
 -- tasks_ready index; the range on run_id keeps that lookup on it): once statistics
 -- exist, an unbounded "run_id = ... ORDER BY id LIMIT" is planned as a walk of the
@@ -25,6 +29,16 @@ WITH held AS (
       FROM dispatches d CROSS JOIN LATERAL unnest(d.concurrency_keys) AS k (key)
      WHERE d.state IN ('pending', 'leased') AND cardinality(d.concurrency_keys) > 0
      GROUP BY k.key
+), rates AS (
+    SELECT l.name,
+           CASE WHEN l.paused_until > clock_timestamp() THEN 0
+                ELSE l.units - coalesce(
+                    (SELECT sum(coalesce(c.actual, c.estimate)) FROM rate_charges c
+                      WHERE c.limit_name = l.name
+                        AND c.granted_at > clock_timestamp() - l.period_ms * interval '1 millisecond'),
+                    0)
+           END AS free
+      FROM rate_limits l
 ), live AS (
     SELECT r.id, r.concurrency, r.last_dispatched_at, r.created_at,
            (SELECT count(*) FROM tasks q
@@ -42,15 +56,21 @@ WITH held AS (
       FROM live l
       CROSS JOIN LATERAL (
           SELECT t.id, t.run_id, t.executor_kind, t.concurrency_keys, t.concurrency_max,
-                 u.held, row_number() OVER (ORDER BY t.id) AS rn
+                 u.held, t.rate_names, t.rate_units, v.rate_free,
+                 row_number() OVER (ORDER BY t.id) AS rn
             FROM tasks t
             CROSS JOIN LATERAL (
                 SELECT coalesce(array_agg(coalesce(h.n, 0) ORDER BY k.i), '{}') AS held,
                        coalesce(bool_and(coalesce(h.n, 0) < k.max), true) AS open
                   FROM unnest(t.concurrency_keys, t.concurrency_max) WITH ORDINALITY AS k (key, max, i)
                   LEFT JOIN held h ON h.key = k.key) u
+            CROSS JOIN LATERAL (
+                SELECT coalesce(array_agg(r.free ORDER BY k.i), '{}') AS rate_free,
+                       coalesce(bool_and(r.free IS NULL OR k.units <= r.free), true) AS open
+                  FROM unnest(t.rate_names, t.rate_units) WITH ORDINALITY AS k (name, units, i)
+                  LEFT JOIN rates r ON r.name = k.name) v
            WHERE t.run_id = l.id AND t.state = 'ready' AND t.id >= l.first_ready
-             AND t.executor_kind = ANY($1::text[]) AND u.open
+             AND t.executor_kind = ANY($1::text[]) AND u.open AND v.open
            ORDER BY t.id
            LIMIT $2) c
      WHERE l.concurrency = 0 OR c.rn <= l.concurrency - l.in_flight
@@ -63,7 +83,8 @@ WITH held AS (
            END AS turn
       FROM picked p
 )
-SELECT id, run_id, executor_kind, concurrency_keys, concurrency_max, held
+SELECT id, run_id, executor_kind, concurrency_keys, concurrency_max, held, rate_names,
+       rate_units, rate_free
   FROM ranked
  WHERE cardinality(concurrency_keys) = 0 OR turn <= concurrency_max[1] - held[1]
  ORDER BY turn, rn, last_dispatched_at NULLS FIRST, created_at, live_id, id

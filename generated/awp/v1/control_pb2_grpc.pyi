@@ -17,6 +17,7 @@ INVALID_ARGUMENT, the BadRequest naming the field).
 """
 
 from awp.v1 import control_pb2 as _control_pb2
+from awp.v1 import limits_pb2 as _limits_pb2
 from awp.v1 import schedule_pb2 as _schedule_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -149,6 +150,13 @@ class ControlServiceStub:
     DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.DeleteScheduleRequest, _schedule_pb2.DeleteScheduleResponse]
     TriggerSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.TriggerScheduleRequest, _schedule_pb2.TriggerScheduleResponse]
     BackfillSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.BackfillScheduleRequest, _schedule_pb2.BackfillScheduleResponse]
+    SetRateLimit: _grpc.UnaryUnaryMultiCallable[_limits_pb2.SetRateLimitRequest, _limits_pb2.SetRateLimitResponse]
+    """--- Rate limits and token budgets (limits.proto, docs/workflows.md). Setting one
+    needs the admin role (reading, viewer); a limit takes effect at the next grant and
+    survives every restart (PostgreSQL). GetRateLimit of an unknown name is NOT_FOUND.
+    """
+    GetRateLimit: _grpc.UnaryUnaryMultiCallable[_limits_pb2.GetRateLimitRequest, _limits_pb2.GetRateLimitResponse]
+    ListRateLimits: _grpc.UnaryUnaryMultiCallable[_limits_pb2.ListRateLimitsRequest, _limits_pb2.ListRateLimitsResponse]
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -257,6 +265,13 @@ class ControlServiceAsyncStub(ControlServiceStub):
     DeleteSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.DeleteScheduleRequest, _schedule_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
     TriggerSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.TriggerScheduleRequest, _schedule_pb2.TriggerScheduleResponse]  # type: ignore[assignment]
     BackfillSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.BackfillScheduleRequest, _schedule_pb2.BackfillScheduleResponse]  # type: ignore[assignment]
+    SetRateLimit: _aio.UnaryUnaryMultiCallable[_limits_pb2.SetRateLimitRequest, _limits_pb2.SetRateLimitResponse]  # type: ignore[assignment]
+    """--- Rate limits and token budgets (limits.proto, docs/workflows.md). Setting one
+    needs the admin role (reading, viewer); a limit takes effect at the next grant and
+    survives every restart (PostgreSQL). GetRateLimit of an unknown name is NOT_FOUND.
+    """
+    GetRateLimit: _aio.UnaryUnaryMultiCallable[_limits_pb2.GetRateLimitRequest, _limits_pb2.GetRateLimitResponse]  # type: ignore[assignment]
+    ListRateLimits: _aio.UnaryUnaryMultiCallable[_limits_pb2.ListRateLimitsRequest, _limits_pb2.ListRateLimitsResponse]  # type: ignore[assignment]
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -518,5 +533,30 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _schedule_pb2.BackfillScheduleRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_schedule_pb2.BackfillScheduleResponse, _abc.Awaitable[_schedule_pb2.BackfillScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetRateLimit(
+        self,
+        request: _limits_pb2.SetRateLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.SetRateLimitResponse, _abc.Awaitable[_limits_pb2.SetRateLimitResponse]]:
+        """--- Rate limits and token budgets (limits.proto, docs/workflows.md). Setting one
+        needs the admin role (reading, viewer); a limit takes effect at the next grant and
+        survives every restart (PostgreSQL). GetRateLimit of an unknown name is NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def GetRateLimit(
+        self,
+        request: _limits_pb2.GetRateLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.GetRateLimitResponse, _abc.Awaitable[_limits_pb2.GetRateLimitResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListRateLimits(
+        self,
+        request: _limits_pb2.ListRateLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.ListRateLimitsResponse, _abc.Awaitable[_limits_pb2.ListRateLimitsResponse]]: ...
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -90,6 +90,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """NOT_FOUND: no schedule of that name."""
     ERROR_REASON_SCHEDULE_EXISTS: _ErrorReason.ValueType  # 19
     """ALREADY_EXISTS: a schedule of that name exists (UpdateSchedule changes it)."""
+    ERROR_REASON_RATE_LIMIT_NOT_FOUND: _ErrorReason.ValueType  # 26
+    """20-25 are the durable-execution branch's. NOT_FOUND: no rate limit of that name
+    (GetRateLimit).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -153,4 +157,8 @@ ERROR_REASON_SCHEDULE_NOT_FOUND: ErrorReason.ValueType  # 18
 """NOT_FOUND: no schedule of that name."""
 ERROR_REASON_SCHEDULE_EXISTS: ErrorReason.ValueType  # 19
 """ALREADY_EXISTS: a schedule of that name exists (UpdateSchedule changes it)."""
+ERROR_REASON_RATE_LIMIT_NOT_FOUND: ErrorReason.ValueType  # 26
+"""20-25 are the durable-execution branch's. NOT_FOUND: no rate limit of that name
+(GetRateLimit).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

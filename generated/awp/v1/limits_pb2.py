@@ -22,15 +22,39 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61wp/v1/limits.proto\x12\x06\x61wp.v1\",\n\x10\x43oncurrencyLimit\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0b\n\x03max\x18\x02 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61wp/v1/limits.proto\x12\x06\x61wp.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\",\n\x10\x43oncurrencyLimit\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0b\n\x03max\x18\x02 \x01(\r\"\'\n\x07RateUse\x12\r\n\x05limit\x18\x01 \x01(\t\x12\r\n\x05units\x18\x02 \x01(\t\"W\n\rRateLimitSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05units\x18\x02 \x01(\x03\x12)\n\x06period\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb4\x01\n\tRateLimit\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.awp.v1.RateLimitSpec\x12\x0c\n\x04used\x18\x02 \x01(\x03\x12\x30\n\x0cpaused_until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nupdated_by\x18\x05 \x01(\t\")\n\tRateUsage\x12\r\n\x05limit\x18\x01 \x01(\t\x12\r\n\x05units\x18\x02 \x01(\x03\"I\n\x08SlowDown\x12\r\n\x05limit\x18\x01 \x01(\t\x12.\n\x0bretry_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\":\n\x13SetRateLimitRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.awp.v1.RateLimitSpec\"8\n\x14SetRateLimitResponse\x12 \n\x05limit\x18\x01 \x01(\x0b\x32\x11.awp.v1.RateLimit\"#\n\x13GetRateLimitRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x14GetRateLimitResponse\x12 \n\x05limit\x18\x01 \x01(\x0b\x32\x11.awp.v1.RateLimit\"\x17\n\x15ListRateLimitsRequest\";\n\x16ListRateLimitsResponse\x12!\n\x06limits\x18\x01 \x03(\x0b\x32\x11.awp.v1.RateLimitb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'awp.v1.limits_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CONCURRENCYLIMIT']._serialized_start=31
-  _globals['_CONCURRENCYLIMIT']._serialized_end=75
+  _globals['_CONCURRENCYLIMIT']._serialized_start=96
+  _globals['_CONCURRENCYLIMIT']._serialized_end=140
+  _globals['_RATEUSE']._serialized_start=142
+  _globals['_RATEUSE']._serialized_end=181
+  _globals['_RATELIMITSPEC']._serialized_start=183
+  _globals['_RATELIMITSPEC']._serialized_end=270
+  _globals['_RATELIMIT']._serialized_start=273
+  _globals['_RATELIMIT']._serialized_end=453
+  _globals['_RATEUSAGE']._serialized_start=455
+  _globals['_RATEUSAGE']._serialized_end=496
+  _globals['_SLOWDOWN']._serialized_start=498
+  _globals['_SLOWDOWN']._serialized_end=571
+  _globals['_SETRATELIMITREQUEST']._serialized_start=573
+  _globals['_SETRATELIMITREQUEST']._serialized_end=631
+  _globals['_SETRATELIMITRESPONSE']._serialized_start=633
+  _globals['_SETRATELIMITRESPONSE']._serialized_end=689
+  _globals['_GETRATELIMITREQUEST']._serialized_start=691
+  _globals['_GETRATELIMITREQUEST']._serialized_end=726
+  _globals['_GETRATELIMITRESPONSE']._serialized_start=728
+  _globals['_GETRATELIMITRESPONSE']._serialized_end=784
+  _globals['_LISTRATELIMITSREQUEST']._serialized_start=786
+  _globals['_LISTRATELIMITSREQUEST']._serialized_end=809
+  _globals['_LISTRATELIMITSRESPONSE']._serialized_start=811
+  _globals['_LISTRATELIMITSRESPONSE']._serialized_end=870
 # @@protoc_insertion_point(module_scope)

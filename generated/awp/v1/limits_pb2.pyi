@@ -7,8 +7,12 @@ it (creates the dispatch) and given back exactly when the lease ends (Complete
 accepted, REVOKED, expiry on the database clock, hand-back, an offer withdrawn).
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -52,3 +56,272 @@ class ConcurrencyLimit(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConcurrencyLimit: _TypeAlias = ConcurrencyLimit  # noqa: Y015
+
+@_typing.final
+class RateUse(_message.Message):
+    """What one execution of a task uses of a named rate limit (TaskDefinition.rate_limits):
+    `units` is a whole number ("1") or one placeholder naming an integer of the run's
+    input ("{input.max_tokens}"), at most 256 characters and 10^15. The units are charged
+    as an estimate when the task is granted; the usage its attempt reports in Complete
+    (TaskResult.usage) replaces the estimate, refunding or charging the difference. A
+    limit no one has set (SetRateLimit) does not hold the task back.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    UNITS_FIELD_NUMBER: _builtins.int
+    limit: _builtins.str
+    """The limit's name: [A-Za-z0-9_.-]{1,128}."""
+    units: _builtins.str
+    def __init__(
+        self,
+        *,
+        limit: _builtins.str = ...,
+        units: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "units", b"units"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RateUse: _TypeAlias = RateUse  # noqa: Y015
+
+@_typing.final
+class RateLimitSpec(_message.Message):
+    """A named limit: at most `units` units granted in any window of `period`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    UNITS_FIELD_NUMBER: _builtins.int
+    PERIOD_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """[A-Za-z0-9_.-]{1,128}."""
+    units: _builtins.int
+    """0 to 10^15; 0 grants nothing."""
+    @_builtins.property
+    def period(self) -> _duration_pb2.Duration:
+        """1 ms to 24 h."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        units: _builtins.int = ...,
+        period: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["period", b"period"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "period", b"period", "units", b"units"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RateLimitSpec: _TypeAlias = RateLimitSpec  # noqa: Y015
+
+@_typing.final
+class RateLimit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    PAUSED_UNTIL_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_BY_FIELD_NUMBER: _builtins.int
+    used: _builtins.int
+    """Units charged in the window ending now (reported usage where known, else estimates)."""
+    updated_by: _builtins.str
+    @_builtins.property
+    def spec(self) -> Global___RateLimitSpec: ...
+    @_builtins.property
+    def paused_until(self) -> _timestamp_pb2.Timestamp:
+        """Set while a slow-down report (TaskResult.slow_down) pauses the limit."""
+
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        spec: Global___RateLimitSpec | None = ...,
+        used: _builtins.int = ...,
+        paused_until: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["paused_until", b"paused_until", "spec", b"spec", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["paused_until", b"paused_until", "spec", b"spec", "updated_at", b"updated_at", "updated_by", b"updated_by", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RateLimit: _TypeAlias = RateLimit  # noqa: Y015
+
+@_typing.final
+class RateUsage(_message.Message):
+    """The usage an attempt reports for one of its task's rate limits (TaskResult.usage)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    UNITS_FIELD_NUMBER: _builtins.int
+    limit: _builtins.str
+    """At most 128 characters; a limit the task does not declare is ignored."""
+    units: _builtins.int
+    """0 to 10^15."""
+    def __init__(
+        self,
+        *,
+        limit: _builtins.str = ...,
+        units: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "units", b"units"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RateUsage: _TypeAlias = RateUsage  # noqa: Y015
+
+@_typing.final
+class SlowDown(_message.Message):
+    """A provider said "slow down" (e.g. 429 with retry-after): the limit grants nothing to
+    anyone until retry_after has passed (at most 1 h).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_FIELD_NUMBER: _builtins.int
+    limit: _builtins.str
+    @_builtins.property
+    def retry_after(self) -> _duration_pb2.Duration: ...
+    def __init__(
+        self,
+        *,
+        limit: _builtins.str = ...,
+        retry_after: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retry_after", b"retry_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "retry_after", b"retry_after"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SlowDown: _TypeAlias = SlowDown  # noqa: Y015
+
+@_typing.final
+class SetRateLimitRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def spec(self) -> Global___RateLimitSpec: ...
+    def __init__(
+        self,
+        *,
+        spec: Global___RateLimitSpec | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRateLimitRequest: _TypeAlias = SetRateLimitRequest  # noqa: Y015
+
+@_typing.final
+class SetRateLimitResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def limit(self) -> Global___RateLimit: ...
+    def __init__(
+        self,
+        *,
+        limit: Global___RateLimit | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRateLimitResponse: _TypeAlias = SetRateLimitResponse  # noqa: Y015
+
+@_typing.final
+class GetRateLimitRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRateLimitRequest: _TypeAlias = GetRateLimitRequest  # noqa: Y015
+
+@_typing.final
+class GetRateLimitResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def limit(self) -> Global___RateLimit: ...
+    def __init__(
+        self,
+        *,
+        limit: Global___RateLimit | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRateLimitResponse: _TypeAlias = GetRateLimitResponse  # noqa: Y015
+
+@_typing.final
+class ListRateLimitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRateLimitsRequest: _TypeAlias = ListRateLimitsRequest  # noqa: Y015
+
+@_typing.final
+class ListRateLimitsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___RateLimit]:
+        """Every limit, by name."""
+
+    def __init__(
+        self,
+        *,
+        limits: _abc.Iterable[Global___RateLimit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRateLimitsResponse: _TypeAlias = ListRateLimitsResponse  # noqa: Y015

@@ -339,6 +339,7 @@ class TaskDefinition(_message.Message):
     ON_FAILURE_FIELD_NUMBER: _builtins.int
     ALWAYS_FIELD_NUMBER: _builtins.int
     CONCURRENCY_LIMITS_FIELD_NUMBER: _builtins.int
+    RATE_LIMITS_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     """Unique within the workflow: [A-Za-z0-9_.-]{1,64}."""
     executor_kind: _builtins.str
@@ -384,6 +385,10 @@ class TaskDefinition(_message.Message):
         Numbered apart from the fields above so that other additions do not collide.
         """
 
+    @_builtins.property
+    def rate_limits(self) -> _containers.RepeatedCompositeFieldContainer[_limits_pb2.RateUse]:
+        """At most 4 rate limits (limits.proto) each execution charges."""
+
     def __init__(
         self,
         *,
@@ -398,10 +403,11 @@ class TaskDefinition(_message.Message):
         on_failure: Global___FailurePolicy.ValueType = ...,
         always: _builtins.bool = ...,
         concurrency_limits: _abc.Iterable[_limits_pb2.ConcurrencyLimit] | None = ...,
+        rate_limits: _abc.Iterable[_limits_pb2.RateUse] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "map", b"map", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "concurrency_limits", b"concurrency_limits", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "concurrency_limits", b"concurrency_limits", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "rate_limits", b"rate_limits", "retry", b"retry", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,13 +22,14 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from awp.v1 import limits_pb2 as awp_dot_v1_dot_limits__pb2
 from awp.v1 import types_pb2 as awp_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61wp/v1/worker.proto\x12\x06\x61wp.v1\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n\rStreamChunkIn\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0e\n\x04json\x18\x02 \x01(\tH\x00\x42\x06\n\x04\x64\x61ta\"\x9e\x01\n\x13\x41ppendStreamRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x14\n\x0c\x66irst_offset\x18\x04 \x01(\x03\x12%\n\x06\x63hunks\x18\x05 \x03(\x0b\x32\x15.awp.v1.StreamChunkIn\"U\n\x14\x41ppendStreamResponse\x12(\n\x07outcome\x18\x01 \x01(\x0e\x32\x17.awp.v1.CompleteOutcome\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\"3\n\x07Session\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rsession_token\x18\x02 \x01(\t\"\xce\x01\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x16\n\x0e\x65xecutor_kinds\x18\x03 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\r\x12\x33\n\x06labels\x18\x05 \x03(\x0b\x32#.awp.v1.RegisterRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfb\x01\n\x10RegisterResponse\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tlease_ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0cstream_grace\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0bserver_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"m\n\x0c\x43laimRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x12\n\nmax_leases\x18\x02 \x01(\r\x12\'\n\x04wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xaf\x06\n\x05Lease\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x10\n\x08task_key\x18\x05 \x01(\t\x12\x15\n\rexecutor_kind\x18\x06 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x07 \x01(\t\x12&\n\x05input\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\x12\x14\n\x0cmax_attempts\x18\n \x01(\r\x12\x17\n\x0fidempotency_key\x18\x0b \x01(\t\x12\x34\n\x10lease_expires_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0flease_remaining\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x10\x61ttempt_deadline\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x11\x61ttempt_remaining\x18\x0f \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\trun_input\x18\x10 \x01(\x0b\x32\x17.google.protobuf.Struct\x12<\n\x10upstream_outputs\x18\x11 \x03(\x0b\x32\".awp.v1.Lease.UpstreamOutputsEntry\x12\x1d\n\x15omitted_upstream_keys\x18\x12 \x03(\t\x12:\n\x0fupstream_states\x18\x13 \x03(\x0b\x32!.awp.v1.Lease.UpstreamStatesEntry\x1aO\n\x14UpstreamOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\x1aH\n\x13UpstreamStatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState:\x02\x38\x01\".\n\rClaimResponse\x12\x1d\n\x06leases\x18\x01 \x03(\x0b\x32\r.awp.v1.Lease\"u\n\x19GetUpstreamOutputsRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\"2\n\x0eUpstreamOutput\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\x0boutput_json\x18\x02 \x01(\t\"E\n\x1aGetUpstreamOutputsResponse\x12\'\n\x07outputs\x18\x01 \x03(\x0b\x32\x16.awp.v1.UpstreamOutput\"4\n\x08LeaseRef\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"V\n\x10HeartbeatRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12 \n\x06leases\x18\x02 \x03(\x0b\x32\x10.awp.v1.LeaseRef\"\xe6\x01\n\nLeaseState\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12#\n\x06status\x18\x02 \x01(\x0e\x32\x13.awp.v1.LeaseStatus\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0flease_remaining\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11\x61ttempt_remaining\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x94\x01\n\x11HeartbeatResponse\x12*\n\rsession_state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.awp.v1.LeaseState\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa9\x01\n\nTaskResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12&\n\x07outcome\x18\x03 \x01(\x0e\x32\x15.awp.v1.ResultOutcome\x12\'\n\x06output\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\x05 \x01(\x0b\x32\x11.awp.v1.TaskError\"X\n\x0f\x43ompleteRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12#\n\x07results\x18\x02 \x03(\x0b\x32\x12.awp.v1.TaskResult\"O\n\x0e\x43ompleteAnswer\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.awp.v1.CompleteOutcome\";\n\x10\x43ompleteResponse\x12\'\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x16.awp.v1.CompleteAnswer\"U\n\x0c\x44rainRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12#\n\thand_back\x18\x02 \x03(\x0b\x32\x10.awp.v1.LeaseRef\"R\n\rDrainResponse\x12*\n\rsession_state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x15\n\ractive_leases\x18\x02 \x01(\r*y\n\x0bLeaseStatus\x12\x1c\n\x18LEASE_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14LEASE_STATUS_RENEWED\x10\x01\x12\x18\n\x14LEASE_STATUS_REVOKED\x10\x02\x12\x18\n\x14LEASE_STATUS_UNKNOWN\x10\x03*h\n\rResultOutcome\x12\x1e\n\x1aRESULT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RESULT_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n\x15RESULT_OUTCOME_FAILED\x10\x02*\xb9\x01\n\x0f\x43ompleteOutcome\x12 \n\x1c\x43OMPLETE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43OMPLETE_OUTCOME_ACCEPTED\x10\x01\x12\x1e\n\x1a\x43OMPLETE_OUTCOME_DUPLICATE\x10\x02\x12$\n COMPLETE_OUTCOME_RESULT_CONFLICT\x10\x03\x12\x1f\n\x1b\x43OMPLETE_OUTCOME_LEASE_LOST\x10\x04\x32\xe7\x03\n\rWorkerService\x12=\n\x08Register\x12\x17.awp.v1.RegisterRequest\x1a\x18.awp.v1.RegisterResponse\x12\x34\n\x05\x43laim\x12\x14.awp.v1.ClaimRequest\x1a\x15.awp.v1.ClaimResponse\x12\x44\n\tHeartbeat\x12\x18.awp.v1.HeartbeatRequest\x1a\x19.awp.v1.HeartbeatResponse(\x01\x30\x01\x12=\n\x08\x43omplete\x12\x17.awp.v1.CompleteRequest\x1a\x18.awp.v1.CompleteResponse\x12\x34\n\x05\x44rain\x12\x14.awp.v1.DrainRequest\x1a\x15.awp.v1.DrainResponse\x12[\n\x12GetUpstreamOutputs\x12!.awp.v1.GetUpstreamOutputsRequest\x1a\".awp.v1.GetUpstreamOutputsResponse\x12I\n\x0c\x41ppendStream\x12\x1b.awp.v1.AppendStreamRequest\x1a\x1c.awp.v1.AppendStreamResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61wp/v1/worker.proto\x12\x06\x61wp.v1\x1a\x13\x61wp/v1/limits.proto\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n\rStreamChunkIn\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0e\n\x04json\x18\x02 \x01(\tH\x00\x42\x06\n\x04\x64\x61ta\"\x9e\x01\n\x13\x41ppendStreamRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x14\n\x0c\x66irst_offset\x18\x04 \x01(\x03\x12%\n\x06\x63hunks\x18\x05 \x03(\x0b\x32\x15.awp.v1.StreamChunkIn\"U\n\x14\x41ppendStreamResponse\x12(\n\x07outcome\x18\x01 \x01(\x0e\x32\x17.awp.v1.CompleteOutcome\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\"3\n\x07Session\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rsession_token\x18\x02 \x01(\t\"\xce\x01\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x16\n\x0e\x65xecutor_kinds\x18\x03 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\r\x12\x33\n\x06labels\x18\x05 \x03(\x0b\x32#.awp.v1.RegisterRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfb\x01\n\x10RegisterResponse\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tlease_ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0cstream_grace\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0bserver_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"m\n\x0c\x43laimRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x12\n\nmax_leases\x18\x02 \x01(\r\x12\'\n\x04wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xaf\x06\n\x05Lease\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x10\n\x08task_key\x18\x05 \x01(\t\x12\x15\n\rexecutor_kind\x18\x06 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x07 \x01(\t\x12&\n\x05input\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\x12\x14\n\x0cmax_attempts\x18\n \x01(\r\x12\x17\n\x0fidempotency_key\x18\x0b \x01(\t\x12\x34\n\x10lease_expires_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0flease_remaining\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x10\x61ttempt_deadline\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x11\x61ttempt_remaining\x18\x0f \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\trun_input\x18\x10 \x01(\x0b\x32\x17.google.protobuf.Struct\x12<\n\x10upstream_outputs\x18\x11 \x03(\x0b\x32\".awp.v1.Lease.UpstreamOutputsEntry\x12\x1d\n\x15omitted_upstream_keys\x18\x12 \x03(\t\x12:\n\x0fupstream_states\x18\x13 \x03(\x0b\x32!.awp.v1.Lease.UpstreamStatesEntry\x1aO\n\x14UpstreamOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\x1aH\n\x13UpstreamStatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState:\x02\x38\x01\".\n\rClaimResponse\x12\x1d\n\x06leases\x18\x01 \x03(\x0b\x32\r.awp.v1.Lease\"u\n\x19GetUpstreamOutputsRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\"2\n\x0eUpstreamOutput\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\x0boutput_json\x18\x02 \x01(\t\"E\n\x1aGetUpstreamOutputsResponse\x12\'\n\x07outputs\x18\x01 \x03(\x0b\x32\x16.awp.v1.UpstreamOutput\"4\n\x08LeaseRef\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"V\n\x10HeartbeatRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12 \n\x06leases\x18\x02 \x03(\x0b\x32\x10.awp.v1.LeaseRef\"\xe6\x01\n\nLeaseState\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12#\n\x06status\x18\x02 \x01(\x0e\x32\x13.awp.v1.LeaseStatus\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0flease_remaining\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11\x61ttempt_remaining\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x94\x01\n\x11HeartbeatResponse\x12*\n\rsession_state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.awp.v1.LeaseState\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf0\x01\n\nTaskResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12&\n\x07outcome\x18\x03 \x01(\x0e\x32\x15.awp.v1.ResultOutcome\x12\'\n\x06output\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\x05 \x01(\x0b\x32\x11.awp.v1.TaskError\x12 \n\x05usage\x18\x1e \x03(\x0b\x32\x11.awp.v1.RateUsage\x12#\n\tslow_down\x18\x1f \x03(\x0b\x32\x10.awp.v1.SlowDown\"X\n\x0f\x43ompleteRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12#\n\x07results\x18\x02 \x03(\x0b\x32\x12.awp.v1.TaskResult\"O\n\x0e\x43ompleteAnswer\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.awp.v1.CompleteOutcome\";\n\x10\x43ompleteResponse\x12\'\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x16.awp.v1.CompleteAnswer\"U\n\x0c\x44rainRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12#\n\thand_back\x18\x02 \x03(\x0b\x32\x10.awp.v1.LeaseRef\"R\n\rDrainResponse\x12*\n\rsession_state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x15\n\ractive_leases\x18\x02 \x01(\r*y\n\x0bLeaseStatus\x12\x1c\n\x18LEASE_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14LEASE_STATUS_RENEWED\x10\x01\x12\x18\n\x14LEASE_STATUS_REVOKED\x10\x02\x12\x18\n\x14LEASE_STATUS_UNKNOWN\x10\x03*h\n\rResultOutcome\x12\x1e\n\x1aRESULT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RESULT_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n\x15RESULT_OUTCOME_FAILED\x10\x02*\xb9\x01\n\x0f\x43ompleteOutcome\x12 \n\x1c\x43OMPLETE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43OMPLETE_OUTCOME_ACCEPTED\x10\x01\x12\x1e\n\x1a\x43OMPLETE_OUTCOME_DUPLICATE\x10\x02\x12$\n COMPLETE_OUTCOME_RESULT_CONFLICT\x10\x03\x12\x1f\n\x1b\x43OMPLETE_OUTCOME_LEASE_LOST\x10\x04\x32\xe7\x03\n\rWorkerService\x12=\n\x08Register\x12\x17.awp.v1.RegisterRequest\x1a\x18.awp.v1.RegisterResponse\x12\x34\n\x05\x43laim\x12\x14.awp.v1.ClaimRequest\x1a\x15.awp.v1.ClaimResponse\x12\x44\n\tHeartbeat\x12\x18.awp.v1.HeartbeatRequest\x1a\x19.awp.v1.HeartbeatResponse(\x01\x30\x01\x12=\n\x08\x43omplete\x12\x17.awp.v1.CompleteRequest\x1a\x18.awp.v1.CompleteResponse\x12\x34\n\x05\x44rain\x12\x14.awp.v1.DrainRequest\x1a\x15.awp.v1.DrainResponse\x12[\n\x12GetUpstreamOutputs\x12!.awp.v1.GetUpstreamOutputsRequest\x1a\".awp.v1.GetUpstreamOutputsResponse\x12I\n\x0c\x41ppendStream\x12\x1b.awp.v1.AppendStreamRequest\x1a\x1c.awp.v1.AppendStreamResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,62 +42,62 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_options = b'8\001'
   _globals['_LEASE_UPSTREAMSTATESENTRY']._loaded_options = None
   _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_options = b'8\001'
-  _globals['_LEASESTATUS']._serialized_start=3287
-  _globals['_LEASESTATUS']._serialized_end=3408
-  _globals['_RESULTOUTCOME']._serialized_start=3410
-  _globals['_RESULTOUTCOME']._serialized_end=3514
-  _globals['_COMPLETEOUTCOME']._serialized_start=3517
-  _globals['_COMPLETEOUTCOME']._serialized_end=3702
-  _globals['_STREAMCHUNKIN']._serialized_start=146
-  _globals['_STREAMCHUNKIN']._serialized_end=201
-  _globals['_APPENDSTREAMREQUEST']._serialized_start=204
-  _globals['_APPENDSTREAMREQUEST']._serialized_end=362
-  _globals['_APPENDSTREAMRESPONSE']._serialized_start=364
-  _globals['_APPENDSTREAMRESPONSE']._serialized_end=449
-  _globals['_SESSION']._serialized_start=451
-  _globals['_SESSION']._serialized_end=502
-  _globals['_REGISTERREQUEST']._serialized_start=505
-  _globals['_REGISTERREQUEST']._serialized_end=711
-  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_start=666
-  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_end=711
-  _globals['_REGISTERRESPONSE']._serialized_start=714
-  _globals['_REGISTERRESPONSE']._serialized_end=965
-  _globals['_CLAIMREQUEST']._serialized_start=967
-  _globals['_CLAIMREQUEST']._serialized_end=1076
-  _globals['_LEASE']._serialized_start=1079
-  _globals['_LEASE']._serialized_end=1894
-  _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_start=1741
-  _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_end=1820
-  _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_start=1822
-  _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_end=1894
-  _globals['_CLAIMRESPONSE']._serialized_start=1896
-  _globals['_CLAIMRESPONSE']._serialized_end=1942
-  _globals['_GETUPSTREAMOUTPUTSREQUEST']._serialized_start=1944
-  _globals['_GETUPSTREAMOUTPUTSREQUEST']._serialized_end=2061
-  _globals['_UPSTREAMOUTPUT']._serialized_start=2063
-  _globals['_UPSTREAMOUTPUT']._serialized_end=2113
-  _globals['_GETUPSTREAMOUTPUTSRESPONSE']._serialized_start=2115
-  _globals['_GETUPSTREAMOUTPUTSRESPONSE']._serialized_end=2184
-  _globals['_LEASEREF']._serialized_start=2186
-  _globals['_LEASEREF']._serialized_end=2238
-  _globals['_HEARTBEATREQUEST']._serialized_start=2240
-  _globals['_HEARTBEATREQUEST']._serialized_end=2326
-  _globals['_LEASESTATE']._serialized_start=2329
-  _globals['_LEASESTATE']._serialized_end=2559
-  _globals['_HEARTBEATRESPONSE']._serialized_start=2562
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2710
-  _globals['_TASKRESULT']._serialized_start=2713
-  _globals['_TASKRESULT']._serialized_end=2882
-  _globals['_COMPLETEREQUEST']._serialized_start=2884
-  _globals['_COMPLETEREQUEST']._serialized_end=2972
-  _globals['_COMPLETEANSWER']._serialized_start=2974
-  _globals['_COMPLETEANSWER']._serialized_end=3053
-  _globals['_COMPLETERESPONSE']._serialized_start=3055
-  _globals['_COMPLETERESPONSE']._serialized_end=3114
-  _globals['_DRAINREQUEST']._serialized_start=3116
-  _globals['_DRAINREQUEST']._serialized_end=3201
-  _globals['_DRAINRESPONSE']._serialized_start=3203
-  _globals['_DRAINRESPONSE']._serialized_end=3285
-  _globals['_WORKERSERVICE']._serialized_start=3705
-  _globals['_WORKERSERVICE']._serialized_end=4192
+  _globals['_LEASESTATUS']._serialized_start=3379
+  _globals['_LEASESTATUS']._serialized_end=3500
+  _globals['_RESULTOUTCOME']._serialized_start=3502
+  _globals['_RESULTOUTCOME']._serialized_end=3606
+  _globals['_COMPLETEOUTCOME']._serialized_start=3609
+  _globals['_COMPLETEOUTCOME']._serialized_end=3794
+  _globals['_STREAMCHUNKIN']._serialized_start=167
+  _globals['_STREAMCHUNKIN']._serialized_end=222
+  _globals['_APPENDSTREAMREQUEST']._serialized_start=225
+  _globals['_APPENDSTREAMREQUEST']._serialized_end=383
+  _globals['_APPENDSTREAMRESPONSE']._serialized_start=385
+  _globals['_APPENDSTREAMRESPONSE']._serialized_end=470
+  _globals['_SESSION']._serialized_start=472
+  _globals['_SESSION']._serialized_end=523
+  _globals['_REGISTERREQUEST']._serialized_start=526
+  _globals['_REGISTERREQUEST']._serialized_end=732
+  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_start=687
+  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_end=732
+  _globals['_REGISTERRESPONSE']._serialized_start=735
+  _globals['_REGISTERRESPONSE']._serialized_end=986
+  _globals['_CLAIMREQUEST']._serialized_start=988
+  _globals['_CLAIMREQUEST']._serialized_end=1097
+  _globals['_LEASE']._serialized_start=1100
+  _globals['_LEASE']._serialized_end=1915
+  _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_start=1762
+  _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_end=1841
+  _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_start=1843
+  _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_end=1915
+  _globals['_CLAIMRESPONSE']._serialized_start=1917
+  _globals['_CLAIMRESPONSE']._serialized_end=1963
+  _globals['_GETUPSTREAMOUTPUTSREQUEST']._serialized_start=1965
+  _globals['_GETUPSTREAMOUTPUTSREQUEST']._serialized_end=2082
+  _globals['_UPSTREAMOUTPUT']._serialized_start=2084
+  _globals['_UPSTREAMOUTPUT']._serialized_end=2134
+  _globals['_GETUPSTREAMOUTPUTSRESPONSE']._serialized_start=2136
+  _globals['_GETUPSTREAMOUTPUTSRESPONSE']._serialized_end=2205
+  _globals['_LEASEREF']._serialized_start=2207
+  _globals['_LEASEREF']._serialized_end=2259
+  _globals['_HEARTBEATREQUEST']._serialized_start=2261
+  _globals['_HEARTBEATREQUEST']._serialized_end=2347
+  _globals['_LEASESTATE']._serialized_start=2350
+  _globals['_LEASESTATE']._serialized_end=2580
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2583
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2731
+  _globals['_TASKRESULT']._serialized_start=2734
+  _globals['_TASKRESULT']._serialized_end=2974
+  _globals['_COMPLETEREQUEST']._serialized_start=2976
+  _globals['_COMPLETEREQUEST']._serialized_end=3064
+  _globals['_COMPLETEANSWER']._serialized_start=3066
+  _globals['_COMPLETEANSWER']._serialized_end=3145
+  _globals['_COMPLETERESPONSE']._serialized_start=3147
+  _globals['_COMPLETERESPONSE']._serialized_end=3206
+  _globals['_DRAINREQUEST']._serialized_start=3208
+  _globals['_DRAINREQUEST']._serialized_end=3293
+  _globals['_DRAINRESPONSE']._serialized_start=3295
+  _globals['_DRAINRESPONSE']._serialized_end=3377
+  _globals['_WORKERSERVICE']._serialized_start=3797
+  _globals['_WORKERSERVICE']._serialized_end=4284
 # @@protoc_insertion_point(module_scope)

@@ -16,6 +16,7 @@ from awp_sdk.records.fleet import (
     TaskCount,
     Worker,
 )
+from awp_sdk.records.limits import RateLimit
 from awp_sdk.records.runs import (
     Attempt,
     Event,
@@ -31,6 +32,7 @@ from awp_sdk.records.workflows import (
     Applied,
     StoredConcurrency,
     StoredMap,
+    StoredRateUse,
     StoredRetry,
     StoredTask,
     StoredWorkflow,
@@ -44,6 +46,7 @@ __all__ = [
     "Identity",
     "Page",
     "Pruned",
+    "RateLimit",
     "Run",
     "RunDetail",
     "Schedule",
@@ -51,6 +54,7 @@ __all__ = [
     "Stats",
     "StoredConcurrency",
     "StoredMap",
+    "StoredRateUse",
     "StoredRetry",
     "StoredTask",
     "StoredWorkflow",

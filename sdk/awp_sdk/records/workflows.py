@@ -28,6 +28,14 @@ class StoredConcurrency:
 
 
 @dataclass(frozen=True)
+class StoredRateUse:
+    """One execution charges ``units`` (a number, or "{input.<field>}") of limit ``limit``."""
+
+    limit: str
+    units: str
+
+
+@dataclass(frozen=True)
 class StoredMap:
     """Fan-out: once per element of the list at ``path`` in task ``over``'s output."""
 
@@ -51,6 +59,7 @@ class StoredTask:
     on_failure: FailurePolicy
     always: bool
     concurrency_limits: tuple[StoredConcurrency, ...]
+    rate_limits: tuple[StoredRateUse, ...]
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,22 @@
    count finished before the granted one started.)
 4. No unit held by an ended lease: a dispatch that holds a key is live only while its
    task is queued or running; so once nothing is queued or running, no unit is held.
+5. A rate limit never exceeded in any window: at each grant, the units charged to the
+   limit in the period ending then, as the grant knew them (reported usage for reports
+   committed before it, the estimate otherwise, and the smaller of the two for a report
+   within REPORT_SLACK of it, whose commit the grant may or may not have seen), are at
+   most the budget in force. (Every window's worst case ends at a grant.)
+6. Each charge belongs to a dispatch whose task uses that limit, for the units it
+   declares.
 """
 
 from __future__ import annotations
 
 from kit.invariants.common import Db
+
+# A report's clock_timestamp() precedes its commit; a grant that read the charges in
+# between saw the estimate, not yet the usage.
+REPORT_SLACK = "1 second"
 
 
 async def flow_problems(conn: Db) -> list[str]:
@@ -75,5 +86,45 @@ async def flow_problems(conn: Db) -> list[str]:
         problems.append(
             f"dispatch {row['id']} ({row['state']}) still holds {list(row['concurrency_keys'])} "
             f"but its task {row['key']!r} is {row['task_state']}: a unit leaked"
+        )
+    problems.extend(await _rate_problems(conn))
+    return problems
+
+
+async def _rate_problems(conn: Db) -> list[str]:
+    problems = []
+    for row in await conn.fetch(
+        f"""SELECT c.limit_name, c.granted_at, c.budget_units, c.period_ms,
+                  (SELECT sum(CASE
+                       WHEN o.dispatch_id = c.dispatch_id OR o.reported_at IS NULL
+                            OR o.reported_at > c.granted_at THEN o.estimate
+                       WHEN o.reported_at > c.granted_at - interval '{REPORT_SLACK}'
+                            THEN least(o.estimate, o.actual)
+                       ELSE o.actual END)
+                     FROM rate_charges o
+                    WHERE o.limit_name = c.limit_name AND o.granted_at <= c.granted_at
+                      AND o.granted_at > c.granted_at - c.period_ms * interval '1 millisecond'
+                  ) AS charged
+             FROM rate_charges c
+            ORDER BY c.granted_at"""
+    ):
+        if row["charged"] > row["budget_units"]:
+            problems.append(
+                f"rate limit {row['limit_name']!r}: {row['charged']} units charged in the "
+                f"{row['period_ms']} ms ending {row['granted_at'].isoformat()}, over its "
+                f"{row['budget_units']}"
+            )
+            if len(problems) >= 10:
+                break
+    for row in await conn.fetch(
+        """SELECT c.dispatch_id, c.limit_name, c.estimate
+             FROM rate_charges c JOIN dispatches d ON d.id = c.dispatch_id
+             JOIN tasks t ON t.id = d.task_id
+            WHERE NOT EXISTS (SELECT 1 FROM unnest(t.rate_names, t.rate_units) AS u (name, units)
+                               WHERE u.name = c.limit_name AND u.units = c.estimate)"""
+    ):
+        problems.append(
+            f"dispatch {row['dispatch_id']} charged {row['estimate']} of {row['limit_name']!r}, "
+            "which its task does not declare"
         )
     return problems
