@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from rich.text import Text
 
-from awp_cli import commands, credentials, render, run_commands, schedules
+from awp_cli import commands, credentials, limits, render, run_commands, schedules
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit, exit_error
 from awp_cli.stream_command import run_stream
@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(commands_, "stats", commands.stats, "queue depth, leases and workers by state")
 
     schedules.add_commands(commands_, add)
+    limits.add_commands(commands_, add)
     dev.add_commands(commands_)
     add_console(commands_)
     credentials.add_commands(commands_)

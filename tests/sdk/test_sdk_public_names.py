@@ -70,7 +70,8 @@ MODULES = {
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
-    "awp_sdk.wire": "applied attempts backfilled event pruned run run_detail runs "
+    "awp_sdk.wire": "applied attempts backfilled event pruned rate_limit rate_limits run "
+    "run_detail runs "
     "schedule schedule_deleted schedules started stats tasks triggered workers workflow "
     "workflows",
     "awp_sdk.workflow": "Concurrency Duration Map Rate Retry Task TaskFunction TaskOptions "
