@@ -23,6 +23,8 @@ class Task:
     map: tuple[str, str] | None = None
     # Keyed limits: (key template, max) each (limits.proto).
     concurrency_limits: Sequence[tuple[str, int]] = ()
+    # Rate limits: (limit name, units) each.
+    rate_limits: Sequence[tuple[str, str]] = ()
 
 
 def _duration(ms: int) -> duration_pb2.Duration:
@@ -66,6 +68,10 @@ def definition(
                 concurrency_limits=[
                     limits_pb2.ConcurrencyLimit(key=key, max=most)
                     for key, most in task.concurrency_limits
+                ],
+                rate_limits=[
+                    limits_pb2.RateUse(limit=limit, units=units)
+                    for limit, units in task.rate_limits
                 ],
             )
         )

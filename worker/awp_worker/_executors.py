@@ -118,7 +118,8 @@ class MockExecutor:
     chunks ``"<attempt>:<i> "`` to the output stream, one every ``stream_every_ms`` (on a
     fixed schedule), each padded to ``stream_chunk_bytes``; ``stream_stamp: true`` puts the
     wall-clock time of the write in each, ``"<attempt>:<i>@<epoch seconds> "`` (the stream
-    tests and benchmark).
+    tests and benchmark); ``report_usage: {LIMIT: UNITS}`` and ``slow_down: {LIMIT:
+    SECONDS}`` report rate-limit usage and a slow-down with the result (the flow tests).
     """
 
     async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
@@ -147,6 +148,10 @@ class MockExecutor:
             raise RetryableError(
                 f"mock retryable failure: attempt {ctx.attempt} <= fail_attempts {fail_attempts:g}"
             )
+        for limit, units in _mapping(input, "report_usage").items():
+            ctx.report_usage(limit, int(units))
+        for limit, seconds in _mapping(input, "slow_down").items():
+            ctx.slow_down(limit, float(seconds))
         output: dict[str, Any] = {"action": ctx.action, "echo": input, "attempt": ctx.attempt}
         padding = int(_number(input, "output_bytes"))
         if padding > MAX_OUTPUT_BYTES:
@@ -158,6 +163,13 @@ class MockExecutor:
             # cannot compress it away (payload figures would flatter AWP).
             output["padding"] = random.Random(padding).randbytes(padding // 2 + 1).hex()[:padding]
         return output
+
+
+def _mapping(input: dict[str, Any], name: str) -> dict[str, Any]:
+    value = input.get(name) or {}
+    if not isinstance(value, dict):
+        raise PermanentError(f"mock: input.{name} must be an object, got {value!r}")
+    return value
 
 
 def _number(input: dict[str, Any], name: str) -> float:
