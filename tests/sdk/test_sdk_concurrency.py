@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,12 @@ from awp_sdk import (
     Concurrency,
     DefinitionInvalid,
     InvalidArgument,
+    Rate,
     Workflow,
     action,
     definitions,
 )
+from awp_sdk.limits import RateLimits
 from kit.invariants import check_committed
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
@@ -33,8 +36,10 @@ BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 @action("support.answer")
 async def answer(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
-    # Stands in for the model call: long enough for the keys to be what bounds the work.
+    # Stands in for the model call: long enough for the keys to be what bounds the work;
+    # it "used" half its max_tokens.
     await asyncio.sleep(0.1)
+    ctx.report_usage("openai-tpm", ctx.run_input["max_tokens"] // 2)
     return {"user": ctx.run_input["user_id"]}
 
 
@@ -54,11 +59,19 @@ def page_shows(message: str) -> bool:
 
 async def test_the_pages_example_runs_within_its_keys(stack: Stack, pool: Pool) -> None:
     async with stack.client() as client:
+        await RateLimits(client).set("openai-tpm", 90_000, per=timedelta(minutes=1))
         await client.apply(example())
         users = ["ann"] * 8 + ["bob"] * 2
-        handles = [await client.start("support-answer", input={"user_id": user}) for user in users]
+        handles = [
+            await client.start("support-answer", input={"user_id": user, "max_tokens": 4_000})
+            for user in users
+        ]
         for handle in handles:
             await handle.result(timeout=120)
+        used = (await RateLimits(client).get("openai-tpm")).used
+    print(f"openai-tpm used: {used}")
+    # Each call reported 2,000 of the 4,000 charged at grant: the reports replaced them.
+    assert used == 10 * 2_000
     await check_committed(pool)
     peak = await pool.fetch(
         """WITH spans AS (
@@ -89,7 +102,7 @@ async def test_the_refusals_the_page_prints_are_the_servers(stack: Stack) -> Non
         assert page_shows(f"INVALID_DEFINITION {violation.field}: {violation.description}")
         await client.apply(example())
         with pytest.raises(InvalidArgument) as started:
-            await client.start("support-answer", input={"user": "ann"})
+            await client.start("support-answer", input={"user": "ann", "max_tokens": 1})
         (violation,) = started.value.violations
         assert page_shows(f"INVALID_ARGUMENT {violation.field}: {violation.description}")
 
@@ -101,5 +114,6 @@ def test_the_code_spelling_gives_the_same_definition() -> None:
         action="support.answer",
         kind="python",
         concurrency=[Concurrency("user:{input.user_id}", max=2), Concurrency("llm", max=50)],
+        rate_limits=[Rate("openai-tpm", units="{input.max_tokens}")],
     )
     assert wf.definition() == definitions.definition(example())
