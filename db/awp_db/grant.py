@@ -106,3 +106,9 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
             spent[name] = spent.get(name, 0) + units
         chosen.append(Grant(row["id"], row["run_id"]))
     return chosen
+
+
+async def explain(conn: Conn, run_id: UUID) -> dict[str, str]:
+    """Why each ready task of the run is not granted now (by task key; only those held
+    back by a limit, or by no worker of their kind): the same counts as `choose`."""
+    return {row["key"]: row["why"] for row in await conn.fetch(Q["explain"], run_id) if row["why"]}

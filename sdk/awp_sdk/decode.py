@@ -115,6 +115,7 @@ def task(message: control_pb2.Task) -> records.TaskStatus:
         hand_backs=message.hand_backs,
         map_parent=message.map_parent or None,
         map_index=message.map_index if message.map_parent else None,
+        waiting_for=message.waiting_for or None,
     )
 
 

@@ -102,6 +102,7 @@ def _task(task: records.TaskStatus) -> control_pb2.Task:
         hand_backs=task.hand_backs,
         map_parent=task.map_parent or "",
         map_index=task.map_index or 0,
+        waiting_for=task.waiting_for or "",
     )
     _struct(message.output, task.output)
     _error(message.error, task.error)

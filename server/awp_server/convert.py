@@ -224,9 +224,13 @@ def task_error(
     )
 
 
-def task_to_proto(row: TaskInfo, traceback: str | None = None) -> control_pb2.Task:
-    """A task row; traceback: its last attempt's, for a failed task (GetRun)."""
+def task_to_proto(
+    row: TaskInfo, traceback: str | None = None, waiting_for: str = ""
+) -> control_pb2.Task:
+    """A task row; traceback: its last attempt's, for a failed task (GetRun); waiting_for:
+    why a ready task is held back (awp_db.grant.explain)."""
     return control_pb2.Task(
+        waiting_for=waiting_for,
         key=row.key,
         state=TASK_STATES.proto(row.state),
         executor_kind=row.executor_kind,

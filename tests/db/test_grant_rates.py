@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from awp_db import leases, ratelimits
+from awp_db import grant, leases, ratelimits
 from awp_db.connect import Pool
+from awp_kernel.concurrency import ConcurrencyLimit
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
 from awp_kernel.errors import AwpError
 from awp_kernel.ratelimits import RateUse
@@ -167,3 +168,46 @@ async def test_a_charge_its_task_does_not_declare_is_found(pool: Pool) -> None:
     assert await dispatch_all(pool) == 1
     await pool.execute("UPDATE rate_charges SET estimate = 0")
     assert "charged 0 of 'api', which its task does not declare" in await _violations(pool)
+
+
+async def test_a_held_back_task_says_why(pool: Pool) -> None:
+    """grant.explain: a full key, a used-up or paused rate limit, no worker of the kind."""
+    keyed = validate(
+        WorkflowSpec(
+            name="explained",
+            version=1,
+            tasks=tuple(
+                TaskSpec(
+                    key=f"t{i}",
+                    executor_kind="mock",
+                    action="noop",
+                    concurrency_limits=(ConcurrencyLimit("k", 1),),
+                )
+                for i in range(2)
+            ),
+        )
+    )
+    run_id = await start_run(pool, keyed)
+    async with pool.acquire() as conn:
+        assert await grant.explain(conn, run_id) == {
+            "t0": "waiting for a worker that runs executor kind 'mock'",
+            "t1": "waiting for a worker that runs executor kind 'mock'",
+        }
+    await register(pool, max_concurrency=50)
+    assert await dispatch_all(pool) == 1
+    async with pool.acquire() as conn:
+        assert await grant.explain(conn, run_id) == {
+            "t1": "waiting for concurrency key 'k' (1 of 1 held)"
+        }
+    await set_limit(pool, "api", 1)
+    rated_run = await start_run(pool, rated(2, ("api", "1")))
+    assert await dispatch_all(pool) == 1
+    async with pool.acquire() as conn:
+        (why,) = (await grant.explain(conn, rated_run)).values()
+    assert why == (
+        "waiting for rate limit 'api' (1 of 1 units used in the last 3600000 ms; needs 1)"
+    )
+    await pool.execute("UPDATE rate_limits SET paused_until = now() + interval '1 hour'")
+    async with pool.acquire() as conn:
+        (why,) = (await grant.explain(conn, rated_run)).values()
+    assert why.startswith("waiting for rate limit 'api' (paused by a slow-down until ")

@@ -118,7 +118,7 @@ RECORD_FIELDS = {
     "TaskPage": "items next_page_token tracebacks_omitted",
     "TaskStatus": "key state executor_kind action depends_on attempts max_attempts output "
     "error retry_at finished_at reused_from_run_id output_omitted hand_backs map_parent "
-    "map_index",
+    "map_index waiting_for",
     "Worker": "id name state executor_kinds max_concurrency active_leases labels "
     "protocol_version registered_at last_heartbeat_at stopped_at",
 }

@@ -89,3 +89,49 @@ SELECT id, run_id, executor_kind, concurrency_keys, concurrency_max, held, rate_
  WHERE cardinality(concurrency_keys) = 0 OR turn <= concurrency_max[1] - held[1]
  ORDER BY turn, rn, last_dispatched_at NULLS FIRST, created_at, live_id, id
  LIMIT $2
+
+-- name: explain
+-- Why each ready task of run $1 is not granted now, by the same counts as `candidates`
+-- (the first reason found; a task with none is only waiting for the next pass or a free
+-- slot). Unlocked: a reading, not a decision.
+WITH held AS (
+    SELECT k.key, count(*)::int AS n
+      FROM dispatches d CROSS JOIN LATERAL unnest(d.concurrency_keys) AS k (key)
+     WHERE d.state IN ('pending', 'leased') AND cardinality(d.concurrency_keys) > 0
+     GROUP BY k.key
+), rates AS (
+    SELECT l.name, l.units, l.period_ms, l.paused_until,
+           l.paused_until > clock_timestamp() AS paused,
+           coalesce((SELECT sum(coalesce(c.actual, c.estimate)) FROM rate_charges c
+                      WHERE c.limit_name = l.name
+                        AND c.granted_at > clock_timestamp() - l.period_ms * interval '1 millisecond'),
+                    0) AS used
+      FROM rate_limits l
+), run AS (
+    SELECT r.concurrency,
+           (SELECT count(*) FROM tasks q
+             WHERE q.run_id = r.id AND q.state IN ('queued', 'running') AND q.map_over IS NULL)
+               AS in_flight
+      FROM runs r WHERE r.id = $1
+)
+SELECT t.key, coalesce(
+    (SELECT format('waiting for concurrency key %L (%s of %s held)', k.key, h.n, k.max)
+       FROM unnest(t.concurrency_keys, t.concurrency_max) AS k (key, max)
+       JOIN held h ON h.key = k.key
+      WHERE h.n >= k.max LIMIT 1),
+    (SELECT CASE WHEN l.paused
+                 THEN format('waiting for rate limit %L (paused by a slow-down until %s)',
+                             l.name, l.paused_until)
+                 ELSE format('waiting for rate limit %L (%s of %s units used in the last %s ms; needs %s)',
+                             l.name, l.used, l.units, l.period_ms, u.units) END
+       FROM unnest(t.rate_names, t.rate_units) AS u (name, units)
+       JOIN rates l ON l.name = u.name
+      WHERE l.paused OR l.units - l.used < u.units LIMIT 1),
+    (SELECT format('waiting for the run''s concurrency (%s of %s)', run.in_flight, run.concurrency)
+       FROM run WHERE run.concurrency > 0 AND run.in_flight >= run.concurrency),
+    (SELECT format('waiting for a worker that runs executor kind %L', t.executor_kind)
+      WHERE NOT EXISTS (SELECT 1 FROM workers w
+                         WHERE w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds))),
+    '') AS why
+  FROM tasks t
+ WHERE t.run_id = $1 AND t.state = 'ready'

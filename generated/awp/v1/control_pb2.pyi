@@ -550,6 +550,7 @@ class Task(_message.Message):
     HAND_BACKS_FIELD_NUMBER: _builtins.int
     MAP_PARENT_FIELD_NUMBER: _builtins.int
     MAP_INDEX_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     state: _types_pb2.TaskState.ValueType
     executor_kind: _builtins.str
@@ -576,6 +577,12 @@ class Task(_message.Message):
     tasks, each map's in index order.
     """
     map_index: _builtins.int
+    waiting_for: _builtins.str
+    """GetRun, a READY task a limit holds back: why, e.g. "waiting for concurrency key
+    'user:ann' (2 of 2 held)", "waiting for rate limit 'api' (...)", "waiting for a worker
+    that runs executor kind 'gpu'" (docs/workflows.md). Empty otherwise. Numbered apart
+    so that other additions do not collide.
+    """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -607,10 +614,11 @@ class Task(_message.Message):
         hand_backs: _builtins.int = ...,
         map_parent: _builtins.str = ...,
         map_index: _builtins.int = ...,
+        waiting_for: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at", b"finished_at", "output", b"output", "retry_at", b"retry_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "state", b"state", "waiting_for", b"waiting_for"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -107,6 +107,8 @@ class TaskStatus:
     # Set on a map element: the map task's key and the element's 0-based index.
     map_parent: str | None = None
     map_index: int | None = None
+    # GetRun, a ready task a limit holds back: why ("waiting for concurrency key ...").
+    waiting_for: str | None = None
 
     @property
     def charged_attempts(self) -> int:
