@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from awp_db import locks
 from awp_db.connect import Conn, Pool
 from awp_db.queries import queries, rows_as
 from awp_db.signals import DISPATCH_LOCK_KEY
@@ -41,7 +42,8 @@ async def set_limit(conn: Conn, name: str, units: int, period_ms: int, by: str) 
     async with conn.transaction():
         # The dispatch lock (dispatching.sql: serialise): no grant is between its count
         # and its charge while the budget changes.
-        await conn.execute("SELECT pg_advisory_xact_lock($1::bigint)", DISPATCH_LOCK_KEY)
+        await conn.execute(queries("dispatching")["serialise"], DISPATCH_LOCK_KEY)
+        await locks.rate_limits(conn, [name])
         await conn.fetchval(Q["set"], name, units, period_ms, by)
     log.info("rate limit set", extra={"limit": name, "units": units, "period_ms": period_ms})
     return await get(conn, name)
@@ -71,6 +73,7 @@ async def apply_reports(conn: Conn, accepted: Sequence[CheckedResult]) -> None:
         )
     slow = [(name, ms) for r in accepted for name, ms in r.slow_down]
     if slow:
+        await locks.rate_limits(conn, [name for name, _ in slow])
         for row in await conn.fetch(Q["slow_down"], [n for n, _ in slow], [ms for _, ms in slow]):
             log.info(
                 "rate limit paused by a slow-down report",

@@ -150,3 +150,9 @@ SELECT set_config('idle_in_transaction_session_timeout', $3::int::text, true) AS
   FROM coordinator_leader
  WHERE holder = $1 AND epoch = $2
    FOR KEY SHARE
+
+-- name: rate_limits
+-- Rate limit rows by name, last of the order (locks.py): a Complete's slow-down reports
+-- (after its runs and dispatches) and SetRateLimit (after the dispatch lock). Taken in
+-- one sorted statement so two Completes pausing the same limits never cross.
+SELECT name FROM rate_limits WHERE name = ANY($1::text[]) ORDER BY name FOR NO KEY UPDATE
