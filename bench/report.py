@@ -46,6 +46,8 @@ FIGURES = (
     "stream_xacts_per_chunk",
     "stream_wal_bytes_per_chunk",
     "stream_every_reader_whole",
+    "unit_reuse_ms_p50",
+    "unit_reuse_ms_p99",
     "pushed_share",
     "redispatch_s",
     "run_success_s",
