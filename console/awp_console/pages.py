@@ -18,6 +18,7 @@ from awp_console import api, graph, metrics, recovery
 from awp_console.web import Caller, caller, console_of, page
 from awp_protocol.states import RUN_STATES, TASK_STATES, TERMINAL_RUN_STATES
 from awp_sdk.client import AsyncClient
+from awp_sdk.limits import RateLimits
 from awp_sdk.records import Attempt, Run, RunDetail, StoredWorkflow, TaskError, TaskStatus
 from awp_sdk.schedules import Schedules
 
@@ -337,3 +338,9 @@ async def schedules(request: Request) -> Response:
     who = await caller(request)
     found = await Schedules(who.api).list()
     return page(request, who, "schedules.html", schedules=found)
+
+
+async def limits(request: Request) -> Response:
+    who = await caller(request)
+    found = await RateLimits(who.api).list()
+    return page(request, who, "limits.html", limits=found)
