@@ -96,6 +96,7 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
         oldest_pending_ms = await conn.fetchval(Q["oldest_pending"])
         limits = await ratelimits.list_all(conn)
         held = await conn.fetchrow(Q["units_held"])
+        assert held is not None  # an aggregate answers one row
     return Gauges(
         **sections,
         oldest_pending_ms=oldest_pending_ms,
