@@ -51,9 +51,9 @@ def success(lease: worker_pb2.Lease, output: struct_pb2.Struct) -> worker_pb2.Ta
 
 def with_reports(result: worker_pb2.TaskResult, ctx: ActionContext) -> worker_pb2.TaskResult:
     """The result carrying what the action reported of its rate limits (usage, slow-down)."""
-    for limit, units in sorted(ctx.usage.items()):
+    for limit, units in sorted(ctx.reported_usage.items()):
         result.usage.add(limit=limit, units=units)
-    for limit, seconds in sorted(ctx.slowed.items()):
+    for limit, seconds in sorted(ctx.slowed_down.items()):
         slow = result.slow_down.add(limit=limit)
         slow.retry_after.FromMilliseconds(max(1, round(seconds * 1000)))
     return result

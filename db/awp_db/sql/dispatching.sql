@@ -48,8 +48,12 @@ WITH moved AS (
  RETURNING t.id, t.run_id, t.key, t.executor_kind, t.concurrency_keys, t.concurrency_max,
            t.rate_names, t.rate_units
 ), created AS (
+    -- In the order the grant chose them ($1): a Claim leases the oldest dispatch first,
+    -- so the grant's round-robin order is the order work starts in.
     INSERT INTO dispatches (run_id, task_id, executor_kind, concurrency_keys, concurrency_max)
-    SELECT run_id, id, executor_kind, concurrency_keys, concurrency_max FROM moved
+    SELECT m.run_id, m.id, m.executor_kind, m.concurrency_keys, m.concurrency_max
+      FROM moved m JOIN unnest($1::bigint[]) WITH ORDINALITY AS g (id, n) ON g.id = m.id
+     ORDER BY g.n
  RETURNING id, task_id
 ), charged AS (
     -- Each rate limit the task uses, if set, is charged the estimate now, with the budget
