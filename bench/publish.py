@@ -185,7 +185,38 @@ def performance_block(results: list[Entry]) -> list[str]:
         )  # fmt: skip
     lines += _streams(results)
     lines += _replay(results)
+    lines += _flow(results)
     lines += _cost_model(results)
+    return lines
+
+
+def _flow(results: list[Entry]) -> list[str]:
+    plain, limited = _find(results, "flow"), _find(results, "flow_limited")
+    if not plain or not limited:
+        return []
+    lines = [
+        "",
+        f"Flow control (bench/flow_bench.py; the contract: [design.md](design.md) \u00a717),"
+        f" measured {limited.get('measured_at', 'on a date not recorded')}"
+        f" ({_load([plain, limited])}): {plain['runs']} runs of {plain['tasks_per_run']}"
+        f" instant tasks on {plain['workers']} workers, without limits, then with every task"
+        f" holding a concurrency key of its run ({limited['runs']} keys, max 2) and charging a"
+        " rate limit set far above the load (what checking them costs; neither binds). The"
+        " lag: 4 keys of max 1, 25 tasks of 20 ms each, a task's start minus its"
+        " predecessor's finish:",
+        "",
+    ]
+    ratio = limited["tasks_per_s"]["median"] / plain["tasks_per_s"]["median"]
+    lines += _table(
+        ["", "tasks/s (min-max)", "db xacts per task",
+         "unit freed -> next task started p50 / p99 ms"],
+        [["no limits", _figure(plain, "tasks_per_s", 0), _figure(plain, "db_xacts_per_task", 2),
+          NONE],
+         [f"{limited['runs']} keys + a rate limit ({ratio:.0%} of no limits)",
+          _figure(limited, "tasks_per_s", 0), _figure(limited, "db_xacts_per_task", 2),
+          f"{_figure(limited, 'unit_reuse_ms_p50', 0, spread=False)} /"
+          f" {_figure(limited, 'unit_reuse_ms_p99', 0, spread=False)}"]],
+    )  # fmt: skip
     return lines
 
 

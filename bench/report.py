@@ -56,6 +56,8 @@ FIGURES = (
     "first_run_ms_p99",
     "replay_ms_p50",
     "replay_ms_p99",
+    "unit_reuse_ms_p50",
+    "unit_reuse_ms_p99",
     "pushed_share",
     "redispatch_s",
     "run_success_s",

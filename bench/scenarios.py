@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import flow_bench
 import stream_bench
 from cancel_latency import cancel_latency
 from cluster import Cluster, Window
@@ -41,6 +42,8 @@ SCENARIOS = (
     "cancel_latency",
     "streams",
     "replay",
+    "flow",
+    "flow_limited",
     *COST_MODEL,
     "idle_sessions",
 )
@@ -266,6 +269,9 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
             chosen.append(Case(name, 1, 1, sizes.latency_runs))
         elif name == "cancel_latency":
             chosen.append(Case(name, 1, 1, sizes.cancels))
+        elif name in ("flow", "flow_limited"):
+            # 100 runs of 10: with limits, 100 keys (docs/performance.md, "Flow control").
+            chosen.append(Case(name, 4, 10, 100))
         elif name == "streams":
             # 13 workers of 8 slots: room for the 100 streams at once.
             chosen.append(Case(name, 13, 1, stream_bench.STREAMS, once=True))
@@ -366,6 +372,9 @@ async def run_case(
             figures = await stream_bench.stream_latency(cluster, window, case.runs)
         elif case.name == "replay":
             figures = await replay(cluster, window, case.runs)
+        elif case.name in ("flow", "flow_limited"):
+            limited = case.name == "flow_limited"
+            figures = await flow_bench.flow(cluster, window, case.runs, case.tasks, limited=limited)
         elif case.name == "run_size":
             figures = await run_size(cluster, window, case.tasks)
         elif case.name == "concurrent_runs":

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from rich.text import Text
 
-from awp_cli import commands, credentials, render, run_commands, schedules, wait_commands
+from awp_cli import commands, credentials, limits, render, run_commands, schedules, wait_commands
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit, exit_error
 from awp_cli.stream_command import run_stream
@@ -201,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     schedules.add_commands(commands_, add)
     wait_commands.add_commands(commands_, add)
+    limits.add_commands(commands_, add)
     dev.add_commands(commands_)
     add_console(commands_)
     credentials.add_commands(commands_)

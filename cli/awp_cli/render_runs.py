@@ -143,7 +143,21 @@ def run_view(
         ]
     parts += failures_view(detail)
     parts += omissions_view(detail)
+    parts += waiting_view(detail)
     return Group(*parts)
+
+
+def waiting_view(detail: RunDetail) -> list[RenderableType]:
+    """The ready tasks a limit holds back, and why (GetRun's Task.waiting_for)."""
+    held = [task for task in detail.tasks.values() if task.waiting_for]
+    if not held:
+        return []
+    lines: list[RenderableType] = [Text(""), Text("held back", style="bold")]
+    for task in held[:20]:
+        lines.append(Text.assemble((f"  {task.key}: ", "bold"), task.waiting_for or ""))
+    if len(held) > 20:
+        lines.append(Text(f"  ... and {len(held) - 20} more", style="dim"))
+    return lines
 
 
 def run_summary(detail: RunDetail) -> RenderableType:

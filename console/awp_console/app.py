@@ -48,6 +48,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/workflows/{name}", pages.workflow),
         Route("/workers", pages.workers),
         Route("/schedules", pages.schedules),
+        Route("/limits", pages.limits),
         Route("/login", actions.login_form),
         Route("/login", actions.login, methods=["POST"]),
         Route("/logout", actions.logout, methods=["POST"]),

@@ -19,6 +19,7 @@ from awp_console.web import TASK_STATES, Caller, caller, console_of, page
 from awp_protocol.roles import Role
 from awp_protocol.states import RUN_STATES, TERMINAL_RUN_STATES
 from awp_sdk.enums import CheckpointKind
+from awp_sdk.limits import RateLimits
 from awp_sdk.records import (
     Attempt,
     Identity,
@@ -377,3 +378,9 @@ async def schedules(request: Request) -> Response:
     who = await caller(request)
     found = await Schedules(who.api).list()
     return page(request, who, "schedules.html", schedules=found)
+
+
+async def limits(request: Request) -> Response:
+    who = await caller(request)
+    found = await RateLimits(who.api).list()
+    return page(request, who, "limits.html", limits=found)

@@ -7,6 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from awp_kernel import concurrency, ratelimits
+from awp_kernel.concurrency import ConcurrencyLimit
+from awp_kernel.ratelimits import RateUse
 from awp_kernel.retry import RetryPolicy
 from awp_protocol.errors import FieldsInvalid, FieldViolation, Reason, quote
 from awp_protocol.jsonvalue import canonical_json, json_size
@@ -87,6 +90,10 @@ class TaskSpec:
     map: MapSpec | None = None
     on_failure: FailurePolicy = "fail_run"
     always: bool = False
+    # Keyed limits (awp_kernel.concurrency): every lease of this task holds each key.
+    concurrency_limits: tuple[ConcurrencyLimit, ...] = ()
+    # Named rate limits each execution charges (awp_kernel.ratelimits).
+    rate_limits: tuple[RateUse, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -111,6 +118,10 @@ class TaskSpec:
             data["on_failure"] = self.on_failure
         if self.always:
             data["always"] = True
+        if self.concurrency_limits:
+            data["concurrency_limits"] = [limit.to_json() for limit in self.concurrency_limits]
+        if self.rate_limits:
+            data["rate_limits"] = [use.to_json() for use in self.rate_limits]
         return data
 
     @classmethod
@@ -132,6 +143,10 @@ class TaskSpec:
             map=None if mapped is None else MapSpec(mapped["over"], mapped["path"]),
             on_failure=t.get("on_failure", "fail_run"),
             always=t.get("always", False),
+            concurrency_limits=tuple(
+                ConcurrencyLimit.from_json(limit) for limit in t.get("concurrency_limits", ())
+            ),
+            rate_limits=tuple(RateUse.from_json(use) for use in t.get("rate_limits", ())),
         )
 
 
@@ -273,6 +288,10 @@ def _task_violations(
         bad("retry.max_backoff", "must be at least initial_backoff and at most 24 h")
     if not 1.0 <= retry.multiplier <= MAX_BACKOFF_MULTIPLIER:
         bad("retry.backoff_multiplier", f"must be between 1 and {MAX_BACKOFF_MULTIPLIER:g}")
+    for field_name, description in concurrency.violations(task.concurrency_limits):
+        bad(field_name, f"task {quote(task.key)}: {description}")
+    for field_name, description in ratelimits.violations(task.rate_limits):
+        bad(field_name, f"task {quote(task.key)}: {description}")
     return found
 
 

@@ -12,6 +12,7 @@ from typing import Final, cast
 from google.protobuf import duration_pb2
 
 from awp.v1 import types_pb2
+from awp_kernel.concurrency import ConcurrencyLimit
 from awp_kernel.definition import (
     KNOWN_EXECUTOR_KINDS,
     DefinitionInvalid,
@@ -21,6 +22,7 @@ from awp_kernel.definition import (
     WorkflowSpec,
     validate,
 )
+from awp_kernel.ratelimits import RateUse
 from awp_kernel.retry import RetryPolicy
 from awp_protocol.errors import FieldViolation
 from awp_protocol.jsonvalue import JsonInvalid, struct_to_dict
@@ -66,6 +68,10 @@ def spec_from_proto(
                 map=MapSpec(task.map.over, task.map.path) if task.HasField("map") else None,
                 on_failure=_policy_from_proto(task.on_failure),
                 always=task.always,
+                concurrency_limits=tuple(
+                    ConcurrencyLimit(limit.key, limit.max) for limit in task.concurrency_limits
+                ),
+                rate_limits=tuple(RateUse(use.limit, use.units) for use in task.rate_limits),
             )
         )
     spec = WorkflowSpec(

@@ -55,6 +55,7 @@ class Reason(StrEnum):
     MEMO_LIMIT = _reason(errors_pb2.ERROR_REASON_MEMO_LIMIT)
     RUN_FINISHED = _reason(errors_pb2.ERROR_REASON_RUN_FINISHED)
     NOT_WAITING = _reason(errors_pb2.ERROR_REASON_NOT_WAITING)
+    RATE_LIMIT_NOT_FOUND = _reason(errors_pb2.ERROR_REASON_RATE_LIMIT_NOT_FOUND)
 
 
 # A worker's session is over for good: retrying the same call cannot help; the process

@@ -26,6 +26,19 @@ DEFAULT_TIMEOUT_MS: Final = 5 * 60 * 1000
 # PostgreSQL prints the JSON, never shorter than canonical JSON).
 MAX_MAP_ELEMENTS: Final = 1_000
 MAX_MAP_PATH_CHARS: Final = 256
+# Concurrency keys (TaskDefinition.concurrency_limits, awp_kernel.concurrency): a task's
+# limits, each a key template and the most live leases holding the key it renders to.
+MAX_CONCURRENCY_LIMITS: Final = 4
+MAX_KEY_TEMPLATE_CHARS: Final = 256
+MAX_CONCURRENCY_KEY_CHARS: Final = 512  # a rendered key
+MAX_KEYED_CONCURRENCY: Final = 100_000
+# Rate limits and token budgets (TaskDefinition.rate_limits, SetRateLimit): a task's uses,
+# the units one use and one limit may count, and the period of a limit.
+MAX_RATE_USES: Final = 4
+MAX_RATE_UNITS: Final = 10**15
+MAX_RATE_UNITS_CHARS: Final = 256
+MAX_RATE_PERIOD_MS: Final = 24 * 3600 * 1000
+MAX_SLOW_DOWN_MS: Final = 3600 * 1000
 
 # --- runs (StartRun, CancelRun, WatchRun, the list calls)
 MAX_REQUEST_ID_CHARS: Final = 128
@@ -175,6 +188,13 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.TaskDefinition.action": MAX_ACTION_CHARS,
     "awp.v1.TaskDefinition.depends_on": MAX_TASK_KEY_CHARS,
     "awp.v1.TaskMap.over": MAX_TASK_KEY_CHARS,
+    "awp.v1.ConcurrencyLimit.key": MAX_KEY_TEMPLATE_CHARS,
+    "awp.v1.RateUse.limit": MAX_NAME_CHARS,
+    "awp.v1.RateUse.units": MAX_RATE_UNITS_CHARS,
+    "awp.v1.RateLimitSpec.name": MAX_NAME_CHARS,
+    "awp.v1.GetRateLimitRequest.name": MAX_NAME_CHARS,
+    "awp.v1.RateUsage.limit": MAX_NAME_CHARS,
+    "awp.v1.SlowDown.limit": MAX_NAME_CHARS,
     "awp.v1.TaskMap.path": MAX_MAP_PATH_CHARS,
     "awp.v1.GetWorkflowRequest.name": MAX_NAME_CHARS,
     "awp.v1.ListWorkflowsRequest.name": MAX_NAME_CHARS,
@@ -250,4 +270,8 @@ COUNT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.AppendStreamRequest.chunks": MAX_STREAM_CHUNKS_PER_APPEND,
     "awp.v1.WorkflowDefinition.tasks": MAX_TASKS,
     "awp.v1.TaskDefinition.depends_on": MAX_DEPENDENCIES,
+    "awp.v1.TaskDefinition.concurrency_limits": MAX_CONCURRENCY_LIMITS,
+    "awp.v1.TaskDefinition.rate_limits": MAX_RATE_USES,
+    "awp.v1.TaskResult.usage": MAX_RATE_USES,
+    "awp.v1.TaskResult.slow_down": MAX_RATE_USES,
 }

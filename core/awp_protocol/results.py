@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from awp.v1 import types_pb2, worker_pb2
@@ -21,6 +21,8 @@ from awp_protocol.limits import (
     MAX_ERROR_TYPE_CHARS,
     MAX_LOG_TAIL_CHARS,
     MAX_OUTPUT_BYTES,
+    MAX_RATE_UNITS,
+    MAX_SLOW_DOWN_MS,
     MAX_TRACEBACK_CHARS,
 )
 
@@ -109,6 +111,10 @@ class CheckedResult:
     traceback: str = ""
     log_tail: str = ""
     replayed: Replayed = Replayed()
+    # What the attempt used of its task's rate limits, (limit, units): replaces the
+    # estimate charged at grant. And (limit, retry_after_ms) of each "slow down" report.
+    usage: tuple[tuple[str, int], ...] = ()
+    slow_down: tuple[tuple[str, int], ...] = ()
 
     def error(self) -> StoredError | None:
         """The error the attempt, its task and its event keep (None for a success)."""
@@ -120,7 +126,35 @@ class CheckedResult:
 def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
     """The result as stored, or FieldsInvalid naming the field under `where`
     (e.g. ``results[3]``)."""
-    replayed = check_replayed(f"{where}.replayed", result.replayed)
+    return replace(
+        _checked_outcome(where, result),
+        replayed=check_replayed(f"{where}.replayed", result.replayed),
+        usage=_usage(where, result),
+        slow_down=_slow_down(where, result),
+    )
+
+
+def _usage(where: str, result: worker_pb2.TaskResult) -> tuple[tuple[str, int], ...]:
+    for index, used in enumerate(result.usage):
+        if not 0 <= used.units <= MAX_RATE_UNITS:
+            raise _refused(f"{where}.usage[{index}].units", f"must be 0 to {MAX_RATE_UNITS}")
+    return tuple((used.limit, used.units) for used in result.usage)
+
+
+def _slow_down(where: str, result: worker_pb2.TaskResult) -> tuple[tuple[str, int], ...]:
+    found = []
+    for index, slow in enumerate(result.slow_down):
+        ms = slow.retry_after.ToMilliseconds()
+        if not 0 < ms <= MAX_SLOW_DOWN_MS:
+            raise _refused(
+                f"{where}.slow_down[{index}].retry_after",
+                f"must be more than 0 and at most {MAX_SLOW_DOWN_MS // 60_000} minutes",
+            )
+        found.append((slow.limit, ms))
+    return tuple(found)
+
+
+def _checked_outcome(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
     if result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED:
         if result.HasField("error"):
             raise _refused(f"{where}.error", "only a FAILED result carries an error")
@@ -130,9 +164,7 @@ def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
             raise _refused(f"{where}.output", str(exc)) from None
         if json_size(output) > MAX_OUTPUT_BYTES:
             raise _refused(f"{where}.output", f"at most {MAX_OUTPUT_BYTES} bytes serialised")
-        return CheckedResult(
-            result.dispatch_id, result.lease_token, "succeeded", output=output, replayed=replayed
-        )
+        return CheckedResult(result.dispatch_id, result.lease_token, "succeeded", output=output)
     if result.outcome == worker_pb2.RESULT_OUTCOME_FAILED:
         if result.HasField("output") and result.output.fields:
             raise _refused(f"{where}.output", "only a SUCCEEDED result carries an output")
@@ -153,7 +185,6 @@ def check_result(where: str, result: worker_pb2.TaskResult) -> CheckedResult:
             error_type=error.type,
             traceback=error.traceback,
             log_tail=error.log_tail,
-            replayed=replayed,
         )
     raise _refused(f"{where}.outcome", "must be SUCCEEDED or FAILED")
 

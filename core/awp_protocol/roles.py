@@ -59,6 +59,10 @@ ROLES_OF: Final[dict[str, frozenset[Role]]] = {
     "/awp.v1.ControlService/SendSignal": SUBMIT,
     "/awp.v1.ControlService/Approve": DECIDE,
     "/awp.v1.ControlService/Reject": DECIDE,
+    # A rate limit bounds every workflow's work: setting one is the operator's.
+    "/awp.v1.ControlService/SetRateLimit": ADMIN,
+    "/awp.v1.ControlService/GetRateLimit": READ,
+    "/awp.v1.ControlService/ListRateLimits": READ,
 }
 
 

@@ -60,7 +60,7 @@ class Due:
     waits: bool
     starts: bool
     schedules: bool
-    # Some kind's offers need topping up (dispatching.refill_due).
+    # Some kind's offers need topping up (grant.refill_due).
     short: bool
     next_due_in: float | None
 

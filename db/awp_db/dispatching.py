@@ -1,14 +1,13 @@
-"""Creating dispatches within the limits (DESIGN.md §7), and withdrawing unservable ones."""
+"""Creating dispatches for what the grant rule (awp_db.grant) allows, and withdrawing
+unservable ones."""
 
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from dataclasses import dataclass, field
-from uuid import UUID
 
-from awp_db import locks
+from awp_db import grant, locks
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.leadership import Term, transaction
@@ -39,7 +38,7 @@ async def create_dispatches(
     beyond their free slots (0: exactly the free slots), so a worker whose slots free
     finds its next leases waiting instead of waiting for the next pass. The offers are
     topped up only once less than half of that prefetch is left beyond the free slots
-    (`refill_due`), so each dispatch transaction (which takes the run locks that claims
+    (`grant.refill_due`), so each dispatch transaction (which takes the run locks that claims
     and results need too) creates a larger batch, less often, while claims made during
     the refill still find full offers. Every limit above still holds: the extra offers
     count against the run's concurrency and the global limit, and a claim never exceeds
@@ -48,43 +47,28 @@ async def create_dispatches(
     events = EventBatch()
     async with transaction(conn, term):
         await conn.execute(Q["serialise"], DISPATCH_LOCK_KEY)
-        budget: dict[str, int] = {}
         rows = await conn.fetch(Q["capacity"])
         # Pending + leased, all kinds (no row: no active worker and nothing pending).
         in_flight = (rows[0]["leased"] if rows else 0) + sum(row["pending"] for row in rows)
-        for row in rows:
-            if not refill_due(row["free"], row["slots"], row["pending"], prefetch):
-                continue
-            room = row["free"] + math.ceil(prefetch * row["slots"]) - row["pending"]
-            if room > 0:
-                budget[row["kind"]] = room
-        total = sum(budget.values())
-        if global_limit > 0:
-            total = min(total, global_limit - in_flight)
-        if total <= 0 or not budget:
-            return DispatchPass()
-        chosen: list[tuple[int, UUID]] = []
-        for row in await conn.fetch(Q["candidates"], sorted(budget), total):
-            if len(chosen) >= total:
-                break
-            kind = row["executor_kind"]
-            if budget.get(kind, 0) > 0:
-                budget[kind] -= 1
-                chosen.append((row["id"], row["run_id"]))
+        budget = grant.kind_budget(
+            [grant.KindCapacity(r["kind"], r["free"], r["slots"], r["pending"]) for r in rows],
+            prefetch,
+        )
+        chosen = await grant.choose(
+            conn, budget, global_limit - in_flight if global_limit > 0 else None
+        )
         if not chosen:
             return DispatchPass()
         # Runs busy with claims and results are left to the next pass (which follows at
         # once, and serves the least recently dispatched runs first): waiting for them
         # while holding the others would stall those too. Only when every run is busy
         # does the pass wait.
-        run_ids = {run_id for _, run_id in chosen}
+        run_ids = {g.run_id for g in chosen}
         locked = {run.id for run in await locks.free_runs(conn, run_ids)}
         if not locked:
             locked = {run.id for run in await locks.runs(conn, run_ids)}
         by_kind: Counter[str] = Counter()
-        for row in await conn.fetch(
-            Q["create"], [task for task, run_id in chosen if run_id in locked]
-        ):
+        for row in await conn.fetch(Q["create"], [g.task_id for g in chosen if g.run_id in locked]):
             events.task(
                 row["run_id"],
                 row["key"],
@@ -106,19 +90,6 @@ def _dispatched(dispatch_id: int, term: Term | None) -> dict[str, int]:
     if term is None:
         return {"dispatch_id": dispatch_id}
     return {"dispatch_id": dispatch_id, "leader_epoch": term.epoch}
-
-
-def refill_due(free: int, slots: int, pending: int, prefetch: float) -> bool:
-    """Whether a kind's offers need topping up: fewer pending dispatches than its free
-    slots plus half the prefetch. (The `due` query computes the same condition.)
-
-    Refilling only once the offers no longer covered the free slots left the claims
-    that arrived while the refill was under way with partial leases: a worker then
-    claims the rest separately and its slots stay split into several smaller claims and
-    completes for the rest of the run (measured with ten concurrent runs: 0.21 claims
-    per task instead of 0.125; with the half-prefetch mark 0.14).
-    """
-    return pending < free + math.ceil(prefetch * slots / 2)
 
 
 async def withdraw_unservable(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:

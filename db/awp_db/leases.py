@@ -15,7 +15,7 @@ from uuid import UUID
 
 from asyncpg import Record
 
-from awp_db import locks, settle, workers
+from awp_db import locks, ratelimits, settle, workers
 from awp_db.connect import Conn, Pool
 from awp_db.events import EventBatch
 from awp_db.queries import queries
@@ -204,6 +204,7 @@ async def complete_many(
             await locks.runs_of_dispatches(conn, ids)
             locked = {row.id: row for row in await locks.dispatches_for_settlement(conn, ids)}
         endings: list[settle.Ending] = []
+        accepted: list[ResultIn] = []
         for call, session in zip(calls, sessions, strict=True):
             if not isinstance(session, workers.Session):
                 outcomes.append(session)
@@ -228,6 +229,7 @@ async def complete_many(
                 )
                 verdicts.append(verdict)
                 if verdict is ResultVerdict.ACCEPTED:
+                    accepted.append(result)
                     endings.append(
                         settle.ending_of(
                             row,
@@ -242,6 +244,8 @@ async def complete_many(
                     )
             outcomes.append(verdicts)
         if endings:
+            # Only a fenced, accepted result reports usage or slows a limit down.
+            await ratelimits.apply_reports(conn, accepted)
             await settle.end_attempts(conn, endings, events)
             events.notify(COORDINATOR_CHANNEL, "completed")
             await events.flush(conn)

@@ -4,6 +4,7 @@ LOCK ORDER (DESIGN.md §6), over every relation:
 
   leader row -> schedule rows -> dispatch advisory lock -> worker session rows
     -> run rows -> dispatch rows -> task rows -> attempt rows -> state_events
+    -> rate limit rows
 
 1. The leader row (`leader_term`, FOR KEY SHARE), first in every transaction a leading
    coordinator runs; nothing else locks it but the lease's own one-statement updates
@@ -29,7 +30,11 @@ LOCK ORDER (DESIGN.md §6), over every relation:
    dispatch), which no lock of the order waits for. A Claim takes pending dispatches
    SKIP LOCKED.
 6. Task, attempt and event rows are written only under their run's lock, so no two
-   transactions ever contend for them in another order.
+   transactions ever contend for them in another order; so are rate charges (a
+   dispatch's, under its run and dispatch locks).
+7. Rate limit rows, ascending name (`rate_limits`), last: a Complete's slow-down
+   reports and SetRateLimit (holding the dispatch lock, nothing else). A grant reads
+   them without locking (the dispatch lock serialises it with SetRateLimit).
 
 Lock strength. Every lock of the order is FOR NO KEY UPDATE, the strength an UPDATE
 that changes no key takes anyway. PostgreSQL's foreign-key checks lock the referenced
@@ -154,6 +159,10 @@ class LockedSchedule:
     catchup_window_ms: int
     paused: bool
     next_tick_at: datetime
+
+
+async def rate_limits(conn: Conn, names: Iterable[str]) -> None:
+    await conn.fetch(Q["rate_limits"], sorted(set(names)))
 
 
 async def schedules(

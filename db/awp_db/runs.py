@@ -16,7 +16,8 @@ from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
 from awp_db.queries import named, queries, row_as, rows_as
 from awp_db.workflows import StoredWorkflow
-from awp_kernel.definition import WorkflowSpec
+from awp_kernel import concurrency, ratelimits
+from awp_kernel.definition import TaskSpec, WorkflowSpec
 from awp_kernel.errors import invalid, not_found
 from awp_protocol.errors import Reason, quote
 from awp_protocol.limits import MAX_INLINE_OUTPUT_JSON_BYTES
@@ -167,7 +168,7 @@ async def start(
             existing = await conn.fetchval(Q["by_request_id"], request_id)
             return StartedRun(existing, False)
         run_id = inserted["id"]
-        rows = await insert_tasks(conn, run_id, spec, delayed=inserted["awaiting_start"])
+        rows = await insert_tasks(conn, run_id, spec, run_input, delayed=inserted["awaiting_start"])
         events = EventBatch()
         payload: dict[str, Any] = {"workflow": spec.name, "version": spec.version, "by": started_by}
         payload.update(start.payload())
@@ -180,12 +181,20 @@ async def start(
 
 
 async def insert_tasks(
-    conn: Conn, run_id: UUID, spec: WorkflowSpec, *, delayed: bool = False
+    conn: Conn,
+    run_id: UUID,
+    spec: WorkflowSpec,
+    run_input: dict[str, Any],
+    *,
+    delayed: bool = False,
 ) -> list[asyncpg.Record]:
     """Creates every task of a new run (roots ready, the rest pending; all pending when
-    its start is delayed): (key, state) rows."""
+    its start is delayed): (key, state) rows. Each task's concurrency keys are rendered
+    from the run's input; an input a template cannot render refuses the run."""
     dependents = spec.dependents()
     tasks = spec.tasks
+    keys = [_concurrency_keys(t, run_input) for t in tasks]
+    rates = [_rate_units(t, run_input) for t in tasks]
     return await conn.fetch(
         *named(
             Q["insert_tasks"],
@@ -207,9 +216,39 @@ async def insert_tasks(
             map_paths=[json.dumps(t.map.keys()) if t.map else None for t in tasks],
             on_failure=[t.on_failure for t in tasks],
             always=[t.always for t in tasks],
+            concurrency_keys=[json.dumps([key for key, _ in held]) for held in keys],
+            concurrency_max=[json.dumps([most for _, most in held]) for held in keys],
+            rate_names=[json.dumps([name for name, _ in uses]) for uses in rates],
+            rate_units=[json.dumps([units for _, units in uses]) for uses in rates],
             delayed=delayed,
         )
     )
+
+
+def _concurrency_keys(task: TaskSpec, run_input: dict[str, Any]) -> list[tuple[str, int]]:
+    held: list[tuple[str, int]] = []
+    for limit in task.concurrency_limits:
+        try:
+            held.append((concurrency.render(limit.key, run_input), limit.max))
+        except concurrency.KeyUnrenderable as exc:
+            raise invalid(
+                "input",
+                f"task {quote(task.key)}: concurrency key {quote(limit.key)}: {exc}",
+            ) from None
+    return held
+
+
+def _rate_units(task: TaskSpec, run_input: dict[str, Any]) -> list[tuple[str, int]]:
+    uses: list[tuple[str, int]] = []
+    for use in task.rate_limits:
+        try:
+            uses.append((use.limit, ratelimits.render(use.units, run_input)))
+        except ratelimits.UnitsUnrenderable as exc:
+            raise invalid(
+                "input",
+                f"task {quote(task.key)}: units of rate limit {quote(use.limit)}: {exc}",
+            ) from None
+    return uses
 
 
 async def get(conn: Conn | Pool, run_id: UUID) -> RunInfo:

@@ -164,11 +164,14 @@ CREATE TABLE public.dispatches (
     attempt_deadline timestamp with time zone,
     result_hash bytea,
     finished_at timestamp with time zone,
+    concurrency_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    concurrency_max integer[] DEFAULT '{}'::integer[] NOT NULL,
     CONSTRAINT dispatches_check CHECK (((state = 'pending'::text) OR (state = 'canceled'::text) OR (state = 'expired'::text) OR (worker_id IS NOT NULL))),
     CONSTRAINT dispatches_check1 CHECK (((state <> 'leased'::text) OR ((lease_token_hash IS NOT NULL) AND (lease_expires_at IS NOT NULL) AND (attempt_deadline IS NOT NULL) AND (fencing_token IS NOT NULL)))),
     CONSTRAINT dispatches_check2 CHECK (((lease_expires_at IS NULL) OR (lease_expires_at <= attempt_deadline))),
     CONSTRAINT dispatches_check3 CHECK (((state = 'completed'::text) = (result_hash IS NOT NULL))),
     CONSTRAINT dispatches_check4 CHECK (((state = ANY (ARRAY['completed'::text, 'expired'::text, 'canceled'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT dispatches_concurrency_aligned CHECK ((cardinality(concurrency_keys) = cardinality(concurrency_max))),
     CONSTRAINT dispatches_lease_token_hash_check CHECK ((length(lease_token_hash) = 32)),
     CONSTRAINT dispatches_result_hash_check CHECK ((length(result_hash) = 32)),
     CONSTRAINT dispatches_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'completed'::text, 'expired'::text, 'canceled'::text])))
@@ -179,6 +182,8 @@ COMMENT ON TABLE public.dispatches IS 'Offers of a task to the workers of its ex
 COMMENT ON COLUMN public.dispatches.lease_token_hash IS 'SHA-256 of the lease token; the token itself is never stored.';
 
 COMMENT ON COLUMN public.dispatches.result_hash IS 'SHA-256 of the canonical accepted result: a repeat is DUPLICATE, a change RESULT_CONFLICT.';
+
+COMMENT ON COLUMN public.dispatches.concurrency_keys IS 'The keys this dispatch holds a unit of while pending or leased (awp_db.grant).';
 
 CREATE SEQUENCE public.dispatches_id_seq
     START WITH 1
@@ -197,6 +202,35 @@ CREATE SEQUENCE public.fencing_tokens
     CACHE 1;
 
 COMMENT ON SEQUENCE public.fencing_tokens IS 'Strictly increasing across every lease ever issued: downstream stores compare it.';
+
+CREATE TABLE public.rate_charges (
+    dispatch_id bigint NOT NULL,
+    limit_name text NOT NULL,
+    granted_at timestamp with time zone NOT NULL,
+    estimate bigint NOT NULL,
+    actual bigint,
+    reported_at timestamp with time zone,
+    budget_units bigint NOT NULL,
+    period_ms bigint NOT NULL,
+    CONSTRAINT rate_charges_actual_check CHECK ((actual >= 0)),
+    CONSTRAINT rate_charges_check CHECK (((actual IS NULL) = (reported_at IS NULL))),
+    CONSTRAINT rate_charges_estimate_check CHECK ((estimate >= 0))
+);
+
+COMMENT ON TABLE public.rate_charges IS 'What each grant charged a rate limit: the estimate, replaced by the reported actual.';
+
+CREATE TABLE public.rate_limits (
+    name text NOT NULL,
+    units bigint NOT NULL,
+    period_ms bigint NOT NULL,
+    paused_until timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT rate_limits_period_ms_check CHECK ((period_ms > 0)),
+    CONSTRAINT rate_limits_units_check CHECK ((units >= 0))
+);
+
+COMMENT ON TABLE public.rate_limits IS 'Named limits of units per period, set at run time; a slow-down report pauses one.';
 
 CREATE TABLE public.runs (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
@@ -468,6 +502,10 @@ CREATE TABLE public.tasks (
     saved_steps integer DEFAULT 0 NOT NULL,
     saved_tokens bigint DEFAULT 0 NOT NULL,
     saved_cost_usd double precision DEFAULT 0 NOT NULL,
+    concurrency_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    concurrency_max integer[] DEFAULT '{}'::integer[] NOT NULL,
+    rate_names text[] DEFAULT '{}'::text[] NOT NULL,
+    rate_units bigint[] DEFAULT '{}'::bigint[] NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
     CONSTRAINT tasks_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -475,6 +513,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_check2 CHECK (((state = 'waiting_retry'::text) = (retry_at IS NOT NULL))),
     CONSTRAINT tasks_check3 CHECK (((state <> 'pending'::text) OR (unfinished_deps > 0))),
     CONSTRAINT tasks_check4 CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT tasks_concurrency_aligned CHECK ((cardinality(concurrency_keys) = cardinality(concurrency_max))),
     CONSTRAINT tasks_element CHECK (((parent_id IS NULL) = (map_index IS NULL))),
     CONSTRAINT tasks_element_not_a_map CHECK (((parent_id IS NULL) OR (map_over IS NULL))),
     CONSTRAINT tasks_elements_left_check CHECK ((elements_left >= 0)),
@@ -484,6 +523,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_map_size_check CHECK ((map_size >= 0)),
     CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT tasks_on_failure_check CHECK ((on_failure = ANY (ARRAY['fail_run'::text, 'continue'::text]))),
+    CONSTRAINT tasks_rate_aligned CHECK ((cardinality(rate_names) = cardinality(rate_units))),
     CONSTRAINT tasks_reused_succeeded_without_attempts CHECK (((reused_from_run_id IS NULL) OR ((state = 'succeeded'::text) AND (attempts = 0)))),
     CONSTRAINT tasks_saved_cost_usd_check CHECK ((saved_cost_usd >= (0)::double precision)),
     CONSTRAINT tasks_saved_steps_check CHECK ((saved_steps >= 0)),
@@ -529,6 +569,8 @@ COMMENT ON COLUMN public.tasks.on_failure IS 'What the task''s permanent failure
 COMMENT ON COLUMN public.tasks.always IS 'Runs once every other task is terminal (not on cancel); never in another task''s dependents.';
 
 COMMENT ON COLUMN public.tasks.suspensions IS 'Attempts that ended SUSPENDED at a wait, free of charge; attempts - hand_backs - suspensions <= max_attempts.';
+
+COMMENT ON COLUMN public.tasks.concurrency_keys IS 'Keys rendered from the run input at creation; each of its leases holds one unit of each.';
 
 CREATE SEQUENCE public.tasks_id_seq
     START WITH 1
@@ -629,6 +671,12 @@ ALTER TABLE ONLY public.dispatches
 ALTER TABLE ONLY public.dispatches
     ADD CONSTRAINT dispatches_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY public.rate_charges
+    ADD CONSTRAINT rate_charges_pkey PRIMARY KEY (dispatch_id, limit_name);
+
+ALTER TABLE ONLY public.rate_limits
+    ADD CONSTRAINT rate_limits_pkey PRIMARY KEY (name);
+
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
 
@@ -707,6 +755,8 @@ CREATE INDEX dispatches_leased_by_worker ON public.dispatches USING btree (worke
 
 COMMENT ON INDEX public.dispatches_leased_by_worker IS 'A worker''s leases: free slots at claim, hand-back at drain, settlement when it goes offline.';
 
+CREATE INDEX dispatches_live_keyed ON public.dispatches USING btree (id) WHERE ((state = ANY (ARRAY['pending'::text, 'leased'::text])) AND (cardinality(concurrency_keys) > 0));
+
 CREATE UNIQUE INDEX dispatches_one_live_per_task ON public.dispatches USING btree (task_id) WHERE (state = ANY (ARRAY['pending'::text, 'leased'::text]));
 
 COMMENT ON INDEX public.dispatches_one_live_per_task IS 'At most one live dispatch per task: the database refuses a double dispatch.';
@@ -720,6 +770,8 @@ CREATE INDEX dispatches_run_created ON public.dispatches USING btree (run_id, cr
 CREATE INDEX dispatches_task ON public.dispatches USING btree (task_id);
 
 COMMENT ON INDEX public.dispatches_task IS 'The foreign key dispatches.task_id: deleting a task (retention) finds its dispatches here, not by a scan.';
+
+CREATE INDEX rate_charges_window ON public.rate_charges USING btree (limit_name, granted_at);
 
 CREATE INDEX runs_awaiting_start ON public.runs USING btree (start_at) WHERE awaiting_start;
 
@@ -808,6 +860,9 @@ ALTER TABLE ONLY public.dispatches
 
 ALTER TABLE ONLY public.dispatches
     ADD CONSTRAINT dispatches_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES public.workers(id);
+
+ALTER TABLE ONLY public.rate_charges
+    ADD CONSTRAINT rate_charges_dispatch_id_fkey FOREIGN KEY (dispatch_id) REFERENCES public.dispatches(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES public.workflows(id);

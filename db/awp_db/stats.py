@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from awp_db import reads
+from awp_db import ratelimits, reads
 from awp_db.connect import Pool
 from awp_db.queries import queries
 
@@ -74,6 +74,11 @@ class Gauges:
     # Runs finished within the window, state = outcome, label = workflow name.
     finished_runs: list[Count] = field(default_factory=list)
     oldest_pending_ms: float | None = None
+    # Flow control: every rate limit with its use now, and concurrency units held (live
+    # dispatches holding a key) and the distinct keys they hold.
+    rate_limits: list[ratelimits.RateLimitRow] = field(default_factory=list)
+    units_held: int = 0
+    keys_held: int = 0
 
 
 async def gauges(pool: Pool, window_s: float) -> Gauges:
@@ -89,4 +94,13 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
         for row in await conn.fetch(Q["gauges"], window_s):
             sections[row["section"]].append(Count(row["state"], row["label"], row["n"]))
         oldest_pending_ms = await conn.fetchval(Q["oldest_pending"])
-    return Gauges(**sections, oldest_pending_ms=oldest_pending_ms)
+        limits = await ratelimits.list_all(conn)
+        held = await conn.fetchrow(Q["units_held"])
+        assert held is not None  # an aggregate answers one row
+    return Gauges(
+        **sections,
+        oldest_pending_ms=oldest_pending_ms,
+        rate_limits=limits,
+        units_held=held["units"],
+        keys_held=held["keys"],
+    )

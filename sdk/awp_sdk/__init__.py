@@ -82,7 +82,9 @@ from awp_sdk.records import (
     RunDetail,
     SignalSent,
     Stats,
+    StoredConcurrency,
     StoredMap,
+    StoredRateUse,
     StoredRetry,
     StoredTask,
     StoredWait,
@@ -98,7 +100,16 @@ from awp_sdk.steps import step
 from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
 from awp_sdk.waits import Decision, WaitTimedOut
-from awp_sdk.workflow import Map, Retry, Task, TaskFunction, TaskOptions, Workflow
+from awp_sdk.workflow import (
+    Concurrency,
+    Map,
+    Rate,
+    Retry,
+    Task,
+    TaskFunction,
+    TaskOptions,
+    Workflow,
+)
 
 __all__ = [
     "ActionCancelled",
@@ -112,6 +123,7 @@ __all__ = [
     "AwpError",
     "CheckpointKind",
     "Client",
+    "Concurrency",
     "Conflict",
     "Connection",
     "DeadlineExceeded",
@@ -140,6 +152,7 @@ __all__ = [
     "PermissionDenied",
     "ProtocolUnsupported",
     "Pruned",
+    "Rate",
     "RequestIdConflict",
     "Retry",
     "RetryableError",
@@ -155,7 +168,9 @@ __all__ = [
     "RunState",
     "SignalSent",
     "Stats",
+    "StoredConcurrency",
     "StoredMap",
+    "StoredRateUse",
     "StoredRetry",
     "StoredTask",
     "StoredWait",

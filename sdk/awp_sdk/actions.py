@@ -180,6 +180,36 @@ class ActionContext:
     # and the waits use. None in a context no worker made.
     replay: Replay | None = field(default=None, repr=False)
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    # What report_usage and slow_down recorded, sent with the attempt's result.
+    _usage: dict[str, int] = field(default_factory=dict, repr=False)
+    _slowed: dict[str, float] = field(default_factory=dict, repr=False)
+
+    @property
+    def reported_usage(self) -> dict[str, int]:
+        """What report_usage recorded, by limit (a copy)."""
+        return dict(self._usage)
+
+    @property
+    def slowed_down(self) -> dict[str, float]:
+        """What slow_down recorded: seconds by limit (a copy)."""
+        return dict(self._slowed)
+
+    def report_usage(self, limit: str, units: int) -> None:
+        """What this attempt really used of its task's rate limit ``limit`` (e.g. the
+        tokens a model call consumed): sent with the result, it replaces the estimate
+        charged when the task was granted. The last report per limit counts."""
+        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+            raise ValueError(f"usage of {limit!r} must be a whole number >= 0, got {units!r}")
+        self._usage[limit] = units
+
+    def slow_down(self, limit: str, retry_after: float) -> None:
+        """A provider asked to slow down (e.g. HTTP 429 with retry-after, in seconds): once
+        the result is reported, ``limit`` grants nothing to anyone for that long."""
+        if not 0 < retry_after <= 3600:
+            raise ValueError(
+                f"retry_after must be more than 0 and at most 3600 s, got {retry_after}"
+            )
+        self._slowed[limit] = max(retry_after, self._slowed.get(limit, 0.0))
 
     @property
     def cancelled(self) -> bool:

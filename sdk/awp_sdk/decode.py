@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from google.protobuf.message import Message
 
-from awp.v1 import control_pb2, durable_pb2, schedule_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, limits_pb2, schedule_pb2, types_pb2
 from awp_protocol.jsonvalue import exact_number, struct_to_dict
 from awp_sdk import records
 from awp_sdk.enums import (
@@ -138,6 +138,7 @@ def task(message: control_pb2.Task) -> records.TaskStatus:
         wait=task_wait(message.wait) if message.HasField("wait") else None,
         suspensions=message.suspensions,
         saved=memo_savings(message.saved),
+        waiting_for=message.waiting_for or None,
     )
 
 
@@ -246,6 +247,12 @@ def _stored_task(message: types_pb2.TaskDefinition) -> records.StoredTask:
         if message.on_failure
         else FailurePolicy.FAIL_RUN,
         always=message.always,
+        concurrency_limits=tuple(
+            records.StoredConcurrency(limit.key, limit.max) for limit in message.concurrency_limits
+        ),
+        rate_limits=tuple(
+            records.StoredRateUse(use.limit, use.units) for use in message.rate_limits
+        ),
         wait=_stored_wait(message.wait) if message.HasField("wait") else None,
     )
 
@@ -362,4 +369,16 @@ def schedule(message: schedule_pb2.Schedule) -> records.Schedule:
             )
             for t in message.recent_ticks
         ),
+    )
+
+
+def rate_limit(message: limits_pb2.RateLimit) -> records.RateLimit:
+    return records.RateLimit(
+        name=message.spec.name,
+        units=message.spec.units,
+        period=span(message.spec, "period"),
+        used=message.used,
+        paused_until=when(message.paused_until),
+        updated_at=when(message.updated_at),
+        updated_by=message.updated_by,
     )

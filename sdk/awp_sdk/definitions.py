@@ -27,6 +27,14 @@ code-defined Workflow turns itself into, so both paths give identical definition
         kind: python
         action: demo.cleanup
         always: true               # runs once the rest has ended, success or failure
+      - key: answer
+        kind: python
+        action: demo.answer
+        concurrency_limits:        # at most 2 live leases per user, 50 across "llm"
+          - {key: "user:{input.user_id}", max: 2}
+          - {key: llm, max: 50}
+        rate_limits:               # charged per execution; the action reports the actual
+          - {limit: openai-tpm, units: "{input.max_tokens}"}
 
 Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations).
 The protobuf JSON names (`executorKind`, `dependsOn`, `backoffMultiplier`...) are accepted
@@ -73,6 +81,8 @@ _ALIASES: Final = {
     "backoff_multiplier": "multiplier",
     "backoffMultiplier": "multiplier",
     "onFailure": "on_failure",
+    "concurrencyLimits": "concurrency_limits",
+    "rateLimits": "rate_limits",
 }
 _WORKFLOW_KEYS: Final = ("name", "version", "description", "concurrency", "tasks")
 _TASK_KEYS: Final = (
@@ -86,9 +96,13 @@ _TASK_KEYS: Final = (
     "map",
     "on_failure",
     "always",
+    "concurrency_limits",
+    "rate_limits",
 )
 _RETRY_KEYS: Final = ("max_attempts", "initial_backoff", "max_backoff", "multiplier")
 _MAP_KEYS: Final = ("over", "path")
+_LIMIT_KEYS: Final = ("key", "max")
+_RATE_KEYS: Final = ("limit", "units")
 # The failure policies by their short names (fail_run, continue), from the proto enum;
 # its full names (FAILURE_POLICY_CONTINUE, as GetWorkflow's JSON writes them) work too.
 _POLICY_PREFIX: Final = "FAILURE_POLICY_"
@@ -309,6 +323,49 @@ def _task(
         task.always = always
     else:
         _add(problems, (*path, "always"), f"expected true or false, got {always!r}")
+    limits = fields.get("concurrency_limits", [])
+    if not isinstance(limits, list):
+        _add(problems, (*path, "concurrency_limits"), "expected a list of {key, max}")
+    else:
+        for index, limit in enumerate(limits):
+            _limit(limit, (*path, "concurrency_limits", index), task, problems)
+    uses = fields.get("rate_limits", [])
+    if not isinstance(uses, list):
+        _add(problems, (*path, "rate_limits"), "expected a list of {limit, units}")
+    else:
+        for index, use in enumerate(uses):
+            _rate(use, (*path, "rate_limits", index), task, problems)
+
+
+def _rate(
+    data: Any, path: Path_, task: types_pb2.TaskDefinition, problems: list[FieldViolation]
+) -> None:
+    fields = _mapping(data, path, _RATE_KEYS, problems)
+    if fields is None:
+        return
+    if "limit" not in fields:
+        _add(problems, path, "missing limit")
+    units = fields.get("units", 1)
+    if isinstance(units, int) and not isinstance(units, bool):
+        units = str(units)
+    if not isinstance(units, str):
+        _add(problems, (*path, "units"), f"expected a number or text, got {_type_name(units)}")
+        units = ""
+    task.rate_limits.add(limit=_string(fields, "limit", path, problems), units=units)
+
+
+def _limit(
+    data: Any, path: Path_, task: types_pb2.TaskDefinition, problems: list[FieldViolation]
+) -> None:
+    fields = _mapping(data, path, _LIMIT_KEYS, problems)
+    if fields is None:
+        return
+    for required in _LIMIT_KEYS:
+        if required not in fields:
+            _add(problems, path, f"missing {required}")
+    task.concurrency_limits.add(
+        key=_string(fields, "key", path, problems), max=_whole(fields, "max", path, problems)
+    )
 
 
 def _map(

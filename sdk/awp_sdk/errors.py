@@ -65,6 +65,10 @@ class ScheduleNotFound(NotFound):
     pass
 
 
+class RateLimitNotFound(NotFound):
+    pass
+
+
 class Conflict(AwpError):
     """The request contradicts what is stored (ALREADY_EXISTS)."""
 
@@ -223,6 +227,7 @@ BY_REASON: Final[Mapping[str, type[AwpError]]] = {
     Reason.MEMO_LIMIT: MemoLimit,
     Reason.RUN_FINISHED: RunFinished,
     Reason.NOT_WAITING: NotWaiting,
+    Reason.RATE_LIMIT_NOT_FOUND: RateLimitNotFound,
 }
 # A reason this SDK does not know yet (a newer server) falls back on the status code.
 _BY_CODE: Final[Mapping[grpc.StatusCode, type[AwpError]]] = {

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, durable_pb2, schedule_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, limits_pb2, schedule_pb2, types_pb2
 from awp_protocol.jsonvalue import to_struct
 from awp_sdk import records
 from awp_sdk.decode import message_json
@@ -118,6 +118,7 @@ def _task(task: records.TaskStatus) -> control_pb2.Task:
         map_parent=task.map_parent or "",
         map_index=task.map_index or 0,
         suspensions=task.suspensions,
+        waiting_for=task.waiting_for or "",
     )
     # Sent for every task, zeros included (convert.task_to_proto).
     message.saved.CopyFrom(
@@ -388,3 +389,24 @@ def triggered(run: records.Run) -> _Json:
     message = schedule_pb2.TriggerScheduleResponse(run_id=run.id)
     _stamp(message.tick_time, run.schedule_tick)
     return message_json(message)
+
+
+def _rate_limit(limit: records.RateLimit) -> limits_pb2.RateLimit:
+    message = limits_pb2.RateLimit(
+        spec=limits_pb2.RateLimitSpec(name=limit.name, units=limit.units),
+        used=limit.used,
+        updated_by=limit.updated_by,
+    )
+    _span(message.spec.period, limit.period)
+    _stamp(message.paused_until, limit.paused_until)
+    _stamp(message.updated_at, limit.updated_at)
+    return message
+
+
+def rate_limit(limit: records.RateLimit) -> _Json:
+    """An answer holding the limit alone (GetRateLimit's; SetRateLimit answers alike)."""
+    return message_json(limits_pb2.GetRateLimitResponse(limit=_rate_limit(limit)))
+
+
+def rate_limits(found: Iterable[records.RateLimit]) -> _Json:
+    return message_json(limits_pb2.ListRateLimitsResponse(limits=map(_rate_limit, found)))

@@ -12,6 +12,9 @@
     @wf.task(always=True)
     def cleanup(ctx: ActionContext, input: dict) -> dict: ...
 
+    @wf.task(concurrency=[Concurrency("user:{input.user_id}", max=2)])
+    def answer(ctx: ActionContext, input: dict) -> dict: ...  # 2 at once per user
+
 A decorated function stays callable as before and is registered as the action
 "<workflow name>.<task key>" (``action=`` names it otherwise), so ``awp-worker --module``
 runs it once it has imported the module. Dependencies are the task objects themselves,
@@ -67,6 +70,34 @@ class Retry:
 
 
 @dataclass(frozen=True)
+class Concurrency:
+    """At most ``max`` live leases of tasks holding the key ``key`` renders to, across
+    every run and workflow. ``key`` is literal text and placeholders naming the run's
+    input (``"user:{input.user_id}"``); without a placeholder (``"llm"``) it is one limit
+    shared by every task that declares it (docs/workflows.md, "Concurrency keys")."""
+
+    key: str
+    max: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "max": self.max}
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Each execution of the task charges ``units`` of the named rate limit ``limit``
+    (set at run time: ``awp limits set``): a number, or one placeholder naming an integer
+    of the run's input (``"{input.max_tokens}"``). The estimate is replaced by what the
+    action reports (``ctx.report_usage``)."""
+
+    limit: str
+    units: int | str = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, "units": str(self.units)}
+
+
+@dataclass(frozen=True)
 class Map:
     """Run a task once per element of the list at ``path`` (dotted keys, e.g.
     "result.queries") in the output of task ``over``; each element's input holds the
@@ -84,6 +115,8 @@ class TaskOptions(TypedDict, total=False):
     once per element of a list in another task's output (a Map). on_failure: "fail_run"
     (the default) or "continue" (the run goes on without this task's dependents).
     always: run once every other task has ended, success or failure (cleanup, notify).
+    concurrency: keyed limits (Concurrency) each of its leases holds a unit of.
+    rate_limits: named rate limits (Rate) each execution charges.
     Any other option is refused with a TypeError naming it.
     """
 
@@ -94,6 +127,8 @@ class TaskOptions(TypedDict, total=False):
     map: Map | None
     on_failure: definitions.OnFailure | None
     always: bool
+    concurrency: Sequence[Concurrency]
+    rate_limits: Sequence[Rate]
 
 
 def check_options(key: str, options: Mapping[str, Any]) -> None:
@@ -140,6 +175,8 @@ class Task:
         self.timeout = options.get("timeout")
         self.on_failure = options.get("on_failure")
         self.always = options.get("always", False)
+        self.concurrency = tuple(options.get("concurrency", ()))
+        self.rate_limits = tuple(options.get("rate_limits", ()))
 
     def to_dict(self) -> dict[str, Any]:
         """The task as a workflow file writes it."""
@@ -158,6 +195,10 @@ class Task:
             entry["on_failure"] = self.on_failure
         if self.always:
             entry["always"] = True
+        if self.concurrency:
+            entry["concurrency_limits"] = [limit.to_dict() for limit in self.concurrency]
+        if self.rate_limits:
+            entry["rate_limits"] = [use.to_dict() for use in self.rate_limits]
         return entry
 
     def __repr__(self) -> str:

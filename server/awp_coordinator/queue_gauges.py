@@ -94,6 +94,40 @@ class QueueGauges(Collector):
         for count in sorted(latest.finished_runs, key=lambda c: (c.label or "", c.state)):
             outcomes.add_metric([count.label or "", count.state], count.count)
         yield outcomes
+        yield from _flow(latest)
+
+
+def _flow(latest: stats.Gauges) -> Iterator[GaugeMetricFamily]:
+    """Flow control (docs/workflows.md): concurrency units held, and each rate limit's
+    budget, use in the window ending now and pause."""
+    yield GaugeMetricFamily(
+        "awp_concurrency_units_held",
+        "Concurrency-key units held by live leases (pending or leased dispatches)",
+        value=latest.units_held,
+    )
+    yield GaugeMetricFamily(
+        "awp_concurrency_keys_held",
+        "Distinct concurrency keys with a unit held",
+        value=latest.keys_held,
+    )
+    units = GaugeMetricFamily(
+        "awp_rate_limit_units", "A rate limit's units per period", labels=["limit"]
+    )
+    used = GaugeMetricFamily(
+        "awp_rate_limit_used_units",
+        "Units charged to a rate limit in the period ending now (reported usage where known)",
+        labels=["limit"],
+    )
+    paused = GaugeMetricFamily(
+        "awp_rate_limit_paused", "1 while a slow-down report pauses the limit", labels=["limit"]
+    )
+    for limit in latest.rate_limits:
+        units.add_metric([limit.name], limit.units)
+        used.add_metric([limit.name], limit.used)
+        paused.add_metric([limit.name], 1 if limit.paused else 0)
+    yield units
+    yield used
+    yield paused
 
 
 async def refresh(

@@ -19,6 +19,7 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import (
     attempts,
     events,
+    grant,
     outputs,
     reads,
     retention,
@@ -172,9 +173,13 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             tracebacks = await attempts.final_tracebacks(
                 conn, run_id, [row.id for row in task_rows]
             )
+            held_back = await grant.explain(conn, run_id) if counts.get("ready") else {}
         answer = control_pb2.GetRunResponse(
             run=convert.run_to_proto(run_row, counts),
-            tasks=[convert.task_to_proto(row, tracebacks.get(row.key)) for row in task_rows],
+            tasks=[
+                convert.task_to_proto(row, tracebacks.get(row.key), held_back.get(row.key, ""))
+                for row in task_rows
+            ],
             attempts=[convert.attempt_to_proto(row) for row in attempt_rows],
             tasks_omitted=sum(counts.values()) - len(task_rows),
             attempts_omitted=unlisted_attempts,

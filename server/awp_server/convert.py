@@ -16,7 +16,7 @@ from uuid import UUID
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, durable_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, limits_pb2, types_pb2
 from awp_db.attempts import AttemptDetail
 from awp_db.events import StoredEvent
 from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
@@ -155,6 +155,13 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                 ),
                 on_failure=FAILURE_POLICY.proto(task.on_failure),
                 always=task.always,
+                concurrency_limits=[
+                    limits_pb2.ConcurrencyLimit(key=limit.key, max=limit.max)
+                    for limit in task.concurrency_limits
+                ],
+                rate_limits=[
+                    limits_pb2.RateUse(limit=use.limit, units=use.units) for use in task.rate_limits
+                ],
             )
             for task in spec.tasks
         ],
@@ -221,9 +228,13 @@ def task_error(
     )
 
 
-def task_to_proto(row: TaskInfo, traceback: str | None = None) -> control_pb2.Task:
-    """A task row; traceback: its last attempt's, for a failed task (GetRun)."""
+def task_to_proto(
+    row: TaskInfo, traceback: str | None = None, waiting_for: str = ""
+) -> control_pb2.Task:
+    """A task row; traceback: its last attempt's, for a failed task (GetRun); waiting_for:
+    why a ready task is held back (awp_db.grant.explain)."""
     return control_pb2.Task(
+        waiting_for=waiting_for,
         key=row.key,
         state=TASK_STATES.proto(row.state),
         executor_kind=row.executor_kind,

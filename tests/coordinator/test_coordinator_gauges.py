@@ -9,8 +9,11 @@ from prometheus_client import CollectorRegistry
 
 from awp_coordinator import queue_gauges
 from awp_coordinator.queue_gauges import QueueGauges
-from awp_db import stats
+from awp_db import ratelimits, stats
 from awp_db.connect import Pool
+from awp_kernel.concurrency import ConcurrencyLimit
+from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
+from awp_kernel.ratelimits import RateUse
 from kit import poll_until, spec, start_run
 from kit.db import dispatch_all, drive_to_end, register
 
@@ -90,3 +93,36 @@ async def test_only_the_leader_exports_them(pool: Pool) -> None:
     finally:
         stop.set()
         await refreshing
+
+
+async def test_the_flow_gauges_follow_units_and_rate_limits(pool: Pool) -> None:
+    """Concurrency units held and each rate limit's budget, use and pause."""
+    registry = CollectorRegistry()
+    gauges = QueueGauges(registry)
+    async with pool.acquire() as conn:
+        await ratelimits.set_limit(conn, "api", 5, 60_000, "test")
+    workflow = validate(
+        WorkflowSpec(
+            name="flowing",
+            version=1,
+            tasks=tuple(
+                TaskSpec(
+                    key=f"t{i}",
+                    executor_kind="mock",
+                    action="noop",
+                    concurrency_limits=(ConcurrencyLimit("user:{input.user}", 2),),
+                    rate_limits=(RateUse("api", "1"),),
+                )
+                for i in range(3)
+            ),
+        )
+    )
+    await start_run(pool, workflow, run_input={"user": "ann"})
+    await register(pool, ["mock"], max_concurrency=10)
+    assert await dispatch_all(pool) == 2
+    await _read(pool, gauges)
+    assert _value(registry, "awp_concurrency_units_held") == 2
+    assert _value(registry, "awp_concurrency_keys_held") == 1
+    assert _value(registry, "awp_rate_limit_units", limit="api") == 5
+    assert _value(registry, "awp_rate_limit_used_units", limit="api") == 2
+    assert _value(registry, "awp_rate_limit_paused", limit="api") == 0

@@ -1,5 +1,5 @@
 """The coordinator's `due` pre-read agrees with each step's own candidate query and with
-its Python twin (dispatching.refill_due), over generated database states.
+its Python twin (grant.refill_due), over generated database states.
 
 `due` restates every step's candidate condition in one unlocked read; a pass skips the
 steps it says have nothing to do, so a condition that drifted from its step's would
@@ -15,7 +15,7 @@ import asyncpg
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from awp_db import coordination, dispatching, locks
+from awp_db import coordination, grant, locks
 from awp_db.queries import queries
 from awp_db.workers import OfflineRule
 
@@ -104,6 +104,7 @@ BETWEEN_THE_MARKS = {
 
 COORDINATION = queries("coordination")
 DISPATCHING = queries("dispatching")
+GRANT = queries("grant")
 
 
 async def _insert(
@@ -239,12 +240,12 @@ async def test_due_agrees_with_every_step_and_its_python_twin(
         assert due.unservable == await _exists(conn, DISPATCHING["unservable"], 1)
         # `ready` is the cheap pre-check of dispatch's candidates: never false when the
         # dispatch pass would find one.
-        if await _exists(conn, DISPATCHING["candidates"], list(KINDS), 100):
+        if await _exists(conn, GRANT["candidates"], list(KINDS), 100):
             assert due.ready
 
         capacity = await conn.fetch(DISPATCHING["capacity"])
         assert due.short == any(
-            dispatching.refill_due(row["free"], row["slots"], row["pending"], prefetch)
+            grant.refill_due(row["free"], row["slots"], row["pending"], prefetch)
             for row in capacity
         )
 

@@ -1,4 +1,4 @@
-"""A run's trace in storage (migration 0019, docs/observability.md): StartRun's trace
+"""A run's trace in storage (migration 0018, docs/observability.md): StartRun's trace
 stored with the run and carried by its leases, the finished run's span taken for export
 exactly once, the attempts the coordinator ended found for their rescue spans; and the
 trace invariant of the checker has teeth."""

@@ -11,7 +11,7 @@ from uuid import UUID
 from cluster import ADMIN_AUTH
 from google.protobuf import duration_pb2, struct_pb2
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, limits_pb2, types_pb2
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +21,10 @@ class Task:
     input: Mapping[str, Any] = field(default_factory=dict)
     # A map task: (upstream key, path of the list in its output).
     map: tuple[str, str] | None = None
+    # Keyed limits: (key template, max) each (limits.proto).
+    concurrency_limits: Sequence[tuple[str, int]] = ()
+    # Rate limits: (limit name, units) each.
+    rate_limits: Sequence[tuple[str, str]] = ()
 
 
 def _duration(ms: int) -> duration_pb2.Duration:
@@ -61,6 +65,14 @@ def definition(
                 map=None
                 if task.map is None
                 else types_pb2.TaskMap(over=task.map[0], path=task.map[1]),
+                concurrency_limits=[
+                    limits_pb2.ConcurrencyLimit(key=key, max=most)
+                    for key, most in task.concurrency_limits
+                ],
+                rate_limits=[
+                    limits_pb2.RateUse(limit=limit, units=units)
+                    for limit, units in task.rate_limits
+                ],
             )
         )
     return types_pb2.WorkflowDefinition(name=name, version=1, concurrency=concurrency, tasks=built)

@@ -22,6 +22,7 @@ from awp_sdk import (
     TaskState,
     WorkerState,
 )
+from awp_sdk.limits import RateLimits
 from awp_sdk.schedules import Schedules
 from kit import WORKER_TOKEN
 
@@ -94,13 +95,18 @@ def test_every_control_rpc_has_a_client_method() -> None:
         for rpc in rpcs
     }
     snake["WhoAmI"] = "who_am_i"
-    # The schedule RPCs are awp_sdk.schedules.Schedules' (CreateSchedule: create).
+    # The schedule RPCs are awp_sdk.schedules.Schedules' (CreateSchedule: create), the
+    # rate-limit RPCs awp_sdk.limits.RateLimits' (SetRateLimit: set).
     missing = [
         rpc
         for rpc, method in snake.items()
         if not hasattr(AsyncClient, method)
         and not (
             rpc.endswith(("Schedule", "Schedules")) and hasattr(Schedules, method.rsplit("_", 1)[0])
+        )
+        and not (
+            rpc.endswith(("RateLimit", "RateLimits"))
+            and hasattr(RateLimits, method.split("_", 1)[0])
         )
     ]
     assert missing == []

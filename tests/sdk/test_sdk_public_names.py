@@ -21,12 +21,15 @@ ALL = (
     "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptBoundary "
     "AttemptState CheckpointKind Decided Decision MemoLimit MemoSavings NotWaiting RunDecision "
     "RunFinished SignalSent StoredWait TaskWait "
-    "AwpError Client Conflict Connection DeadlineExceeded DefinitionConflict DefinitionInvalid "
+    "AwpError Client Concurrency Conflict Connection DeadlineExceeded DefinitionConflict "
+    "DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
     "InvalidArgument LeaseLost Map NotFound OutputStream OutputsOmitted Page PermanentError "
-    "PermissionDenied ProtocolUnsupported Pruned RequestIdConflict Retry RetryableError Run "
+    "PermissionDenied ProtocolUnsupported Pruned Rate RequestIdConflict Retry RetryableError Run "
     "RunCanceled RunDetail RunFailed RunHandle RunNotFinished RunNotFound RunState Stats "
-    "StoredMap StoredRetry StoredTask StoredWorkflow StreamChunk StreamItem StreamLimit Task "
+    "StoredConcurrency StoredMap StoredRateUse StoredRetry StoredTask StoredWorkflow "
+    "StreamChunk StreamItem "
+    "StreamLimit Task "
     "TaskCount TaskError TaskFunction "
     "TaskOptions TaskPage TaskState TaskStatus Unauthenticated Unavailable UnknownEnumValue "
     "WaitTimedOut WaitTimeout Worker WorkerDraining WorkerState Workflow WorkflowNotFound "
@@ -40,8 +43,8 @@ MODULES = {
     "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
     "awp_sdk.decode": "applied attempt decided event identity memo_savings message_json "
-    "pruned run run_detail schedule signal_sent span stats task task_error task_page "
-    "task_wait when worker workflow",
+    "pruned rate_limit run run_detail schedule signal_sent span stats task task_error "
+    "task_page task_wait when worker workflow",
     "awp_sdk.definitions": "Definition MAX_UINT32 OnFailure POLICIES Path_ canonical_key "
     "definition parse_field render_path to_duration unwrap validate",
     "awp_sdk.enums": "AttemptState CatchupPolicy CheckpointKind DispatchState EventType "
@@ -49,8 +52,8 @@ MODULES = {
     "awp_sdk.errors": "AwpError BY_REASON Conflict DeadlineExceeded DefinitionConflict "
     "DefinitionInvalid FailedPrecondition InvalidArgument LeaseLost MemoLimit NotFound "
     "NotWaiting OutputsOmitted RunFinished json_refused "
-    "PermissionDenied ProtocolUnsupported RequestIdConflict RunCanceled RunFailed "
-    "RunNotFinished RunNotFound START_HINT ScheduleExists ScheduleNotFound StreamLimit "
+    "PermissionDenied ProtocolUnsupported RateLimitNotFound RequestIdConflict RunCanceled "
+    "RunFailed RunNotFinished RunNotFound START_HINT ScheduleExists ScheduleNotFound StreamLimit "
     "Unauthenticated Unavailable "
     "UnknownEnumValue "
     "WaitTimeout WorkerDraining WorkflowNotFound from_rpc_error is_transient one_line",
@@ -61,25 +64,27 @@ MODULES = {
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
+    "awp_sdk.records.limits": "RateLimit",
+    "awp_sdk.limits": "RateLimits",
     "awp_sdk.replay": "Checkpoint CheckpointStore KINDS Kind Replay Savings Usage",
     "awp_sdk.schedules": "Catchup Overlap Schedules",
     "awp_sdk.steps": "UsageSpec run_step step",
     "awp_sdk.threads": "call_from_thread",
-    "awp_sdk.records.workflows": "Applied StoredMap StoredRetry StoredTask StoredWait "
-    "StoredWorkflow",
+    "awp_sdk.records.workflows": "Applied StoredConcurrency StoredMap StoredRateUse "
+    "StoredRetry StoredTask StoredWait StoredWorkflow",
     "awp_sdk.streams": "AttemptBoundary StreamChunk StreamItem task_stream",
     "awp_sdk.sync": "Client RunHandle",
     "awp_sdk.testing": "ActionEnvironment",
     "awp_sdk.watch": "GIVE_UP_AFTER_S RECONNECT_INITIAL_S RECONNECT_MAX_S ReconnectHandler "
     "run_events",
     "awp_sdk.resumes": "asked_for_decision decision decision_of decisions signal_request",
-    "awp_sdk.wire": "applied attempts backfilled decided event pruned run run_detail runs "
-    "schedule schedule_deleted schedules signal_sent started stats tasks triggered workers "
-    "workflow "
-    "workflows",
+    "awp_sdk.wire": "applied attempts backfilled decided event pruned rate_limit rate_limits "
+    "run run_detail runs schedule schedule_deleted schedules signal_sent started stats tasks "
+    "triggered workers workflow workflows",
     "awp_sdk.waits": "Decision Duration WaitSpec WaitSuspended WaitTimedOut duration_ms "
     "sleep wait_for_approval wait_for_signal",
-    "awp_sdk.workflow": "Duration Map Retry Task TaskFunction TaskOptions Workflow check_options",
+    "awp_sdk.workflow": "Concurrency Duration Map Rate Retry Task TaskFunction TaskOptions "
+    "Workflow check_options",
 }
 
 CLIENT_METHODS = (
@@ -111,10 +116,13 @@ RECORD_FIELDS = {
     "RunDetail": "run tasks attempts tasks_omitted attempts_omitted tracebacks_omitted",
     "Stats": "tasks_by_state dispatches_by_state runs_by_state workers_by_state "
     "active_leases oldest_pending",
+    "StoredConcurrency": "key max",
+    "RateLimit": "name units period used paused_until updated_at updated_by",
     "StoredMap": "over path",
+    "StoredRateUse": "limit units",
     "StoredRetry": "max_attempts initial_backoff max_backoff multiplier",
     "StoredTask": "key executor_kind action input depends_on retry timeout map on_failure always "
-    "wait",
+    "concurrency_limits rate_limits wait",
     "StoredWait": "kind sleep prompt timeout role",
     "TaskWait": "kind name prompt role since due_at attempt",
     "MemoSavings": "steps tokens cost_usd",
@@ -127,7 +135,7 @@ RECORD_FIELDS = {
     "TaskPage": "items next_page_token tracebacks_omitted",
     "TaskStatus": "key state executor_kind action depends_on attempts max_attempts output "
     "error retry_at finished_at reused_from_run_id output_omitted hand_backs map_parent "
-    "map_index wait suspensions saved",
+    "map_index wait suspensions saved waiting_for",
     "Worker": "id name state executor_kinds max_concurrency active_leases labels "
     "protocol_version registered_at last_heartbeat_at stopped_at",
 }

@@ -43,6 +43,8 @@ READS = (
     "GetStats",
     "GetSchedule",
     "ListSchedules",
+    "GetRateLimit",
+    "ListRateLimits",
 )
 # A schedule starts runs: managing one is a submitter's (docs/schedules.md).
 SCHEDULE_WRITES = (
@@ -81,6 +83,8 @@ MAY_CALL = {
         "CreateWorkflow",
         "Register",
         "PruneRuns",
+        # A rate limit bounds every workflow's work (docs/workflows.md).
+        "SetRateLimit",
     },
 }
 

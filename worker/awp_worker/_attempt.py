@@ -35,6 +35,7 @@ from awp_worker._executors import (
     failure,
     failure_from_exception,
     success,
+    with_reports,
 )
 from awp_worker._lease import STOOD_DOWN, HeldLease, LeaseClock, Phase, StandDown, seconds
 from awp_worker._logging import LeaseLog, bind
@@ -211,7 +212,7 @@ class Attempts:
         succeeded = result.outcome == worker_pb2.RESULT_OUTCOME_SUCCEEDED
         held.outcome = "succeeded" if succeeded else "failed"
         metrics.executions.labels(kind, held.outcome).inc()
-        self._report(held, result, lease_log)
+        self._report(held, with_reports(result, held.ctx), lease_log)
 
     async def _run_executor(
         self, held: HeldLease, executor: Executor, lease_log: LeaseLog

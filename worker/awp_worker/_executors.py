@@ -50,6 +50,16 @@ def success(lease: worker_pb2.Lease, output: struct_pb2.Struct) -> worker_pb2.Ta
     )
 
 
+def with_reports(result: worker_pb2.TaskResult, ctx: ActionContext) -> worker_pb2.TaskResult:
+    """The result carrying what the action reported of its rate limits (usage, slow-down)."""
+    for limit, units in sorted(ctx.reported_usage.items()):
+        result.usage.add(limit=limit, units=units)
+    for limit, seconds in sorted(ctx.slowed_down.items()):
+        slow = result.slow_down.add(limit=limit)
+        slow.retry_after.FromMilliseconds(max(1, round(seconds * 1000)))
+    return result
+
+
 def failure(
     lease: worker_pb2.Lease,
     message: str,
@@ -112,7 +122,8 @@ class MockExecutor:
     tests and benchmark); ``steps: N`` spends the sleep in N memoised steps
     (``ctx.step("mock.nap")``, sleep_ms / N each): a later attempt replays the naps an
     earlier one finished and sleeps only the rest (the fault workloads, the replay
-    benchmark).
+    benchmark); ``report_usage: {LIMIT: UNITS}`` and ``slow_down: {LIMIT:
+    SECONDS}`` report rate-limit usage and a slow-down with the result (the flow tests).
     """
 
     async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
@@ -144,6 +155,10 @@ class MockExecutor:
             raise RetryableError(
                 f"mock retryable failure: attempt {ctx.attempt} <= fail_attempts {fail_attempts:g}"
             )
+        for limit, units in _mapping(input, "report_usage").items():
+            ctx.report_usage(limit, int(units))
+        for limit, seconds in _mapping(input, "slow_down").items():
+            ctx.slow_down(limit, float(seconds))
         output: dict[str, Any] = {"action": ctx.action, "echo": input, "attempt": ctx.attempt}
         padding = int(_number(input, "output_bytes"))
         if padding > MAX_OUTPUT_BYTES:
@@ -160,6 +175,13 @@ class MockExecutor:
 async def _nap(seconds: float) -> float:
     await asyncio.sleep(seconds)
     return seconds
+
+
+def _mapping(input: dict[str, Any], name: str) -> dict[str, Any]:
+    value = input.get(name) or {}
+    if not isinstance(value, dict):
+        raise PermanentError(f"mock: input.{name} must be an object, got {value!r}")
+    return value
 
 
 def _number(input: dict[str, Any], name: str) -> float:

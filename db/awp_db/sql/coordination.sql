@@ -96,7 +96,7 @@ SELECT EXISTS (SELECT 1 FROM runs
            AS schedules,
        -- Some kind has fewer pending dispatches than free slots plus half the prefetch
        -- ($3): the only case in which dispatching.create_dispatches creates any
-       -- (dispatching.refill_due, the same arithmetic).
+       -- (grant.refill_due, the same arithmetic).
        EXISTS (SELECT 1
                  FROM workers w
                  CROSS JOIN LATERAL unnest(w.executor_kinds) AS k (kind)

@@ -38,53 +38,32 @@ SELECT coalesce(s.kind, p.kind) AS kind,
        (SELECT coalesce(sum(n), 0) FROM leased)::bigint AS leased
   FROM slots s FULL JOIN pending p ON p.kind = s.kind
 
--- name: candidates
--- Ready tasks of runs not being canceled, round-robin across runs: every run's first
--- task, then every run's second... Runs never dispatched come first, then the least
--- recently dispatched. Each run stays within its own concurrency (queued + running; a
--- running map task is not counted, its elements are).
--- Each run's tasks are read from its first ready one on (first_ready, found in the
--- tasks_ready index; the range on run_id keeps that lookup on it): once statistics
--- exist, an unbounded "run_id = ... ORDER BY id LIMIT" is planned as a walk of the
--- primary key over every task of every earlier run (run and id correlate), which
--- costs a pass ~15 ms with 10 runs of 1,000 tasks instead of ~1.
-WITH live AS (
-    SELECT r.id, r.concurrency, r.last_dispatched_at, r.created_at,
-           (SELECT count(*) FROM tasks q
-             WHERE q.run_id = r.id AND q.state IN ('queued', 'running')
-               AND q.map_over IS NULL) AS in_flight,
-           (SELECT f.id FROM tasks f
-             WHERE f.run_id >= r.id AND f.run_id <= r.id AND f.state = 'ready'
-             ORDER BY f.run_id, f.id
-             LIMIT 1) AS first_ready
-      FROM runs r
-     WHERE r.state = 'running' AND r.cancel_requested_at IS NULL
-       AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state = 'ready')
-)
-SELECT c.id, c.run_id, c.executor_kind, c.rn
-  FROM live l
-  CROSS JOIN LATERAL (
-      SELECT t.id, t.run_id, t.executor_kind, row_number() OVER (ORDER BY t.id) AS rn
-        FROM tasks t
-       WHERE t.run_id = l.id AND t.state = 'ready' AND t.id >= l.first_ready
-         AND t.executor_kind = ANY($1::text[])
-       ORDER BY t.id
-       LIMIT $2) c
- WHERE l.concurrency = 0 OR c.rn <= l.concurrency - l.in_flight
- ORDER BY c.rn, l.last_dispatched_at NULLS FIRST, l.created_at, l.id
- LIMIT $2
-
 -- name: create
 -- Runs are locked by the caller (locks.sql). Only tasks still ready move; each gets one dispatch
--- (the unique index refuses a second live one).
+-- (the unique index refuses a second live one), which holds the task's concurrency keys
+-- from now until it ends (grant.sql).
 WITH moved AS (
     UPDATE tasks t SET state = 'queued'
      WHERE t.id = ANY($1::bigint[]) AND t.state = 'ready'
- RETURNING t.id, t.run_id, t.key, t.executor_kind
+ RETURNING t.id, t.run_id, t.key, t.executor_kind, t.concurrency_keys, t.concurrency_max,
+           t.rate_names, t.rate_units
 ), created AS (
-    INSERT INTO dispatches (run_id, task_id, executor_kind)
-    SELECT run_id, id, executor_kind FROM moved
+    -- In the order the grant chose them ($1): a Claim leases the oldest dispatch first,
+    -- so the grant's round-robin order is the order work starts in.
+    INSERT INTO dispatches (run_id, task_id, executor_kind, concurrency_keys, concurrency_max)
+    SELECT m.run_id, m.id, m.executor_kind, m.concurrency_keys, m.concurrency_max
+      FROM moved m JOIN unnest($1::bigint[]) WITH ORDINALITY AS g (id, n) ON g.id = m.id
+     ORDER BY g.n
  RETURNING id, task_id
+), charged AS (
+    -- Each rate limit the task uses, if set, is charged the estimate now, with the budget
+    -- in force (SetRateLimit takes the dispatch lock too, so it is the one the grant saw).
+    INSERT INTO rate_charges (dispatch_id, limit_name, granted_at, estimate, budget_units,
+                              period_ms)
+    SELECT c.id, k.name, clock_timestamp(), k.units, l.units, l.period_ms
+      FROM created c JOIN moved m ON m.id = c.task_id
+      CROSS JOIN LATERAL unnest(m.rate_names, m.rate_units) AS k (name, units)
+      JOIN rate_limits l ON l.name = k.name
 ), touched AS (
     UPDATE runs SET last_dispatched_at = clock_timestamp()
      WHERE id IN (SELECT run_id FROM moved)

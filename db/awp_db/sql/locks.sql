@@ -166,7 +166,7 @@ SELECT locked.*, clock_timestamp() AS now
            FOR NO KEY UPDATE OF d) AS locked
 
 -- name: finished_traces
--- Finished traced runs whose span is still to be exported (migration 0019): clears the
+-- Finished traced runs whose span is still to be exported (migration 0018): clears the
 -- flag as it returns them (at most once: a span lost in export is not resent). Runs
 -- another transaction holds are skipped, never waited for.
 UPDATE runs r
@@ -180,3 +180,9 @@ UPDATE runs r
  WHERE r.id = f.id AND w.id = r.workflow_id
 RETURNING r.id, r.state, r.created_at, r.finished_at, r.trace_id, r.trace_span,
           r.trace_parent, w.name AS workflow_name, w.version AS workflow_version
+
+-- name: rate_limits
+-- Rate limit rows by name, last of the order (locks.py): a Complete's slow-down reports
+-- (after its runs and dispatches) and SetRateLimit (after the dispatch lock). Taken in
+-- one sorted statement so two Completes pausing the same limits never cross.
+SELECT name FROM rate_limits WHERE name = ANY($1::text[]) ORDER BY name FOR NO KEY UPDATE

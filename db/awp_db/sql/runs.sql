@@ -18,10 +18,13 @@ RETURNING id, awaiting_start
 -- :map_over/:map_paths: a map task's upstream and path (JSON array of keys), NULL for
 -- other tasks. :delayed: the run's start is delayed: its roots are pending too, waiting
 -- for one more thing, the start time (coordination.sql: release_starts).
+-- :concurrency_keys/:concurrency_max: JSON arrays, the keys rendered from the run input
+-- (awp_kernel.concurrency) and each one's max; :rate_names/:rate_units: JSON arrays, the
+-- rate limits each execution charges and the units (awp_kernel.ratelimits).
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
-                   always)
+                   always, concurrency_keys, concurrency_max, rate_names, rate_units)
 SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
@@ -32,15 +35,22 @@ SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        t.map_over,
        CASE WHEN t.map_over IS NOT NULL
             THEN array(SELECT jsonb_array_elements_text(t.map_path::jsonb)) END,
-       t.on_failure, t.always
+       t.on_failure, t.always,
+       array(SELECT jsonb_array_elements_text(t.concurrency_keys::jsonb)),
+       array(SELECT jsonb_array_elements_text(t.concurrency_max::jsonb)::int),
+       array(SELECT jsonb_array_elements_text(t.rate_names::jsonb)),
+       array(SELECT jsonb_array_elements_text(t.rate_units::jsonb)::bigint)
   FROM unnest(:keys::text[], :executor_kinds::text[], :actions::text[], :inputs::text[],
               :depends_on::text[], :dependents::text[], :unfinished_deps::int[],
               :max_attempts::int[], :backoff_initial_ms::bigint[], :backoff_max_ms::bigint[],
               :backoff_multipliers::float8[], :timeout_ms::bigint[], :map_over::text[],
-              :map_paths::text[], :on_failure::text[], :always::bool[])
+              :map_paths::text[], :on_failure::text[], :always::bool[],
+              :concurrency_keys::text[], :concurrency_max::text[], :rate_names::text[],
+              :rate_units::text[])
        AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
              max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms,
-             map_over, map_path, on_failure, always)
+             map_over, map_path, on_failure, always, concurrency_keys, concurrency_max,
+             rate_names, rate_units)
 RETURNING key, state
 
 -- name: by_request_id

@@ -55,3 +55,10 @@ SELECT 'finished_runs', r.state, w.name, count(*)
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE r.finished_at > clock_timestamp() - make_interval(secs => $1::float8)
  GROUP BY r.state, w.name
+
+-- name: units_held
+-- Concurrency units held now (live dispatches holding a key, dispatches_live_keyed) and
+-- the distinct keys they hold.
+SELECT count(*)::bigint AS units, count(DISTINCT k.key)::bigint AS keys
+  FROM dispatches d CROSS JOIN LATERAL unnest(d.concurrency_keys) AS k (key)
+ WHERE d.state IN ('pending', 'leased') AND cardinality(d.concurrency_keys) > 0

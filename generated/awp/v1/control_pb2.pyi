@@ -561,6 +561,7 @@ class Task(_message.Message):
     WAIT_FIELD_NUMBER: _builtins.int
     SUSPENSIONS_FIELD_NUMBER: _builtins.int
     SAVED_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     state: _types_pb2.TaskState.ValueType
     executor_kind: _builtins.str
@@ -590,6 +591,12 @@ class Task(_message.Message):
     suspensions: _builtins.int
     """Attempts that ended SUSPENDED at a wait, free of charge like hand_backs (attempts -
     hand_backs - suspensions count against max_attempts).
+    """
+    waiting_for: _builtins.str
+    """GetRun, a READY task a limit holds back: why, e.g. "waiting for concurrency key
+    'user:ann' (2 of 2 held)", "waiting for rate limit 'api' (...)", "waiting for a worker
+    that runs executor kind 'gpu'" (docs/workflows.md). Empty otherwise. Numbered apart
+    so that other additions do not collide.
     """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -633,10 +640,11 @@ class Task(_message.Message):
         wait: _durable_pb2.TaskWait | None = ...,
         suspensions: _builtins.int = ...,
         saved: _types_pb2.MemoSavings | None = ...,
+        waiting_for: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at", b"finished_at", "output", b"output", "retry_at", b"retry_at", "saved", b"saved", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "saved", b"saved", "state", b"state", "suspensions", b"suspensions", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "depends_on", b"depends_on", "error", b"error", "executor_kind", b"executor_kind", "finished_at", b"finished_at", "hand_backs", b"hand_backs", "key", b"key", "map_index", b"map_index", "map_parent", b"map_parent", "max_attempts", b"max_attempts", "output", b"output", "output_omitted", b"output_omitted", "retry_at", b"retry_at", "reused_from_run_id", b"reused_from_run_id", "saved", b"saved", "state", b"state", "suspensions", b"suspensions", "wait", b"wait", "waiting_for", b"waiting_for"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,6 +5,7 @@ import warnings
 
 from awp.v1 import control_pb2 as awp_dot_v1_dot_control__pb2
 from awp.v1 import durable_pb2 as awp_dot_v1_dot_durable__pb2
+from awp.v1 import limits_pb2 as awp_dot_v1_dot_limits__pb2
 from awp.v1 import schedule_pb2 as awp_dot_v1_dot_schedule__pb2
 
 GRPC_GENERATED_VERSION = '1.85.0'
@@ -180,6 +181,21 @@ class ControlServiceStub:
                 '/awp.v1.ControlService/Reject',
                 request_serializer=awp_dot_v1_dot_durable__pb2.RejectRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_durable__pb2.RejectResponse.FromString,
+                _registered_method=True)
+        self.SetRateLimit = channel.unary_unary(
+                '/awp.v1.ControlService/SetRateLimit',
+                request_serializer=awp_dot_v1_dot_limits__pb2.SetRateLimitRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_limits__pb2.SetRateLimitResponse.FromString,
+                _registered_method=True)
+        self.GetRateLimit = channel.unary_unary(
+                '/awp.v1.ControlService/GetRateLimit',
+                request_serializer=awp_dot_v1_dot_limits__pb2.GetRateLimitRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_limits__pb2.GetRateLimitResponse.FromString,
+                _registered_method=True)
+        self.ListRateLimits = channel.unary_unary(
+                '/awp.v1.ControlService/ListRateLimits',
+                request_serializer=awp_dot_v1_dot_limits__pb2.ListRateLimitsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_limits__pb2.ListRateLimitsResponse.FromString,
                 _registered_method=True)
 
 
@@ -437,6 +453,27 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetRateLimit(self, request, context):
+        """--- Rate limits and token budgets (limits.proto, docs/workflows.md). Setting one
+        needs the admin role (reading, viewer); a limit takes effect at the next grant and
+        survives every restart (PostgreSQL). GetRateLimit of an unknown name is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRateLimit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRateLimits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -584,6 +621,21 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.Reject,
                     request_deserializer=awp_dot_v1_dot_durable__pb2.RejectRequest.FromString,
                     response_serializer=awp_dot_v1_dot_durable__pb2.RejectResponse.SerializeToString,
+            ),
+            'SetRateLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRateLimit,
+                    request_deserializer=awp_dot_v1_dot_limits__pb2.SetRateLimitRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_limits__pb2.SetRateLimitResponse.SerializeToString,
+            ),
+            'GetRateLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRateLimit,
+                    request_deserializer=awp_dot_v1_dot_limits__pb2.GetRateLimitRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_limits__pb2.GetRateLimitResponse.SerializeToString,
+            ),
+            'ListRateLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRateLimits,
+                    request_deserializer=awp_dot_v1_dot_limits__pb2.ListRateLimitsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_limits__pb2.ListRateLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1369,6 +1421,87 @@ class ControlService:
             '/awp.v1.ControlService/Reject',
             awp_dot_v1_dot_durable__pb2.RejectRequest.SerializeToString,
             awp_dot_v1_dot_durable__pb2.RejectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRateLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/SetRateLimit',
+            awp_dot_v1_dot_limits__pb2.SetRateLimitRequest.SerializeToString,
+            awp_dot_v1_dot_limits__pb2.SetRateLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRateLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/GetRateLimit',
+            awp_dot_v1_dot_limits__pb2.GetRateLimitRequest.SerializeToString,
+            awp_dot_v1_dot_limits__pb2.GetRateLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRateLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/ListRateLimits',
+            awp_dot_v1_dot_limits__pb2.ListRateLimitsRequest.SerializeToString,
+            awp_dot_v1_dot_limits__pb2.ListRateLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

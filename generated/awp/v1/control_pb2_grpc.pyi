@@ -18,6 +18,7 @@ INVALID_ARGUMENT, the BadRequest naming the field).
 
 from awp.v1 import control_pb2 as _control_pb2
 from awp.v1 import durable_pb2 as _durable_pb2
+from awp.v1 import limits_pb2 as _limits_pb2
 from awp.v1 import schedule_pb2 as _schedule_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -167,6 +168,13 @@ class ControlServiceStub:
     decided, not reached yet, or the run ended).
     """
     Reject: _grpc.UnaryUnaryMultiCallable[_durable_pb2.RejectRequest, _durable_pb2.RejectResponse]
+    SetRateLimit: _grpc.UnaryUnaryMultiCallable[_limits_pb2.SetRateLimitRequest, _limits_pb2.SetRateLimitResponse]
+    """--- Rate limits and token budgets (limits.proto, docs/workflows.md). Setting one
+    needs the admin role (reading, viewer); a limit takes effect at the next grant and
+    survives every restart (PostgreSQL). GetRateLimit of an unknown name is NOT_FOUND.
+    """
+    GetRateLimit: _grpc.UnaryUnaryMultiCallable[_limits_pb2.GetRateLimitRequest, _limits_pb2.GetRateLimitResponse]
+    ListRateLimits: _grpc.UnaryUnaryMultiCallable[_limits_pb2.ListRateLimitsRequest, _limits_pb2.ListRateLimitsResponse]
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -292,6 +300,13 @@ class ControlServiceAsyncStub(ControlServiceStub):
     decided, not reached yet, or the run ended).
     """
     Reject: _aio.UnaryUnaryMultiCallable[_durable_pb2.RejectRequest, _durable_pb2.RejectResponse]  # type: ignore[assignment]
+    SetRateLimit: _aio.UnaryUnaryMultiCallable[_limits_pb2.SetRateLimitRequest, _limits_pb2.SetRateLimitResponse]  # type: ignore[assignment]
+    """--- Rate limits and token budgets (limits.proto, docs/workflows.md). Setting one
+    needs the admin role (reading, viewer); a limit takes effect at the next grant and
+    survives every restart (PostgreSQL). GetRateLimit of an unknown name is NOT_FOUND.
+    """
+    GetRateLimit: _aio.UnaryUnaryMultiCallable[_limits_pb2.GetRateLimitRequest, _limits_pb2.GetRateLimitResponse]  # type: ignore[assignment]
+    ListRateLimits: _aio.UnaryUnaryMultiCallable[_limits_pb2.ListRateLimitsRequest, _limits_pb2.ListRateLimitsResponse]  # type: ignore[assignment]
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -588,5 +603,30 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _durable_pb2.RejectRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_durable_pb2.RejectResponse, _abc.Awaitable[_durable_pb2.RejectResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetRateLimit(
+        self,
+        request: _limits_pb2.SetRateLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.SetRateLimitResponse, _abc.Awaitable[_limits_pb2.SetRateLimitResponse]]:
+        """--- Rate limits and token budgets (limits.proto, docs/workflows.md). Setting one
+        needs the admin role (reading, viewer); a limit takes effect at the next grant and
+        survives every restart (PostgreSQL). GetRateLimit of an unknown name is NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def GetRateLimit(
+        self,
+        request: _limits_pb2.GetRateLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.GetRateLimitResponse, _abc.Awaitable[_limits_pb2.GetRateLimitResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListRateLimits(
+        self,
+        request: _limits_pb2.ListRateLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.ListRateLimitsResponse, _abc.Awaitable[_limits_pb2.ListRateLimitsResponse]]: ...
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -100,6 +100,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the task is not waiting for an approval (not reached yet,
     decided already, or its run has ended).
     """
+    ERROR_REASON_RATE_LIMIT_NOT_FOUND: _ErrorReason.ValueType  # 26
+    """NOT_FOUND: no rate limit of that name
+    (GetRateLimit).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -172,5 +176,9 @@ ERROR_REASON_RUN_FINISHED: ErrorReason.ValueType  # 21
 ERROR_REASON_NOT_WAITING: ErrorReason.ValueType  # 22
 """FAILED_PRECONDITION: the task is not waiting for an approval (not reached yet,
 decided already, or its run has ended).
+"""
+ERROR_REASON_RATE_LIMIT_NOT_FOUND: ErrorReason.ValueType  # 26
+"""NOT_FOUND: no rate limit of that name
+(GetRateLimit).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

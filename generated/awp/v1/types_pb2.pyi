@@ -8,6 +8,7 @@ sent by the server where a comment does not say otherwise (the from_state of a
 subject just created); clients must treat an unknown value as "newer than me".
 """
 
+from awp.v1 import limits_pb2 as _limits_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
@@ -380,6 +381,8 @@ class TaskDefinition(_message.Message):
     ON_FAILURE_FIELD_NUMBER: _builtins.int
     ALWAYS_FIELD_NUMBER: _builtins.int
     WAIT_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_LIMITS_FIELD_NUMBER: _builtins.int
+    RATE_LIMITS_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     """Unique within the workflow: [A-Za-z0-9_.-]{1,64}."""
     executor_kind: _builtins.str
@@ -425,6 +428,16 @@ class TaskDefinition(_message.Message):
         it is ready and ends SUCCEEDED with the wait's outcome as its output.
         """
 
+    @_builtins.property
+    def concurrency_limits(self) -> _containers.RepeatedCompositeFieldContainer[_limits_pb2.ConcurrencyLimit]:
+        """At most 4 keyed limits (limits.proto); a map task's elements each hold its keys.
+        Numbered apart from the fields above so that other additions do not collide.
+        """
+
+    @_builtins.property
+    def rate_limits(self) -> _containers.RepeatedCompositeFieldContainer[_limits_pb2.RateUse]:
+        """At most 4 rate limits (limits.proto) each execution charges."""
+
     def __init__(
         self,
         *,
@@ -439,10 +452,12 @@ class TaskDefinition(_message.Message):
         on_failure: Global___FailurePolicy.ValueType = ...,
         always: _builtins.bool = ...,
         wait: Global___WaitTaskDefinition | None = ...,
+        concurrency_limits: _abc.Iterable[_limits_pb2.ConcurrencyLimit] | None = ...,
+        rate_limits: _abc.Iterable[_limits_pb2.RateUse] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "map", b"map", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "concurrency_limits", b"concurrency_limits", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "rate_limits", b"rate_limits", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

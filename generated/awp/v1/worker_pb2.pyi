@@ -20,6 +20,7 @@ comment states; bytes that do not decode are MALFORMED_REQUEST (all INVALID_ARGU
 the BadRequest naming the field).
 """
 
+from awp.v1 import limits_pb2 as _limits_pb2
 from awp.v1 import types_pb2 as _types_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
@@ -1047,6 +1048,8 @@ class TaskResult(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    SLOW_DOWN_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
     lease_token: _builtins.str
     """At most 128 characters."""
@@ -1067,6 +1070,16 @@ class TaskResult(_message.Message):
     def replayed(self) -> _types_pb2.MemoSavings:
         """What this attempt replayed from memos (durable execution)."""
 
+    @_builtins.property
+    def usage(self) -> _containers.RepeatedCompositeFieldContainer[_limits_pb2.RateUsage]:
+        """What the attempt actually used of its task's rate limits (limits.proto), at most 4:
+        replaces the estimate charged at grant. Numbered apart to avoid other additions.
+        """
+
+    @_builtins.property
+    def slow_down(self) -> _containers.RepeatedCompositeFieldContainer[_limits_pb2.SlowDown]:
+        """Limits the provider asked to slow down: each pauses for everyone (at most 4)."""
+
     def __init__(
         self,
         *,
@@ -1076,10 +1089,12 @@ class TaskResult(_message.Message):
         output: _struct_pb2.Struct | None = ...,
         error: _types_pb2.TaskError | None = ...,
         replayed: _types_pb2.MemoSavings | None = ...,
+        usage: _abc.Iterable[_limits_pb2.RateUsage] | None = ...,
+        slow_down: _abc.Iterable[_limits_pb2.SlowDown] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "output", b"output", "replayed", b"replayed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "error", b"error", "lease_token", b"lease_token", "outcome", b"outcome", "output", b"output", "replayed", b"replayed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "error", b"error", "lease_token", b"lease_token", "outcome", b"outcome", "output", b"output", "replayed", b"replayed", "slow_down", b"slow_down", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

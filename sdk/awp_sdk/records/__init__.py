@@ -17,6 +17,7 @@ from awp_sdk.records.fleet import (
     TaskCount,
     Worker,
 )
+from awp_sdk.records.limits import RateLimit
 from awp_sdk.records.runs import (
     Attempt,
     Event,
@@ -30,7 +31,9 @@ from awp_sdk.records.runs import (
 from awp_sdk.records.schedules import Schedule, ScheduleTick
 from awp_sdk.records.workflows import (
     Applied,
+    StoredConcurrency,
     StoredMap,
+    StoredRateUse,
     StoredRetry,
     StoredTask,
     StoredWait,
@@ -47,6 +50,7 @@ __all__ = [
     "MemoSavings",
     "Page",
     "Pruned",
+    "RateLimit",
     "Run",
     "RunDecision",
     "RunDetail",
@@ -54,7 +58,9 @@ __all__ = [
     "ScheduleTick",
     "SignalSent",
     "Stats",
+    "StoredConcurrency",
     "StoredMap",
+    "StoredRateUse",
     "StoredRetry",
     "StoredTask",
     "StoredWait",

@@ -116,6 +116,8 @@ class TaskStatus:
     suspensions: int = 0
     # What replayed step memos saved this task's attempts.
     saved: MemoSavings = field(default_factory=MemoSavings)
+    # GetRun, a ready task a limit holds back: why ("waiting for concurrency key ...").
+    waiting_for: str | None = None
 
     @property
     def charged_attempts(self) -> int:

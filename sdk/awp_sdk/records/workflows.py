@@ -20,6 +20,22 @@ class StoredRetry:
 
 
 @dataclass(frozen=True)
+class StoredConcurrency:
+    """A keyed limit: at most ``max`` live leases hold the key ``key`` renders to."""
+
+    key: str
+    max: int
+
+
+@dataclass(frozen=True)
+class StoredRateUse:
+    """One execution charges ``units`` (a number, or "{input.<field>}") of limit ``limit``."""
+
+    limit: str
+    units: str
+
+
+@dataclass(frozen=True)
 class StoredMap:
     """Fan-out: once per element of the list at ``path`` in task ``over``'s output."""
 
@@ -55,6 +71,8 @@ class StoredTask:
     map: StoredMap | None
     on_failure: FailurePolicy
     always: bool
+    concurrency_limits: tuple[StoredConcurrency, ...]
+    rate_limits: tuple[StoredRateUse, ...]
     # Set on a wait task (no executor_kind nor action).
     wait: StoredWait | None = None
 

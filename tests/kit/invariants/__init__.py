@@ -29,13 +29,17 @@ everything check_committed checks:
 8. Step checkpoints (checkpoints.py): no checkpoint stored by a stale attempt -- each
    names its own attempt and lease and was stored while that lease was live.
 9. Traces (traces.py): a run's span is exported only once the run has finished.
-10. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
+10. Concurrency keys (flow.py): a lease holds exactly its task's keys; never more live
+   leases or running attempts holding a key than its max, now or at any instant of the
+   attempt history; no unit held by a dispatch whose task is no longer queued/running.
+11. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
    no INTERNAL answer during the scenario (health.py).
 
-The checks live in committed.py, streams.py, schedules.py, checkpoints.py and traces.py
-(every committed state), runs.py (each finished run) and health.py; this module is the one
-entry point. The checker also reports how many executions the tasks cost: at-least-once
-is paid for in extra attempts, and the output should show that price, not hide it.
+The checks live in committed.py, streams.py, schedules.py, checkpoints.py, waits.py,
+traces.py and flow.py (every committed state), runs.py (each finished run) and health.py;
+this module is the one entry point. The checker also reports how many executions the
+tasks cost: at-least-once is paid for in extra attempts, and the output should show that
+price, not hide it.
 """
 
 from __future__ import annotations

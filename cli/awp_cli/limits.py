@@ -1,0 +1,87 @@
+"""`awp limits ...`: set, get and list rate limits and token budgets (docs/workflows.md,
+"Rate limits and token budgets"), through the SDK's awp_sdk.limits; --json prints the
+answer through awp_sdk.wire, as every other command does."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import timedelta
+
+from rich.table import Table
+
+from awp_cli import render
+from awp_cli.errors import Exit
+from awp_common import flags
+from awp_sdk import wire
+from awp_sdk.client import AsyncClient
+from awp_sdk.limits import RateLimits
+from awp_sdk.records import RateLimit
+
+Handler = Callable[[AsyncClient, argparse.Namespace], Awaitable[Exit]]
+Add = Callable[..., argparse.ArgumentParser]
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser], add: Add) -> None:
+    group = commands.add_parser(
+        "limits", aliases=["limit"], help="rate limits and token budgets (units per period)"
+    )
+    actions = group.add_subparsers(dest="action", required=True, metavar="ACTION")
+    put = add(actions, "set", limits_set, "create or change a limit: UNITS per --per")
+    put.add_argument("name", metavar="NAME")
+    put.add_argument("units", type=int, metavar="UNITS", help="units granted per period")
+    put.add_argument(
+        "--per",
+        type=flags.positive_duration,
+        required=True,
+        metavar="DURATION",
+        help="the period, e.g. 1m",
+    )
+    add(actions, "get", limits_get, "show a limit and its use now").add_argument(
+        "name", metavar="NAME"
+    )
+    add(actions, "list", limits_list, "list every limit and its use now")
+
+
+def _table(found: Iterable[RateLimit]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "UNITS", "PER", "USED NOW", "PAUSED UNTIL", "SET BY"):
+        table.add_column(column)
+    for limit in found:
+        table.add_row(
+            limit.name,
+            f"{limit.units:,}",
+            render.took(limit.period.total_seconds() if limit.period else None),
+            f"{limit.used:,}",
+            render.local_time(limit.paused_until) if limit.paused_until else "",
+            limit.updated_by,
+        )
+    return table
+
+
+def _show(limit: RateLimit, args: argparse.Namespace) -> Exit:
+    if args.json:
+        render.print_json(wire.rate_limit(limit))
+    else:
+        render.stdout.print(_table([limit]))
+    return Exit.OK
+
+
+async def limits_set(client: AsyncClient, args: argparse.Namespace) -> Exit:
+    per = timedelta(seconds=args.per)
+    return _show(await RateLimits(client).set(args.name, args.units, per=per), args)
+
+
+async def limits_get(client: AsyncClient, args: argparse.Namespace) -> Exit:
+    return _show(await RateLimits(client).get(args.name), args)
+
+
+async def limits_list(client: AsyncClient, args: argparse.Namespace) -> Exit:
+    found = await RateLimits(client).list()
+    if args.json:
+        render.print_json(wire.rate_limits(found))
+    elif not found:
+        render.stdout.print("no rate limits")
+    else:
+        render.stdout.print(_table(found))
+    return Exit.OK
