@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
 from awp_kernel.retry import RetryPolicy
+from awp_kernel.wait_tasks import WaitTaskSpec, wait_violations
 from awp_protocol.errors import FieldsInvalid, FieldViolation, Reason, quote
 from awp_protocol.jsonvalue import canonical_json, json_size
 from awp_protocol.limits import (
@@ -87,6 +88,8 @@ class TaskSpec:
     map: MapSpec | None = None
     on_failure: FailurePolicy = "fail_run"
     always: bool = False
+    # A wait task (awp_kernel.wait_tasks): no executor_kind, no action.
+    wait: WaitTaskSpec | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -111,6 +114,8 @@ class TaskSpec:
             data["on_failure"] = self.on_failure
         if self.always:
             data["always"] = True
+        if self.wait is not None:
+            data["wait"] = self.wait.to_json()
         return data
 
     @classmethod
@@ -132,6 +137,7 @@ class TaskSpec:
             map=None if mapped is None else MapSpec(mapped["over"], mapped["path"]),
             on_failure=t.get("on_failure", "fail_run"),
             always=t.get("always", False),
+            wait=WaitTaskSpec.from_json(t["wait"]) if "wait" in t else None,
         )
 
 
@@ -246,13 +252,19 @@ def _task_violations(
 
     if not TASK_KEY_PATTERN.fullmatch(task.key):
         bad("key", f"must be {TASK_KEY_RULE}")
-    if task.executor_kind not in known_kinds:
+    if task.wait is not None:
+        found.extend(wait_violations(where, task.wait))
+        if task.executor_kind or task.action:
+            bad("wait", "a wait task runs on no worker: leave executor_kind and action empty")
+        if task.map is not None or task.always:
+            bad("wait", "a wait task cannot be a map task or an always task")
+    elif task.executor_kind not in known_kinds:
         bad(
             "executor_kind",
             f"unknown executor kind {quote(task.executor_kind)}; known: "
             + ", ".join(sorted(known_kinds)),
         )
-    if not ACTION_PATTERN.fullmatch(task.action):
+    if task.wait is None and not ACTION_PATTERN.fullmatch(task.action):
         bad("action", f"must be {ACTION_RULE}")
     try:
         # Strict JSON: NaN/Infinity, non-string keys or unencodable text cannot be stored.

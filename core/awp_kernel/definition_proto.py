@@ -22,6 +22,7 @@ from awp_kernel.definition import (
     validate,
 )
 from awp_kernel.retry import RetryPolicy
+from awp_kernel.wait_tasks import WaitTaskKind, WaitTaskSpec
 from awp_protocol.errors import FieldViolation
 from awp_protocol.jsonvalue import JsonInvalid, struct_to_dict
 from awp_protocol.limits import DEFAULT_TIMEOUT_MS, MAX_TASKS
@@ -66,6 +67,7 @@ def spec_from_proto(
                 map=MapSpec(task.map.over, task.map.path) if task.HasField("map") else None,
                 on_failure=_policy_from_proto(task.on_failure),
                 always=task.always,
+                wait=_wait_from_proto(task.wait) if task.HasField("wait") else None,
             )
         )
     spec = WorkflowSpec(
@@ -82,6 +84,21 @@ def spec_from_proto(
     if violations:
         raise DefinitionInvalid(violations)
     return spec
+
+
+def _wait_from_proto(wait: types_pb2.WaitTaskDefinition) -> WaitTaskSpec:
+    """A wait task's wait; an unknown kind goes on to validation, which names it."""
+    kinds = {
+        types_pb2.CHECKPOINT_KIND_SLEEP: "sleep",
+        types_pb2.CHECKPOINT_KIND_APPROVAL: "approval",
+    }
+    return WaitTaskSpec(
+        kind=cast(WaitTaskKind, kinds.get(wait.kind, f"number {int(wait.kind)}")),
+        sleep_ms=_ms(wait.sleep) if wait.HasField("sleep") else None,
+        prompt=wait.prompt,
+        timeout_ms=_ms(wait.timeout) if wait.HasField("timeout") else None,
+        role=wait.role,
+    )
 
 
 _POLICY_PREFIX: Final = "FAILURE_POLICY_"

@@ -200,6 +200,7 @@ async def insert_tasks(
             map_paths=[json.dumps(t.map.keys()) if t.map else None for t in tasks],
             on_failure=[t.on_failure for t in tasks],
             always=[t.always for t in tasks],
+            wait_tasks=[None if t.wait is None else json.dumps(t.wait.to_json()) for t in tasks],
             delayed=delayed,
         )
     )

@@ -18,7 +18,7 @@ RETURNING id, awaiting_start
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
-                   always)
+                   always, wait_task)
 SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
@@ -29,15 +29,15 @@ SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        t.map_over,
        CASE WHEN t.map_over IS NOT NULL
             THEN array(SELECT jsonb_array_elements_text(t.map_path::jsonb)) END,
-       t.on_failure, t.always
+       t.on_failure, t.always, t.wait_task::jsonb
   FROM unnest(:keys::text[], :executor_kinds::text[], :actions::text[], :inputs::text[],
               :depends_on::text[], :dependents::text[], :unfinished_deps::int[],
               :max_attempts::int[], :backoff_initial_ms::bigint[], :backoff_max_ms::bigint[],
               :backoff_multipliers::float8[], :timeout_ms::bigint[], :map_over::text[],
-              :map_paths::text[], :on_failure::text[], :always::bool[])
+              :map_paths::text[], :on_failure::text[], :always::bool[], :wait_tasks::text[])
        AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
              max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms,
-             map_over, map_path, on_failure, always)
+             map_over, map_path, on_failure, always, wait_task)
 RETURNING key, state
 
 -- name: by_request_id
