@@ -29,6 +29,7 @@ from awp_db.connect import Pool
 from kit import ADMIN_TOKEN, ServerHandle, expect_error, spec, start_run
 from kit.db import dispatch_all
 from kit.invariants import check_committed
+from kit.lifecycles import EVENT_LIFECYCLES, illegal_moves, recorded_moves
 from kit.rawworker import RawWorker, leased, register
 
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
@@ -160,6 +161,8 @@ async def test_a_suspended_attempt_holds_nothing_is_not_charged_and_resumes_on_a
     task = await task_of(control, run_id)
     assert task.state == types_pb2.TASK_STATE_WAITING_RETRY, task
     await check_committed(pool)
+    for kind, moves in (await recorded_moves(pool)).items():
+        assert illegal_moves(EVENT_LIFECYCLES[kind][0], moves) == [], kind
 
 
 async def test_a_signal_to_an_ended_or_unknown_run_is_refused(stubs: Stubs, pool: Pool) -> None:
@@ -393,6 +396,9 @@ async def test_a_rejected_approval_task_fails_the_run_and_a_sleep_task_succeeds(
     assert await released(pool) == 1
     assert await states(pool, sleepy) == {"gate": "succeeded", "after": "ready"}
     await check_committed(pool)
+    # Every move the events recorded is one the lifecycles allow.
+    for kind, moves in (await recorded_moves(pool)).items():
+        assert illegal_moves(EVENT_LIFECYCLES[kind][0], moves) == [], kind
 
 
 async def test_a_wait_task_is_validated(stubs: Stubs) -> None:
