@@ -25,6 +25,7 @@ from cost_model import COST_MODEL, concurrent_runs, payload, run_size
 from idle_sessions import idle_sessions
 from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, percentile, wait_for
 from replay_bench import replay
+from waits_bench import waits
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.connect import connect
@@ -38,6 +39,7 @@ SCENARIOS = (
     "cancel_latency",
     "streams",
     "replay",
+    "waits",
     *COST_MODEL,
     "idle_sessions",
 )
@@ -95,6 +97,7 @@ class Sizes:
     payload_pairs: int = 500
     idle_sessions: tuple[int, ...] = (100, 1000, 5000)
     replay_runs: int = 20
+    waits_runs: int = 20
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -111,6 +114,7 @@ class Sizes:
             payload_pairs=50,
             idle_sessions=(50, 300),
             replay_runs=5,
+            waits_runs=5,
         )
 
 
@@ -266,6 +270,8 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
             chosen.append(Case(name, 13, 1, stream_bench.STREAMS, once=True))
         elif name == "replay":
             chosen.append(Case(name, 1, 1, sizes.replay_runs))
+        elif name == "waits":
+            chosen.append(Case(name, 1, 1, sizes.waits_runs))
         elif name == "recovery":
             # One worker holds the leases and is killed; a second one starts to take over.
             chosen.append(Case(name, 2, WORKER_CONCURRENCY))
@@ -352,6 +358,8 @@ async def run_case(
             figures = await stream_bench.stream_latency(cluster, window, case.runs)
         elif case.name == "replay":
             figures = await replay(cluster, window, case.runs)
+        elif case.name == "waits":
+            figures = await waits(cluster, window, case.runs)
         elif case.name == "run_size":
             figures = await run_size(cluster, window, case.tasks)
         elif case.name == "concurrent_runs":
