@@ -29,7 +29,11 @@ LOCK ORDER (DESIGN.md §6), over every relation:
    dispatch), which no lock of the order waits for. A Claim takes pending dispatches
    SKIP LOCKED.
 6. Task, attempt and event rows are written only under their run's lock, so no two
-   transactions ever contend for them in another order.
+   transactions ever contend for them in another order. So are signal rows and a
+   wait's checkpoint (awp_db.waits): an Await locks its run (`runs_of_dispatches`), then
+   its dispatch (`dispatches_for_settlement`), as settlement does; SendSignal, Approve,
+   Reject and the wait timers lock the run, then only rows of that run (its tasks
+   `FOR NO KEY UPDATE`, its signals, its checkpoints).
 
 Lock strength. Every lock of the order is FOR NO KEY UPDATE, the strength an UPDATE
 that changes no key takes anyway. PostgreSQL's foreign-key checks lock the referenced
