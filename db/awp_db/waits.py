@@ -7,7 +7,8 @@ order of awp_db.locks: a wait, the signals of its run and a decision on it only 
 under that run's lock, so a signal is consumed by exactly one wait, and each wait that
 resumes consumes exactly one signal (or one decision, or its timer), in the transaction
 that makes its task READY again. The outcome is stored as the wait's checkpoint, which
-the next attempt replays instead of waiting again.
+the next attempt replays instead of waiting again. A wait task (TaskDefinition.wait),
+which no attempt runs, ends for good instead (awp_kernel.wait_tasks).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from awp_db import locks
+from awp_db import locks, settle
 from awp_db.checkpoints import StoredCheckpoint
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
@@ -30,8 +31,9 @@ from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel import errors
 from awp_kernel.errors import invalid, not_found
 from awp_kernel.fencing import ResultVerdict, holds_lease, judge_append
+from awp_kernel.wait_tasks import WAIT_TASK_APPROVAL
 from awp_protocol.errors import Reason, quote
-from awp_protocol.results import Replayed
+from awp_protocol.results import Replayed, StoredError
 
 Q = queries("waits")
 
@@ -213,11 +215,37 @@ async def await_wait(
 
 
 async def _resume(
-    conn: Conn, task: _WaitingTask, events: EventBatch, payload: dict[str, Any]
-) -> None:
-    await conn.execute(Q["resume"], task.id)
-    events.task(task.run_id, task.key, "waiting", "ready", task.wait_attempt or None, payload)
+    conn: Conn,
+    task: _WaitingTask,
+    events: EventBatch,
+    payload: dict[str, Any],
+    *,
+    ended: tuple[str, str | None, StoredError | None] | None = None,
+) -> str:
+    """The task leaves WAITING: READY to run again, or -- a wait task, which no attempt
+    runs -- `ended` (state, output JSON, error) for good, with what that sets off (its
+    dependents, its failure policy, its run's end). Returns the task's new state."""
     events.notify(COORDINATOR_CHANNEL, "resumed")
+    if not task.wait_task:
+        await conn.execute(Q["resume"], task.id)
+        events.task(task.run_id, task.key, "waiting", "ready", task.wait_attempt or None, payload)
+        return "ready"
+    assert ended is not None, "a wait task ends for good"
+    state, output, error = ended
+    row = await conn.fetchrow(
+        Q["end_wait_task"],
+        task.id,
+        state,
+        output,
+        None if error is None else json.dumps(error.to_json()),
+    )
+    assert row is not None  # locked and waiting
+    events.task(task.run_id, task.key, "waiting", state, None, payload)
+    _, failed_runs, touched = await settle.follow_up(conn, [settle.finished_task(row)], events)
+    if failed_runs:
+        await settle.stop_runs(conn, sorted(failed_runs), "skipped", events)
+    await settle.finish_runs(conn, {task.run_id} | failed_runs | touched, events)
+    return state
 
 
 async def _running_run(conn: Conn, run_id: UUID) -> locks.LockedRun:
@@ -326,9 +354,23 @@ async def decide(
             task.wait_occurrence,
             _value(decision),
         )
-        await _resume(conn, task, events, {**decision, "resumed_attempt": task.wait_attempt})
+        state = await _resume(
+            conn,
+            task,
+            events,
+            {**decision, "resumed_attempt": task.wait_attempt},
+            ended=(
+                ("succeeded", _value(decision), None)
+                if approved
+                else ("failed", None, StoredError(_rejected(decided_by, comment), False))
+            ),
+        )
         await events.flush(conn)
-    return Decided("ready", task.wait_attempt, decided_at, task.wait_role or "")
+    return Decided(state, task.wait_attempt, decided_at, task.wait_role or "")
+
+
+def _rejected(decided_by: str, comment: str) -> str:
+    return f"rejected by {decided_by}" + (f": {comment}" if comment else "")
 
 
 async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:
@@ -358,6 +400,42 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
                 value,
                 timed_out=not sleep,
             )
-            await _resume(conn, task, events, {"woke" if sleep else "timed_out": True})
+            await _resume(
+                conn,
+                task,
+                events,
+                {"woke" if sleep else "timed_out": True},
+                ended=(
+                    ("succeeded", value, None)
+                    if sleep
+                    else ("failed", None, StoredError("the approval timed out", False))
+                ),
+            )
         await events.flush(conn)
     return len(due)
+
+
+async def start_wait_tasks(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:
+    """Wait tasks that became ready: WAITING at once (no worker runs them)."""
+    candidates = await conn.fetch(Q["ready_wait_tasks"], limit)
+    if not candidates:
+        return 0
+    events = EventBatch()
+    async with transaction(conn, term):
+        locked = await locks.runs(conn, {row["run_id"] for row in candidates})
+        running = [run.id for run in locked if run.state == "running"]
+        started = await conn.fetch(
+            Q["start_wait_tasks"],
+            [row["id"] for row in candidates],
+            running,
+            WAIT_TASK_APPROVAL,
+        )
+        for row in started:
+            waiting: dict[str, Any] = {"kind": row["wait_kind"]}
+            if row["wait_due_at"] is not None:
+                waiting["due_at"] = row["wait_due_at"].isoformat()
+            events.task(row["run_id"], row["key"], "ready", "waiting", None, waiting)
+        if any(row["wait_due_at"] is not None for row in started):
+            events.notify(COORDINATOR_CHANNEL, "wait")
+        await events.flush(conn)
+    return len(started)
