@@ -149,11 +149,13 @@ async def await_wait(
         await locks.runs_of_dispatches(conn, [dispatch_id])
         rows = await locks.dispatches_for_settlement(conn, [dispatch_id])
         row = rows[0] if rows else None
+        if row is None or row.attempt is None:
+            return Awaited(AwaitOutcome.LEASE_LOST)
+        holds = holds_lease(worker_id, lease_token, row.worker_id, row.lease_token_hash)
+        key = (row.task_id, wait.kind, wait.name, wait.occurrence)
         if (
-            row is None
-            or row.attempt is None
-            or judge_append(
-                holds=holds_lease(worker_id, lease_token, row.worker_id, row.lease_token_hash),
+            judge_append(
+                holds=holds,
                 state=row.state,
                 now=row.now,
                 lease_expires_at=row.lease_expires_at,
@@ -161,8 +163,11 @@ async def await_wait(
             )
             is not ResultVerdict.ACCEPTED
         ):
+            # The holder resending the Await its attempt suspended at (the answer lost)
+            # hears SUSPENDED again; anything else from a lease that ended is LEASE_LOST.
+            if holds and await conn.fetchval(Q["suspended_here"], *key, row.attempt):
+                return Awaited(AwaitOutcome.SUSPENDED)
             return Awaited(AwaitOutcome.LEASE_LOST)
-        key = (row.task_id, wait.kind, wait.name, wait.occurrence)
         stored = await row_as(StoredCheckpoint, conn, Q["checkpoint"], *key)
         if stored is not None:
             return Awaited(AwaitOutcome.SATISFIED, stored)

@@ -141,10 +141,15 @@ async def test_a_suspended_attempt_holds_nothing_is_not_charged_and_resumes_on_a
     assert task.state == types_pb2.TASK_STATE_WAITING and task.suspensions == 1
     assert (task.wait.kind, task.wait.name, task.wait.attempt) == (SIGNAL, "go", 1)
     assert not task.wait.HasField("due_at") and task.saved.steps == 1
-    # The lease is over: a late result or wait is LEASE_LOST, and nothing is leased.
+    # The lease is over: a late result or another wait is LEASE_LOST, and nothing is
+    # leased; the same Await resent (its answer lost) is SUSPENDED again, changing nothing.
     assert await worker.complete(lease) == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
-    late = await wait(worker, lease, SIGNAL, "go", 0)
-    assert late.outcome == worker_pb2.AWAIT_OUTCOME_LEASE_LOST
+    resent = await wait(worker, lease, SIGNAL, "go", 0)
+    assert resent.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED
+    assert (await task_of(control, run_id)).suspensions == 1
+    for other in ((SIGNAL, "go", 1), (SIGNAL, "other", 0)):
+        late = await wait(worker, lease, *other)
+        assert late.outcome == worker_pb2.AWAIT_OUTCOME_LEASE_LOST, other
     assert (await check_committed(pool))["leased"] == 0
 
     sent = await signal(control, run_id, "go", "payload")

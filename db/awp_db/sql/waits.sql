@@ -58,6 +58,14 @@ UPDATE tasks t
  WHERE t.id = e.task_id AND t.state = 'running'
 RETURNING t.wait_due_at
 
+-- name: suspended_here
+-- Whether task $1 still waits at the wait (kind $2, name $3, occurrence $4) that its
+-- attempt $5 suspended at: a resent Await whose SUSPENDED answer was lost.
+SELECT EXISTS (
+  SELECT 1 FROM tasks
+   WHERE id = $1 AND state = 'waiting' AND wait_attempt = $5
+     AND wait_kind = $2 AND wait_name = $3 AND wait_occurrence = $4)
+
 -- name: waiting_task
 -- Run $1's oldest task waiting for (kind $2, name $3) (a task key $4 when not NULL).
 SELECT id, run_id, key, wait_kind, wait_name, wait_occurrence, wait_role,

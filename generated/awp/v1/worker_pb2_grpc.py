@@ -198,7 +198,9 @@ class WorkerServiceServicer:
         SUSPENDED in this transaction: the lease ends (it is not renewed, REVOKED from now
         on), the slot is free, no attempt is charged, and the task is WAITING until the
         condition is met or the wait times out; answered SUSPENDED: stop the action and
-        report nothing. A later attempt replays the wait from its checkpoint.
+        report nothing. A later attempt replays the wait from its checkpoint. The same Await
+        resent by the holder after its attempt suspended there (the answer lost) is answered
+        SUSPENDED again, changing nothing; any other call of an ended lease is LEASE_LOST.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

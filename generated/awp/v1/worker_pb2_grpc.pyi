@@ -121,7 +121,9 @@ class WorkerServiceStub:
     SUSPENDED in this transaction: the lease ends (it is not renewed, REVOKED from now
     on), the slot is free, no attempt is charged, and the task is WAITING until the
     condition is met or the wait times out; answered SUSPENDED: stop the action and
-    report nothing. A later attempt replays the wait from its checkpoint.
+    report nothing. A later attempt replays the wait from its checkpoint. The same Await
+    resent by the holder after its attempt suspended there (the answer lost) is answered
+    SUSPENDED again, changing nothing; any other call of an ended lease is LEASE_LOST.
     """
 
 @_typing.type_check_only
@@ -200,7 +202,9 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     SUSPENDED in this transaction: the lease ends (it is not renewed, REVOKED from now
     on), the slot is free, no attempt is charged, and the task is WAITING until the
     condition is met or the wait times out; answered SUSPENDED: stop the action and
-    report nothing. A later attempt replays the wait from its checkpoint.
+    report nothing. A later attempt replays the wait from its checkpoint. The same Await
+    resent by the holder after its attempt suspended there (the answer lost) is answered
+    SUSPENDED again, changing nothing; any other call of an ended lease is LEASE_LOST.
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -336,7 +340,9 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         SUSPENDED in this transaction: the lease ends (it is not renewed, REVOKED from now
         on), the slot is free, no attempt is charged, and the task is WAITING until the
         condition is met or the wait times out; answered SUSPENDED: stop the action and
-        report nothing. A later attempt replays the wait from its checkpoint.
+        report nothing. A later attempt replays the wait from its checkpoint. The same Await
+        resent by the holder after its attempt suspended there (the answer lost) is answered
+        SUSPENDED again, changing nothing; any other call of an ended lease is LEASE_LOST.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
