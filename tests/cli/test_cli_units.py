@@ -228,7 +228,7 @@ def test_run_get_shows_the_trace_and_its_link() -> None:
     )
     detail = decode.run_detail(answer)
     console = Console(record=True, width=160)
-    console.print(run_view(detail, "http://jaeger:16686/trace/{trace_id}"))
+    console.print(run_view(detail, trace_url="http://jaeger:16686/trace/{trace_id}"))
     assert f"trace {trace_id}  http://jaeger:16686/trace/{trace_id}" in console.export_text()
     console = Console(record=True, width=160)
     console.print(run_view(detail))
