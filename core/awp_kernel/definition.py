@@ -22,8 +22,10 @@ from awp_protocol.limits import (
     MAX_DURATION_MS,
     MAX_INPUT_BYTES,
     MAX_MAP_PATH_CHARS,
+    MAX_PRIORITY,
     MAX_TASKS,
     MAX_VERSION,
+    MIN_PRIORITY,
     MIN_TIMEOUT_MS,
 )
 from awp_protocol.names import (
@@ -94,6 +96,8 @@ class TaskSpec:
     concurrency_limits: tuple[ConcurrencyLimit, ...] = ()
     # Named rate limits each execution charges (awp_kernel.ratelimits).
     rate_limits: tuple[RateUse, ...] = ()
+    # Added to its run's priority: its base priority in the grant (awp_db.grant).
+    priority: int = 0
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -122,6 +126,8 @@ class TaskSpec:
             data["concurrency_limits"] = [limit.to_json() for limit in self.concurrency_limits]
         if self.rate_limits:
             data["rate_limits"] = [use.to_json() for use in self.rate_limits]
+        if self.priority:
+            data["priority"] = self.priority
         return data
 
     @classmethod
@@ -147,6 +153,7 @@ class TaskSpec:
                 ConcurrencyLimit.from_json(limit) for limit in t.get("concurrency_limits", ())
             ),
             rate_limits=tuple(RateUse.from_json(use) for use in t.get("rate_limits", ())),
+            priority=t.get("priority", 0),
         )
 
 
@@ -292,6 +299,8 @@ def _task_violations(
         bad(field_name, f"task {quote(task.key)}: {description}")
     for field_name, description in ratelimits.violations(task.rate_limits):
         bad(field_name, f"task {quote(task.key)}: {description}")
+    if not MIN_PRIORITY <= task.priority <= MAX_PRIORITY:
+        bad("priority", f"task {quote(task.key)}: must be {MIN_PRIORITY} to {MAX_PRIORITY}")
     return found
 
 

@@ -72,6 +72,7 @@ def spec_from_proto(
                     ConcurrencyLimit(limit.key, limit.max) for limit in task.concurrency_limits
                 ),
                 rate_limits=tuple(RateUse(use.limit, use.units) for use in task.rate_limits),
+                priority=task.priority,
             )
         )
     spec = WorkflowSpec(

@@ -162,6 +162,7 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                 rate_limits=[
                     limits_pb2.RateUse(limit=use.limit, units=use.units) for use in task.rate_limits
                 ],
+                priority=task.priority,
             )
             for task in spec.tasks
         ],
@@ -204,6 +205,7 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
         schedule_tick=timestamp(row.schedule_tick),
         start_time=timestamp(row.start_at),
         trace_id=row.trace_id or "",
+        priority=row.priority,
     )
 
 
