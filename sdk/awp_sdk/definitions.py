@@ -35,6 +35,7 @@ code-defined Workflow turns itself into, so both paths give identical definition
           - {key: llm, max: 50}
         rate_limits:               # charged per execution; the action reports the actual
           - {limit: openai-tpm, units: "{input.max_tokens}"}
+        priority: 2                # -10..10, added to the run's; higher first, with aging
 
 Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations).
 The protobuf JSON names (`executorKind`, `dependsOn`, `backoffMultiplier`...) are accepted
@@ -61,6 +62,7 @@ from awp_kernel.definition import DefinitionInvalid as RulesBroken
 from awp_kernel.definition import FailurePolicy
 from awp_protocol.errors import FieldViolation, Reason, join_violations
 from awp_protocol.jsonvalue import JsonInvalid, to_struct
+from awp_protocol.limits import MAX_PRIORITY, MIN_PRIORITY
 from awp_sdk.errors import DefinitionInvalid
 
 Path_ = tuple[str | int, ...]
@@ -98,6 +100,7 @@ _TASK_KEYS: Final = (
     "always",
     "concurrency_limits",
     "rate_limits",
+    "priority",
 )
 _RETRY_KEYS: Final = ("max_attempts", "initial_backoff", "max_backoff", "multiplier")
 _MAP_KEYS: Final = ("over", "path")
@@ -335,6 +338,14 @@ def _task(
     else:
         for index, use in enumerate(uses):
             _rate(use, (*path, "rate_limits", index), task, problems)
+    priority = fields.get("priority", 0)
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        if MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            task.priority = priority
+        else:
+            _add(problems, (*path, "priority"), f"must be {MIN_PRIORITY} to {MAX_PRIORITY}")
+    else:
+        _add(problems, (*path, "priority"), f"expected an integer, got {priority!r}")
 
 
 def _rate(
