@@ -51,6 +51,8 @@ def differs(
         return "workflow"
     if canonical_json(struct_to_dict(run.input)) != canonical_json(run_input):
         return "input"
+    if run.priority != request.priority:
+        return "priority"
     if run.retried_from_run_id:
         return f"request (a RetryRun of run {run.retried_from_run_id})"
     return None
