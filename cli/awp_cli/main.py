@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a delayed start: the run exists now, its first tasks become ready this much later",
     )
     start.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="-10 to 10, added to each task's own; higher goes first, with aging (default 0)",
+    )
+    start.add_argument(
         "--wait",
         action="store_true",
         help="follow the run to its end; exit 0 if it succeeded, 1 if it failed or was canceled",

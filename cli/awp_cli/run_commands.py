@@ -35,7 +35,12 @@ async def run_start(client: AsyncClient, args: argparse.Namespace) -> Exit:
     name, version = args.workflow
     start_in = None if args.start_in is None else timedelta(seconds=args.start_in)
     handle = await client.start(
-        name, input=args.input, request_id=args.request_id, version=version, start_in=start_in
+        name,
+        input=args.input,
+        request_id=args.request_id,
+        version=version,
+        start_in=start_in,
+        priority=args.priority,
     )
     run = handle.started
     assert run is not None  # StartRun answers with the run

@@ -23,8 +23,10 @@ from awp_protocol.limits import (
     MAX_DURATION_MS,
     MAX_INPUT_BYTES,
     MAX_MAP_PATH_CHARS,
+    MAX_PRIORITY,
     MAX_TASKS,
     MAX_VERSION,
+    MIN_PRIORITY,
     MIN_TIMEOUT_MS,
 )
 from awp_protocol.names import (
@@ -97,6 +99,8 @@ class TaskSpec:
     rate_limits: tuple[RateUse, ...] = ()
     # A wait task (awp_kernel.wait_tasks): no executor_kind, no action.
     wait: WaitTaskSpec | None = None
+    # Added to its run's priority: its base priority in the grant (awp_db.grant).
+    priority: int = 0
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -127,6 +131,8 @@ class TaskSpec:
             data["rate_limits"] = [use.to_json() for use in self.rate_limits]
         if self.wait is not None:
             data["wait"] = self.wait.to_json()
+        if self.priority:
+            data["priority"] = self.priority
         return data
 
     @classmethod
@@ -153,6 +159,7 @@ class TaskSpec:
             ),
             rate_limits=tuple(RateUse.from_json(use) for use in t.get("rate_limits", ())),
             wait=WaitTaskSpec.from_json(t["wait"]) if "wait" in t else None,
+            priority=t.get("priority", 0),
         )
 
 
@@ -304,6 +311,8 @@ def _task_violations(
         bad(field_name, f"task {quote(task.key)}: {description}")
     for field_name, description in ratelimits.violations(task.rate_limits):
         bad(field_name, f"task {quote(task.key)}: {description}")
+    if not MIN_PRIORITY <= task.priority <= MAX_PRIORITY:
+        bad("priority", f"task {quote(task.key)}: must be {MIN_PRIORITY} to {MAX_PRIORITY}")
     return found
 
 

@@ -74,6 +74,7 @@ def spec_from_proto(
                 ),
                 rate_limits=tuple(RateUse(use.limit, use.units) for use in task.rate_limits),
                 wait=_wait_from_proto(task.wait) if task.HasField("wait") else None,
+                priority=task.priority,
             )
         )
     spec = WorkflowSpec(

@@ -60,6 +60,10 @@ MAX_PRUNE_RUNS: Final = 10_000  # runs one PruneRuns call deletes (or counts)
 MAX_CRON_CHARS: Final = 256
 MAX_TIMEZONE_CHARS: Final = 64  # the longest IANA name is 32
 MAX_START_DELAY_MS: Final = 366 * 24 * 3600 * 1000  # StartRun's start_delay
+# A run's priority (StartRun) and a task's (its definition); a task's base priority is
+# their sum clamped to the same range (docs/workflows.md "Priorities"; migration 0019).
+MIN_PRIORITY: Final = -10
+MAX_PRIORITY: Final = 10
 
 # --- workers (Register, Claim, Complete)
 MAX_WORKER_NAME_CHARS: Final = 128

@@ -68,7 +68,11 @@ async def create_dispatches(
         if not locked:
             locked = {run.id for run in await locks.runs(conn, run_ids)}
         by_kind: Counter[str] = Counter()
-        for row in await conn.fetch(Q["create"], [g.task_id for g in chosen if g.run_id in locked]):
+        granted = [g for g in chosen if g.run_id in locked]
+        rows = await conn.fetch(
+            Q["create"], [g.task_id for g in granted], [g.priority for g in granted]
+        )
+        for row in rows:
             events.task(
                 row["run_id"],
                 row["key"],

@@ -20,8 +20,15 @@ from uuid import UUID
 
 from awp_db.connect import Conn
 from awp_db.queries import queries
+from awp_protocol.limits import MAX_PRIORITY, MIN_PRIORITY
 
 Q = queries("grant")
+
+# Aging: a ready task's priority rises one level per this much waiting, up to the highest
+# base priority among the candidates; so a task of base priority p waits behind work of
+# priority q > p for at most (q - p) steps before it goes first (docs/design.md §17).
+# One constant, not a setting: every server and coordinator must rank alike.
+AGING_STEP_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,8 @@ class KindCapacity:
 class Grant:
     task_id: int
     run_id: UUID
+    # The effective priority it was ranked at (base plus aging), kept on its dispatch.
+    priority: int
 
 
 def refill_due(free: int, slots: int, pending: int, prefetch: float) -> bool:
@@ -69,8 +78,9 @@ def kind_budget(capacity: Sequence[KindCapacity], prefetch: float) -> dict[str, 
 async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) -> list[Grant]:
     """The ready tasks to grant now, in the order they should go: within each kind's
     budget, `global_room` more live dispatches (None: unbounded), every run's
-    concurrency, every concurrency key's max and every rate limit's free units. The
-    caller holds the dispatch lock.
+    concurrency, every concurrency key's max and every rate limit's free units; higher
+    effective priority first (aging included), then round-robin. The caller holds the
+    dispatch lock.
 
     The query leaves out tasks a full key blocks and takes each first key's free units
     round-robin across keys; here every key of a task is counted, those granted in this
@@ -85,7 +95,10 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
     taken: dict[str, int] = {}
     spent: dict[str, int] = {}
     chosen: list[Grant] = []
-    for row in await conn.fetch(Q["candidates"], sorted(budget), total):
+    rows = await conn.fetch(
+        Q["candidates"], sorted(budget), total, AGING_STEP_MS, MIN_PRIORITY, MAX_PRIORITY
+    )
+    for row in rows:
         if len(chosen) >= total:
             break
         kind = row["executor_kind"]
@@ -104,11 +117,13 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
             taken[key] = taken.get(key, held) + 1
         for name, units, _ in rates:
             spent[name] = spent.get(name, 0) + units
-        chosen.append(Grant(row["id"], row["run_id"]))
+        chosen.append(Grant(row["id"], row["run_id"], row["priority"]))
     return chosen
 
 
 async def explain(conn: Conn, run_id: UUID) -> dict[str, str]:
     """Why each ready task of the run is not granted now (by task key; only those held
-    back by a limit, or by no worker of their kind): the same counts as `choose`."""
-    return {row["key"]: row["why"] for row in await conn.fetch(Q["explain"], run_id) if row["why"]}
+    back by a limit, by higher-priority work, or by no worker of their kind): the same
+    counts as `choose`."""
+    rows = await conn.fetch(Q["explain"], run_id, AGING_STEP_MS, MIN_PRIORITY, MAX_PRIORITY)
+    return {row["key"]: row["why"] for row in rows if row["why"]}

@@ -54,6 +54,7 @@ class RunInfo:
     schedule_tick: datetime | None
     start_at: datetime | None
     trace_id: str | None
+    priority: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,8 @@ class Start:
     leader_epoch: int | None = None
     # Its place in a distributed trace (None: not traced).
     trace: RunTrace | None = None
+    # The run's priority (awp_protocol.limits MIN_PRIORITY..MAX_PRIORITY; awp_db.grant).
+    priority: int = 0
 
     def payload(self) -> dict[str, Any]:
         if self.schedule_id is None or self.schedule_tick is None:
@@ -163,6 +166,7 @@ async def start(
             start.trace.run.trace_id if start.trace else None,
             start.trace.run.span_id if start.trace else None,
             start.trace.caller_span if start.trace else None,
+            start.priority,
         )
         if inserted is None:
             existing = await conn.fetchval(Q["by_request_id"], request_id)
@@ -221,6 +225,7 @@ async def insert_tasks(
             rate_names=[json.dumps([name for name, _ in uses]) for uses in rates],
             rate_units=[json.dumps([units for _, units in uses]) for uses in rates],
             wait_tasks=[None if t.wait is None else json.dumps(t.wait.to_json()) for t in tasks],
+            priorities=[t.priority for t in tasks],
             delayed=delayed,
         )
     )

@@ -166,6 +166,7 @@ CREATE TABLE public.dispatches (
     finished_at timestamp with time zone,
     concurrency_keys text[] DEFAULT '{}'::text[] NOT NULL,
     concurrency_max integer[] DEFAULT '{}'::integer[] NOT NULL,
+    priority integer,
     CONSTRAINT dispatches_check CHECK (((state = 'pending'::text) OR (state = 'canceled'::text) OR (state = 'expired'::text) OR (worker_id IS NOT NULL))),
     CONSTRAINT dispatches_check1 CHECK (((state <> 'leased'::text) OR ((lease_token_hash IS NOT NULL) AND (lease_expires_at IS NOT NULL) AND (attempt_deadline IS NOT NULL) AND (fencing_token IS NOT NULL)))),
     CONSTRAINT dispatches_check2 CHECK (((lease_expires_at IS NULL) OR (lease_expires_at <= attempt_deadline))),
@@ -184,6 +185,8 @@ COMMENT ON COLUMN public.dispatches.lease_token_hash IS 'SHA-256 of the lease to
 COMMENT ON COLUMN public.dispatches.result_hash IS 'SHA-256 of the canonical accepted result: a repeat is DUPLICATE, a change RESULT_CONFLICT.';
 
 COMMENT ON COLUMN public.dispatches.concurrency_keys IS 'The keys this dispatch holds a unit of while pending or leased (awp_db.grant).';
+
+COMMENT ON COLUMN public.dispatches.priority IS 'The effective priority the grant ranked the task at (base plus aging); NULL: granted before priorities.';
 
 CREATE SEQUENCE public.dispatches_id_seq
     START WITH 1
@@ -258,10 +261,12 @@ CREATE TABLE public.runs (
     trace_span text,
     trace_parent text,
     trace_pending boolean DEFAULT false NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
     CONSTRAINT runs_awaiting_has_start CHECK (((NOT awaiting_start) OR (start_at IS NOT NULL))),
     CONSTRAINT runs_check CHECK (((state = 'running'::text) = (finished_at IS NULL))),
     CONSTRAINT runs_concurrency_check CHECK ((concurrency >= 0)),
     CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
+    CONSTRAINT runs_priority_check CHECK (((priority >= '-10'::integer) AND (priority <= 10))),
     CONSTRAINT runs_request_id_check CHECK (((length(request_id) >= 1) AND (length(request_id) <= 128))),
     CONSTRAINT runs_retry_from_task_of_a_retry CHECK (((retry_from_task IS NULL) OR (retried_from IS NOT NULL))),
     CONSTRAINT runs_revision_check CHECK ((revision >= 0)),
@@ -312,6 +317,8 @@ COMMENT ON COLUMN public.runs.trace_span IS 'The span id of the run''s own span 
 COMMENT ON COLUMN public.runs.trace_parent IS 'The caller''s span id, the parent of the run''s span; NULL: the run''s span is the root of its trace.';
 
 COMMENT ON COLUMN public.runs.trace_pending IS 'The run''s span is still to be exported, once the run has finished (the coordinator).';
+
+COMMENT ON COLUMN public.runs.priority IS 'The run''s priority (-10..10, 0 by default), added to each of its tasks'' own.';
 
 CREATE TABLE public.schedule_ticks (
     schedule_id uuid NOT NULL,
@@ -506,6 +513,7 @@ CREATE TABLE public.tasks (
     concurrency_max integer[] DEFAULT '{}'::integer[] NOT NULL,
     rate_names text[] DEFAULT '{}'::text[] NOT NULL,
     rate_units bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
     CONSTRAINT tasks_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -523,6 +531,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_map_size_check CHECK ((map_size >= 0)),
     CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT tasks_on_failure_check CHECK ((on_failure = ANY (ARRAY['fail_run'::text, 'continue'::text]))),
+    CONSTRAINT tasks_priority_check CHECK (((priority >= '-10'::integer) AND (priority <= 10))),
     CONSTRAINT tasks_rate_aligned CHECK ((cardinality(rate_names) = cardinality(rate_units))),
     CONSTRAINT tasks_reused_succeeded_without_attempts CHECK (((reused_from_run_id IS NULL) OR ((state = 'succeeded'::text) AND (attempts = 0)))),
     CONSTRAINT tasks_saved_cost_usd_check CHECK ((saved_cost_usd >= (0)::double precision)),
@@ -571,6 +580,8 @@ COMMENT ON COLUMN public.tasks.always IS 'Runs once every other task is terminal
 COMMENT ON COLUMN public.tasks.suspensions IS 'Attempts that ended SUSPENDED at a wait, free of charge; attempts - hand_backs - suspensions <= max_attempts.';
 
 COMMENT ON COLUMN public.tasks.concurrency_keys IS 'Keys rendered from the run input at creation; each of its leases holds one unit of each.';
+
+COMMENT ON COLUMN public.tasks.priority IS 'The task''s priority from its workflow definition (-10..10), added to its run''s.';
 
 CREATE SEQUENCE public.tasks_id_seq
     START WITH 1
@@ -813,9 +824,9 @@ CREATE INDEX tasks_live ON public.tasks USING btree (run_id, state) WHERE (state
 
 COMMENT ON INDEX public.tasks_live IS 'Finds a run''s unfinished tasks without scanning its finished ones (run completion) and counts its queued + running ones (run concurrency).';
 
-CREATE INDEX tasks_ready ON public.tasks USING btree (run_id, id) WHERE (state = 'ready'::text);
+CREATE INDEX tasks_ready_ranked ON public.tasks USING btree (run_id, priority DESC, id) WHERE (state = 'ready'::text);
 
-COMMENT ON INDEX public.tasks_ready IS 'Dispatch reads each run''s ready tasks in id order from here.';
+COMMENT ON INDEX public.tasks_ready_ranked IS 'Dispatch reads each run''s ready tasks by task priority, then in id order, from here.';
 
 CREATE INDEX tasks_retry_due ON public.tasks USING btree (retry_at) WHERE (state = 'waiting_retry'::text);
 

@@ -204,11 +204,14 @@ class AsyncClient:
         version: int | None = None,
         start_at: datetime | None = None,
         start_in: timedelta | None = None,
+        priority: int = 0,
     ) -> AsyncRunHandle:
         """Starts a run of a workflow (a Workflow, or a name: the latest version unless
         `version` is given). The same request_id again returns the same run. A delayed
         start (at most one of start_at, start_in): the run exists now, its first tasks
-        become ready at that time, on the database clock (docs/schedules.md)."""
+        become ready at that time, on the database clock (docs/schedules.md). `priority`
+        (-10 to 10) is added to each task's own; higher goes first, with aging
+        (docs/workflows.md "Priorities")."""
         if isinstance(workflow, Workflow):
             name, default_version = workflow.name, workflow.version
         else:
@@ -218,6 +221,7 @@ class AsyncClient:
             workflow_version=default_version if version is None else version,
             input=json_input(input, "input"),
             request_id=request_id or "",
+            priority=priority,
         )
         if start_at is not None:
             request.start_time.FromDatetime(start_at)

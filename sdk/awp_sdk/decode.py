@@ -86,6 +86,7 @@ def run(message: control_pb2.Run) -> records.Run:
         schedule_tick=when(message.schedule_tick),
         start_time=when(message.start_time),
         trace_id=message.trace_id or None,
+        priority=message.priority,
     )
 
 
@@ -254,6 +255,7 @@ def _stored_task(message: types_pb2.TaskDefinition) -> records.StoredTask:
             records.StoredRateUse(use.limit, use.units) for use in message.rate_limits
         ),
         wait=_stored_wait(message.wait) if message.HasField("wait") else None,
+        priority=message.priority,
     )
 
 

@@ -35,6 +35,7 @@ code-defined Workflow turns itself into, so both paths give identical definition
           - {key: llm, max: 50}
         rate_limits:               # charged per execution; the action reports the actual
           - {limit: openai-tpm, units: "{input.max_tokens}"}
+        priority: 2                # -10..10, added to the run's; higher first, with aging
       - key: approve
         wait: {approval: "Publish the digest?", timeout: 24h, role: approver}
         depends_on: [summarize]    # a wait task: no worker runs it (or wait: {sleep: 10m})
@@ -64,6 +65,7 @@ from awp_kernel.definition import DefinitionInvalid as RulesBroken
 from awp_kernel.definition import FailurePolicy
 from awp_protocol.errors import FieldViolation, Reason, join_violations
 from awp_protocol.jsonvalue import JsonInvalid, to_struct
+from awp_protocol.limits import MAX_PRIORITY, MIN_PRIORITY
 from awp_sdk.errors import DefinitionInvalid
 
 Path_ = tuple[str | int, ...]
@@ -102,6 +104,7 @@ _TASK_KEYS: Final = (
     "concurrency_limits",
     "rate_limits",
     "wait",
+    "priority",
 )
 # A wait task's wait (docs/design.md §16): {sleep: DURATION} or {approval: PROMPT,
 # timeout: DURATION, role: approver|admin}.
@@ -347,6 +350,14 @@ def _task(
     else:
         for index, use in enumerate(uses):
             _rate(use, (*path, "rate_limits", index), task, problems)
+    priority = fields.get("priority", 0)
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        if MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            task.priority = priority
+        else:
+            _add(problems, (*path, "priority"), f"must be {MIN_PRIORITY} to {MAX_PRIORITY}")
+    else:
+        _add(problems, (*path, "priority"), f"expected an integer, got {priority!r}")
 
 
 def _rate(

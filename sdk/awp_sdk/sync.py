@@ -154,6 +154,7 @@ class Client:
         version: int | None = None,
         start_at: datetime | None = None,
         start_in: timedelta | None = None,
+        priority: int = 0,
     ) -> RunHandle:
         """Starts a run; see AsyncClient.start."""
         started = self._run(
@@ -164,6 +165,7 @@ class Client:
                 version=version,
                 start_at=start_at,
                 start_in=start_in,
+                priority=priority,
             )
         )
         return RunHandle(self, started)

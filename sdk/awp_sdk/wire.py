@@ -65,6 +65,7 @@ def _run(run: records.Run) -> control_pb2.Run:
         retry_from_task=run.retry_from_task or "",
         schedule_id=run.schedule_id or "",
         trace_id=run.trace_id or "",
+        priority=run.priority,
     )
     _struct(message.input, run.input)
     _stamp(message.created_at, run.created_at)

@@ -117,6 +117,7 @@ class TaskOptions(TypedDict, total=False):
     always: run once every other task has ended, success or failure (cleanup, notify).
     concurrency: keyed limits (Concurrency) each of its leases holds a unit of.
     rate_limits: named rate limits (Rate) each execution charges.
+    priority: -10 to 10 (default 0), added to the run's; higher goes first, with aging.
     Any other option is refused with a TypeError naming it.
     """
 
@@ -129,6 +130,7 @@ class TaskOptions(TypedDict, total=False):
     always: bool
     concurrency: Sequence[Concurrency]
     rate_limits: Sequence[Rate]
+    priority: int
 
 
 def check_options(key: str, options: Mapping[str, Any]) -> None:
@@ -179,6 +181,7 @@ class Task:
         self.rate_limits = tuple(options.get("rate_limits", ()))
         # A wait task's wait, as a workflow file writes it (Workflow.wait).
         self.wait: dict[str, Any] | None = None
+        self.priority = options.get("priority", 0)
 
     def to_dict(self) -> dict[str, Any]:
         """The task as a workflow file writes it."""
@@ -205,6 +208,8 @@ class Task:
             entry["concurrency_limits"] = [limit.to_dict() for limit in self.concurrency]
         if self.rate_limits:
             entry["rate_limits"] = [use.to_dict() for use in self.rate_limits]
+        if self.priority:
+            entry["priority"] = self.priority
         return entry
 
     def __repr__(self) -> str:

@@ -19,7 +19,14 @@ from awp_common.tracing import TRACEPARENT, RunTrace
 from awp_db import runs
 from awp_kernel.errors import AwpError, invalid
 from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
-from awp_protocol.limits import MAX_INPUT_BYTES, MAX_SEQ, MAX_START_DELAY_MS, MAX_VERSION
+from awp_protocol.limits import (
+    MAX_INPUT_BYTES,
+    MAX_PRIORITY,
+    MAX_SEQ,
+    MAX_START_DELAY_MS,
+    MAX_VERSION,
+    MIN_PRIORITY,
+)
 from awp_protocol.names import NAME_PATTERN, NAME_RULE
 from awp_server import convert
 from awp_server.auth import caller
@@ -44,6 +51,8 @@ def differs(
         return "workflow"
     if canonical_json(struct_to_dict(run.input)) != canonical_json(run_input):
         return "input"
+    if run.priority != request.priority:
+        return "priority"
     if run.retried_from_run_id:
         return f"request (a RetryRun of run {run.retried_from_run_id})"
     return None
@@ -75,6 +84,12 @@ def delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:
             raise invalid("start_delay", f"must be between 0 and {MAX_START_DELAY_MS} ms")
         return runs.Start(delay_ms=delay_ms)
     return runs.Start()
+
+
+def run_priority(request: control_pb2.StartRunRequest) -> int:
+    if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:
+        raise invalid("priority", f"must be {MIN_PRIORITY} to {MAX_PRIORITY}")
+    return request.priority
 
 
 def run_trace(context: grpc.aio.ServicerContext[Any, Any]) -> RunTrace | None:

@@ -135,7 +135,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         requests.check_name("workflow_name", request.workflow_name)
         requests.check_version("workflow_version", request.workflow_version)
         run_input = requests.json_object("input", request.input)
-        start = replace(requests.delayed_start(request), trace=requests.run_trace(context))
+        start = replace(
+            requests.delayed_start(request),
+            trace=requests.run_trace(context),
+            priority=requests.run_priority(request),
+        )
         workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
         async with self._pool.acquire() as conn:
             started = await runs.start(

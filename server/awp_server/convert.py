@@ -164,6 +164,7 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                     limits_pb2.RateUse(limit=use.limit, units=use.units) for use in task.rate_limits
                 ],
                 wait=None if task.wait is None else _wait_task(task.wait),
+                priority=task.priority,
             )
             for task in spec.tasks
         ],
@@ -216,6 +217,7 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
         schedule_tick=timestamp(row.schedule_tick),
         start_time=timestamp(row.start_at),
         trace_id=row.trace_id or "",
+        priority=row.priority,
     )
 
 

@@ -4,6 +4,7 @@ units used now, list, --json through awp_sdk.wire, an unknown limit NOT_FOUND; a
 
 from __future__ import annotations
 
+from awp_db import workflows
 from awp_db.connect import Pool
 from awp_kernel.concurrency import ConcurrencyLimit
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
@@ -66,3 +67,35 @@ async def test_run_get_says_what_holds_a_task_back(awp_server: ServerHandle, poo
     answer = (await awp_async(*target, "run", "get", str(run_id), "--json")).json()
     waiting = {task["key"]: task.get("waitingFor") for task in answer["tasks"]}
     assert waiting == {"t0": None, "t1": "waiting for concurrency key 'user:ann' (1 of 1 held)"}
+
+
+async def test_run_start_priority_and_run_get_says_higher_priority_work_is_ahead(
+    awp_server: ServerHandle, pool: Pool
+) -> None:
+    """`awp run start --priority`: the run carries it, out of range is refused naming the
+    field, and `awp run get` says a task waits behind higher-priority work."""
+    await workflows.create(
+        pool,
+        validate(
+            WorkflowSpec(
+                name="ranked",
+                version=1,
+                tasks=(TaskSpec(key="t", executor_kind="mock", action="noop"),),
+            )
+        ),
+    )
+    target = ("--address", awp_server.address, "--token", ADMIN_TOKEN)
+    high = await awp_async(*target, "run", "start", "ranked", "--priority", "5", "--json")
+    assert high.code == 0, high.err
+    assert high.json()["run"]["priority"] == 5
+    # A second high run stays ready behind the first, ahead of the low one.
+    assert (await awp_async(*target, "run", "start", "ranked", "--priority", "5")).code == 0
+    low = await awp_async(*target, "run", "start", "ranked", "--priority", "-5", "--json")
+    low_id = low.json()["run"]["id"]
+    refused = await awp_async(*target, "run", "start", "ranked", "--priority", "11")
+    assert refused.code != 0 and "priority: must be -10 to 10" in refused.err
+    await register(pool, max_concurrency=1)
+    assert await dispatch_all(pool) == 1
+    shown = await awp_async(*target, "run", "get", low_id)
+    assert shown.code == 0, shown.err
+    assert "t: waiting behind higher-priority work (priority" in shown.out

@@ -83,8 +83,9 @@ async def test_start_run_request_id_reused_for_another_workflow(control: Stub) -
 async def test_start_run_request_id_reused_with_another_input_or_version(
     control: Stub, pool: Pool
 ) -> None:
-    """Issue 13: a reused request_id with a different request is a clear conflict, not
-    silently the original run; the same request (key order, 1 vs 1.0 aside) still is."""
+    """Issue 13: a reused request_id with a different request (input, version, priority)
+    is a clear conflict, not silently the original run; the same request (key order, 1
+    vs 1.0 aside) still is."""
     await create_workflow(control)
     await create_workflow(control, version=2)
     first = await control.StartRun(
@@ -110,6 +111,10 @@ async def test_start_run_request_id_reused_with_another_input_or_version(
         control_pb2.StartRunRequest(
             workflow_name="wf", workflow_version=2, input=struct({"a": 1, "b": "x"}),
             request_id="key",
+        ),
+        control_pb2.StartRunRequest(
+            workflow_name="wf", workflow_version=1, input=struct({"a": 1, "b": "x"}),
+            request_id="key", priority=3,
         ),
     ):  # fmt: skip
         error = await expect_error(
@@ -141,6 +146,8 @@ async def test_start_run_request_id_reused_with_another_input_or_version(
             control_pb2.StartRunRequest(workflow_name="wf", workflow_version=2**31),
             "workflow_version",
         ),
+        (control_pb2.StartRunRequest(workflow_name="wf", priority=11), "priority"),
+        (control_pb2.StartRunRequest(workflow_name="wf", priority=-11), "priority"),
     ],
 )
 async def test_start_run_rejects_bad_input(

@@ -108,7 +108,7 @@ RECORD_FIELDS = {
     "Pruned": "runs tasks attempts dispatches events remaining cutoff next_page_token",
     "Run": "id workflow version state input request_id revision last_seq created_at "
     "finished_at cancel_requested_at started_by cancel_requested_by task_counts "
-    "retried_from_run_id retry_from_task schedule_id schedule_tick start_time trace_id",
+    "retried_from_run_id retry_from_task schedule_id schedule_tick start_time trace_id priority",
     "Schedule": "id name workflow version input cron every timezone overlap catchup "
     "catchup_window paused next_fire_at created_at created_by updated_at updated_by "
     "recent_ticks",
@@ -122,7 +122,7 @@ RECORD_FIELDS = {
     "StoredRateUse": "limit units",
     "StoredRetry": "max_attempts initial_backoff max_backoff multiplier",
     "StoredTask": "key executor_kind action input depends_on retry timeout map on_failure always "
-    "concurrency_limits rate_limits wait",
+    "concurrency_limits rate_limits wait priority",
     "StoredWait": "kind sleep prompt timeout role",
     "TaskWait": "kind name prompt role since due_at attempt",
     "MemoSavings": "steps tokens cost_usd",

@@ -50,9 +50,12 @@ WITH moved AS (
 ), created AS (
     -- In the order the grant chose them ($1): a Claim leases the oldest dispatch first,
     -- so the grant's round-robin order is the order work starts in.
-    INSERT INTO dispatches (run_id, task_id, executor_kind, concurrency_keys, concurrency_max)
-    SELECT m.run_id, m.id, m.executor_kind, m.concurrency_keys, m.concurrency_max
-      FROM moved m JOIN unnest($1::bigint[]) WITH ORDINALITY AS g (id, n) ON g.id = m.id
+    -- $2: the effective priority each was ranked at, aligned with $1.
+    INSERT INTO dispatches (run_id, task_id, executor_kind, concurrency_keys, concurrency_max,
+                            priority)
+    SELECT m.run_id, m.id, m.executor_kind, m.concurrency_keys, m.concurrency_max, g.priority
+      FROM moved m
+      JOIN unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS g (id, priority, n) ON g.id = m.id
      ORDER BY g.n
  RETURNING id, task_id
 ), charged AS (

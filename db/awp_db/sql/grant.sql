@@ -19,11 +19,20 @@
 -- paused and has its units free in the window ending now (charges granted in the last
 -- period, each its reported usage where known, else its estimate). `rate_free` returns
 -- each one's free units (NULL: no such limit, unbounded); the caller counts its own.
--- Each run's tasks are read from its first ready one on (first_ready, found in the
--- tasks_ready index; the range on run_id keeps that lookup on it): once statistics
--- exist, an unbounded "run_id = ... ORDER BY id LIMIT" is planned as a walk of the
--- primary key over every task of every earlier run (run and id correlate), which
--- costs a pass ~15 ms with 10 runs of 1,000 tasks instead of ~1.
+-- Priorities (docs/design.md §17): a task's base priority is its run's plus its own,
+-- clamped to the range ($4..$5); it rises one level per $3 ms it has waited since ready_at, up to
+-- `top`, the highest base among the candidates. Candidates go by that effective priority
+-- first, then the round-robin order above; a task lifted to `top` from below (overdue)
+-- goes before the tasks whose base is `top`, so a continuous stream of those cannot keep
+-- it waiting past (top - base) steps. With equal priorities nothing is lifted or overdue
+-- and the order is the round-robin one. A run's own tasks are taken (rn) by their task
+-- priority, then in order.
+-- Each run's ready tasks are read by task priority, then in order, from the
+-- tasks_ready_ranked index (migration 0019), so the LIMIT keeps a run's highest ones and
+-- the walk stops there. (Written as "run_id = ... ORDER BY priority DESC, id", which only
+-- that index serves: a range on run_id instead is planned as a bitmap scan and a sort of
+-- every ready task of the run, ~20 ms a pass with 10 runs of 1,000 ready tasks instead
+-- of ~5 with EXPLAIN ANALYZE.)
 WITH held AS (
     SELECT k.key, count(*)::int AS n
       FROM dispatches d CROSS JOIN LATERAL unnest(d.concurrency_keys) AS k (key)
@@ -40,24 +49,24 @@ WITH held AS (
            END AS free
       FROM rate_limits l
 ), live AS (
-    SELECT r.id, r.concurrency, r.last_dispatched_at, r.created_at,
+    SELECT r.id, r.concurrency, r.last_dispatched_at, r.created_at, r.priority,
            (SELECT count(*) FROM tasks q
              WHERE q.run_id = r.id AND q.state IN ('queued', 'running')
-               AND q.map_over IS NULL) AS in_flight,
-           (SELECT f.id FROM tasks f
-             WHERE f.run_id >= r.id AND f.run_id <= r.id AND f.state = 'ready'
-             ORDER BY f.run_id, f.id
-             LIMIT 1) AS first_ready
+               AND q.map_over IS NULL) AS in_flight
       FROM runs r
      WHERE r.state = 'running' AND r.cancel_requested_at IS NULL
        AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state = 'ready')
-), picked AS (
-    SELECT c.*, l.last_dispatched_at, l.created_at, l.id AS live_id
+), offered AS (
+    SELECT c.*, l.last_dispatched_at, l.created_at, l.id AS live_id, l.concurrency,
+           l.in_flight
       FROM live l
       CROSS JOIN LATERAL (
           SELECT t.id, t.run_id, t.executor_kind, t.concurrency_keys, t.concurrency_max,
                  u.held, t.rate_names, t.rate_units, v.rate_free,
-                 row_number() OVER (ORDER BY t.id) AS rn
+                 greatest($4::int, least($5::int, l.priority + t.priority)) AS base,
+                 coalesce(floor(extract(epoch FROM clock_timestamp() - t.ready_at) * 1000
+                                / $3::bigint)::int, 0) AS aged,
+                 t.priority AS task_priority
             FROM tasks t
             CROSS JOIN LATERAL (
                 SELECT coalesce(array_agg(coalesce(h.n, 0) ORDER BY k.i), '{}') AS held,
@@ -69,29 +78,39 @@ WITH held AS (
                        coalesce(bool_and(r.free IS NULL OR k.units <= r.free), true) AS open
                   FROM unnest(t.rate_names, t.rate_units) WITH ORDINALITY AS k (name, units, i)
                   LEFT JOIN rates r ON r.name = k.name) v
-           WHERE t.run_id = l.id AND t.state = 'ready' AND t.id >= l.first_ready
+           WHERE t.run_id = l.id AND t.state = 'ready'
              AND t.executor_kind = ANY($1::text[]) AND u.open AND v.open
-           ORDER BY t.id
+           ORDER BY t.priority DESC, t.id
            LIMIT $2) c
-     WHERE l.concurrency = 0 OR c.rn <= l.concurrency - l.in_flight
+), picked AS (
+    -- Numbered after the LIMIT, so that each run's lookup stays a walk of the index.
+    SELECT n.* FROM (
+        SELECT o.*, row_number() OVER (PARTITION BY o.live_id ORDER BY o.task_priority DESC, o.id) AS rn
+          FROM offered o) n
+     WHERE n.concurrency = 0 OR n.rn <= n.concurrency - n.in_flight
 ), ranked AS (
-    SELECT p.*,
-           CASE WHEN cardinality(p.concurrency_keys) = 0 THEN p.rn
+    SELECT e.*,
+           CASE WHEN cardinality(e.concurrency_keys) = 0 THEN e.rn
                 ELSE row_number() OVER (
-                    PARTITION BY p.concurrency_keys[1]
-                    ORDER BY p.rn, p.last_dispatched_at NULLS FIRST, p.created_at, p.live_id, p.id)
+                    PARTITION BY e.concurrency_keys[1]
+                    ORDER BY e.priority DESC, e.overdue DESC, e.rn,
+                             e.last_dispatched_at NULLS FIRST, e.created_at, e.live_id, e.id)
            END AS turn
-      FROM picked p
+      FROM (SELECT p.*, least(p.base + p.aged, p.top) AS priority,
+                   p.base < p.top AND p.base + p.aged >= p.top AS overdue
+              FROM (SELECT q.*, max(q.base) OVER () AS top FROM picked q) p) e
 )
 SELECT id, run_id, executor_kind, concurrency_keys, concurrency_max, held, rate_names,
-       rate_units, rate_free
+       rate_units, rate_free, priority
   FROM ranked
  WHERE cardinality(concurrency_keys) = 0 OR turn <= concurrency_max[1] - held[1]
- ORDER BY turn, rn, last_dispatched_at NULLS FIRST, created_at, live_id, id
+ ORDER BY priority DESC, overdue DESC, turn, rn, last_dispatched_at NULLS FIRST, created_at,
+          live_id, id
  LIMIT $2
 
 -- name: explain
 -- Why each ready task of run $1 is not granted now, by the same counts as `candidates`
+-- ($2: the aging step in ms, $3/$4: the priority range)
 -- (the first reason found; a task with none is only waiting for the next pass or a free
 -- slot). Unlocked: a reading, not a decision.
 WITH held AS (
@@ -107,8 +126,15 @@ WITH held AS (
                         AND c.granted_at > clock_timestamp() - l.period_ms * interval '1 millisecond'),
                     0) AS used
       FROM rate_limits l
+), ahead AS (
+    -- The highest base priority among the ready tasks of running runs, by executor kind
+    -- (the top `candidates` ages towards; $2-$4 as its $3-$5).
+    SELECT t.executor_kind, max(greatest($3::int, least($4::int, r.priority + t.priority))) AS top
+      FROM tasks t JOIN runs r ON r.id = t.run_id
+     WHERE t.state = 'ready' AND r.state = 'running' AND r.cancel_requested_at IS NULL
+     GROUP BY t.executor_kind
 ), run AS (
-    SELECT r.concurrency,
+    SELECT r.priority, r.concurrency,
            (SELECT count(*) FROM tasks q
              WHERE q.run_id = r.id AND q.state IN ('queued', 'running') AND q.map_over IS NULL)
                AS in_flight
@@ -129,6 +155,18 @@ SELECT t.key, coalesce(
       WHERE l.paused OR l.units - l.used < u.units LIMIT 1),
     (SELECT format('waiting for the run''s concurrency (%s of %s)', run.in_flight, run.concurrency)
        FROM run WHERE run.concurrency > 0 AND run.in_flight >= run.concurrency),
+    (SELECT format('waiting behind higher-priority work (priority %s of %s aged %s ms; '
+                   '%s ranks ahead until it has waited %s ms)',
+                   p.base + p.aged, p.base, p.waited, a.top, (a.top - p.base) * $2::bigint)
+       FROM run
+       CROSS JOIN LATERAL (
+           SELECT greatest($3::int, least($4::int, run.priority + t.priority)) AS base,
+                  coalesce((extract(epoch FROM clock_timestamp() - t.ready_at) * 1000)::bigint, 0)
+                      AS waited,
+                  coalesce(floor(extract(epoch FROM clock_timestamp() - t.ready_at) * 1000
+                                 / $2::bigint)::int, 0) AS aged) p
+       JOIN ahead a ON a.executor_kind = t.executor_kind
+      WHERE p.base + p.aged < a.top),
     (SELECT format('waiting for a worker that runs executor kind %L', t.executor_kind)
       WHERE NOT EXISTS (SELECT 1 FROM workers w
                          WHERE w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds))),

@@ -14,10 +14,11 @@ SELECT r.input, w.id AS workflow_id, w.definition
 SELECT key FROM tasks WHERE run_id = $1 AND state = 'succeeded'
 
 -- name: insert
--- Returns nothing when request_id was already used (the caller fetches that run).
+-- Returns nothing when request_id was already used (the caller fetches that run). It
+-- keeps the retried run's priority.
 INSERT INTO runs (workflow_id, input, concurrency, request_id, started_by, retried_from,
-                  retry_from_task)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+                  retry_from_task, priority)
+SELECT $1, $2, $3, $4, $5, $6, $7, r.priority FROM runs r WHERE r.id = $6
 ON CONFLICT (request_id) DO NOTHING
 RETURNING id
 

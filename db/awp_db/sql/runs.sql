@@ -4,11 +4,12 @@
 -- $9 ms from now on the database clock (both NULL: at once); awaiting_start says whether
 -- that time is still ahead, so the roots wait (the coordinator releases them).
 -- $10-$12: its trace id, its own span id and its caller's (all NULL: not traced).
+-- $13: its priority.
 INSERT INTO runs (workflow_id, input, concurrency, request_id, started_by, schedule_id,
                   schedule_tick, start_at, awaiting_start, trace_id, trace_span,
-                  trace_parent, trace_pending)
+                  trace_parent, trace_pending, priority)
 SELECT $1, $2, $3, $4, $5, $6, $7, s.at, coalesce(s.at > clock_timestamp(), false),
-       $10, $11, $12, $10::text IS NOT NULL
+       $10, $11, $12, $10::text IS NOT NULL, $13
   FROM (SELECT coalesce($8::timestamptz,
                         clock_timestamp() + $9::bigint * interval '1 millisecond') AS at) s
 ON CONFLICT (request_id) DO NOTHING
@@ -25,7 +26,7 @@ INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, depend
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
                    always, concurrency_keys, concurrency_max, rate_names, rate_units,
-                   wait_task)
+                   wait_task, priority)
 SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
@@ -41,18 +42,18 @@ SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        array(SELECT jsonb_array_elements_text(t.concurrency_max::jsonb)::int),
        array(SELECT jsonb_array_elements_text(t.rate_names::jsonb)),
        array(SELECT jsonb_array_elements_text(t.rate_units::jsonb)::bigint),
-       t.wait_task::jsonb
+       t.wait_task::jsonb, t.priority
   FROM unnest(:keys::text[], :executor_kinds::text[], :actions::text[], :inputs::text[],
               :depends_on::text[], :dependents::text[], :unfinished_deps::int[],
               :max_attempts::int[], :backoff_initial_ms::bigint[], :backoff_max_ms::bigint[],
               :backoff_multipliers::float8[], :timeout_ms::bigint[], :map_over::text[],
               :map_paths::text[], :on_failure::text[], :always::bool[],
               :concurrency_keys::text[], :concurrency_max::text[], :rate_names::text[],
-              :rate_units::text[], :wait_tasks::text[])
+              :rate_units::text[], :wait_tasks::text[], :priorities::int[])
        AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
              max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms,
              map_over, map_path, on_failure, always, concurrency_keys, concurrency_max,
-             rate_names, rate_units, wait_task)
+             rate_names, rate_units, wait_task, priority)
 RETURNING key, state
 
 -- name: by_request_id
@@ -63,7 +64,7 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
        w.version AS workflow_version, r.retried_from, r.retry_from_task, r.schedule_id,
-       r.schedule_tick, r.start_at, r.trace_id
+       r.schedule_tick, r.start_at, r.trace_id, r.priority
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE r.id = $1
 
@@ -116,7 +117,7 @@ SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_a
        r.cancel_requested_at, r.cancel_reason, r.concurrency, r.started_by,
        r.cancel_requested_by, w.name AS workflow_name,
        w.version AS workflow_version, r.retried_from, r.retry_from_task, r.schedule_id,
-       r.schedule_tick, r.start_at, r.trace_id
+       r.schedule_tick, r.start_at, r.trace_id, r.priority
   FROM runs r JOIN workflows w ON w.id = r.workflow_id
  WHERE ($1::text IS NULL OR w.name = $1)
    AND ($2::text IS NULL OR r.state = $2)

@@ -349,12 +349,18 @@ class StartRunRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
     START_DELAY_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     workflow_name: _builtins.str
     workflow_version: _builtins.int
     """0: the latest version."""
     request_id: _builtins.str
     """Client-chosen idempotency key (at most 128 characters); empty: always a new run. It
     stands for this exact request: the same key with another request is a conflict.
+    """
+    priority: _builtins.int
+    """-10 to 10 (0 by default): added to each task's own priority (TaskDefinition.priority);
+    higher goes first, with aging (docs/workflows.md "Priorities"). Out of range:
+    INVALID_ARGUMENT naming the field.
     """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
@@ -380,10 +386,11 @@ class StartRunRequest(_message.Message):
         request_id: _builtins.str = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
         start_delay: _duration_pb2.Duration | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "start_delay", b"start_delay", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "request_id", b"request_id", "start_delay", b"start_delay", "start_time", b"start_time", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "priority", b"priority", "request_id", b"request_id", "start_delay", b"start_delay", "start_time", b"start_time", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -437,6 +444,7 @@ class Run(_message.Message):
     SCHEDULE_TICK_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
     TRACE_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     workflow_name: _builtins.str
     workflow_version: _builtins.int
@@ -463,6 +471,8 @@ class Run(_message.Message):
     (docs/observability.md): the trace of the StartRun caller's span, when it sent a
     W3C traceparent, else one the server began. Empty: the run is not traced.
     """
+    priority: _builtins.int
+    """The run's priority (StartRunRequest.priority)."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -506,10 +516,11 @@ class Run(_message.Message):
         schedule_tick: _timestamp_pb2.Timestamp | None = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
         trace_id: _builtins.str = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "finished_at", b"finished_at", "input", b"input", "schedule_tick", b"schedule_tick", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "cancel_requested_by", b"cancel_requested_by", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "request_id", b"request_id", "retried_from_run_id", b"retried_from_run_id", "retry_from_task", b"retry_from_task", "revision", b"revision", "schedule_id", b"schedule_id", "schedule_tick", b"schedule_tick", "start_time", b"start_time", "started_by", b"started_by", "state", b"state", "tasks_by_state", b"tasks_by_state", "trace_id", b"trace_id", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "cancel_requested_by", b"cancel_requested_by", "created_at", b"created_at", "finished_at", b"finished_at", "id", b"id", "input", b"input", "last_seq", b"last_seq", "priority", b"priority", "request_id", b"request_id", "retried_from_run_id", b"retried_from_run_id", "retry_from_task", b"retry_from_task", "revision", b"revision", "schedule_id", b"schedule_id", "schedule_tick", b"schedule_tick", "start_time", b"start_time", "started_by", b"started_by", "state", b"state", "tasks_by_state", b"tasks_by_state", "trace_id", b"trace_id", "workflow_name", b"workflow_name", "workflow_version", b"workflow_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

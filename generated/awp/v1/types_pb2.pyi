@@ -383,6 +383,7 @@ class TaskDefinition(_message.Message):
     WAIT_FIELD_NUMBER: _builtins.int
     CONCURRENCY_LIMITS_FIELD_NUMBER: _builtins.int
     RATE_LIMITS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     """Unique within the workflow: [A-Za-z0-9_.-]{1,64}."""
     executor_kind: _builtins.str
@@ -399,6 +400,13 @@ class TaskDefinition(_message.Message):
     (they may have failed or been skipped; each one's state comes with its lease), and
     only other always tasks may depend on it. Its own failure is recorded but does not
     change the run's outcome. Cannot be a map task.
+    """
+    priority: _builtins.int
+    """-10 to 10 (0 by default), added to the run's priority (StartRunRequest.priority) and
+    clamped to -10..10: the task's base priority. Higher goes first; a waiting task's
+    priority rises one level per second up to the highest waiting, so a lower one waits
+    behind a stream of higher work at most (difference) seconds (docs/workflows.md
+    "Priorities"). Numbered 40+ apart from the fields above.
     """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
@@ -454,10 +462,11 @@ class TaskDefinition(_message.Message):
         wait: Global___WaitTaskDefinition | None = ...,
         concurrency_limits: _abc.Iterable[_limits_pb2.ConcurrencyLimit] | None = ...,
         rate_limits: _abc.Iterable[_limits_pb2.RateUse] | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "map", b"map", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "concurrency_limits", b"concurrency_limits", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "rate_limits", b"rate_limits", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "concurrency_limits", b"concurrency_limits", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "priority", b"priority", "rate_limits", b"rate_limits", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

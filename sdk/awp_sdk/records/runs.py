@@ -54,6 +54,8 @@ class Run:
     start_time: datetime | None = None
     # The trace it belongs to, for a tracing UI (docs/observability.md); None: not traced.
     trace_id: str | None = None
+    # Added to each task's own priority (docs/workflows.md "Priorities").
+    priority: int = 0
 
     @property
     def done(self) -> bool:

@@ -75,6 +75,8 @@ class StoredTask:
     rate_limits: tuple[StoredRateUse, ...]
     # Set on a wait task (no executor_kind nor action).
     wait: StoredWait | None = None
+    # Added to its run's priority (docs/workflows.md "Priorities").
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ each task agreeing with its dispatches and attempts, each map task with its elem
 every run's event log, nothing live in a finished run, nothing leased to a gone worker,
 every output stream's fencing and offsets (streams.py), the checkpoint rules
 (checkpoints.py), the wait and signal rules (waits.py), the schedule rules
-(schedules.py) and the concurrency keys (flow.py)."""
+(schedules.py), the concurrency keys (flow.py) and the priorities (priorities.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from uuid import UUID
 from kit.invariants.checkpoints import checkpoint_problems
 from kit.invariants.common import Db
 from kit.invariants.flow import flow_problems
+from kit.invariants.priorities import priority_problems
 from kit.invariants.schedules import schedule_problems
 from kit.invariants.streams import stream_problems
 from kit.invariants.traces import trace_problems
@@ -39,6 +40,7 @@ async def committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[st
     problems.extend(await schedule_problems(conn))
     problems.extend(await trace_problems(conn))
     problems.extend(await flow_problems(conn))
+    problems.extend(await priority_problems(conn))
     for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
         problems.extend(await _event_log(conn, run["id"]))
         problems.extend(await _nothing_live(conn, run["id"]))
