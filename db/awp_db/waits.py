@@ -13,13 +13,15 @@ the next attempt replays instead of waiting again.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+from awp_common import tracing
+from awp_common.tracing import TraceRef
 from awp_db import locks
 from awp_db.checkpoints import StoredCheckpoint
 from awp_db.connect import Conn
@@ -74,6 +76,17 @@ class _WaitingTask:
     wait_attempt: int
     wait_task: bool
     wait_due_at: datetime | None
+    wait_since: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumed:
+    """A wait that ended, for its span: the task, when, and what ended it."""
+
+    task: _WaitingTask
+    trace: TraceRef
+    at: datetime
+    by: str  # signal, approval, timer (a sleep's end) or timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,11 +226,40 @@ async def await_wait(
 
 
 async def _resume(
-    conn: Conn, task: _WaitingTask, events: EventBatch, payload: dict[str, Any]
-) -> None:
-    await conn.execute(Q["resume"], task.id)
+    conn: Conn, task: _WaitingTask, events: EventBatch, payload: dict[str, Any], by: str
+) -> _Resumed | None:
+    """The task READY again; its wait's span to record once committed (None: untraced)."""
+    row = await conn.fetchrow(Q["resume"], task.id)
     events.task(task.run_id, task.key, "waiting", "ready", task.wait_attempt or None, payload)
     events.notify(COORDINATOR_CHANNEL, "resumed")
+    if row is None or row["trace_id"] is None:
+        return None
+    return _Resumed(task, TraceRef(row["trace_id"], row["trace_span"]), row["resumed_at"], by)
+
+
+def _record_spans(resumed: Sequence[_Resumed | None]) -> None:
+    """Each wait's span, suspended -> resumed (database clock), in its run's trace."""
+    if not tracing.enabled():
+        return
+    for wait in resumed:
+        if wait is None:
+            continue
+        task = wait.task
+        tracing.record(
+            tracing.WAIT_SPAN,
+            wait.trace,
+            tracing.ns(task.wait_since),
+            tracing.ns(wait.at),
+            {
+                tracing.RUN_ID: str(task.run_id),
+                tracing.TASK_KEY: task.key,
+                tracing.ATTEMPT: task.wait_attempt,
+                tracing.WAIT_KIND: task.wait_kind,
+                tracing.WAIT_NAME: task.wait_name,
+                tracing.WAIT_OCCURRENCE: task.wait_occurrence,
+                tracing.WAIT_RESUMED_BY: wait.by,
+            },
+        )
 
 
 async def _running_run(conn: Conn, run_id: UUID) -> locks.LockedRun:
@@ -257,6 +299,7 @@ async def send_signal(
         )
         task = await row_as(_WaitingTask, conn, Q["waiting_task"], run_id, "signal", name, None)
         delivered_to = ""
+        resumed = None
         if task is not None:
             taken = await conn.fetchrow(Q["take_signal"], run_id, name, task.id)
             assert taken is not None  # this very signal, at least
@@ -269,9 +312,11 @@ async def send_signal(
                 task.wait_occurrence,
                 taken["payload_json"],
             )
-            await _resume(conn, task, events, {"signal": name, "signal_id": taken["id"]})
+            payload = {"signal": name, "signal_id": taken["id"]}
+            resumed = await _resume(conn, task, events, payload, "signal")
             delivered_to = task.key
         await events.flush(conn)
+    _record_spans([resumed])
     return SignalSent(signal_id, delivered_to, duplicate=False)
 
 
@@ -326,8 +371,10 @@ async def decide(
             task.wait_occurrence,
             _value(decision),
         )
-        await _resume(conn, task, events, {**decision, "resumed_attempt": task.wait_attempt})
+        payload = {**decision, "resumed_attempt": task.wait_attempt}
+        resumed = await _resume(conn, task, events, payload, "approval")
         await events.flush(conn)
+    _record_spans([resumed])
     return Decided("ready", task.wait_attempt, decided_at, task.wait_role or "")
 
 
@@ -338,6 +385,7 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
     if not candidates:
         return 0
     events = EventBatch()
+    resumed = []
     async with transaction(conn, term):
         locked = await locks.runs(conn, {row["run_id"] for row in candidates})
         running = [run.id for run in locked if run.state == "running"]
@@ -358,6 +406,9 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
                 value,
                 timed_out=not sleep,
             )
-            await _resume(conn, task, events, {"woke" if sleep else "timed_out": True})
+            payload = {"woke" if sleep else "timed_out": True}
+            by = "timer" if sleep else "timeout"
+            resumed.append(await _resume(conn, task, events, payload, by))
         await events.flush(conn)
+    _record_spans(resumed)
     return len(due)

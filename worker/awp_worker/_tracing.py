@@ -20,6 +20,7 @@ from awp_common import tracing
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from awp_sdk.waits import WaitSpec
     from awp_worker._lease import HeldLease
 
 
@@ -80,6 +81,20 @@ def revoked(held: HeldLease, status: str) -> None:
     """The server took the lease back: an event on the attempt's span."""
     if held.span is not None and held.span.is_recording():
         held.span.add_event(tracing.REVOKED_EVENT, {"awp.status": status})
+
+
+def suspended(held: HeldLease, spec: WaitSpec) -> None:
+    """The attempt reached a wait not yet satisfied and ended SUSPENDED: an event on its
+    span (the wait's own span, suspended -> resumed, is recorded where it is resumed)."""
+    if held.span is not None and held.span.is_recording():
+        held.span.add_event(
+            tracing.SUSPENDED_EVENT,
+            {
+                tracing.WAIT_KIND: spec.kind,
+                tracing.WAIT_NAME: spec.name,
+                tracing.WAIT_OCCURRENCE: spec.occurrence,
+            },
+        )
 
 
 def completed(held: HeldLease, outcome: str) -> None:
