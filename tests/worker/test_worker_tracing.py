@@ -83,3 +83,22 @@ async def test_an_untraced_run_gets_no_span(fake: FakeServer, spans: InMemorySpa
     await eventually(lambda: task.dispatch_id in fake.service.results())
     assert await worker.stop() == EXIT_OK
     assert spans.get_finished_spans() == ()
+
+
+def test_a_step_span_is_made_only_inside_a_traced_attempt(spans: InMemorySpanExporter) -> None:
+    """A step of an untraced run (no span current) begins no trace of its own; inside a
+    traced attempt it is the current span's child."""
+    with tracing.child(tracing.STEP_SPAN) as outside:
+        assert outside is None
+    attempt = tracing.start(tracing.ATTEMPT_SPAN, RUN)
+    assert attempt is not None
+    with (
+        tracing.current(attempt),
+        tracing.child(tracing.STEP_SPAN, {tracing.STEP_NAME: "draft"}) as inside,
+    ):
+        assert inside is not None
+    attempt.end()
+    (step,) = named(spans, tracing.STEP_SPAN)
+    assert step.parent is not None
+    assert step.parent.span_id == attempt.get_span_context().span_id
+    assert step.attributes is not None and step.attributes[tracing.STEP_NAME] == "draft"
