@@ -80,8 +80,7 @@ EXPIRED_EVENT: Final = "awp.lease.expired"
 RESCUE_EVENT: Final = "awp.rescue"
 # The attempt reached a wait not yet satisfied: its lease ended, the task waits.
 SUSPENDED_EVENT: Final = "awp.wait.suspended"
-# Complete's answer for the attempt's result, and its attribute on the attempt's span.
-COMPLETE_EVENT: Final = "awp.complete"
+# Complete's answer for the attempt's result: an attribute of the attempt's span.
 COMPLETE_OUTCOME: Final = "awp.complete.outcome"
 
 # The W3C trace-context header, as gRPC metadata carries it (keys are lowercase).
