@@ -34,6 +34,10 @@ Scenarios:
 * ``replay``: 20 runs of one task of 100 memoised steps (``ctx.step``) that fails after
   them on attempt 1: attempt 1 (every step run, its memo stored) and attempt 2 (every
   memo loaded and replayed) timed, p50 and p99 (bench/replay_bench.py);
+* ``waits``: 20 runs of one task that sleeps 300 ms as a durable wait, then waits for a
+  signal: SendSignal -> running again and a sleep's due time -> running again, p50 and
+  p99; then the mean coordinator pass idle and with 10,000 waiting tasks
+  (bench/waits_bench.py);
 * ``recovery``: worker A holds 8 leases of tasks sleeping 20 s (longer than the 15 s
   lease TTL), worker B is idle; A is killed with SIGKILL. Figures: seconds from the kill
   until all 8 tasks run again as attempt 2 (on B), and until the run succeeds. The

@@ -186,6 +186,7 @@ def performance_block(results: list[Entry]) -> list[str]:
     lines += _streams(results)
     lines += _replay(results)
     lines += _flow(results)
+    lines += _waits(results)
     lines += _cost_model(results)
     return lines
 
@@ -268,6 +269,37 @@ def _replay(results: list[Entry]) -> list[str]:
          [f"2: loads the {steps} memos and replays them (no step runs)",
           _figure(replay, "replay_ms_p50", 1), _figure(replay, "replay_ms_p99", 1)]],
     )  # fmt: skip
+    return lines
+
+
+def _waits(results: list[Entry]) -> list[str]:
+    waits = _find(results, "waits")
+    if not waits:
+        return []
+    lines = [
+        "",
+        f"Waits (bench/waits_bench.py; the contract: [design.md](design.md) \u00a716),"
+        f" measured {waits.get('measured_at', 'on a date not recorded')} ({_load([waits])}):"
+        f" {waits['runs']} runs one after another of a task that sleeps 300 ms as a durable"
+        " wait, then waits for a signal, one worker; on the database clock:",
+        "",
+    ]
+    lines += _table(
+        ["from -> to", "p50 ms", "p99 ms"],
+        [["SendSignal called -> the task's next attempt started",
+          _figure(waits, "signal_to_running_ms_p50", 1),
+          _figure(waits, "signal_to_running_ms_p99", 1)],
+         ["a sleep's due time -> the task's next attempt started (lateness)",
+          _figure(waits, "sleep_lateness_ms_p50", 1),
+          _figure(waits, "sleep_lateness_ms_p99", 1)]],
+    )  # fmt: skip
+    waiting = int(waits["waiting_tasks"]["median"])
+    lines += [
+        "",
+        f"The coordinator's mean pass: {_figure(waits, 'pass_ms_idle', 2)} ms idle,"
+        f" {_figure(waits, 'pass_ms_10k_waiting', 2)} ms with {waiting:,} tasks waiting"
+        " (approval wait tasks with a timeout, all in the due-time index).",
+    ]
     return lines
 
 

@@ -27,6 +27,7 @@ from idle_sessions import idle_sessions
 from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, percentile, wait_for
 from replay_bench import replay
 from tracing_bench import tracing_overhead
+from waits_bench import waits
 
 from awp.v1 import control_pb2, types_pb2
 from awp_db.connect import connect
@@ -44,6 +45,7 @@ SCENARIOS = (
     "replay",
     "flow",
     "flow_limited",
+    "waits",
     *COST_MODEL,
     "idle_sessions",
 )
@@ -101,6 +103,7 @@ class Sizes:
     payload_pairs: int = 500
     idle_sessions: tuple[int, ...] = (100, 1000, 5000)
     replay_runs: int = 20
+    waits_runs: int = 20
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -117,6 +120,7 @@ class Sizes:
             payload_pairs=50,
             idle_sessions=(50, 300),
             replay_runs=5,
+            waits_runs=5,
         )
 
 
@@ -277,6 +281,8 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
             chosen.append(Case(name, 13, 1, stream_bench.STREAMS, once=True))
         elif name == "replay":
             chosen.append(Case(name, 1, 1, sizes.replay_runs))
+        elif name == "waits":
+            chosen.append(Case(name, 1, 1, sizes.waits_runs))
         elif name == "recovery":
             # One worker holds the leases and is killed; a second one starts to take over.
             chosen.append(Case(name, 2, WORKER_CONCURRENCY))
@@ -375,6 +381,8 @@ async def run_case(
         elif case.name in ("flow", "flow_limited"):
             limited = case.name == "flow_limited"
             figures = await flow_bench.flow(cluster, window, case.runs, case.tasks, limited=limited)
+        elif case.name == "waits":
+            figures = await waits(cluster, window, case.runs)
         elif case.name == "run_size":
             figures = await run_size(cluster, window, case.tasks)
         elif case.name == "concurrent_runs":

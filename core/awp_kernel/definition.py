@@ -11,6 +11,7 @@ from awp_kernel import concurrency, ratelimits
 from awp_kernel.concurrency import ConcurrencyLimit
 from awp_kernel.ratelimits import RateUse
 from awp_kernel.retry import RetryPolicy
+from awp_kernel.wait_tasks import WaitTaskSpec, wait_violations
 from awp_protocol.errors import FieldsInvalid, FieldViolation, Reason, quote
 from awp_protocol.jsonvalue import canonical_json, json_size
 from awp_protocol.limits import (
@@ -94,6 +95,8 @@ class TaskSpec:
     concurrency_limits: tuple[ConcurrencyLimit, ...] = ()
     # Named rate limits each execution charges (awp_kernel.ratelimits).
     rate_limits: tuple[RateUse, ...] = ()
+    # A wait task (awp_kernel.wait_tasks): no executor_kind, no action.
+    wait: WaitTaskSpec | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -122,6 +125,8 @@ class TaskSpec:
             data["concurrency_limits"] = [limit.to_json() for limit in self.concurrency_limits]
         if self.rate_limits:
             data["rate_limits"] = [use.to_json() for use in self.rate_limits]
+        if self.wait is not None:
+            data["wait"] = self.wait.to_json()
         return data
 
     @classmethod
@@ -147,6 +152,7 @@ class TaskSpec:
                 ConcurrencyLimit.from_json(limit) for limit in t.get("concurrency_limits", ())
             ),
             rate_limits=tuple(RateUse.from_json(use) for use in t.get("rate_limits", ())),
+            wait=WaitTaskSpec.from_json(t["wait"]) if "wait" in t else None,
         )
 
 
@@ -261,13 +267,19 @@ def _task_violations(
 
     if not TASK_KEY_PATTERN.fullmatch(task.key):
         bad("key", f"must be {TASK_KEY_RULE}")
-    if task.executor_kind not in known_kinds:
+    if task.wait is not None:
+        found.extend(wait_violations(where, task.wait))
+        if task.executor_kind or task.action:
+            bad("wait", "a wait task runs on no worker: leave executor_kind and action empty")
+        if task.map is not None or task.always:
+            bad("wait", "a wait task cannot be a map task or an always task")
+    elif task.executor_kind not in known_kinds:
         bad(
             "executor_kind",
             f"unknown executor kind {quote(task.executor_kind)}; known: "
             + ", ".join(sorted(known_kinds)),
         )
-    if not ACTION_PATTERN.fullmatch(task.action):
+    if task.wait is None and not ACTION_PATTERN.fullmatch(task.action):
         bad("action", f"must be {ACTION_RULE}")
     try:
         # Strict JSON: NaN/Infinity, non-string keys or unencodable text cannot be stored.

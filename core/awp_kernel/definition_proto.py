@@ -24,6 +24,7 @@ from awp_kernel.definition import (
 )
 from awp_kernel.ratelimits import RateUse
 from awp_kernel.retry import RetryPolicy
+from awp_kernel.wait_tasks import WaitTaskKind, WaitTaskSpec
 from awp_protocol.errors import FieldViolation
 from awp_protocol.jsonvalue import JsonInvalid, struct_to_dict
 from awp_protocol.limits import DEFAULT_TIMEOUT_MS, MAX_TASKS
@@ -72,6 +73,7 @@ def spec_from_proto(
                     ConcurrencyLimit(limit.key, limit.max) for limit in task.concurrency_limits
                 ),
                 rate_limits=tuple(RateUse(use.limit, use.units) for use in task.rate_limits),
+                wait=_wait_from_proto(task.wait) if task.HasField("wait") else None,
             )
         )
     spec = WorkflowSpec(
@@ -88,6 +90,21 @@ def spec_from_proto(
     if violations:
         raise DefinitionInvalid(violations)
     return spec
+
+
+def _wait_from_proto(wait: types_pb2.WaitTaskDefinition) -> WaitTaskSpec:
+    """A wait task's wait; an unknown kind goes on to validation, which names it."""
+    kinds = {
+        types_pb2.CHECKPOINT_KIND_SLEEP: "sleep",
+        types_pb2.CHECKPOINT_KIND_APPROVAL: "approval",
+    }
+    return WaitTaskSpec(
+        kind=cast(WaitTaskKind, kinds.get(wait.kind, f"number {int(wait.kind)}")),
+        sleep_ms=_ms(wait.sleep) if wait.HasField("sleep") else None,
+        prompt=wait.prompt,
+        timeout_ms=_ms(wait.timeout) if wait.HasField("timeout") else None,
+        role=wait.role,
+    )
 
 
 _POLICY_PREFIX: Final = "FAILURE_POLICY_"

@@ -28,6 +28,7 @@ Q = queries("coordination")
 create_dispatches = dispatching.create_dispatches
 withdraw_unservable = dispatching.withdraw_unservable
 release_waits = waits.release_due
+start_wait_tasks = waits.start_wait_tasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,8 @@ class Due:
     ready: bool
     # Waits whose due time has come (awp_db.waits.release_due).
     waits: bool
+    # Wait tasks ready to wait (awp_db.waits.start_wait_tasks).
+    wait_tasks: bool
     starts: bool
     schedules: bool
     # Some kind's offers need topping up (grant.refill_due).

@@ -31,7 +31,11 @@ LOCK ORDER (DESIGN.md §6), over every relation:
    SKIP LOCKED.
 6. Task, attempt and event rows are written only under their run's lock, so no two
    transactions ever contend for them in another order; so are rate charges (a
-   dispatch's, under its run and dispatch locks).
+   dispatch's, under its run and dispatch locks), signal rows and a wait's checkpoint
+   (awp_db.waits): an Await locks its run (`runs_of_dispatches`), then its dispatch
+   (`dispatches_for_settlement`), as settlement does; SendSignal, Approve, Reject and the
+   wait timers lock the run, then only rows of that run (its tasks `FOR NO KEY UPDATE`,
+   its signals, its checkpoints).
 7. Rate limit rows, ascending name (`rate_limits`), last: a Complete's slow-down
    reports and SetRateLimit (holding the dispatch lock, nothing else). A grant reads
    them without locking (the dispatch lock serialises it with SetRateLimit).

@@ -220,6 +220,7 @@ async def insert_tasks(
             concurrency_max=[json.dumps([most for _, most in held]) for held in keys],
             rate_names=[json.dumps([name for name, _ in uses]) for uses in rates],
             rate_units=[json.dumps([units for _, units in uses]) for uses in rates],
+            wait_tasks=[None if t.wait is None else json.dumps(t.wait.to_json()) for t in tasks],
             delayed=delayed,
         )
     )

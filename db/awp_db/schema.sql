@@ -823,6 +823,8 @@ COMMENT ON INDEX public.tasks_retry_due IS 'The coordinator''s retry timers, ear
 
 CREATE INDEX tasks_wait_due ON public.tasks USING btree (wait_due_at) WHERE ((state = 'waiting'::text) AND (wait_due_at IS NOT NULL));
 
+CREATE INDEX tasks_wait_ready ON public.tasks USING btree (id) WHERE ((state = 'ready'::text) AND (wait_task IS NOT NULL));
+
 CREATE INDEX tasks_waiting_for ON public.tasks USING btree (run_id, wait_kind, wait_name) WHERE (state = 'waiting'::text);
 
 CREATE INDEX workers_live ON public.workers USING btree (last_heartbeat_at) WHERE (state = ANY (ARRAY['active'::text, 'draining'::text]));

@@ -7,22 +7,21 @@ order of awp_db.locks: a wait, the signals of its run and a decision on it only 
 under that run's lock, so a signal is consumed by exactly one wait, and each wait that
 resumes consumes exactly one signal (or one decision, or its timer), in the transaction
 that makes its task READY again. The outcome is stored as the wait's checkpoint, which
-the next attempt replays instead of waiting again.
+the next attempt replays instead of waiting again. A wait task (TaskDefinition.wait),
+which no attempt runs, ends for good instead (awp_kernel.wait_tasks).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from awp_common import tracing
-from awp_common.tracing import TraceRef
-from awp_db import locks
+from awp_db import locks, settle, wait_spans
 from awp_db.checkpoints import StoredCheckpoint
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
@@ -32,8 +31,9 @@ from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel import errors
 from awp_kernel.errors import invalid, not_found
 from awp_kernel.fencing import ResultVerdict, holds_lease, judge_append
+from awp_kernel.wait_tasks import WAIT_TASK_APPROVAL
 from awp_protocol.errors import Reason, quote
-from awp_protocol.results import Replayed
+from awp_protocol.results import Replayed, StoredError
 
 Q = queries("waits")
 
@@ -77,16 +77,6 @@ class _WaitingTask:
     wait_task: bool
     wait_due_at: datetime | None
     wait_since: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class _Resumed:
-    """A wait that ended, for its span: the task, when, and what ended it."""
-
-    task: _WaitingTask
-    trace: TraceRef
-    at: datetime
-    by: str  # signal, approval, timer (a sleep's end) or timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,40 +216,39 @@ async def await_wait(
 
 
 async def _resume(
-    conn: Conn, task: _WaitingTask, events: EventBatch, payload: dict[str, Any], by: str
-) -> _Resumed | None:
-    """The task READY again; its wait's span to record once committed (None: untraced)."""
-    row = await conn.fetchrow(Q["resume"], task.id)
-    events.task(task.run_id, task.key, "waiting", "ready", task.wait_attempt or None, payload)
+    conn: Conn,
+    task: _WaitingTask,
+    events: EventBatch,
+    payload: dict[str, Any],
+    spans: list[wait_spans.Resumed],
+    *,
+    ended: tuple[str, str | None, StoredError | None] | None = None,
+) -> str:
+    """The task leaves WAITING: READY to run again, or -- a wait task, which no attempt
+    runs -- `ended` (state, output JSON, error) for good, with what that sets off (its
+    dependents, its failure policy, its run's end). Returns the task's new state."""
     events.notify(COORDINATOR_CHANNEL, "resumed")
-    if row is None or row["trace_id"] is None:
-        return None
-    return _Resumed(task, TraceRef(row["trace_id"], row["trace_span"]), row["resumed_at"], by)
-
-
-def _record_spans(resumed: Sequence[_Resumed | None]) -> None:
-    """Each wait's span, suspended -> resumed (database clock), in its run's trace."""
-    if not tracing.enabled():
-        return
-    for wait in resumed:
-        if wait is None:
-            continue
-        task = wait.task
-        tracing.record(
-            tracing.WAIT_SPAN,
-            wait.trace,
-            tracing.ns(task.wait_since),
-            tracing.ns(wait.at),
-            {
-                tracing.RUN_ID: str(task.run_id),
-                tracing.TASK_KEY: task.key,
-                tracing.ATTEMPT: task.wait_attempt,
-                tracing.WAIT_KIND: task.wait_kind,
-                tracing.WAIT_NAME: task.wait_name,
-                tracing.WAIT_OCCURRENCE: task.wait_occurrence,
-                tracing.WAIT_RESUMED_BY: wait.by,
-            },
-        )
+    if not task.wait_task:
+        row = await conn.fetchrow(Q["resume"], task.id)
+        events.task(task.run_id, task.key, "waiting", "ready", task.wait_attempt or None, payload)
+        wait_spans.resumed(spans, task, row, payload)
+        return "ready"
+    assert ended is not None, "a wait task ends for good"
+    state, output, error = ended
+    row = await conn.fetchrow(
+        Q["end_wait_task"],
+        task.id,
+        state,
+        output,
+        None if error is None else json.dumps(error.to_json()),
+    )
+    assert row is not None  # locked and waiting
+    events.task(task.run_id, task.key, "waiting", state, None, payload)
+    _, failed_runs, touched = await settle.follow_up(conn, [settle.finished_task(row)], events)
+    if failed_runs:
+        await settle.stop_runs(conn, sorted(failed_runs), "skipped", events)
+    await settle.finish_runs(conn, {task.run_id} | failed_runs | touched, events)
+    return state
 
 
 async def _running_run(conn: Conn, run_id: UUID) -> locks.LockedRun:
@@ -281,7 +270,7 @@ async def send_signal(
     for the oldest such wait (the task READY again); otherwise it stays buffered.
     RUN_NOT_FOUND; RUN_FINISHED once the run has ended (a repeated request_id answers
     the first call's signal, whatever the run's state since)."""
-    events = EventBatch()
+    events, spans = EventBatch(), wait_spans.pending()
     async with conn.transaction():
         run = await _running_run(conn, run_id)
         if request_id:
@@ -299,7 +288,6 @@ async def send_signal(
         )
         task = await row_as(_WaitingTask, conn, Q["waiting_task"], run_id, "signal", name, None)
         delivered_to = ""
-        resumed = None
         if task is not None:
             taken = await conn.fetchrow(Q["take_signal"], run_id, name, task.id)
             assert taken is not None  # this very signal, at least
@@ -312,11 +300,10 @@ async def send_signal(
                 task.wait_occurrence,
                 taken["payload_json"],
             )
-            payload = {"signal": name, "signal_id": taken["id"]}
-            resumed = await _resume(conn, task, events, payload, "signal")
+            await _resume(conn, task, events, {"signal": name, "signal_id": taken["id"]}, spans)
             delivered_to = task.key
         await events.flush(conn)
-    _record_spans([resumed])
+    wait_spans.record(spans)
     return SignalSent(signal_id, delivered_to, duplicate=False)
 
 
@@ -341,7 +328,7 @@ async def decide(
     and the task is READY again. may_decide(role) says whether the caller may decide
     an approval asking for that role (PERMISSION_DENIED otherwise, raised by it).
     RUN_NOT_FOUND; NOT_WAITING when the task does not wait for an approval now."""
-    events = EventBatch()
+    events, spans = EventBatch(), wait_spans.pending()
     async with conn.transaction():
         run = await _running_run(conn, run_id)
         if run.state != "running":
@@ -371,11 +358,25 @@ async def decide(
             task.wait_occurrence,
             _value(decision),
         )
-        payload = {**decision, "resumed_attempt": task.wait_attempt}
-        resumed = await _resume(conn, task, events, payload, "approval")
+        state = await _resume(
+            conn,
+            task,
+            events,
+            {**decision, "resumed_attempt": task.wait_attempt},
+            spans,
+            ended=(
+                ("succeeded", _value(decision), None)
+                if approved
+                else ("failed", None, StoredError(_rejected(decided_by, comment), False))
+            ),
+        )
         await events.flush(conn)
-    _record_spans([resumed])
-    return Decided("ready", task.wait_attempt, decided_at, task.wait_role or "")
+    wait_spans.record(spans)
+    return Decided(state, task.wait_attempt, decided_at, task.wait_role or "")
+
+
+def _rejected(decided_by: str, comment: str) -> str:
+    return f"rejected by {decided_by}" + (f": {comment}" if comment else "")
 
 
 async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:
@@ -384,8 +385,7 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
     candidates = await conn.fetch(Q["due_waits"], limit)
     if not candidates:
         return 0
-    events = EventBatch()
-    resumed = []
+    events, spans = EventBatch(), wait_spans.pending()
     async with transaction(conn, term):
         locked = await locks.runs(conn, {row["run_id"] for row in candidates})
         running = [run.id for run in locked if run.state == "running"]
@@ -406,9 +406,44 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
                 value,
                 timed_out=not sleep,
             )
-            payload = {"woke" if sleep else "timed_out": True}
-            by = "timer" if sleep else "timeout"
-            resumed.append(await _resume(conn, task, events, payload, by))
+            await _resume(
+                conn,
+                task,
+                events,
+                {"woke" if sleep else "timed_out": True},
+                spans,
+                ended=(
+                    ("succeeded", value, None)
+                    if sleep
+                    else ("failed", None, StoredError("the approval timed out", False))
+                ),
+            )
         await events.flush(conn)
-    _record_spans(resumed)
+    wait_spans.record(spans)
     return len(due)
+
+
+async def start_wait_tasks(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:
+    """Wait tasks that became ready: WAITING at once (no worker runs them)."""
+    candidates = await conn.fetch(Q["ready_wait_tasks"], limit)
+    if not candidates:
+        return 0
+    events = EventBatch()
+    async with transaction(conn, term):
+        locked = await locks.runs(conn, {row["run_id"] for row in candidates})
+        running = [run.id for run in locked if run.state == "running"]
+        started = await conn.fetch(
+            Q["start_wait_tasks"],
+            [row["id"] for row in candidates],
+            running,
+            WAIT_TASK_APPROVAL,
+        )
+        for row in started:
+            waiting: dict[str, Any] = {"kind": row["wait_kind"]}
+            if row["wait_due_at"] is not None:
+                waiting["due_at"] = row["wait_due_at"].isoformat()
+            events.task(row["run_id"], row["key"], "ready", "waiting", None, waiting)
+        if any(row["wait_due_at"] is not None for row in started):
+            events.notify(COORDINATOR_CHANNEL, "wait")
+        await events.flush(conn)
+    return len(started)

@@ -35,6 +35,9 @@ code-defined Workflow turns itself into, so both paths give identical definition
           - {key: llm, max: 50}
         rate_limits:               # charged per execution; the action reports the actual
           - {limit: openai-tpm, units: "{input.max_tokens}"}
+      - key: approve
+        wait: {approval: "Publish the digest?", timeout: 24h, role: approver}
+        depends_on: [summarize]    # a wait task: no worker runs it (or wait: {sleep: 10m})
 
 Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations).
 The protobuf JSON names (`executorKind`, `dependsOn`, `backoffMultiplier`...) are accepted
@@ -98,7 +101,11 @@ _TASK_KEYS: Final = (
     "always",
     "concurrency_limits",
     "rate_limits",
+    "wait",
 )
+# A wait task's wait (docs/design.md §16): {sleep: DURATION} or {approval: PROMPT,
+# timeout: DURATION, role: approver|admin}.
+_WAIT_KEYS: Final = ("sleep", "approval", "timeout", "role")
 _RETRY_KEYS: Final = ("max_attempts", "initial_backoff", "max_backoff", "multiplier")
 _MAP_KEYS: Final = ("over", "path")
 _LIMIT_KEYS: Final = ("key", "max")
@@ -280,13 +287,18 @@ def _task(
     fields = _mapping(data, path, _TASK_KEYS, problems)
     if fields is None:
         return
-    for required in ("key", "kind", "action"):
+    # A wait task runs on no worker: it has no kind and no action.
+    for required in ("key",) if "wait" in fields else ("key", "kind", "action"):
         if required not in fields:
             spelled = "kind (or executor_kind)" if required == "kind" else required
             _add(problems, path, f"missing {spelled}")
     task.key = _string(fields, "key", path, problems)
-    task.executor_kind = _string(fields, "kind", path, problems)
-    task.action = _string(fields, "action", path, problems)
+    if "kind" in fields:
+        task.executor_kind = _string(fields, "kind", path, problems)
+    if "action" in fields:
+        task.action = _string(fields, "action", path, problems)
+    if "wait" in fields:
+        _wait(fields["wait"], (*path, "wait"), task.wait, problems)
     task_input = fields.get("input", {})
     if task_input is None:
         task_input = {}
@@ -366,6 +378,32 @@ def _limit(
     task.concurrency_limits.add(
         key=_string(fields, "key", path, problems), max=_whole(fields, "max", path, problems)
     )
+
+
+def _wait(
+    data: Any, path: Path_, wait: types_pb2.WaitTaskDefinition, problems: list[FieldViolation]
+) -> None:
+    wait.SetInParent()
+    fields = _mapping(data, path, _WAIT_KEYS, problems)
+    if fields is None:
+        return
+    if ("sleep" in fields) == ("approval" in fields):
+        _add(problems, path, "expected exactly one of sleep and approval")
+        return
+    if "sleep" in fields:
+        wait.kind = types_pb2.CHECKPOINT_KIND_SLEEP
+        seconds = _duration(fields["sleep"], (*path, "sleep"), problems)
+        if seconds is not None:
+            wait.sleep.CopyFrom(to_duration(seconds))
+    else:
+        wait.kind = types_pb2.CHECKPOINT_KIND_APPROVAL
+        wait.prompt = _string(fields, "approval", path, problems)
+    if "timeout" in fields:
+        seconds = _duration(fields["timeout"], (*path, "timeout"), problems)
+        if seconds is not None:
+            wait.timeout.CopyFrom(to_duration(seconds))
+    if "role" in fields:
+        wait.role = _string(fields, "role", path, problems)
 
 
 def _map(

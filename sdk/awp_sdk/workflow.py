@@ -177,10 +177,16 @@ class Task:
         self.always = options.get("always", False)
         self.concurrency = tuple(options.get("concurrency", ()))
         self.rate_limits = tuple(options.get("rate_limits", ()))
+        # A wait task's wait, as a workflow file writes it (Workflow.wait).
+        self.wait: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The task as a workflow file writes it."""
-        entry: dict[str, Any] = {"key": self.key, "kind": self.kind, "action": self.action}
+        entry: dict[str, Any] = (
+            {"key": self.key, "kind": self.kind, "action": self.action}
+            if self.wait is None
+            else {"key": self.key, "wait": self.wait}
+        )
         if self.input:
             entry["input"] = self.input
         if self.depends_on:
@@ -282,6 +288,38 @@ class Workflow:
         worker in another language, or an ``@action`` registered in another module. The
         options are TaskOptions."""
         declared = Task(self, key, action=action, kind=kind, **options)
+        self._tasks.append(declared)
+        return declared
+
+    def wait(
+        self,
+        key: str,
+        *,
+        sleep: Duration | None = None,
+        approval: str | None = None,
+        timeout: Duration | None = None,
+        role: str | None = None,
+        depends_on: Sequence[Task] = (),
+        on_failure: definitions.OnFailure | None = None,
+    ) -> Task:
+        """Declares a wait task, which no worker runs (docs/design.md §16): ``sleep`` (it
+        succeeds once the time has passed) or ``approval`` (the prompt: it succeeds when
+        approved, with the decision as its output, and fails when rejected or when
+        ``timeout`` passes; ``role="admin"`` lets only admins decide)."""
+        options: dict[str, Any] = {"depends_on": depends_on}
+        if on_failure is not None:
+            options["on_failure"] = on_failure
+        declared = Task(self, key, action="", kind="", **options)
+        wait: dict[str, Any] = {}
+        if sleep is not None:
+            wait["sleep"] = _duration(sleep)
+        if approval is not None:
+            wait["approval"] = approval
+        if timeout is not None:
+            wait["timeout"] = _duration(timeout)
+        if role is not None:
+            wait["role"] = role
+        declared.wait = wait
         self._tasks.append(declared)
         return declared
 

@@ -56,6 +56,7 @@ class PassReport:
     retries_released: int = 0
     starts_released: int = 0
     waits_released: int = 0
+    wait_tasks_started: int = 0
     ticks_fired: int = 0
     withdrawn: int = 0
     dispatched: int = 0
@@ -147,6 +148,10 @@ class Coordinator:
                 report.retries_released = await coordination.release_retries(conn, batch, term=term)
             if due.waits:
                 report.waits_released = await coordination.release_waits(conn, batch, term=term)
+            if due.wait_tasks:
+                report.wait_tasks_started = await coordination.start_wait_tasks(
+                    conn, batch, term=term
+                )
             if due.starts:
                 report.starts_released = await coordination.release_starts(conn, batch, term=term)
             # Ticks are created only under a leader's term (awp_db.schedules): a pass

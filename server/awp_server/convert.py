@@ -28,6 +28,7 @@ from awp_kernel.definition import (
     WorkflowSpec,
 )
 from awp_kernel.errors import invalid
+from awp_kernel.wait_tasks import WaitTaskSpec
 from awp_protocol import states
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.results import StoredError
@@ -162,9 +163,20 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                 rate_limits=[
                     limits_pb2.RateUse(limit=use.limit, units=use.units) for use in task.rate_limits
                 ],
+                wait=None if task.wait is None else _wait_task(task.wait),
             )
             for task in spec.tasks
         ],
+    )
+
+
+def _wait_task(wait: WaitTaskSpec) -> types_pb2.WaitTaskDefinition:
+    return types_pb2.WaitTaskDefinition(
+        kind=CHECKPOINT_KINDS.proto(wait.kind),
+        sleep=None if wait.sleep_ms is None else duration_from_ms(wait.sleep_ms),
+        prompt=wait.prompt,
+        timeout=None if wait.timeout_ms is None else duration_from_ms(wait.timeout_ms),
+        role=wait.role,
     )
 
 

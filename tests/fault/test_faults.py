@@ -228,14 +228,15 @@ async def test_chaos_random_worker_kills(cluster: Cluster) -> None:
     await cluster.start_coordinator()
     live = [await cluster.start_worker(f"chaos-{i:02d}", concurrency=6) for i in range(3)]
     # 10 layers of 30, each task waiting on two of the layer above: ~20 s of work for
-    # 18 slots, each task's sleep in two memoised steps (a killed task's retry replays).
+    # 18 slots, each task's sleep in two memoised steps (a killed task's retry replays),
+    # then a durable 50 ms sleep (each task suspends once, holding no slot meanwhile).
     # Attempts are generous: a task may be caught by several kills in a row,
     # and this test is about the platform's guarantees, not about exhausting retries.
     run_id = await workload.start(
         cluster.control(),
         workload.definition(
             "chaos",
-            workload.layers(10, 30, sleep_ms=600, steps=2),
+            workload.layers(10, 30, sleep_ms=600, steps=2, wait_sleep_ms=50),
             max_attempts=20,
             timeout_ms=30_000,
         ),

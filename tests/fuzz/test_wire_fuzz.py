@@ -27,7 +27,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import (
+    control_pb2,
+    control_pb2_grpc,
+    durable_pb2,
+    types_pb2,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from awp_db.connect import Pool
 from awp_protocol.errors import decode_details
 from awp_protocol.limits import TRANSPORT_RECEIVE_BYTES
@@ -158,6 +165,16 @@ def _valid(method: str, world: dict[str, Any]) -> Message:
         "RecordStep": worker_pb2.RecordStepRequest(
             session=session, dispatch_id=1, lease_token="t", name="step", value_json="{}"
         ),
+        "Await": worker_pb2.AwaitRequest(
+            session=session,
+            dispatch_id=1,
+            lease_token="t",
+            kind=types_pb2.CHECKPOINT_KIND_SIGNAL,
+            name="go",
+        ),
+        "SendSignal": durable_pb2.SendSignalRequest(run_id=world["run_id"], name="go"),
+        "Approve": durable_pb2.ApproveRequest(run_id=world["run_id"], task_key="a"),
+        "Reject": durable_pb2.RejectRequest(run_id=world["run_id"], task_key="a"),
         "CreateWorkflow": control_pb2.CreateWorkflowRequest(
             definition=types_pb2.WorkflowDefinition(
                 name="wf2",

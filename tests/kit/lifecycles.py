@@ -25,14 +25,15 @@ RUN_MOVES: Final[Lifecycle] = {
 TASK_MOVES: Final[Lifecycle] = {
     # pending -> running: a map task, once its upstream succeeded (its elements run).
     "pending": frozenset({"ready", "running", "canceled", "skipped"}),
-    "ready": frozenset({"queued", "canceled", "skipped"}),
+    # ready -> waiting: a wait task, which no worker runs (§16).
+    "ready": frozenset({"queued", "canceled", "skipped", "waiting"}),
     # queued -> ready: the dispatch was withdrawn (no compatible worker), nothing spent.
     "queued": frozenset({"running", "ready", "canceled", "skipped"}),
     # running -> waiting: its attempt suspended at a wait (§16); waiting -> ready: the wait
     # was satisfied or timed out.
     "running": frozenset({"succeeded", "failed", "waiting_retry", "canceled", "waiting"}),
     "waiting_retry": frozenset({"ready", "canceled", "skipped"}),
-    "waiting": frozenset({"ready", "canceled", "skipped"}),
+    "waiting": frozenset({"ready", "canceled", "skipped", "succeeded", "failed"}),
     "succeeded": frozenset(),
     "failed": frozenset(),
     "canceled": frozenset(),

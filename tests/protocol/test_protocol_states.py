@@ -181,7 +181,7 @@ def test_design_lifecycles() -> None:
         "canceled",
         "suspended",  # at a wait not yet satisfied (§16)
     }
-    assert TASK_MOVES["waiting"] == {"ready", "canceled", "skipped"}
+    assert TASK_MOVES["waiting"] == {"ready", "canceled", "skipped", "succeeded", "failed"}
     assert DISPATCH_MOVES["leased"] == {"completed", "expired", "canceled"}
     assert "completed" not in DISPATCH_MOVES["pending"]  # must be leased first
     assert WORKER_MOVES["draining"] == {"stopped", "offline"}

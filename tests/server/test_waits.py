@@ -29,6 +29,7 @@ from awp_db.connect import Pool
 from kit import ADMIN_TOKEN, ServerHandle, expect_error, spec, start_run
 from kit.db import dispatch_all
 from kit.invariants import check_committed
+from kit.lifecycles import EVENT_LIFECYCLES, illegal_moves, recorded_moves
 from kit.rawworker import RawWorker, leased, register
 
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
@@ -160,6 +161,8 @@ async def test_a_suspended_attempt_holds_nothing_is_not_charged_and_resumes_on_a
     task = await task_of(control, run_id)
     assert task.state == types_pb2.TASK_STATE_WAITING_RETRY, task
     await check_committed(pool)
+    for kind, moves in (await recorded_moves(pool)).items():
+        assert illegal_moves(EVENT_LIFECYCLES[kind][0], moves) == [], kind
 
 
 async def test_a_signal_to_an_ended_or_unknown_run_is_refused(stubs: Stubs, pool: Pool) -> None:
@@ -294,3 +297,119 @@ async def test_canceling_a_run_ends_its_waiting_task(stubs: Stubs, pool: Pool) -
     )
     assert ended.reason == "NOT_WAITING"
     await check_committed(pool, finished=True)
+
+
+def wait_task_workflow(approval: bool) -> types_pb2.WorkflowDefinition:
+    """gate (a wait task) -> after (a mock task)."""
+    wait = (
+        types_pb2.WaitTaskDefinition(
+            kind=APPROVAL, prompt="Go on?", timeout=millis(60_000), role="admin"
+        )
+        if approval
+        else types_pb2.WaitTaskDefinition(kind=SLEEP, sleep=millis(100))
+    )
+    return types_pb2.WorkflowDefinition(
+        name="gated",
+        version=1,
+        tasks=[
+            types_pb2.TaskDefinition(key="gate", wait=wait),
+            types_pb2.TaskDefinition(
+                key="after", executor_kind="mock", action="noop", depends_on=["gate"]
+            ),
+        ],
+    )
+
+
+async def start_gated(control: control_pb2_grpc.ControlServiceStub, approval: bool) -> UUID:
+    await control.CreateWorkflow(
+        control_pb2.CreateWorkflowRequest(definition=wait_task_workflow(approval)),
+        metadata=ADMIN,
+    )
+    started: control_pb2.StartRunResponse = await control.StartRun(
+        control_pb2.StartRunRequest(workflow_name="gated"), metadata=ADMIN
+    )
+    return UUID(started.run.id)
+
+
+async def states(pool: Pool, run_id: UUID) -> dict[str, str]:
+    rows = await pool.fetch("SELECT key, state FROM tasks WHERE run_id = $1", run_id)
+    return {row["key"]: row["state"] for row in rows}
+
+
+async def test_an_approval_task_waits_with_no_worker_and_its_decision_ends_it(
+    stubs: Stubs, pool: Pool
+) -> None:
+    _, control = stubs
+    run_id = await start_gated(control, approval=True)
+    stored: control_pb2.GetWorkflowResponse = await control.GetWorkflow(
+        control_pb2.GetWorkflowRequest(name="gated"), metadata=ADMIN
+    )
+    assert stored.workflow.definition.tasks[0].wait.prompt == "Go on?"
+    async with pool.acquire() as conn:
+        assert await waits.start_wait_tasks(conn) == 1
+    assert await states(pool, run_id) == {"gate": "waiting", "after": "pending"}
+    gate = await task_of(control, run_id)
+    assert gate.wait.prompt == "Go on?" and gate.wait.role == "admin" and gate.attempts == 0
+    approved: durable_pb2.ApproveResponse = await control.Approve(
+        durable_pb2.ApproveRequest(run_id=str(run_id), task_key="gate", comment="yes"),
+        metadata=ADMIN,
+    )
+    assert approved.task_state == types_pb2.TASK_STATE_SUCCEEDED
+    assert await states(pool, run_id) == {"gate": "succeeded", "after": "ready"}
+    output = json.loads(await pool.fetchval("SELECT output::text FROM tasks WHERE key = 'gate'"))
+    assert output["approved"] is True and output["comment"] == "yes"
+    await check_committed(pool)
+
+
+async def test_a_rejected_approval_task_fails_the_run_and_a_sleep_task_succeeds(
+    stubs: Stubs, pool: Pool
+) -> None:
+    _, control = stubs
+    rejected_run = await start_gated(control, approval=True)
+    async with pool.acquire() as conn:
+        await waits.start_wait_tasks(conn)
+    rejected: durable_pb2.RejectResponse = await control.Reject(
+        durable_pb2.RejectRequest(run_id=str(rejected_run), task_key="gate", comment="no"),
+        metadata=ADMIN,
+    )
+    assert rejected.task_state == types_pb2.TASK_STATE_FAILED
+    assert await states(pool, rejected_run) == {"gate": "failed", "after": "skipped"}
+    assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", rejected_run) == "failed"
+    error = json.loads(
+        await pool.fetchval(
+            "SELECT error::text FROM tasks WHERE run_id = $1 AND key = 'gate'", rejected_run
+        )
+    )
+    assert "rejected by" in error["message"] and error["message"].endswith(": no")
+
+    workflow = wait_task_workflow(approval=False)
+    workflow.name = "sleepy"
+    await control.CreateWorkflow(
+        control_pb2.CreateWorkflowRequest(definition=workflow), metadata=ADMIN
+    )
+    started: control_pb2.StartRunResponse = await control.StartRun(
+        control_pb2.StartRunRequest(workflow_name="sleepy"), metadata=ADMIN
+    )
+    sleepy = UUID(started.run.id)
+    async with pool.acquire() as conn:
+        await waits.start_wait_tasks(conn)
+    assert await released(pool) == 1
+    assert await states(pool, sleepy) == {"gate": "succeeded", "after": "ready"}
+    await check_committed(pool)
+    # Every move the events recorded is one the lifecycles allow.
+    for kind, moves in (await recorded_moves(pool)).items():
+        assert illegal_moves(EVENT_LIFECYCLES[kind][0], moves) == [], kind
+
+
+async def test_a_wait_task_is_validated(stubs: Stubs) -> None:
+    _, control = stubs
+    workflow = wait_task_workflow(approval=True)
+    workflow.tasks[0].executor_kind = "mock"
+    workflow.tasks[0].wait.prompt = ""
+    bad = await expect_error(
+        control.CreateWorkflow(
+            control_pb2.CreateWorkflowRequest(definition=workflow), metadata=ADMIN
+        )
+    )
+    assert bad.reason == "INVALID_DEFINITION"
+    assert set(bad.fields) == {"definition.tasks[0].wait.prompt", "definition.tasks[0].wait"}

@@ -13,9 +13,11 @@ from uuid import UUID
 from test_worker_integration import run_state, server, start_worker, worker_config
 
 from awp_coordinator.coordinator import Coordinator
-from awp_db import waits
+from awp_db import runs, waits, workflows
 from awp_db.connect import Pool
+from awp_kernel.definition_proto import spec_from_proto
 from awp_protocol.results import Replayed
+from awp_sdk import Workflow
 from awp_sdk.actions import ActionRegistry
 from awp_sdk.waits import Decision, WaitTimedOut
 from awp_worker import ActionContext
@@ -182,3 +184,34 @@ async def test_1000_waiting_tasks_hold_no_lease_and_no_slot_while_a_1_slot_worke
     )
     assert await worker.stop() == EXIT_OK
     await check_committed(pool)
+
+
+async def test_wait_tasks_run_on_no_worker_between_worker_tasks(
+    server: ServerHandle, coordinator: Coordinator, pool: Pool
+) -> None:
+    flow = Workflow("gated-flow", 1, registry=ActionRegistry())
+    fetch = flow.add("fetch", action="noop", kind="mock")
+    nap = flow.wait("nap", sleep=0.2, depends_on=[fetch])
+    gate = flow.wait("gate", approval="Publish?", depends_on=[nap])
+    flow.add("publish", action="noop", kind="mock", depends_on=[gate])
+    stored, _ = await workflows.create(pool, spec_from_proto(flow.definition()))
+    async with pool.acquire() as conn:
+        run_id = (await runs.start(conn, stored, {}, None, "test")).run_id
+    worker = start_worker(worker_config(server, concurrency=1))
+
+    async def at_gate() -> bool | None:
+        state = await pool.fetchval(
+            "SELECT state FROM tasks WHERE run_id = $1 AND key = 'gate'", run_id
+        )
+        return True if state == "waiting" else None
+
+    await poll_until(at_gate, within=30)
+    async with pool.acquire() as conn:
+        await waits.decide(conn, run_id, "gate", True, "bob", "", lambda role: None)
+    assert await run_state(pool, run_id, "succeeded", "failed") == "succeeded"
+    assert await worker.stop() == EXIT_OK
+    attempts = await pool.fetch(
+        "SELECT t.key, t.attempts FROM tasks t WHERE t.run_id = $1 ORDER BY t.id", run_id
+    )
+    assert [tuple(r) for r in attempts] == [("fetch", 1), ("nap", 0), ("gate", 0), ("publish", 1)]
+    await check_committed(pool, finished=True)

@@ -123,7 +123,11 @@ class MockExecutor:
     (``ctx.step("mock.nap")``, sleep_ms / N each): a later attempt replays the naps an
     earlier one finished and sleeps only the rest (the fault workloads, the replay
     benchmark); ``report_usage: {LIMIT: UNITS}`` and ``slow_down: {LIMIT:
-    SECONDS}`` report rate-limit usage and a slow-down with the result (the flow tests).
+    SECONDS}`` report rate-limit usage and a slow-down with the result (the flow tests);
+    ``wait_sleep_ms: N`` then sleeps N ms as a durable wait (``ctx.sleep``,
+    holding no slot) and ``wait_signal: NAME`` waits for the signal NAME
+    (``ctx.wait_for_signal``), its payload put in the output as ``"signal"`` (the fault
+    workloads, the waits benchmark).
     """
 
     async def execute(self, ctx: ActionContext, input: dict[str, Any]) -> object:
@@ -143,6 +147,11 @@ class MockExecutor:
             await ctx.step("mock.nap", _nap, sleep_ms / steps / 1000)
         if sleep_ms > 0 and not steps:
             await asyncio.sleep(sleep_ms / 1000)
+        wait_sleep_ms = _number(input, "wait_sleep_ms")
+        if wait_sleep_ms > 0:
+            await ctx.sleep(wait_sleep_ms / 1000)
+        signal_name = input.get("wait_signal")
+        payload = None if signal_name is None else await ctx.wait_for_signal(str(signal_name))
         fail = input.get("fail")
         if fail is not None and fail is not False:
             if isinstance(fail, str) and fail:
@@ -160,6 +169,8 @@ class MockExecutor:
         for limit, seconds in _mapping(input, "slow_down").items():
             ctx.slow_down(limit, float(seconds))
         output: dict[str, Any] = {"action": ctx.action, "echo": input, "attempt": ctx.attempt}
+        if signal_name is not None:
+            output["signal"] = payload
         padding = int(_number(input, "output_bytes"))
         if padding > MAX_OUTPUT_BYTES:
             raise PermanentError(

@@ -37,3 +37,6 @@ ALTER TABLE tasks
 
 COMMENT ON COLUMN tasks.suspensions IS
     'Attempts that ended SUSPENDED at a wait, free of charge; attempts - hand_backs - suspensions <= max_attempts.';
+
+-- Wait tasks (TaskDefinition.wait) the coordinator moves from READY to WAITING.
+CREATE INDEX tasks_wait_ready ON tasks (id) WHERE state = 'ready' AND wait_task IS NOT NULL;

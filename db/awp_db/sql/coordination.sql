@@ -83,6 +83,8 @@ SELECT EXISTS (SELECT 1 FROM runs
        EXISTS (SELECT 1 FROM tasks WHERE state = 'ready') AS ready,
        EXISTS (SELECT 1 FROM tasks
                 WHERE state = 'waiting' AND wait_due_at <= clock_timestamp()) AS waits,
+       EXISTS (SELECT 1 FROM tasks
+                WHERE state = 'ready' AND wait_task IS NOT NULL) AS wait_tasks,
        -- Delayed starts whose time has come, and schedules with a due tick or a
        -- buffered tick free to start (the same conditions as due_starts and
        -- schedules.sql: due).

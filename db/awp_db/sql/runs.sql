@@ -24,7 +24,8 @@ RETURNING id, awaiting_start
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
-                   always, concurrency_keys, concurrency_max, rate_names, rate_units)
+                   always, concurrency_keys, concurrency_max, rate_names, rate_units,
+                   wait_task)
 SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
@@ -39,18 +40,19 @@ SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        array(SELECT jsonb_array_elements_text(t.concurrency_keys::jsonb)),
        array(SELECT jsonb_array_elements_text(t.concurrency_max::jsonb)::int),
        array(SELECT jsonb_array_elements_text(t.rate_names::jsonb)),
-       array(SELECT jsonb_array_elements_text(t.rate_units::jsonb)::bigint)
+       array(SELECT jsonb_array_elements_text(t.rate_units::jsonb)::bigint),
+       t.wait_task::jsonb
   FROM unnest(:keys::text[], :executor_kinds::text[], :actions::text[], :inputs::text[],
               :depends_on::text[], :dependents::text[], :unfinished_deps::int[],
               :max_attempts::int[], :backoff_initial_ms::bigint[], :backoff_max_ms::bigint[],
               :backoff_multipliers::float8[], :timeout_ms::bigint[], :map_over::text[],
               :map_paths::text[], :on_failure::text[], :always::bool[],
               :concurrency_keys::text[], :concurrency_max::text[], :rate_names::text[],
-              :rate_units::text[])
+              :rate_units::text[], :wait_tasks::text[])
        AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
              max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms,
              map_over, map_path, on_failure, always, concurrency_keys, concurrency_max,
-             rate_names, rate_units)
+             rate_names, rate_units, wait_task)
 RETURNING key, state
 
 -- name: by_request_id

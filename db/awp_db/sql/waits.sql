@@ -114,3 +114,35 @@ SELECT id, run_id, key, wait_kind, wait_name, wait_occurrence, wait_role,
 
 -- name: clock
 SELECT clock_timestamp()
+
+-- name: ready_wait_tasks
+-- Wait tasks that became ready (index tasks_wait_ready), unlocked.
+SELECT id, run_id FROM tasks
+ WHERE state = 'ready' AND wait_task IS NOT NULL
+ ORDER BY id
+ LIMIT $1
+
+-- name: start_wait_tasks
+-- Of the tasks $1, the wait tasks of the runs $2 (locked by the caller, running) still
+-- ready: WAITING at once, due when their sleep ends or their approval times out. $3 is
+-- the name an approval task's wait takes.
+UPDATE tasks
+   SET state = 'waiting', wait_kind = wait_task->>'kind',
+       wait_name = CASE WHEN wait_task->>'kind' = 'approval' THEN $3 ELSE '' END,
+       wait_occurrence = 0, wait_prompt = wait_task->>'prompt',
+       wait_role = nullif(wait_task->>'role', ''), wait_since = clock_timestamp(),
+       wait_due_at = clock_timestamp()
+           + coalesce(wait_task->>'sleep_ms', wait_task->>'timeout_ms')::bigint
+             * interval '1 millisecond'
+ WHERE id = ANY($1::bigint[]) AND run_id = ANY($2::uuid[])
+   AND state = 'ready' AND wait_task IS NOT NULL
+RETURNING run_id, key, wait_kind, wait_due_at
+
+-- name: end_wait_task
+-- Wait task $1 ends for good: $2 (succeeded or failed), with output $3 or error $4;
+-- returned as awp_db.dynamic.Finished.
+UPDATE tasks
+   SET state = $2, output = $3::text::jsonb, error = $4::text::jsonb,
+       finished_at = clock_timestamp()
+ WHERE id = $1 AND state = 'waiting'
+RETURNING id, run_id, key, state, dependents, parent_id, map_index, on_failure, always, error
