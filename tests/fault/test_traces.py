@@ -258,10 +258,11 @@ async def test_one_trace_per_run_from_the_caller_through_a_rescue(
 async def test_a_durable_tasks_steps_and_waits_in_its_trace(
     cluster: Cluster, received: Receiver, caller: TracerProvider
 ) -> None:
-    """A sync action's steps (one reporting its cost) and two waits: a sleep the
-    coordinator's timer ends, a signal wait the server resumes. Each suspended attempt
-    says so on its span, each wait is a span of the run from suspended to resumed, naming
-    what ended it, and each step a span in its attempt's action: a miss, then hits."""
+    """A sync action's steps (one reporting its cost) and three waits: a sleep the
+    coordinator's timer ends, a signal wait and an approval the server resumes. Each
+    suspended attempt says so on its span, each wait is a span of the run from suspended
+    to resumed, naming what ended it, and each step a span in its attempt's action: a
+    miss, then hits."""
     await cluster.start_server()
     await cluster.start_coordinator()
     await start_python_worker(cluster, "w1")
@@ -269,17 +270,20 @@ async def test_a_durable_tasks_steps_and_waits_in_its_trace(
     run_id, (trace_id, caller_span_id) = await start_in_caller_span(
         cluster, caller, "durable", tasks, "traced.agent"
     )
-    await wait_for(
-        lambda: cluster.fetchval(
-            "SELECT state = 'waiting' AND wait_kind = 'signal' FROM tasks WHERE run_id = $1",
+
+    def waiting(kind: str) -> Any:
+        return cluster.fetchval(
+            "SELECT state = 'waiting' AND wait_kind = $2 FROM tasks WHERE run_id = $1",
             run_id,
-        ),
-        "the task waiting for its signal",
-        within=60,
-    )
+            kind,
+        )
+
     async with AsyncClient(cluster.server_address, token=ADMIN_TOKEN) as client:
+        await wait_for(lambda: waiting("signal"), "the task waiting for its signal", within=60)
         sent = await client.send_signal(str(run_id), "go", {"n": 7})
-    assert sent.delivered_to == "agent"
+        assert sent.delivered_to == "agent"
+        await wait_for(lambda: waiting("approval"), "the task waiting for approval", within=60)
+        await client.approve(str(run_id), "agent", "fine")
     await wait_run(cluster, run_id, within=60)
     attempts = await cluster.fetch(
         """SELECT a.attempt, a.state FROM attempts a WHERE a.run_id = $1 ORDER BY a.attempt""",
@@ -288,13 +292,14 @@ async def test_a_durable_tasks_steps_and_waits_in_its_trace(
     assert [(row["attempt"], row["state"]) for row in attempts] == [
         (1, "suspended"),
         (2, "suspended"),
-        (3, "succeeded"),
+        (3, "suspended"),
+        (4, "succeeded"),
     ]
 
     def complete() -> bool:
         spans = received.trace(trace_id)
         return any(s.name == tracing.RUN_SPAN for s in spans) and bool(
-            attempt_spans(spans, "agent", 3)
+            attempt_spans(spans, "agent", 4)
         )
 
     await wait_for(complete, "the run's span and the last attempt's", within=30)
@@ -319,7 +324,8 @@ async def test_a_durable_tasks_steps_and_waits_in_its_trace(
 
     assert steps(1) == [("draft", 0, False, 120)]
     assert steps(2) == [("draft", 0, True, 120)]
-    assert steps(3) == [("draft", 0, True, 120), ("final", 0, False, None)]
+    assert steps(3) == [("draft", 0, True, 120)]
+    assert steps(4) == [("draft", 0, True, 120), ("final", 0, False, None)]
 
     # The suspended attempts say where they stopped; the waits are spans of the run.
     waits = sorted([s for s in spans if s.name == tracing.WAIT_SPAN], key=lambda s: s.start_ns)
@@ -331,21 +337,24 @@ async def test_a_durable_tasks_steps_and_waits_in_its_trace(
             w.service,
         )
         for w in waits
-    ] == [("sleep", "timer", 1, "awp-coordinator"), ("signal", "signal", 2, "awp-server")]
-    for number, wait in zip((1, 2), waits, strict=True):
+    ] == [
+        ("sleep", "timer", 1, "awp-coordinator"),
+        ("signal", "signal", 2, "awp-server"),
+        ("approval", "approval", 3, "awp-server"),
+    ]
+    for number, wait in zip((1, 2, 3), waits, strict=True):
         (suspended,) = attempt_spans(spans, "agent", number)
         (resumed,) = attempt_spans(spans, "agent", number + 1)
         assert wait.parent_span_id == run.span_id
         assert wait.attributes[tracing.TASK_KEY] == "agent"
         assert suspended.attributes["awp.cancel_reason"] == "suspended"
         kind = wait.attributes[tracing.WAIT_KIND]
-        name = "go" if kind == "signal" else ""
+        name = {"signal": "go", "approval": "approval"}.get(kind, "")
         event = {tracing.WAIT_KIND: kind, tracing.WAIT_NAME: name, tracing.WAIT_OCCURRENCE: 0}
         assert (tracing.SUSPENDED_EVENT, event) in suspended.events
         # suspended -> resumed, between the two attempts (clock slack: one machine).
         slack = 1_000_000_000
         assert suspended.start_ns - slack <= wait.start_ns <= suspended.end_ns + slack
         assert wait.end_ns <= resumed.start_ns + slack
-    assert waits[1].end_ns - waits[1].start_ns > 0
 
     await cluster.check_invariants({run_id: Expect()})

@@ -40,4 +40,5 @@ def agent(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
     drafted = ctx.step("draft", draft, "traces", usage={"tokens": 120, "cost_usd": 0.01})
     ctx.sleep(0.2)
     payload = ctx.wait_for_signal("go")
-    return ctx.step("final", lambda: {**drafted, "signal": payload})
+    decision = ctx.wait_for_approval("publish the draft?")
+    return ctx.step("final", lambda: {**drafted, "signal": payload, "ok": decision.approved})
