@@ -101,7 +101,7 @@ def suspended(held: HeldLease, spec: WaitSpec) -> None:
 def completed(held: HeldLease, outcome: str) -> None:
     """Complete answered for the attempt's result (accepted, duplicate, lease lost...):
     an attribute, not an event, since the span ends at the answer (an event would say
-    nothing more, and cost a third of the span's export)."""
+    nothing more, and costs its creation and its encoding)."""
     if held.span is not None and held.span.is_recording():
         held.span.set_attribute(tracing.COMPLETE_OUTCOME, outcome)
 
