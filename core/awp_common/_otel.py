@@ -95,6 +95,10 @@ class Otel:
         ) as current:
             yield current
 
+    def in_span(self) -> bool:
+        """Whether the current span (of this task or thread) records."""
+        return trace.get_current_span().is_recording()
+
     def start(self, name: str, parent: TraceRef | None, attributes: Attributes | None) -> Span:
         return self.tracer.start_span(name, context=_context(parent), attributes=attributes)
 

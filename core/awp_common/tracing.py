@@ -56,15 +56,31 @@ RUN_SPAN: Final = "awp.run"
 QUEUE_WAIT_SPAN: Final = "awp.queue_wait"
 ATTEMPT_SPAN: Final = "awp.attempt"
 ACTION_SPAN: Final = "awp.action"
+STEP_SPAN: Final = "awp.step"
+WAIT_SPAN: Final = "awp.wait"
 DISPATCH_SPAN: Final = "awp.coordinator.dispatch"
 REAP_SPAN: Final = "awp.coordinator.reap"
+
+# A step checkpoint's span (durable execution, docs/design.md §16): which call, whether
+# its memo was replayed (hit) or the step ran (miss), and what it reported it cost.
+STEP_NAME: Final = "awp.step.name"
+STEP_OCCURRENCE: Final = "awp.step.occurrence"
+STEP_HIT: Final = "awp.step.hit"
+STEP_TOKENS: Final = "awp.step.tokens"
+STEP_COST_USD: Final = "awp.step.cost_usd"
+# A wait: which one, and what ended it (a signal, a decision, its timer).
+WAIT_KIND: Final = "awp.wait.kind"
+WAIT_NAME: Final = "awp.wait.name"
+WAIT_OCCURRENCE: Final = "awp.wait.occurrence"
+WAIT_RESUMED_BY: Final = "awp.wait.resumed_by"
 
 # Span events: what happens to a lease that no peer's spans show.
 REVOKED_EVENT: Final = "awp.lease.revoked"
 EXPIRED_EVENT: Final = "awp.lease.expired"
 RESCUE_EVENT: Final = "awp.rescue"
-# Complete's answer for the attempt's result, and its attribute on the attempt's span.
-COMPLETE_EVENT: Final = "awp.complete"
+# The attempt reached a wait not yet satisfied: its lease ended, the task waits.
+SUSPENDED_EVENT: Final = "awp.wait.suspended"
+# Complete's answer for the attempt's result: an attribute of the attempt's span.
 COMPLETE_OUTCOME: Final = "awp.complete.outcome"
 
 # The W3C trace-context header, as gRPC metadata carries it (keys are lowercase).
@@ -242,6 +258,19 @@ def span(
         yield None
         return
     with otel.span(name, parent, attributes) as current:
+        yield current
+
+
+@contextlib.contextmanager
+def child(name: str, attributes: Attributes | None = None) -> Iterator[Span | None]:
+    """A span around the block, a child of the current span, only when there is one
+    that records (inside a traced attempt); None otherwise, so an untraced run's code
+    never begins a trace of its own."""
+    otel = _process.otel
+    if otel is None or not otel.in_span():
+        yield None
+        return
+    with otel.span(name, None, attributes) as current:
         yield current
 
 

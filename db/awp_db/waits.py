@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from awp_db import locks, settle
+from awp_db import locks, settle, wait_spans
 from awp_db.checkpoints import StoredCheckpoint
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
@@ -76,6 +76,7 @@ class _WaitingTask:
     wait_attempt: int
     wait_task: bool
     wait_due_at: datetime | None
+    wait_since: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +225,7 @@ async def _resume(
     task: _WaitingTask,
     events: EventBatch,
     payload: dict[str, Any],
+    spans: list[wait_spans.Resumed],
     *,
     ended: tuple[str, str | None, StoredError | None] | None = None,
 ) -> str:
@@ -232,8 +234,9 @@ async def _resume(
     dependents, its failure policy, its run's end). Returns the task's new state."""
     events.notify(COORDINATOR_CHANNEL, "resumed")
     if not task.wait_task:
-        await conn.execute(Q["resume"], task.id)
+        row = await conn.fetchrow(Q["resume"], task.id)
         events.task(task.run_id, task.key, "waiting", "ready", task.wait_attempt or None, payload)
+        wait_spans.resumed(spans, task, row, payload)
         return "ready"
     assert ended is not None, "a wait task ends for good"
     state, output, error = ended
@@ -272,7 +275,7 @@ async def send_signal(
     for the oldest such wait (the task READY again); otherwise it stays buffered.
     RUN_NOT_FOUND; RUN_FINISHED once the run has ended (a repeated request_id answers
     the first call's signal, whatever the run's state since)."""
-    events = EventBatch()
+    events, spans = EventBatch(), wait_spans.pending()
     async with conn.transaction():
         run = await _running_run(conn, run_id)
         if request_id:
@@ -302,9 +305,10 @@ async def send_signal(
                 task.wait_occurrence,
                 taken["payload_json"],
             )
-            await _resume(conn, task, events, {"signal": name, "signal_id": taken["id"]})
+            await _resume(conn, task, events, {"signal": name, "signal_id": taken["id"]}, spans)
             delivered_to = task.key
         await events.flush(conn)
+    wait_spans.record(spans)
     return SignalSent(signal_id, delivered_to, duplicate=False)
 
 
@@ -329,7 +333,7 @@ async def decide(
     and the task is READY again. may_decide(role) says whether the caller may decide
     an approval asking for that role (PERMISSION_DENIED otherwise, raised by it).
     RUN_NOT_FOUND; NOT_WAITING when the task does not wait for an approval now."""
-    events = EventBatch()
+    events, spans = EventBatch(), wait_spans.pending()
     async with conn.transaction():
         run = await _running_run(conn, run_id)
         if run.state != "running":
@@ -364,6 +368,7 @@ async def decide(
             task,
             events,
             {**decision, "resumed_attempt": task.wait_attempt},
+            spans,
             ended=(
                 ("succeeded", _value(decision), None)
                 if approved
@@ -371,6 +376,7 @@ async def decide(
             ),
         )
         await events.flush(conn)
+    wait_spans.record(spans)
     return Decided(state, task.wait_attempt, decided_at, task.wait_role or "")
 
 
@@ -384,7 +390,7 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
     candidates = await conn.fetch(Q["due_waits"], limit)
     if not candidates:
         return 0
-    events = EventBatch()
+    events, spans = EventBatch(), wait_spans.pending()
     async with transaction(conn, term):
         locked = await locks.runs(conn, {row["run_id"] for row in candidates})
         running = [run.id for run in locked if run.state == "running"]
@@ -410,6 +416,7 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
                 task,
                 events,
                 {"woke" if sleep else "timed_out": True},
+                spans,
                 ended=(
                     ("succeeded", value, None)
                     if sleep
@@ -417,6 +424,7 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
                 ),
             )
         await events.flush(conn)
+    wait_spans.record(spans)
     return len(due)
 
 

@@ -16,16 +16,21 @@ async action runs on the loop, so make it quick or async).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from awp_common import tracing
 from awp_protocol.jsonvalue import canonical_json, parse_value
 from awp_protocol.limits import MAX_MEMO_BYTES
 from awp_protocol.names import CHECKPOINT_NAME_PATTERN, CHECKPOINT_NAME_RULE
 from awp_sdk.actions import ActionContext, PermanentError, current_context
 from awp_sdk.replay import Checkpoint, Replay, Usage
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 F = TypeVar("F", bound=Callable[..., Any])
 # What a step reports it cost: a mapping ({"tokens": 1234, "cost_usd": 0.02}), or a
@@ -55,14 +60,16 @@ def run_step(
     occurrence = replay.occurrence("step", name)
     if replay.on_loop():
         return _astep(replay, name, occurrence, fn, args, kwargs, usage)
-    stored = replay.blocking(replay.lookup("step", name, occurrence))
-    if stored is not None:
-        replay.hit(stored)
-        return stored.value
-    result = fn(*args, **kwargs)
-    if inspect.isawaitable(result):
-        result = replay.blocking(result)
-    return replay.blocking(_record(replay, name, occurrence, result, usage))
+    with _span(name, occurrence) as span:
+        stored = replay.blocking(replay.lookup("step", name, occurrence))
+        if stored is not None:
+            replay.hit(stored)
+            return _traced(span, stored, hit=True)
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = replay.blocking(result)
+        kept = replay.blocking(_record(replay, name, occurrence, result, usage))
+        return _traced(span, kept, hit=False)
 
 
 async def _astep(
@@ -74,18 +81,42 @@ async def _astep(
     kwargs: dict[str, Any],
     usage: UsageSpec,
 ) -> Any:
-    stored = await replay.lookup("step", name, occurrence)
-    if stored is not None:
-        replay.hit(stored)
-        return stored.value
-    result = fn(*args, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
-    return await _record(replay, name, occurrence, result, usage)
+    with _span(name, occurrence) as span:
+        stored = await replay.lookup("step", name, occurrence)
+        if stored is not None:
+            replay.hit(stored)
+            return _traced(span, stored, hit=True)
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        kept = await _record(replay, name, occurrence, result, usage)
+        return _traced(span, kept, hit=False)
 
 
-async def _record(replay: Replay, name: str, occurrence: int, result: Any, usage: UsageSpec) -> Any:
-    """Stores the memo; the value as stored, read back."""
+def _span(name: str, occurrence: int) -> contextlib.AbstractContextManager[Span | None]:
+    """The step's span, inside the attempt's action span (none for an untraced run)."""
+    if not tracing.enabled():
+        return contextlib.nullcontext()
+    return tracing.child(
+        tracing.STEP_SPAN, {tracing.STEP_NAME: name, tracing.STEP_OCCURRENCE: occurrence}
+    )
+
+
+def _traced(span: Span | None, checkpoint: Checkpoint, *, hit: bool) -> Any:
+    """The step's value, its span told whether the memo was replayed and what it cost."""
+    if span is not None:
+        span.set_attribute(tracing.STEP_HIT, hit)
+        if checkpoint.usage.tokens:
+            span.set_attribute(tracing.STEP_TOKENS, checkpoint.usage.tokens)
+        if checkpoint.usage.cost_usd:
+            span.set_attribute(tracing.STEP_COST_USD, checkpoint.usage.cost_usd)
+    return checkpoint.value
+
+
+async def _record(
+    replay: Replay, name: str, occurrence: int, result: Any, usage: UsageSpec
+) -> Checkpoint:
+    """Stores the memo; the checkpoint as stored, its value read back."""
     try:
         text = canonical_json(result).decode()
         value = parse_value(text, f"step {name!r}")
@@ -105,9 +136,10 @@ async def _record(replay: Replay, name: str, occurrence: int, result: Any, usage
     stored = await replay.store.record_step(name, occurrence, text, reported)
     if stored is not None:  # another value was stored first: it is the step's result
         replay.stored(stored)
-        return stored.value
-    replay.stored(Checkpoint("step", name, occurrence, value, reported))
-    return value
+        return stored
+    kept = Checkpoint("step", name, occurrence, value, reported)
+    replay.stored(kept)
+    return kept
 
 
 def step(name: str | None = None, *, usage: UsageSpec = None) -> Callable[[F], F]:

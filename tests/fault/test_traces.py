@@ -92,29 +92,44 @@ async def start_python_worker(cluster: Cluster, name: str) -> WorkerProcess:
     return await cluster.start_foreign_worker(name, argv)
 
 
-async def start_traced_run(
-    cluster: Cluster, caller: TracerProvider
+async def start_in_caller_span(
+    cluster: Cluster, caller: TracerProvider, name: str, tasks: list[workload.Task], action: str
 ) -> tuple[UUID, tuple[str, str]]:
-    """prep -> slow, started through the SDK inside the caller's own span."""
-    definition = workload.definition(
-        "traced",
-        [
-            workload.Task("prep", input={"sleep_ms": 50}),
-            workload.Task("slow", depends_on=["prep"], input={"sleep_ms": SLOW_S * 1000}),
-        ],
-    )
+    """A run of ``tasks`` (python actions), started through the SDK inside the caller's
+    own span; its id, and the trace id and span id of the caller's span."""
+    definition = workload.definition(name, tasks)
     for task in definition.tasks:
-        task.executor_kind, task.action = "python", "traced.work"
+        task.executor_kind, task.action = "python", action
     await cluster.control().CreateWorkflow(
         control_pb2.CreateWorkflowRequest(definition=definition), metadata=ADMIN_AUTH, timeout=10
     )
     async with AsyncClient(cluster.server_address, token=ADMIN_TOKEN) as client:
         with caller.get_tracer("caller-app").start_as_current_span("caller.handle_request") as own:
-            handle = await client.start("traced")
+            handle = await client.start(name)
     context = own.get_span_context()
     # The SDK's exporter thread calls the receiver served on this loop: never block it.
     await asyncio.to_thread(caller.force_flush)
     return UUID(handle.id), (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+
+
+async def start_traced_run(
+    cluster: Cluster, caller: TracerProvider
+) -> tuple[UUID, tuple[str, str]]:
+    """prep -> slow."""
+    tasks = [
+        workload.Task("prep", input={"sleep_ms": 50}),
+        workload.Task("slow", depends_on=["prep"], input={"sleep_ms": SLOW_S * 1000}),
+    ]
+    return await start_in_caller_span(cluster, caller, "traced", tasks, "traced.work")
+
+
+def assert_connected(spans: list[ReceivedSpan], caller_span_id: str) -> None:
+    """One connected trace, rooted at the caller's own span."""
+    by_id = {s.span_id for s in spans}
+    roots = [s for s in spans if not s.parent_span_id]
+    assert [(r.name, r.span_id) for r in roots] == [("caller.handle_request", caller_span_id)]
+    orphans = [s.name for s in spans if s.parent_span_id and s.parent_span_id not in by_id]
+    assert orphans == []
 
 
 def attempt_spans(spans: list[ReceivedSpan], key: str, attempt: int) -> list[ReceivedSpan]:
@@ -166,13 +181,7 @@ async def test_one_trace_per_run_from_the_caller_through_a_rescue(
 
     await wait_for(complete, "the run's span and the last attempt's", within=30)
     spans = received.trace(trace_id)
-    by_id = {s.span_id: s for s in spans}
-
-    # One connected trace, rooted at the caller's own span.
-    roots = [s for s in spans if not s.parent_span_id]
-    assert [(r.name, r.span_id) for r in roots] == [("caller.handle_request", caller_span_id)]
-    orphans = [s.name for s in spans if s.parent_span_id and s.parent_span_id not in by_id]
-    assert orphans == []
+    assert_connected(spans, caller_span_id)
     about_run = [s for s in received.spans if s.attributes.get(tracing.RUN_ID) == str(run_id)]
     assert {s.trace_id for s in about_run} == {trace_id}
 
@@ -217,7 +226,7 @@ async def test_one_trace_per_run_from_the_caller_through_a_rescue(
         (user,) = children(spans, code, traced_actions.USER_SPAN)
         assert user.attributes["user.task"] == key
         assert span.attributes[tracing.COMPLETE_OUTCOME] == "accepted"
-        assert (tracing.COMPLETE_EVENT, {tracing.OUTCOME: "accepted"}) in span.events
+        assert span.events == []  # Complete's answer is the attribute above
         assert span.attributes["awp.stream.chunks"] == 1
 
     # The killed worker's attempt: the coordinator's rescue, then a higher fencing token.
@@ -242,5 +251,110 @@ async def test_one_trace_per_run_from_the_caller_through_a_rescue(
     ]
     (user,) = children(spans, children(spans, again, tracing.ACTION_SPAN)[0], "user.model_call")
     assert (done["trace_id"], done["span_id"]) == (trace_id, user.span_id)
+
+    await cluster.check_invariants({run_id: Expect()})
+
+
+async def test_a_durable_tasks_steps_and_waits_in_its_trace(
+    cluster: Cluster, received: Receiver, caller: TracerProvider
+) -> None:
+    """A sync action's steps (one reporting its cost) and three waits: a sleep the
+    coordinator's timer ends, a signal wait and an approval the server resumes. Each
+    suspended attempt says so on its span, each wait is a span of the run from suspended
+    to resumed, naming what ended it, and each step a span in its attempt's action: a
+    miss, then hits."""
+    await cluster.start_server()
+    await cluster.start_coordinator()
+    await start_python_worker(cluster, "w1")
+    tasks = [workload.Task("agent")]
+    run_id, (trace_id, caller_span_id) = await start_in_caller_span(
+        cluster, caller, "durable", tasks, "traced.agent"
+    )
+
+    def waiting(kind: str) -> Any:
+        return cluster.fetchval(
+            "SELECT state = 'waiting' AND wait_kind = $2 FROM tasks WHERE run_id = $1",
+            run_id,
+            kind,
+        )
+
+    async with AsyncClient(cluster.server_address, token=ADMIN_TOKEN) as client:
+        await wait_for(lambda: waiting("signal"), "the task waiting for its signal", within=60)
+        sent = await client.send_signal(str(run_id), "go", {"n": 7})
+        assert sent.delivered_to == "agent"
+        await wait_for(lambda: waiting("approval"), "the task waiting for approval", within=60)
+        await client.approve(str(run_id), "agent", "fine")
+    await wait_run(cluster, run_id, within=60)
+    attempts = await cluster.fetch(
+        """SELECT a.attempt, a.state FROM attempts a WHERE a.run_id = $1 ORDER BY a.attempt""",
+        run_id,
+    )
+    assert [(row["attempt"], row["state"]) for row in attempts] == [
+        (1, "suspended"),
+        (2, "suspended"),
+        (3, "suspended"),
+        (4, "succeeded"),
+    ]
+
+    def complete() -> bool:
+        spans = received.trace(trace_id)
+        return any(s.name == tracing.RUN_SPAN for s in spans) and bool(
+            attempt_spans(spans, "agent", 4)
+        )
+
+    await wait_for(complete, "the run's span and the last attempt's", within=30)
+    spans = received.trace(trace_id)
+    assert_connected(spans, caller_span_id)
+    (run,) = [s for s in spans if s.name == tracing.RUN_SPAN]
+
+    # Each attempt's steps, in its action's span: (name, occurrence, hit, tokens).
+    def steps(number: int) -> list[tuple[str, int, bool, int | None]]:
+        (attempt,) = attempt_spans(spans, "agent", number)
+        (code,) = children(spans, attempt, tracing.ACTION_SPAN)
+        found = sorted(children(spans, code, tracing.STEP_SPAN), key=lambda s: s.start_ns)
+        return [
+            (
+                s.attributes[tracing.STEP_NAME],
+                s.attributes[tracing.STEP_OCCURRENCE],
+                s.attributes[tracing.STEP_HIT],
+                s.attributes.get(tracing.STEP_TOKENS),
+            )
+            for s in found
+        ]
+
+    assert steps(1) == [("draft", 0, False, 120)]
+    assert steps(2) == [("draft", 0, True, 120)]
+    assert steps(3) == [("draft", 0, True, 120)]
+    assert steps(4) == [("draft", 0, True, 120), ("final", 0, False, None)]
+
+    # The suspended attempts say where they stopped; the waits are spans of the run.
+    waits = sorted([s for s in spans if s.name == tracing.WAIT_SPAN], key=lambda s: s.start_ns)
+    assert [
+        (
+            w.attributes[tracing.WAIT_KIND],
+            w.attributes[tracing.WAIT_RESUMED_BY],
+            w.attributes[tracing.ATTEMPT],
+            w.service,
+        )
+        for w in waits
+    ] == [
+        ("sleep", "timer", 1, "awp-coordinator"),
+        ("signal", "signal", 2, "awp-server"),
+        ("approval", "approval", 3, "awp-server"),
+    ]
+    for number, wait in zip((1, 2, 3), waits, strict=True):
+        (suspended,) = attempt_spans(spans, "agent", number)
+        (resumed,) = attempt_spans(spans, "agent", number + 1)
+        assert wait.parent_span_id == run.span_id
+        assert wait.attributes[tracing.TASK_KEY] == "agent"
+        assert suspended.attributes["awp.cancel_reason"] == "suspended"
+        kind = wait.attributes[tracing.WAIT_KIND]
+        name = {"signal": "go", "approval": "approval"}.get(kind, "")
+        event = {tracing.WAIT_KIND: kind, tracing.WAIT_NAME: name, tracing.WAIT_OCCURRENCE: 0}
+        assert (tracing.SUSPENDED_EVENT, event) in suspended.events
+        # suspended -> resumed, between the two attempts (clock slack: one machine).
+        slack = 1_000_000_000
+        assert suspended.start_ns - slack <= wait.start_ns <= suspended.end_ns + slack
+        assert wait.end_ns <= resumed.start_ns + slack
 
     await cluster.check_invariants({run_id: Expect()})

@@ -1,7 +1,7 @@
 """The worker's spans (docs/observability.md) against the scriptable WorkerService, with
 the process's tracing on and its spans kept in memory: an attempt's span is the run's
-child and ends once its lease is let go, with Complete's answer or the revocation as an
-event; the action's span is the attempt's child; an untraced run gets no span."""
+child and ends once its lease is let go, with Complete's answer as an attribute or the revocation
+as an event; the action's span is the attempt's child; an untraced run gets no span."""
 
 from __future__ import annotations
 
@@ -56,9 +56,8 @@ async def test_a_completed_attempt_s_span_ends_with_complete_s_answer(
     assert attempt.attributes is not None
     assert attempt.attributes[tracing.OUTCOME] == "succeeded"
     assert attempt.attributes[tracing.FENCING_TOKEN] == 1000 + task.dispatch_id
-    assert [(e.name, dict(e.attributes or {})) for e in attempt.events] == [
-        (tracing.COMPLETE_EVENT, {tracing.OUTCOME: "accepted"})
-    ]
+    assert attempt.attributes[tracing.COMPLETE_OUTCOME] == "accepted"
+    assert list(attempt.events) == []  # the span ends at the answer: no event repeats it
 
 
 async def test_a_revoked_attempt_s_span_says_so_and_ends(
@@ -83,3 +82,22 @@ async def test_an_untraced_run_gets_no_span(fake: FakeServer, spans: InMemorySpa
     await eventually(lambda: task.dispatch_id in fake.service.results())
     assert await worker.stop() == EXIT_OK
     assert spans.get_finished_spans() == ()
+
+
+def test_a_step_span_is_made_only_inside_a_traced_attempt(spans: InMemorySpanExporter) -> None:
+    """A step of an untraced run (no span current) begins no trace of its own; inside a
+    traced attempt it is the current span's child."""
+    with tracing.child(tracing.STEP_SPAN) as outside:
+        assert outside is None
+    attempt = tracing.start(tracing.ATTEMPT_SPAN, RUN)
+    assert attempt is not None
+    with (
+        tracing.current(attempt),
+        tracing.child(tracing.STEP_SPAN, {tracing.STEP_NAME: "draft"}) as inside,
+    ):
+        assert inside is not None
+    attempt.end()
+    (step,) = named(spans, tracing.STEP_SPAN)
+    assert step.parent is not None
+    assert step.parent.span_id == attempt.get_span_context().span_id
+    assert step.attributes is not None and step.attributes[tracing.STEP_NAME] == "draft"

@@ -25,6 +25,7 @@ from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.states import task_state_name
 from awp_sdk.actions import ActionContext, output_struct
 from awp_sdk.replay import Replay
+from awp_sdk.waits import WaitSpec
 from awp_worker import _tracing
 from awp_worker._checkpoints import LeaseCheckpoints
 from awp_worker._completer import DROPPED, ResultFlusher
@@ -112,7 +113,7 @@ class Attempts:
             session.lease_call,
             lambda reason: self._memo_lost(holding[0], reason),
             fields,
-            lambda: self._suspended(holding[0]),
+            lambda spec: self._suspended(holding[0], spec),
         )
         stream = StreamWriter(
             lease,
@@ -156,9 +157,10 @@ class Attempts:
         if self._owner.leases.holds(held):
             revoke(self._owner, held, "lost")
 
-    def _suspended(self, held: HeldLease) -> None:
+    def _suspended(self, held: HeldLease, spec: WaitSpec) -> None:
         """The attempt ended SUSPENDED at a wait (the server ended its lease): stop it,
         report nothing, free the slot."""
+        _tracing.suspended(held, spec)
         if self._owner.leases.holds(held):
             self._owner.leases.release(held)
             held.cancel("suspended")

@@ -72,7 +72,7 @@ class LeaseCheckpoints:
         call: LeaseCall,
         on_lost: Callable[[str], None],
         log_fields: dict[str, Any],
-        on_suspended: Callable[[], None] = lambda: None,
+        on_suspended: Callable[[WaitSpec], None] = lambda spec: None,
     ) -> None:
         self._lease = lease
         self._call = call
@@ -148,7 +148,7 @@ class LeaseCheckpoints:
             # The lease ended with the attempt: free the slot, report nothing.
             log.info("suspended at the %s wait %r", spec.kind, spec.name, extra=self._fields)
             self._lost = f"suspended at the {spec.kind} wait {spec.name!r}"
-            self._on_suspended()
+            self._on_suspended(spec)
             return None
         self._lose("Await: lease lost")
         raise CheckpointsLost(f"wait {spec.name!r} of attempt {self._lease.attempt}: lease lost")

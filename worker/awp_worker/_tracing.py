@@ -5,8 +5,8 @@ An attempt's span is a child of its run's span (the lease's traceparent), so the
 joins the run's trace without knowing any other process; a lease without one (a run
 that is not traced) gets no span. The action runs inside the attempt's span, so
 whatever its code traces itself (an HTTP or model client) nests under it. The span lasts
-until the lease is let go: its Complete's answer is an event on it (no span of its own,
-which would cost as much again per task), as a revocation is.
+until the lease is let go: its Complete's answer is an attribute of it (no span of its
+own, which would cost as much again per task); a revocation is an event on it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from awp_common import tracing
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from awp_sdk.waits import WaitSpec
     from awp_worker._lease import HeldLease
 
 
@@ -70,10 +71,11 @@ def _executed(held: HeldLease, span: Span) -> None:
 
 
 def action(held: HeldLease) -> contextlib.AbstractContextManager[object]:
-    """The action's own code: a child of the attempt's span, current while it runs."""
+    """The action's own code: a child of the attempt's span, current while it runs (no
+    attributes: its parent, the attempt's span, names the action)."""
     if held.span is None:
         return contextlib.nullcontext()
-    return tracing.span(tracing.ACTION_SPAN, attributes={tracing.ACTION: held.lease.action})
+    return tracing.span(tracing.ACTION_SPAN)
 
 
 def revoked(held: HeldLease, status: str) -> None:
@@ -82,11 +84,26 @@ def revoked(held: HeldLease, status: str) -> None:
         held.span.add_event(tracing.REVOKED_EVENT, {"awp.status": status})
 
 
+def suspended(held: HeldLease, spec: WaitSpec) -> None:
+    """The attempt reached a wait not yet satisfied and ended SUSPENDED: an event on its
+    span (the wait's own span, suspended -> resumed, is recorded where it is resumed)."""
+    if held.span is not None and held.span.is_recording():
+        held.span.add_event(
+            tracing.SUSPENDED_EVENT,
+            {
+                tracing.WAIT_KIND: spec.kind,
+                tracing.WAIT_NAME: spec.name,
+                tracing.WAIT_OCCURRENCE: spec.occurrence,
+            },
+        )
+
+
 def completed(held: HeldLease, outcome: str) -> None:
-    """Complete answered for the attempt's result (accepted, duplicate, lease lost...)."""
+    """Complete answered for the attempt's result (accepted, duplicate, lease lost...):
+    an attribute, not an event, since the span ends at the answer (an event would say
+    nothing more, and costs its creation and its encoding)."""
     if held.span is not None and held.span.is_recording():
         held.span.set_attribute(tracing.COMPLETE_OUTCOME, outcome)
-        held.span.add_event(tracing.COMPLETE_EVENT, {tracing.OUTCOME: outcome})
 
 
 def released(held: HeldLease) -> None:

@@ -70,7 +70,7 @@ SELECT EXISTS (
 -- Run $1's oldest task waiting for (kind $2, name $3) (a task key $4 when not NULL).
 SELECT id, run_id, key, wait_kind, wait_name, wait_occurrence, wait_role,
        coalesce(wait_attempt, 0) AS wait_attempt, wait_task IS NOT NULL AS wait_task,
-       wait_due_at
+       wait_due_at, wait_since
   FROM tasks
  WHERE run_id = $1 AND state = 'waiting' AND wait_kind = $2
    AND ($3::text IS NULL OR wait_name = $3) AND ($4::text IS NULL OR key = $4)
@@ -82,9 +82,12 @@ SELECT id, run_id, key, wait_kind, wait_name, wait_occurrence, wait_role,
 SELECT id, state FROM tasks WHERE run_id = $1 AND key = $2
 
 -- name: resume
--- Task $1 leaves WAITING: READY to run again (its wait's checkpoint is stored).
-UPDATE tasks SET state = 'ready', ready_at = clock_timestamp()
- WHERE id = $1 AND state = 'waiting'
+-- Task $1 leaves WAITING: READY to run again (its wait's checkpoint is stored). Returns
+-- when, and its run's trace (NULLs: untraced), for the wait's span.
+UPDATE tasks t SET state = 'ready', ready_at = clock_timestamp()
+  FROM runs r
+ WHERE t.id = $1 AND t.state = 'waiting' AND r.id = t.run_id
+RETURNING t.ready_at AS resumed_at, r.trace_id, r.trace_span
 
 -- name: signal_by_request
 -- The signal a request id sent already, and the task that consumed it, if any.
@@ -110,7 +113,7 @@ SELECT id, run_id FROM tasks
 -- and due, locked.
 SELECT id, run_id, key, wait_kind, wait_name, wait_occurrence, wait_role,
        coalesce(wait_attempt, 0) AS wait_attempt, wait_task IS NOT NULL AS wait_task,
-       wait_due_at
+       wait_due_at, wait_since
   FROM tasks
  WHERE id = ANY($1::bigint[]) AND run_id = ANY($2::uuid[])
    AND state = 'waiting' AND wait_due_at <= clock_timestamp()
