@@ -150,3 +150,38 @@ def next_page(page: Sequence[StoredCheckpoint]) -> tuple[str, str, int] | None:
         return None
     last = page[-1]
     return (last.kind, last.name, last.occurrence)
+
+
+async def store_wait_outcome(
+    conn: Conn,
+    task_id: int,
+    run_id: UUID,
+    kind: str,
+    name: str,
+    occurrence: int,
+    value_json: str,
+    *,
+    timed_out: bool = False,
+    dispatch_id: int | None = None,
+    attempt: int | None = None,
+) -> StoredCheckpoint:
+    """Stores a satisfied (or timed-out) wait's outcome, by the attempt that reached it
+    or (no attempt running) by none; under the run's lock (awp_db.waits)."""
+    stored = await row_as(
+        StoredCheckpoint,
+        conn,
+        *named(
+            Q["insert_wait_outcome"],
+            task_id=task_id,
+            run_id=run_id,
+            kind=kind,
+            name=name,
+            occurrence=occurrence,
+            value=value_json,
+            timed_out=timed_out,
+            dispatch_id=dispatch_id,
+            attempt=attempt,
+        ),
+    )
+    assert stored is not None  # an INSERT ... RETURNING answers its row
+    return stored

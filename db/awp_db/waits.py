@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from awp_db import locks, settle, wait_spans
+from awp_db import checkpoints, locks, settle, wait_spans
 from awp_db.checkpoints import StoredCheckpoint
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
@@ -100,39 +100,6 @@ def _value(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-async def _store(
-    conn: Conn,
-    task_id: int,
-    run_id: UUID,
-    kind: str,
-    name: str,
-    occurrence: int,
-    value_json: str,
-    *,
-    timed_out: bool = False,
-    dispatch_id: int | None = None,
-    attempt: int | None = None,
-) -> StoredCheckpoint:
-    stored = await row_as(
-        StoredCheckpoint,
-        conn,
-        *named(
-            Q["insert_wait_checkpoint"],
-            task_id=task_id,
-            run_id=run_id,
-            kind=kind,
-            name=name,
-            occurrence=occurrence,
-            value=value_json,
-            timed_out=timed_out,
-            dispatch_id=dispatch_id,
-            attempt=attempt,
-        ),
-    )
-    assert stored is not None  # an INSERT ... RETURNING answers its row
-    return stored
-
-
 async def await_wait(
     conn: Conn,
     worker_id: UUID,
@@ -180,7 +147,7 @@ async def await_wait(
             if signal is not None:
                 satisfied_by = signal["payload_json"]
         if satisfied_by is not None:
-            stored = await _store(
+            stored = await checkpoints.store_wait_outcome(
                 conn,
                 row.task_id,
                 row.run_id,
@@ -296,7 +263,7 @@ async def send_signal(
         if task is not None:
             taken = await conn.fetchrow(Q["take_signal"], run_id, name, task.id)
             assert taken is not None  # this very signal, at least
-            await _store(
+            await checkpoints.store_wait_outcome(
                 conn,
                 task.id,
                 run_id,
@@ -354,7 +321,7 @@ async def decide(
             "comment": comment,
             "decided_at": decided_at.isoformat(),
         }
-        await _store(
+        await checkpoints.store_wait_outcome(
             conn,
             task.id,
             run_id,
@@ -401,7 +368,7 @@ async def release_due(conn: Conn, limit: int = 1000, *, term: Term | None = None
             assert task.wait_due_at is not None
             sleep = task.wait_kind == "sleep"
             value = _value({"woke_at": task.wait_due_at.isoformat()}) if sleep else "null"
-            await _store(
+            await checkpoints.store_wait_outcome(
                 conn,
                 task.id,
                 task.run_id,

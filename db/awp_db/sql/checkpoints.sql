@@ -43,3 +43,14 @@ INSERT INTO checkpoints (task_id, run_id, kind, name, occurrence, value, value_b
                          tokens, cost_usd, dispatch_id, attempt, fencing_token)
 VALUES (:task_id, :run_id, 'step', :name, :occurrence, :value::text::jsonb, :value_bytes,
         :tokens, :cost_usd, :dispatch_id, :attempt, :fencing_token)
+
+-- name: insert_wait_outcome
+-- A satisfied (or timed-out) wait's outcome: by the attempt that reached it (its
+-- dispatch, attempt and fencing token) or, when no attempt ran, NULL for all three.
+INSERT INTO checkpoints (task_id, run_id, kind, name, occurrence, value, value_bytes,
+                         timed_out, dispatch_id, attempt, fencing_token)
+VALUES (:task_id, :run_id, :kind, :name, :occurrence, :value::text::jsonb,
+        octet_length(:value::text), :timed_out, :dispatch_id, :attempt,
+        (SELECT fencing_token FROM attempts WHERE dispatch_id = :dispatch_id))
+RETURNING kind, name, occurrence, value::text AS value_json, tokens, cost_usd, timed_out,
+          coalesce(attempt, 0) AS attempt, 1 AS available

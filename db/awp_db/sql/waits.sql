@@ -19,17 +19,6 @@ UPDATE signals s
                 ORDER BY id LIMIT 1)
 RETURNING s.id, s.payload::text AS payload_json
 
--- name: insert_wait_checkpoint
--- A satisfied (or timed-out) wait's outcome: by the attempt that reached it (its
--- dispatch, attempt and fencing token) or, when no attempt ran, NULL for all three.
-INSERT INTO checkpoints (task_id, run_id, kind, name, occurrence, value, value_bytes,
-                         timed_out, dispatch_id, attempt, fencing_token)
-VALUES (:task_id, :run_id, :kind, :name, :occurrence, :value::text::jsonb,
-        octet_length(:value::text), :timed_out, :dispatch_id, :attempt,
-        (SELECT fencing_token FROM attempts WHERE dispatch_id = :dispatch_id))
-RETURNING kind, name, occurrence, value::text AS value_json, tokens, cost_usd, timed_out,
-          coalesce(attempt, 0) AS attempt, 1 AS available
-
 -- name: suspend
 -- The attempt of the leased dispatch :dispatch_id reached a wait not yet satisfied: the
 -- lease ends as a hand-back's does (`expired`: a late result is LEASE_LOST, and the
