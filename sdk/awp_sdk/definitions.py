@@ -1,44 +1,8 @@
 """Workflow definitions as plain data -> awp.v1.WorkflowDefinition, and their local check.
 
 The data is what a workflow file holds once parsed (YAML or JSON), and what a
-code-defined Workflow turns itself into, so both paths give identical definitions:
-
-    name: research-digest
-    version: 1
-    concurrency: 4
-    tasks:
-      - key: fetch
-        kind: mock                 # or executor_kind
-        action: fetch.news
-        input: {sleep_ms: 200}
-        retry: {max_attempts: 3, initial_backoff: 250ms, max_backoff: 30s, multiplier: 2}
-        timeout: 30s
-      - key: summarize
-        kind: python
-        action: demo.summarize
-        depends_on: [fetch]
-        on_failure: continue       # or fail_run (the default)
-      - key: search
-        kind: python
-        action: demo.search
-        depends_on: [plan]
-        map: {over: plan, path: queries}   # once per element of plan's output["queries"]
-      - key: cleanup
-        kind: python
-        action: demo.cleanup
-        always: true               # runs once the rest has ended, success or failure
-      - key: answer
-        kind: python
-        action: demo.answer
-        concurrency_limits:        # at most 2 live leases per user, 50 across "llm"
-          - {key: "user:{input.user_id}", max: 2}
-          - {key: llm, max: 50}
-        rate_limits:               # charged per execution; the action reports the actual
-          - {limit: openai-tpm, units: "{input.max_tokens}"}
-        priority: 2                # -10..10, added to the run's; higher first, with aging
-      - key: approve
-        wait: {approval: "Publish the digest?", timeout: 24h, role: approver}
-        depends_on: [summarize]    # a wait task: no worker runs it (or wait: {sleep: 10m})
+code-defined Workflow turns itself into, so both paths give identical definitions. Every
+key, with an example, is in docs/workflows.md ("The workflow file format").
 
 Durations are "250ms", "1.5s", "2m", "1h30m" or a number of seconds (awp_common.durations).
 The protobuf JSON names (`executorKind`, `dependsOn`, `backoffMultiplier`...) are accepted
