@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from awp_db import coordination, grant, locks
 from awp_db.queries import queries
 from awp_db.workers import OfflineRule
+from awp_protocol.limits import MAX_PRIORITY, MIN_PRIORITY
 
 KINDS = ("a", "b", "c")
 # A session is silent after 3 of its own heartbeat intervals, and at least a minute: with
@@ -240,7 +241,15 @@ async def test_due_agrees_with_every_step_and_its_python_twin(
         assert due.unservable == await _exists(conn, DISPATCHING["unservable"], 1)
         # `ready` is the cheap pre-check of dispatch's candidates: never false when the
         # dispatch pass would find one.
-        if await _exists(conn, GRANT["candidates"], list(KINDS), 100):
+        if await _exists(
+            conn,
+            GRANT["candidates"],
+            list(KINDS),
+            100,
+            grant.AGING_STEP_MS,
+            MIN_PRIORITY,
+            MAX_PRIORITY,
+        ):
             assert due.ready
 
         capacity = await conn.fetch(DISPATCHING["capacity"])
