@@ -7,8 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-from awp_kernel import concurrency, ratelimits
+from awp_kernel import concurrency, placement, ratelimits
 from awp_kernel.concurrency import ConcurrencyLimit
+from awp_kernel.placement import Placement
 from awp_kernel.ratelimits import RateUse
 from awp_kernel.retry import RetryPolicy
 from awp_kernel.wait_tasks import WaitTaskSpec, wait_violations
@@ -101,6 +102,8 @@ class TaskSpec:
     wait: WaitTaskSpec | None = None
     # Added to its run's priority: its base priority in the grant (awp_db.grant).
     priority: int = 0
+    # Labels, resources, stickiness (awp_kernel.placement).
+    placement: Placement = Placement()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -133,6 +136,7 @@ class TaskSpec:
             data["wait"] = self.wait.to_json()
         if self.priority:
             data["priority"] = self.priority
+        data.update(self.placement.to_json())
         return data
 
     @classmethod
@@ -160,6 +164,7 @@ class TaskSpec:
             rate_limits=tuple(RateUse.from_json(use) for use in t.get("rate_limits", ())),
             wait=WaitTaskSpec.from_json(t["wait"]) if "wait" in t else None,
             priority=t.get("priority", 0),
+            placement=Placement.from_json(t),
         )
 
 
@@ -280,6 +285,8 @@ def _task_violations(
             bad("wait", "a wait task runs on no worker: leave executor_kind and action empty")
         if task.map is not None or task.always:
             bad("wait", "a wait task cannot be a map task or an always task")
+        if task.placement:
+            bad("wait", "a wait task runs on no worker: it has no labels, resources or sticky")
     elif task.executor_kind not in known_kinds:
         bad(
             "executor_kind",
@@ -310,6 +317,8 @@ def _task_violations(
     for field_name, description in concurrency.violations(task.concurrency_limits):
         bad(field_name, f"task {quote(task.key)}: {description}")
     for field_name, description in ratelimits.violations(task.rate_limits):
+        bad(field_name, f"task {quote(task.key)}: {description}")
+    for field_name, description in placement.violations(task.placement):
         bad(field_name, f"task {quote(task.key)}: {description}")
     if not MIN_PRIORITY <= task.priority <= MAX_PRIORITY:
         bad("priority", f"task {quote(task.key)}: must be {MIN_PRIORITY} to {MAX_PRIORITY}")

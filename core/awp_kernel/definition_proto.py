@@ -22,6 +22,7 @@ from awp_kernel.definition import (
     WorkflowSpec,
     validate,
 )
+from awp_kernel.placement import Placement
 from awp_kernel.ratelimits import RateUse
 from awp_kernel.retry import RetryPolicy
 from awp_kernel.wait_tasks import WaitTaskKind, WaitTaskSpec
@@ -75,6 +76,12 @@ def spec_from_proto(
                 rate_limits=tuple(RateUse(use.limit, use.units) for use in task.rate_limits),
                 wait=_wait_from_proto(task.wait) if task.HasField("wait") else None,
                 priority=task.priority,
+                placement=Placement.of(
+                    list(task.required_labels),
+                    list(task.preferred_labels),
+                    dict(task.resources),
+                    task.sticky,
+                ),
             )
         )
     spec = WorkflowSpec(

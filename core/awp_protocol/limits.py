@@ -70,6 +70,16 @@ MAX_WORKER_NAME_CHARS: Final = 128
 MAX_WORKER_CONCURRENCY: Final = 1000
 MAX_LABELS: Final = 64
 MAX_LABEL_VALUE_CHARS: Final = 256
+# Placement (awp_protocol.placement, docs/workflows.md "Placement"): the models a worker
+# advertises (each the label "model=<name>"), its countable resources and their
+# capacities; a task's required and preferred labels (each list) and the resources it
+# reserves.
+MAX_MODELS: Final = 64
+MAX_RESOURCES: Final = 16
+MAX_RESOURCE_UNITS: Final = 1_000_000
+MAX_TASK_LABELS: Final = 16
+MAX_LABEL_KEY_CHARS: Final = 63
+MAX_PLACEMENT_LABEL_CHARS: Final = MAX_LABEL_KEY_CHARS + 1 + MAX_LABEL_VALUE_CHARS  # "key=value"
 MAX_LEASES_PER_CLAIM: Final = 1000
 MAX_RESULTS_PER_COMPLETE: Final = 500
 MAX_OUTPUT_BYTES: Final = 1024 * 1024  # a task's output, as canonical JSON
@@ -83,7 +93,6 @@ MAX_LOG_TAIL_CHARS: Final = 8 * 1024
 MAX_LOG_TAIL_LINES: Final = 50
 MAX_EXECUTOR_KINDS: Final = 32
 MAX_EXECUTOR_KIND_CHARS: Final = 32
-MAX_LABEL_KEY_CHARS: Final = 63
 MAX_CLAIM_WAIT_MS: Final = 5 * 60 * 1000  # a Claim's long poll; the server may cap it lower
 # Leases of a task handed back by draining workers (DrainRequest.hand_back) free of
 # charge: no attempt spent, no backoff. Past this, a hand-back is charged as an ordinary
@@ -179,6 +188,8 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.RegisterRequest.executor_kinds": MAX_EXECUTOR_KIND_CHARS,
     "awp.v1.RegisterRequest.LabelsEntry.key": MAX_LABEL_KEY_CHARS,
     "awp.v1.RegisterRequest.LabelsEntry.value": MAX_LABEL_VALUE_CHARS,
+    "awp.v1.RegisterRequest.models": MAX_LABEL_VALUE_CHARS,
+    "awp.v1.RegisterRequest.ResourcesEntry.key": MAX_LABEL_KEY_CHARS,
     "awp.v1.LeaseRef.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.TaskResult.lease_token": MAX_TOKEN_CHARS,
     "awp.v1.TaskError.message": MAX_ERROR_MESSAGE_CHARS,
@@ -190,6 +201,9 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.TaskDefinition.key": MAX_TASK_KEY_CHARS,
     "awp.v1.TaskDefinition.executor_kind": MAX_EXECUTOR_KIND_CHARS,
     "awp.v1.TaskDefinition.action": MAX_ACTION_CHARS,
+    "awp.v1.TaskDefinition.required_labels": MAX_PLACEMENT_LABEL_CHARS,
+    "awp.v1.TaskDefinition.preferred_labels": MAX_PLACEMENT_LABEL_CHARS,
+    "awp.v1.TaskDefinition.ResourcesEntry.key": MAX_LABEL_KEY_CHARS,
     "awp.v1.TaskDefinition.depends_on": MAX_TASK_KEY_CHARS,
     "awp.v1.TaskMap.over": MAX_TASK_KEY_CHARS,
     "awp.v1.ConcurrencyLimit.key": MAX_KEY_TEMPLATE_CHARS,
@@ -267,6 +281,8 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
 COUNT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.RegisterRequest.executor_kinds": MAX_EXECUTOR_KINDS,
     "awp.v1.RegisterRequest.labels": MAX_LABELS,
+    "awp.v1.RegisterRequest.models": MAX_MODELS,
+    "awp.v1.RegisterRequest.resources": MAX_RESOURCES,
     "awp.v1.HeartbeatRequest.leases": MAX_WORKER_CONCURRENCY,
     "awp.v1.CompleteRequest.results": MAX_RESULTS_PER_COMPLETE,
     "awp.v1.DrainRequest.hand_back": MAX_WORKER_CONCURRENCY,
@@ -276,6 +292,9 @@ COUNT_LIMITS: Final[Mapping[str, int]] = {
     "awp.v1.TaskDefinition.depends_on": MAX_DEPENDENCIES,
     "awp.v1.TaskDefinition.concurrency_limits": MAX_CONCURRENCY_LIMITS,
     "awp.v1.TaskDefinition.rate_limits": MAX_RATE_USES,
+    "awp.v1.TaskDefinition.required_labels": MAX_TASK_LABELS,
+    "awp.v1.TaskDefinition.preferred_labels": MAX_TASK_LABELS,
+    "awp.v1.TaskDefinition.resources": MAX_RESOURCES,
     "awp.v1.TaskResult.usage": MAX_RATE_USES,
     "awp.v1.TaskResult.slow_down": MAX_RATE_USES,
 }

@@ -18,13 +18,13 @@ from awp_protocol.limits import (
     MAX_WORKER_CONCURRENCY,
     MAX_WORKER_NAME_CHARS,
 )
+from awp_protocol.placement import LABEL_KEY_PATTERN, models_problems, resources_problems
 
 NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # a workflow's name
 TASK_KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # An identifier an executor resolves: never a path, URL or shell command.
 ACTION_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
 EXECUTOR_KIND_PATTERN: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-LABEL_KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_./-]{1,63}")
 # A step's, a signal's or an approval's name (docs/design.md §16).
 CHECKPOINT_NAME_PATTERN: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_CHECKPOINT_NAME_CHARS}}}")
 # Where a map task finds its list in its upstream's output: object keys (or, for a list
@@ -84,12 +84,15 @@ def check_register(
     max_concurrency: int,
     labels: Mapping[str, str],
     *,
+    models: Sequence[str] = (),
+    resources: Mapping[str, int] | None = None,
     settings: Mapping[str, str] | None = None,
 ) -> None:
     """Raises RegisterInvalid listing every field of this RegisterRequest the server refuses.
 
-    `settings` maps a request field (name, executor_kinds, max_concurrency, labels) to what
-    the caller calls it, so that a worker's start-up error names the flag to fix.
+    `settings` maps a request field (name, executor_kinds, max_concurrency, labels,
+    models, resources) to what the caller calls it, so that a worker's start-up error
+    names the flag to fix.
     """
     found: list[FieldViolation] = []
     if not 1 <= len(name) <= MAX_WORKER_NAME_CHARS:
@@ -132,5 +135,9 @@ def check_register(
             found.append(
                 FieldViolation(f"labels[{quote(key)}]", f"label {quote(key)}: {LABEL_RULE}")
             )
+    for field, description in models_problems(models) + resources_problems(
+        resources or {}, "capacity"
+    ):
+        found.append(FieldViolation(field, description))
     if found:
         raise RegisterInvalid(found, settings or {})

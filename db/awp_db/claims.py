@@ -17,7 +17,7 @@ from uuid import UUID
 import asyncpg
 
 from awp_common.tracing import TraceRef
-from awp_db import locks, workers
+from awp_db import locks, placement, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import named, queries
@@ -89,6 +89,14 @@ class _Claimer:
     @property
     def kinds(self) -> tuple[str, ...]:
         return tuple(sorted(self.session.executor_kinds))
+
+    @property
+    def worker_id(self) -> UUID:
+        return self.session.worker_id
+
+    @property
+    def capacity(self) -> dict[str, int]:
+        return dict(self.session.capacity)
 
 
 async def claim_many(
@@ -204,11 +212,20 @@ async def _lease_round(
     if not short:
         return False
     kinds = sorted({kind for claimer in short for kind in claimer.kinds})
-    run_ids = await locks.claimable_runs(
-        conn, kinds, sum(claimer.missing for claimer in short), skip_locked=skip_locked
+    runs = await locks.claimable_runs(
+        conn,
+        kinds,
+        sum(claimer.missing for claimer in short),
+        skip_locked=skip_locked,
+        labels={label for claimer in short for label in claimer.session.labels},
+        resources={name for claimer in short for name in claimer.session.capacity},
     )
-    if not run_ids:
+    if not runs:
         return False
+    run_ids = [run.id for run in runs]
+    # Runs with a dispatch to place (placement.match) first, for the claimers that fit
+    # it; then every slot still empty takes dispatches without placement.
+    placed_runs = [run.id for run in runs if run.placed]
     # One statement serves the short claimers of one set of kinds, first come first
     # served; the sets take turns in the order their first claimer came.
     by_kinds: dict[tuple[str, ...], list[_Claimer]] = {}
@@ -217,21 +234,29 @@ async def _lease_round(
         if claimer.missing > 0:
             by_kinds[claimer.kinds].append(claimer)
     for group_kinds, group in by_kinds.items():
-        if group:
-            await _take(conn, group, group_kinds, run_ids, lease_ttl_ms, events)
+        if group and placed_runs:
+            chosen = await placement.match(conn, group, group_kinds, placed_runs)
+            if chosen:
+                await _take(conn, chosen, group_kinds, placed_runs, lease_ttl_ms, events)
+        slots = [(claimer, None) for claimer in group for _ in range(claimer.missing)]
+        if slots:
+            await _take(conn, slots, group_kinds, run_ids, lease_ttl_ms, events)
     return True
 
 
 async def _take(
     conn: Conn,
-    group: Sequence[_Claimer],
+    offered: Sequence[tuple[_Claimer, int | None]],
     kinds: Sequence[str],
     run_ids: Sequence[UUID],
     lease_ttl_ms: int,
     events: EventBatch,
 ) -> None:
-    """Leases dispatches of these (locked) runs to the group's missing slots, in order."""
-    slots = [claimer for claimer in group for _ in range(claimer.missing)]
+    """Leases dispatches of these (locked) runs to the slots offered, in order: each
+    slot's claimer and the placed dispatch chosen for it (placement.match), or None for
+    slots that take the oldest dispatches without placement."""
+    slots = [claimer for claimer, _ in offered]
+    chosen = [dispatch for _, dispatch in offered if dispatch is not None]
     secrets = [tokens.new_token() for _ in slots]
     rows = await conn.fetch(
         *named(
@@ -240,6 +265,7 @@ async def _take(
             kinds=list(kinds),
             run_ids=run_ids,
             slots=len(slots),
+            chosen=chosen or None,
             token_digests=[tokens.digest(secret) for secret in secrets],
             lease_ttl_ms=lease_ttl_ms,
             max_input_bytes=MAX_CLAIM_INPUT_JSON_BYTES,

@@ -15,6 +15,9 @@ from awp_db.queries import queries
 from awp_db.signals import DISPATCH_CHANNEL, DISPATCH_LOCK_KEY
 
 Q = queries("dispatching")
+# Why an offer was withdrawn (the queued -> ready event's payload).
+UNSERVABLE = "no active worker can run it (its executor kind, required labels and resources)"
+
 log = logging.getLogger("awp.db.dispatching")
 
 
@@ -70,7 +73,10 @@ async def create_dispatches(
         by_kind: Counter[str] = Counter()
         granted = [g for g in chosen if g.run_id in locked]
         rows = await conn.fetch(
-            Q["create"], [g.task_id for g in granted], [g.priority for g in granted]
+            Q["create"],
+            [g.task_id for g in granted],
+            [g.priority for g in granted],
+            grant.PLACEMENT_FALLBACK_MS,
         )
         for row in rows:
             events.task(
@@ -97,7 +103,8 @@ def _dispatched(dispatch_id: int, term: Term | None) -> dict[str, int]:
 
 
 async def withdraw_unservable(conn: Conn, limit: int = 1000, *, term: Term | None = None) -> int:
-    """Queued tasks whose kind no active worker runs go back to ready, nothing spent."""
+    """Queued tasks no active worker could run (its kind, required labels and resources:
+    the grant's own rule) go back to ready, nothing spent; grant.explain says why."""
     events = EventBatch()
     async with transaction(conn, term):
         rows = await conn.fetch(Q["unservable"], limit)
@@ -111,7 +118,7 @@ async def withdraw_unservable(conn: Conn, limit: int = 1000, *, term: Term | Non
                 row["key"],
                 "queued",
                 "ready",
-                payload={"why": "no active worker runs this executor kind"},
+                payload={"why": UNSERVABLE},
             )
         await events.flush(conn)
     return len(moved)

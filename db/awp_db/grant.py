@@ -29,6 +29,10 @@ Q = queries("grant")
 # priority q > p for at most (q - p) steps before it goes first (docs/design.md §17).
 # One constant, not a setting: every server and coordinator must rank alike.
 AGING_STEP_MS = 1000
+# Placement (docs/design.md §17): a dispatch that prefers a worker (sticky, or preferred
+# labels) may be leased only by such a worker for this long after its grant, when one is
+# active at the grant; after it, by any worker that meets its requirements.
+PLACEMENT_FALLBACK_MS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,9 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
 
 async def explain(conn: Conn, run_id: UUID) -> dict[str, str]:
     """Why each ready task of the run is not granted now (by task key; only those held
-    back by a limit, by higher-priority work, or by no worker of their kind): the same
-    counts as `choose`."""
+    back by a limit, by higher-priority work, or by no worker of their kind, labels or
+    resources): the same counts as `choose`; and why a queued task's placed offer is not
+    leased yet (its resources reserved on every worker that could run it, or its
+    preferred worker's turn)."""
     rows = await conn.fetch(Q["explain"], run_id, AGING_STEP_MS, MIN_PRIORITY, MAX_PRIORITY)
     return {row["key"]: row["why"] for row in rows if row["why"]}

@@ -64,7 +64,7 @@ order. Every other comment about locking points here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -87,6 +87,9 @@ class SessionRow:
     executor_kinds: list[str]
     max_concurrency: int
     stream_epoch: int
+    placement_labels: list[str]
+    resource_names: list[str]
+    resource_units: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +202,29 @@ async def runs_of_dispatches(conn: Conn, dispatch_ids: Sequence[int]) -> None:
     await conn.fetch(Q["runs_of_dispatches"], list(dispatch_ids))
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimableRun:
+    id: UUID
+    # It has a pending dispatch with placement requirements (awp_db.placement).
+    placed: bool
+
+
 async def claimable_runs(
-    conn: Conn, kinds: Sequence[str], limit: int, *, skip_locked: bool
-) -> list[UUID]:
-    """Runs owning the oldest pending dispatches of these kinds, locked; skip_locked
-    leaves out (instead of waiting for) runs another transaction holds."""
+    conn: Conn,
+    kinds: Sequence[str],
+    limit: int,
+    *,
+    skip_locked: bool,
+    labels: Collection[str] = (),
+    resources: Collection[str] = (),
+) -> list[ClaimableRun]:
+    """Runs owning the oldest pending dispatches of these kinds that claimers of these
+    labels and resources could take, locked; skip_locked leaves out (instead of waiting
+    for) runs another transaction holds."""
     query = Q["claimable_runs"] + (" SKIP LOCKED" if skip_locked else "")
-    return [row["id"] for row in await conn.fetch(query, list(kinds), limit)]
+    return await rows_as(
+        ClaimableRun, conn, query, list(kinds), limit, sorted(labels), sorted(resources)
+    )
 
 
 # --- dispatch rows ---------------------------------------------------------------------

@@ -226,6 +226,7 @@ async def insert_tasks(
             rate_units=[json.dumps([units for _, units in uses]) for uses in rates],
             wait_tasks=[None if t.wait is None else json.dumps(t.wait.to_json()) for t in tasks],
             priorities=[t.priority for t in tasks],
+            placements=[json.dumps(t.placement.to_json()) for t in tasks],
             delayed=delayed,
         )
     )

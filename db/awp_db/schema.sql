@@ -60,6 +60,18 @@ $$;
 
 COMMENT ON FUNCTION public.notify_lease_revoked() IS 'NOTIFY awp_lease_revoked with ''<worker uuid>:<dispatch id>'' (awp_db.signals.LEASE_REVOKED_CHANNEL).';
 
+CREATE FUNCTION public.placement_fits(required text[], names text[], units bigint[], worker_labels text[], worker_names text[], worker_units bigint[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN ((required <@ worker_labels) AND (NOT (EXISTS (SELECT 1 FROM UNNEST(placement_fits.names, placement_fits.units) n(name, units) WHERE (n.units > COALESCE((SELECT c.units FROM UNNEST(placement_fits.worker_names, placement_fits.worker_units) c(name, units) WHERE (c.name = n.name)), (0)::bigint))))));
+
+COMMENT ON FUNCTION public.placement_fits(required text[], names text[], units bigint[], worker_labels text[], worker_names text[], worker_units bigint[]) IS 'A worker of these labels and capacities could run a task of these requirements.';
+
+CREATE FUNCTION public.placement_prefers(sticky_worker uuid, preferred text[], worker uuid, worker_labels text[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN (((sticky_worker IS NULL) OR (sticky_worker = worker)) AND (preferred <@ worker_labels));
+
+COMMENT ON FUNCTION public.placement_prefers(sticky_worker uuid, preferred text[], worker uuid, worker_labels text[]) IS 'The worker is the one a sticky / preferred-label dispatch prefers.';
+
 CREATE TABLE public.attempts (
     id bigint NOT NULL,
     task_id bigint NOT NULL,
@@ -167,6 +179,13 @@ CREATE TABLE public.dispatches (
     concurrency_keys text[] DEFAULT '{}'::text[] NOT NULL,
     concurrency_max integer[] DEFAULT '{}'::integer[] NOT NULL,
     priority integer,
+    required_labels text[] DEFAULT '{}'::text[] NOT NULL,
+    preferred_labels text[] DEFAULT '{}'::text[] NOT NULL,
+    resource_names text[] DEFAULT '{}'::text[] NOT NULL,
+    resource_units bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    sticky_worker uuid,
+    prefer_until timestamp with time zone,
+    placed boolean GENERATED ALWAYS AS (((cardinality(required_labels) > 0) OR (cardinality(resource_names) > 0) OR (prefer_until IS NOT NULL))) STORED,
     CONSTRAINT dispatches_check CHECK (((state = 'pending'::text) OR (state = 'canceled'::text) OR (state = 'expired'::text) OR (worker_id IS NOT NULL))),
     CONSTRAINT dispatches_check1 CHECK (((state <> 'leased'::text) OR ((lease_token_hash IS NOT NULL) AND (lease_expires_at IS NOT NULL) AND (attempt_deadline IS NOT NULL) AND (fencing_token IS NOT NULL)))),
     CONSTRAINT dispatches_check2 CHECK (((lease_expires_at IS NULL) OR (lease_expires_at <= attempt_deadline))),
@@ -174,6 +193,7 @@ CREATE TABLE public.dispatches (
     CONSTRAINT dispatches_check4 CHECK (((state = ANY (ARRAY['completed'::text, 'expired'::text, 'canceled'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT dispatches_concurrency_aligned CHECK ((cardinality(concurrency_keys) = cardinality(concurrency_max))),
     CONSTRAINT dispatches_lease_token_hash_check CHECK ((length(lease_token_hash) = 32)),
+    CONSTRAINT dispatches_resources_aligned CHECK ((cardinality(resource_names) = cardinality(resource_units))),
     CONSTRAINT dispatches_result_hash_check CHECK ((length(result_hash) = 32)),
     CONSTRAINT dispatches_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'completed'::text, 'expired'::text, 'canceled'::text])))
 );
@@ -187,6 +207,10 @@ COMMENT ON COLUMN public.dispatches.result_hash IS 'SHA-256 of the canonical acc
 COMMENT ON COLUMN public.dispatches.concurrency_keys IS 'The keys this dispatch holds a unit of while pending or leased (awp_db.grant).';
 
 COMMENT ON COLUMN public.dispatches.priority IS 'The effective priority the grant ranked the task at (base plus aging); NULL: granted before priorities.';
+
+COMMENT ON COLUMN public.dispatches.resource_names IS 'Units reserved (resource_units) on its worker while leased; freed when the lease ends.';
+
+COMMENT ON COLUMN public.dispatches.prefer_until IS 'Until then only its sticky worker / a worker with its preferred labels may lease it; NULL: anyone.';
 
 CREATE SEQUENCE public.dispatches_id_seq
     START WITH 1
@@ -514,6 +538,11 @@ CREATE TABLE public.tasks (
     rate_names text[] DEFAULT '{}'::text[] NOT NULL,
     rate_units bigint[] DEFAULT '{}'::bigint[] NOT NULL,
     priority integer DEFAULT 0 NOT NULL,
+    required_labels text[] DEFAULT '{}'::text[] NOT NULL,
+    preferred_labels text[] DEFAULT '{}'::text[] NOT NULL,
+    resource_names text[] DEFAULT '{}'::text[] NOT NULL,
+    resource_units bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    sticky boolean DEFAULT false NOT NULL,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_backoff_initial_ms_check CHECK ((backoff_initial_ms >= 0)),
     CONSTRAINT tasks_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -533,6 +562,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_on_failure_check CHECK ((on_failure = ANY (ARRAY['fail_run'::text, 'continue'::text]))),
     CONSTRAINT tasks_priority_check CHECK (((priority >= '-10'::integer) AND (priority <= 10))),
     CONSTRAINT tasks_rate_aligned CHECK ((cardinality(rate_names) = cardinality(rate_units))),
+    CONSTRAINT tasks_resources_aligned CHECK ((cardinality(resource_names) = cardinality(resource_units))),
     CONSTRAINT tasks_reused_succeeded_without_attempts CHECK (((reused_from_run_id IS NULL) OR ((state = 'succeeded'::text) AND (attempts = 0)))),
     CONSTRAINT tasks_saved_cost_usd_check CHECK ((saved_cost_usd >= (0)::double precision)),
     CONSTRAINT tasks_saved_steps_check CHECK ((saved_steps >= 0)),
@@ -606,11 +636,16 @@ CREATE TABLE public.workers (
     stopped_at timestamp with time zone,
     stream_epoch bigint DEFAULT 0 NOT NULL,
     heartbeat_interval_ms integer DEFAULT 5000 NOT NULL,
+    models text[] DEFAULT '{}'::text[] NOT NULL,
+    placement_labels text[] DEFAULT '{}'::text[] NOT NULL,
+    resource_names text[] DEFAULT '{}'::text[] NOT NULL,
+    resource_units bigint[] DEFAULT '{}'::bigint[] NOT NULL,
     CONSTRAINT workers_check CHECK (((state = ANY (ARRAY['stopped'::text, 'offline'::text])) = (stopped_at IS NOT NULL))),
     CONSTRAINT workers_executor_kinds_check CHECK ((cardinality(executor_kinds) >= 1)),
     CONSTRAINT workers_heartbeat_interval_ms_check CHECK ((heartbeat_interval_ms > 0)),
     CONSTRAINT workers_max_concurrency_check CHECK (((max_concurrency >= 1) AND (max_concurrency <= 1000))),
     CONSTRAINT workers_name_check CHECK (((length(name) >= 1) AND (length(name) <= 128))),
+    CONSTRAINT workers_resources_aligned CHECK ((cardinality(resource_names) = cardinality(resource_units))),
     CONSTRAINT workers_session_token_hash_check CHECK ((length(session_token_hash) = 32)),
     CONSTRAINT workers_state_check CHECK ((state = ANY (ARRAY['active'::text, 'draining'::text, 'stopped'::text, 'offline'::text])))
 );
@@ -622,6 +657,10 @@ COMMENT ON COLUMN public.workers.session_token_hash IS 'SHA-256 of the session t
 COMMENT ON COLUMN public.workers.stream_epoch IS 'Bumped by each new heartbeat stream: only the newest stream''s loss shortens leases.';
 
 COMMENT ON COLUMN public.workers.heartbeat_interval_ms IS 'The interval its server gave this session at Register; offline after 3 of them.';
+
+COMMENT ON COLUMN public.workers.placement_labels IS 'Its labels as key=value and model=<name> per model: what required and preferred labels match.';
+
+COMMENT ON COLUMN public.workers.resource_names IS 'Countable resources (resource_units: capacity); its leased dispatches never reserve more.';
 
 CREATE TABLE public.workflows (
     id bigint NOT NULL,
@@ -775,6 +814,8 @@ COMMENT ON INDEX public.dispatches_one_live_per_task IS 'At most one live dispat
 CREATE INDEX dispatches_pending_by_kind ON public.dispatches USING btree (executor_kind, id) WHERE (state = 'pending'::text);
 
 COMMENT ON INDEX public.dispatches_pending_by_kind IS 'Claims and dispatch read the few pending dispatches of a kind, oldest first, from here.';
+
+CREATE INDEX dispatches_pending_placed ON public.dispatches USING btree (run_id, id) WHERE ((state = 'pending'::text) AND placed);
 
 CREATE INDEX dispatches_run_created ON public.dispatches USING btree (run_id, created_at);
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -16,6 +16,7 @@ from awp_db.locks import SessionRow
 from awp_db.queries import named, queries, row_as, rows_as
 from awp_db.signals import COORDINATOR_CHANNEL
 from awp_kernel import errors, tokens
+from awp_protocol.placement import worker_labels
 
 Q = queries("workers")
 log = logging.getLogger("awp.db.workers")
@@ -47,6 +48,9 @@ class Session:
     state: str
     executor_kinds: list[str]
     max_concurrency: int
+    # Its placement labels and each resource's capacity (migration 0020).
+    labels: frozenset[str] = frozenset()
+    capacity: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,10 @@ class WorkerInfo:
     last_heartbeat_at: datetime
     stopped_at: datetime | None
     active_leases: int
+    models: list[str]
+    resource_names: list[str]
+    resource_units: list[int]
+    resource_reserved: list[int]
 
 
 def parse_worker_id(worker_id: str) -> UUID:
@@ -82,8 +90,13 @@ async def register(
     labels: dict[str, str],
     *,
     heartbeat_interval_ms: int,
+    models: Sequence[str] = (),
+    resources: Mapping[str, int] | None = None,
 ) -> Registration:
+    """A new session. Its placement labels are its labels and models
+    (awp_protocol.placement.worker_labels); `resources`: each one's capacity."""
     token = tokens.new_token()
+    capacity = sorted((resources or {}).items())
     row = await conn.fetchrow(
         *named(
             Q["register"],
@@ -95,6 +108,10 @@ async def register(
             session_token_hash=tokens.digest(token),
             heartbeat_interval_ms=heartbeat_interval_ms,
             channel=COORDINATOR_CHANNEL,
+            models=sorted(set(models)),
+            placement_labels=list(worker_labels(labels, models)),
+            resource_names=[name for name, _ in capacity],
+            resource_units=[units for _, units in capacity],
         )
     )
     assert row is not None
@@ -161,7 +178,14 @@ def _session(
     if row.state not in allowed_states:
         log.info("session rejected", extra={"worker_id": worker_id, "why": row.state})
         raise errors.session_invalid(f"worker session is {row.state}: register anew")
-    return Session(wid, row.state, list(row.executor_kinds), row.max_concurrency)
+    return Session(
+        wid,
+        row.state,
+        list(row.executor_kinds),
+        row.max_concurrency,
+        frozenset(row.placement_labels),
+        dict(zip(row.resource_names, row.resource_units, strict=True)),
+    )
 
 
 async def active_lease_counts(conn: Conn, worker_ids: Sequence[UUID]) -> dict[UUID, int]:

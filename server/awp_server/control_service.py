@@ -177,7 +177,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             tracebacks = await attempts.final_tracebacks(
                 conn, run_id, [row.id for row in task_rows]
             )
-            held_back = await grant.explain(conn, run_id) if counts.get("ready") else {}
+            waiting = counts.get("ready") or counts.get("queued")
+            held_back = await grant.explain(conn, run_id) if waiting else {}
         answer = control_pb2.GetRunResponse(
             run=convert.run_to_proto(run_row, counts),
             tasks=[

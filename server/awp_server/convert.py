@@ -165,6 +165,10 @@ def spec_to_proto(spec: WorkflowSpec) -> types_pb2.WorkflowDefinition:
                 ],
                 wait=None if task.wait is None else _wait_task(task.wait),
                 priority=task.priority,
+                required_labels=task.placement.required_labels,
+                preferred_labels=task.placement.preferred_labels,
+                resources=dict(task.placement.resources),
+                sticky=task.placement.sticky,
             )
             for task in spec.tasks
         ],
@@ -368,6 +372,9 @@ def worker_to_proto(row: WorkerInfo) -> control_pb2.WorkerInfo:
         registered_at=timestamp(row.registered_at),
         last_heartbeat_at=timestamp(row.last_heartbeat_at),
         stopped_at=timestamp(row.stopped_at),
+        models=row.models,
+        resources=dict(zip(row.resource_names, row.resource_units, strict=True)),
+        reserved=dict(zip(row.resource_names, row.resource_reserved, strict=True)),
     )
 
 

@@ -122,6 +122,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             list(request.executor_kinds),
             request.max_concurrency,
             dict(request.labels),
+            models=list(request.models),
+            resources=dict(request.resources),
         )
         registration = await workers.register(
             self._pool,
@@ -131,6 +133,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             request.max_concurrency,
             dict(request.labels),
             heartbeat_interval_ms=self._config.heartbeat_interval_ms,
+            models=list(request.models),
+            resources=dict(request.resources),
         )
         metrics.REGISTRATIONS.inc()
         log.info(

@@ -107,6 +107,8 @@ async def register(
     name: str = "w",
     labels: dict[str, str] | None = None,
     heartbeat_interval_ms: int = 5_000,
+    models: Sequence[str] = (),
+    resources: dict[str, int] | None = None,
 ) -> DbWorker:
     async with pool.acquire() as conn:
         registration = await workers.register(
@@ -117,6 +119,8 @@ async def register(
             max_concurrency,
             labels or {},
             heartbeat_interval_ms=heartbeat_interval_ms,
+            models=models,
+            resources=resources,
         )
     return DbWorker(registration, pool)
 

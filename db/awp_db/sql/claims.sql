@@ -12,10 +12,14 @@
 -- sessions whose rows this transaction locked may be listed one session after the other).
 -- Upstream outputs too large to travel inline are left out: the server lists them in
 -- the lease (omitted_upstream_keys) and the worker fetches them (upstream.sql).
+-- Placement (migration 0020): :chosen NULL takes only dispatches without placement
+-- (`placed` false); otherwise exactly the dispatches :chosen, which awp_db.placement
+-- matched to the slots, the n-th of :chosen to the n-th slot.
 WITH picked AS (
     SELECT d.id, d.run_id, d.task_id
       FROM dispatches d
      WHERE d.state = 'pending' AND d.executor_kind = ANY(:kinds::text[]) AND d.run_id = ANY(:run_ids::uuid[])
+       AND CASE WHEN :chosen::bigint[] IS NULL THEN NOT d.placed ELSE d.id = ANY(:chosen::bigint[]) END
      -- Oldest first; "+ 0" keeps PostgreSQL from walking the primary key (every dispatch
      -- ever made) in id order, filtering: the few pending ones come from their partial
      -- index and are sorted.
@@ -30,7 +34,8 @@ WITH picked AS (
 ), numbered AS (
     -- Only as many as one answer can deliver (:max_input_bytes:
     -- limits.MAX_CLAIM_INPUT_JSON_BYTES); the first always. The rest stay pending, locked by nobody once this commits.
-    SELECT s.id, s.run_id, s.task_id, row_number() OVER (ORDER BY s.id) AS n
+    SELECT s.id, s.run_id, s.task_id,
+           coalesce(array_position(:chosen::bigint[], s.id), row_number() OVER (ORDER BY s.id)) AS n
       FROM sized s WHERE s.through <= :max_input_bytes OR s.through = s.own
 ), leased AS (
     UPDATE dispatches d

@@ -41,20 +41,47 @@ SELECT coalesce(s.kind, p.kind) AS kind,
 -- name: create
 -- Runs are locked by the caller (locks.sql). Only tasks still ready move; each gets one dispatch
 -- (the unique index refuses a second live one), which holds the task's concurrency keys
--- from now until it ends (grant.sql).
+-- from now until it ends (grant.sql), and carries its placement (migration 0020).
 WITH moved AS (
     UPDATE tasks t SET state = 'queued'
      WHERE t.id = ANY($1::bigint[]) AND t.state = 'ready'
  RETURNING t.id, t.run_id, t.key, t.executor_kind, t.concurrency_keys, t.concurrency_max,
-           t.rate_names, t.rate_units
+           t.rate_names, t.rate_units, t.required_labels, t.preferred_labels,
+           t.resource_names, t.resource_units, t.sticky
+), stuck AS (
+    -- A sticky task prefers the worker of the run's most recent earlier attempt (of
+    -- another task: a retry is no reason to go back to where it failed).
+    SELECT m.*, CASE WHEN m.sticky THEN
+               (SELECT a.worker_id FROM attempts a
+                 WHERE a.run_id = m.run_id AND a.task_id <> m.id
+                 ORDER BY a.started_at DESC, a.id DESC LIMIT 1) END AS sticky_worker
+      FROM moved m
+), placed AS (
+    -- Preferring (sticky or preferred labels) lasts $3 ms (grant.PLACEMENT_FALLBACK_MS),
+    -- and only if a worker it prefers is active now and meets its requirements; else
+    -- anyone may take it at once.
+    SELECT s.*, CASE WHEN (s.sticky_worker IS NOT NULL OR cardinality(s.preferred_labels) > 0)
+                      AND EXISTS (SELECT 1 FROM workers w
+                                   WHERE w.state = 'active'
+                                     AND s.executor_kind = ANY(w.executor_kinds)
+                                     AND placement_fits(s.required_labels, s.resource_names,
+                                                        s.resource_units, w.placement_labels,
+                                                        w.resource_names, w.resource_units)
+                                     AND placement_prefers(s.sticky_worker, s.preferred_labels,
+                                                           w.id, w.placement_labels))
+                     THEN clock_timestamp() + $3::bigint * interval '1 millisecond' END AS prefer_until
+      FROM stuck s
 ), created AS (
     -- In the order the grant chose them ($1): a Claim leases the oldest dispatch first,
     -- so the grant's round-robin order is the order work starts in.
     -- $2: the effective priority each was ranked at, aligned with $1.
     INSERT INTO dispatches (run_id, task_id, executor_kind, concurrency_keys, concurrency_max,
-                            priority)
-    SELECT m.run_id, m.id, m.executor_kind, m.concurrency_keys, m.concurrency_max, g.priority
-      FROM moved m
+                            priority, required_labels, preferred_labels, resource_names,
+                            resource_units, sticky_worker, prefer_until)
+    SELECT m.run_id, m.id, m.executor_kind, m.concurrency_keys, m.concurrency_max, g.priority,
+           m.required_labels, m.preferred_labels, m.resource_names, m.resource_units,
+           m.sticky_worker, m.prefer_until
+      FROM placed m
       JOIN unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS g (id, priority, n) ON g.id = m.id
      ORDER BY g.n
  RETURNING id, task_id
@@ -75,12 +102,16 @@ SELECT m.run_id, m.key, m.executor_kind, c.id AS dispatch_id
   FROM moved m JOIN created c ON c.task_id = m.id
 
 -- name: unservable
--- Pending dispatches no active worker could claim.
+-- Pending dispatches no active worker could ever claim: none runs its executor kind with
+-- its required labels and its resources' units (placement_fits, migration 0020).
 SELECT d.id, d.run_id
   FROM dispatches d
  WHERE d.state = 'pending'
    AND NOT EXISTS (SELECT 1 FROM workers w
-                    WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds))
+                    WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)
+                      AND (NOT d.placed
+                           OR placement_fits(d.required_labels, d.resource_names, d.resource_units,
+                                             w.placement_labels, w.resource_names, w.resource_units)))
  ORDER BY d.id + 0  -- from the pending partial index, not a primary key walk
  LIMIT $1
 

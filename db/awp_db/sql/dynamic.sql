@@ -41,14 +41,16 @@ WITH named AS (
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, parent_id, map_index,
-                   concurrency_keys, concurrency_max, rate_names, rate_units, priority)
+                   concurrency_keys, concurrency_max, rate_names, rate_units, priority,
+                   required_labels, preferred_labels, resource_names, resource_units, sticky)
 -- Each element holds its map task's concurrency keys, rate uses (rendered from the run
--- input) and priority.
+-- input), priority and placement.
 SELECT m.run_id, n.key, m.executor_kind, m.action,
        m.input || jsonb_build_object('item', e.value, 'index', n.map_index),
        m.depends_on, '{}', 0, 'ready', m.max_attempts, m.backoff_initial_ms, m.backoff_max_ms,
        m.backoff_multiplier, m.timeout_ms, clock_timestamp(), m.id, n.map_index,
-       m.concurrency_keys, m.concurrency_max, m.rate_names, m.rate_units, m.priority
+       m.concurrency_keys, m.concurrency_max, m.rate_names, m.rate_units, m.priority,
+       m.required_labels, m.preferred_labels, m.resource_names, m.resource_units, m.sticky
   FROM started s
   JOIN tasks m ON m.id = s.id
   JOIN tasks u ON u.run_id = m.run_id AND u.key = m.map_over

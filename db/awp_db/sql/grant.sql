@@ -15,6 +15,8 @@
 -- (krn) so that one busy key cannot fill the batch. `held` returns each key's units held
 -- when the pass began; the caller counts the units it grants on top (a task of several
 -- keys is checked for all of them there).
+-- Placement: a task is a candidate only while an active worker of its kind has its
+-- required labels and each of its resources' units (placement_fits, migration 0020).
 -- Rate limits: a task is a candidate only while each rate limit it uses, if set, is not
 -- paused and has its units free in the window ending now (charges granted in the last
 -- period, each its reported usage where known, else its estimate). `rate_free` returns
@@ -80,6 +82,15 @@ WITH held AS (
                   LEFT JOIN rates r ON r.name = k.name) v
            WHERE t.run_id = l.id AND t.state = 'ready'
              AND t.executor_kind = ANY($1::text[]) AND u.open AND v.open
+             -- Placement: only what an active worker could ever run (its kind, required
+             -- labels and resources' capacities); the claim checks the rest.
+             AND CASE WHEN cardinality(t.required_labels) = 0 AND cardinality(t.resource_names) = 0
+                      THEN true
+                      ELSE EXISTS (SELECT 1 FROM workers w
+                                    WHERE w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds)
+                                      AND placement_fits(t.required_labels, t.resource_names,
+                                                         t.resource_units, w.placement_labels,
+                                                         w.resource_names, w.resource_units)) END
            ORDER BY t.priority DESC, t.id
            LIMIT $2) c
 ), picked AS (
@@ -112,8 +123,15 @@ SELECT id, run_id, executor_kind, concurrency_keys, concurrency_max, held, rate_
 -- Why each ready task of run $1 is not granted now, by the same counts as `candidates`
 -- ($2: the aging step in ms, $3/$4: the priority range)
 -- (the first reason found; a task with none is only waiting for the next pass or a free
--- slot). Unlocked: a reading, not a decision.
-WITH held AS (
+-- slot), and why each queued task's placed offer is not leased yet (its resources
+-- reserved on every worker that could run it, or a preferred worker's turn).
+-- Unlocked: a reading, not a decision.
+WITH reserved AS (
+    SELECT d.worker_id, r.name, sum(r.units) AS n
+      FROM dispatches d CROSS JOIN LATERAL unnest(d.resource_names, d.resource_units) AS r (name, units)
+     WHERE d.state = 'leased' AND cardinality(d.resource_names) > 0
+     GROUP BY d.worker_id, r.name
+), held AS (
     SELECT k.key, count(*)::int AS n
       FROM dispatches d CROSS JOIN LATERAL unnest(d.concurrency_keys) AS k (key)
      WHERE d.state IN ('pending', 'leased') AND cardinality(d.concurrency_keys) > 0
@@ -140,7 +158,29 @@ WITH held AS (
                AS in_flight
       FROM runs r WHERE r.id = $1
 )
-SELECT t.key, coalesce(
+SELECT t.key, CASE WHEN t.state = 'queued' THEN coalesce(
+    (SELECT format('resource %L exhausted (%s of %s reserved on the matching workers)',
+                   u.name, sum(coalesce(x.n, 0)), sum(c.units))
+       FROM dispatches d
+      CROSS JOIN LATERAL unnest(d.resource_names, d.resource_units) AS u (name, units)
+       JOIN workers w ON w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)
+                     AND placement_fits(d.required_labels, d.resource_names, d.resource_units,
+                                        w.placement_labels, w.resource_names, w.resource_units)
+      CROSS JOIN LATERAL unnest(w.resource_names, w.resource_units) AS c (name, units)
+       LEFT JOIN reserved x ON x.worker_id = w.id AND x.name = u.name
+      WHERE d.task_id = t.id AND d.state = 'pending' AND c.name = u.name
+      GROUP BY u.name, u.units
+     HAVING bool_and(c.units - coalesce(x.n, 0) < u.units)
+      LIMIT 1),
+    (SELECT format('preferring %s until %s', concat_ws(' with ',
+                       CASE WHEN d.sticky_worker IS NOT NULL
+                            THEN format('its sticky worker %s', d.sticky_worker) END,
+                       CASE WHEN cardinality(d.preferred_labels) > 0
+                            THEN format('labels %s', array_to_string(d.preferred_labels, ', ')) END),
+                   d.prefer_until)
+       FROM dispatches d
+      WHERE d.task_id = t.id AND d.state = 'pending' AND d.prefer_until > clock_timestamp()),
+    '') ELSE coalesce(
     (SELECT format('waiting for concurrency key %L (%s of %s held)', k.key, h.n, k.max)
        FROM unnest(t.concurrency_keys, t.concurrency_max) AS k (key, max)
        JOIN held h ON h.key = k.key
@@ -170,6 +210,30 @@ SELECT t.key, coalesce(
     (SELECT format('waiting for a worker that runs executor kind %L', t.executor_kind)
       WHERE NOT EXISTS (SELECT 1 FROM workers w
                          WHERE w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds))),
-    '') AS why
+    -- Placement (placement_fits): a label no active worker of its kind has, all of them
+    -- on no one worker, or a resource no such worker has enough of.
+    (SELECT format('no active worker with label %s', l.label)
+       FROM unnest(t.required_labels) AS l (label)
+      WHERE NOT EXISTS (SELECT 1 FROM workers w
+                         WHERE w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds)
+                           AND l.label = ANY(w.placement_labels))
+      LIMIT 1),
+    (SELECT format('no active worker with labels %s together',
+                   array_to_string(t.required_labels, ', '))
+      WHERE cardinality(t.required_labels) > 1
+        AND NOT EXISTS (SELECT 1 FROM workers w
+                         WHERE w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds)
+                           AND t.required_labels <@ w.placement_labels)),
+    (SELECT format('no active worker with %s units of resource %s%s', u.units, u.name,
+                   CASE WHEN cardinality(t.required_labels) > 0
+                        THEN ' and labels ' || array_to_string(t.required_labels, ', ') ELSE '' END)
+       FROM unnest(t.resource_names, t.resource_units) AS u (name, units)
+      WHERE NOT EXISTS (SELECT 1 FROM workers w
+                         WHERE w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds)
+                           AND t.required_labels <@ w.placement_labels
+                           AND placement_fits('{}', ARRAY[u.name], ARRAY[u.units],
+                                              '{}', w.resource_names, w.resource_units))
+      LIMIT 1),
+    '') END AS why
   FROM tasks t
- WHERE t.run_id = $1 AND t.state = 'ready'
+ WHERE t.run_id = $1 AND t.state IN ('ready', 'queued')

@@ -7,13 +7,15 @@
 -- name: session
 -- One session's row: serialises its claims (so its free slots cannot be exceeded),
 -- its drain and the loss of its heartbeat stream.
-SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch,
+       placement_labels, resource_names, resource_units
   FROM workers WHERE id = $1
    FOR NO KEY UPDATE
 
 -- name: sessions
 -- Several sessions' rows, for the claims of several sessions in one transaction.
-SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch,
+       placement_labels, resource_names, resource_units
   FROM workers WHERE id = ANY($1::uuid[])
  ORDER BY id
    FOR NO KEY UPDATE
@@ -70,11 +72,19 @@ SELECT id FROM runs
 -- busy run from coming back empty. A claim the first round left short runs it again
 -- with SKIP LOCKED appended (awp_db.claims): whatever other runs are free now; runs
 -- this transaction already locked are returned again.
-SELECT r.id
+-- Placement (migration 0020): a placed dispatch counts only if some claimer could ever
+-- take it ($3: the claimers' labels, $4: their resources), so that work no claimer can
+-- run does not hold back what it can; `placed` says whether the run has a pending
+-- dispatch the claim must place (awp_db.placement; an empty partial index otherwise).
+SELECT r.id,
+       EXISTS (SELECT 1 FROM dispatches p
+                WHERE p.run_id = r.id AND p.state = 'pending' AND p.placed) AS placed
   FROM runs r
  WHERE r.id IN (SELECT d.run_id
                   FROM dispatches d
                  WHERE d.state = 'pending' AND d.executor_kind = ANY($1::text[])
+                   AND (NOT d.placed
+                        OR (d.required_labels <@ $3::text[] AND d.resource_names <@ $4::text[]))
                  ORDER BY d.id + 0  -- see claims.sql take
                  LIMIT $2)
    AND r.state = 'running' AND r.cancel_requested_at IS NULL

@@ -22,11 +22,13 @@ RETURNING id, awaiting_start
 -- :concurrency_keys/:concurrency_max: JSON arrays, the keys rendered from the run input
 -- (awp_kernel.concurrency) and each one's max; :rate_names/:rate_units: JSON arrays, the
 -- rate limits each execution charges and the units (awp_kernel.ratelimits).
+-- :placements: each task's placement as JSON (awp_kernel.placement.Placement.to_json).
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
                    always, concurrency_keys, concurrency_max, rate_names, rate_units,
-                   wait_task, priority)
+                   wait_task, priority, required_labels, preferred_labels, resource_names,
+                   resource_units, sticky)
 SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
@@ -42,18 +44,24 @@ SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        array(SELECT jsonb_array_elements_text(t.concurrency_max::jsonb)::int),
        array(SELECT jsonb_array_elements_text(t.rate_names::jsonb)),
        array(SELECT jsonb_array_elements_text(t.rate_units::jsonb)::bigint),
-       t.wait_task::jsonb, t.priority
+       t.wait_task::jsonb, t.priority,
+       array(SELECT jsonb_array_elements_text(t.placement::jsonb -> 'required_labels')),
+       array(SELECT jsonb_array_elements_text(t.placement::jsonb -> 'preferred_labels')),
+       array(SELECT r.key FROM jsonb_each(t.placement::jsonb -> 'resources') r ORDER BY r.key),
+       array(SELECT r.value::bigint FROM jsonb_each(t.placement::jsonb -> 'resources') r
+              ORDER BY r.key),
+       coalesce((t.placement::jsonb ->> 'sticky')::bool, false)
   FROM unnest(:keys::text[], :executor_kinds::text[], :actions::text[], :inputs::text[],
               :depends_on::text[], :dependents::text[], :unfinished_deps::int[],
               :max_attempts::int[], :backoff_initial_ms::bigint[], :backoff_max_ms::bigint[],
               :backoff_multipliers::float8[], :timeout_ms::bigint[], :map_over::text[],
               :map_paths::text[], :on_failure::text[], :always::bool[],
               :concurrency_keys::text[], :concurrency_max::text[], :rate_names::text[],
-              :rate_units::text[], :wait_tasks::text[], :priorities::int[])
+              :rate_units::text[], :wait_tasks::text[], :priorities::int[], :placements::text[])
        AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
              max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms,
              map_over, map_path, on_failure, always, concurrency_keys, concurrency_max,
-             rate_names, rate_units, wait_task, priority)
+             rate_names, rate_units, wait_task, priority, placement)
 RETURNING key, state
 
 -- name: by_request_id

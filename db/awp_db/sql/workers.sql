@@ -3,20 +3,24 @@
 -- rather than at its next scan (DESIGN.md §7).
 WITH registered AS (
     INSERT INTO workers (name, protocol_version, executor_kinds, max_concurrency, labels, session_token_hash,
-                         heartbeat_interval_ms)
+                         heartbeat_interval_ms, models, placement_labels, resource_names,
+                         resource_units)
     VALUES (:name, :protocol_version, :executor_kinds, :max_concurrency, :labels,
-            :session_token_hash, :heartbeat_interval_ms)
+            :session_token_hash, :heartbeat_interval_ms, :models, :placement_labels,
+            :resource_names, :resource_units)
     RETURNING id, registered_at
 )
 SELECT id, registered_at, pg_notify(:channel, 'register') FROM registered
 
 -- name: session
 -- Unlocked; locks.sql has the locking reads of sessions.
-SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch,
+       placement_labels, resource_names, resource_units
   FROM workers WHERE id = $1
 
 -- name: sessions
-SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch
+SELECT id, state, session_token_hash, executor_kinds, max_concurrency, stream_epoch,
+       placement_labels, resource_names, resource_units
   FROM workers WHERE id = ANY($1::uuid[])
 
 -- name: active_leases
@@ -61,7 +65,14 @@ RETURNING id
 -- name: list
 SELECT w.id, w.name, w.state, w.executor_kinds, w.max_concurrency, w.labels, w.protocol_version,
        w.registered_at, w.last_heartbeat_at, w.stopped_at,
-       (SELECT count(*) FROM dispatches d WHERE d.worker_id = w.id AND d.state = 'leased') AS active_leases
+       (SELECT count(*) FROM dispatches d WHERE d.worker_id = w.id AND d.state = 'leased') AS active_leases,
+       w.models, w.resource_names, w.resource_units,
+       -- What its live leases reserve of each of its resources (0 for none).
+       array(SELECT coalesce((SELECT sum(r.units)
+                                FROM dispatches d
+                                CROSS JOIN LATERAL unnest(d.resource_names, d.resource_units) AS r (name, units)
+                               WHERE d.worker_id = w.id AND d.state = 'leased' AND r.name = c.name), 0)::bigint
+               FROM unnest(w.resource_names) WITH ORDINALITY AS c (name, i) ORDER BY c.i) AS resource_reserved
   FROM workers w
  WHERE $1 OR w.state IN ('active', 'draining')
  ORDER BY w.registered_at DESC, w.id

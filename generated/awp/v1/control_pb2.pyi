@@ -604,10 +604,12 @@ class Task(_message.Message):
     hand_backs - suspensions count against max_attempts).
     """
     waiting_for: _builtins.str
-    """GetRun, a READY task a limit holds back: why, e.g. "waiting for concurrency key
-    'user:ann' (2 of 2 held)", "waiting for rate limit 'api' (...)", "waiting for a worker
-    that runs executor kind 'gpu'" (docs/workflows.md). Empty otherwise. Numbered apart
-    so that other additions do not collide.
+    """GetRun, a READY task a limit holds back, or a QUEUED one placement holds: why, e.g.
+    "waiting for concurrency key 'user:ann' (2 of 2 held)", "waiting for rate limit
+    'api' (...)", "waiting for a worker that runs executor kind 'gpu'", "no active worker
+    with label gpu=a100", "resource 'gpu' exhausted (2 of 2 reserved on the matching
+    workers)" (docs/workflows.md). Empty otherwise. Numbered apart so that other
+    additions do not collide.
     """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -1155,6 +1157,46 @@ class WorkerInfo(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ResourcesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ReservedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
@@ -1166,6 +1208,9 @@ class WorkerInfo(_message.Message):
     REGISTERED_AT_FIELD_NUMBER: _builtins.int
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
     STOPPED_AT_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    RESERVED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     state: _types_pb2.WorkerState.ValueType
@@ -1182,6 +1227,18 @@ class WorkerInfo(_message.Message):
     def last_heartbeat_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def stopped_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Placement (RegisterRequest.models and resources; numbered 50+). The models it
+        advertises (each the label "model=<name>").
+        """
+
+    @_builtins.property
+    def resources(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Each countable resource's capacity, and the units its live leases reserve now."""
+
+    @_builtins.property
+    def reserved(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -1196,10 +1253,13 @@ class WorkerInfo(_message.Message):
         registered_at: _timestamp_pb2.Timestamp | None = ...,
         last_heartbeat_at: _timestamp_pb2.Timestamp | None = ...,
         stopped_at: _timestamp_pb2.Timestamp | None = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
+        resources: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        reserved: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at", "stopped_at", b"stopped_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "executor_kinds", b"executor_kinds", "id", b"id", "labels", b"labels", "last_heartbeat_at", b"last_heartbeat_at", "max_concurrency", b"max_concurrency", "name", b"name", "protocol_version", b"protocol_version", "registered_at", b"registered_at", "state", b"state", "stopped_at", b"stopped_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "executor_kinds", b"executor_kinds", "id", b"id", "labels", b"labels", "last_heartbeat_at", b"last_heartbeat_at", "max_concurrency", b"max_concurrency", "models", b"models", "name", b"name", "protocol_version", b"protocol_version", "registered_at", b"registered_at", "reserved", b"reserved", "resources", b"resources", "state", b"state", "stopped_at", b"stopped_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

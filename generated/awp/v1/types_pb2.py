@@ -28,51 +28,55 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61wp/v1/types.proto\x12\x06\x61wp.v1\x1a\x13\x61wp/v1/limits.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x01\n\x0bRetryPolicy\x12\x14\n\x0cmax_attempts\x18\x01 \x01(\r\x12\x32\n\x0finitial_backoff\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0bmax_backoff\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12\x62\x61\x63koff_multiplier\x18\x04 \x01(\x01\"%\n\x07TaskMap\x12\x0c\n\x04over\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\xc1\x03\n\x0eTaskDefinition\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12&\n\x05input\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12\"\n\x05retry\x18\x06 \x01(\x0b\x32\x13.awp.v1.RetryPolicy\x12*\n\x07timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1c\n\x03map\x18\x08 \x01(\x0b\x32\x0f.awp.v1.TaskMap\x12)\n\non_failure\x18\t \x01(\x0e\x32\x15.awp.v1.FailurePolicy\x12\x0e\n\x06\x61lways\x18\n \x01(\x08\x12(\n\x04wait\x18\x0b \x01(\x0b\x32\x1a.awp.v1.WaitTaskDefinition\x12\x34\n\x12\x63oncurrency_limits\x18\x1e \x03(\x0b\x32\x18.awp.v1.ConcurrencyLimit\x12$\n\x0brate_limits\x18\x1f \x03(\x0b\x32\x0f.awp.v1.RateUse\x12\x10\n\x08priority\x18( \x01(\x05\"-\n\tStepUsage\x12\x0e\n\x06tokens\x18\x01 \x01(\x04\x12\x10\n\x08\x63ost_usd\x18\x02 \x01(\x01\">\n\x0bMemoSavings\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12\x10\n\x08\x63ost_usd\x18\x03 \x01(\x01\"\xae\x01\n\x12WaitTaskDefinition\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.awp.v1.CheckpointKind\x12(\n\x05sleep\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0c\n\x04role\x18\x05 \x01(\t\"\x84\x01\n\x12WorkflowDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x13\n\x0b\x63oncurrency\x18\x04 \x01(\r\x12%\n\x05tasks\x18\x05 \x03(\x0b\x32\x16.awp.v1.TaskDefinition\"b\n\tTaskError\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\tretryable\x18\x02 \x01(\x08\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x10\n\x08log_tail\x18\x05 \x01(\t\"Y\n\rRunTransition\x12$\n\nfrom_state\x18\x01 \x01(\x0e\x32\x10.awp.v1.RunState\x12\"\n\x08to_state\x18\x02 \x01(\x0e\x32\x10.awp.v1.RunState\"\\\n\x0eTaskTransition\x12%\n\nfrom_state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12#\n\x08to_state\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState\"e\n\x11\x41ttemptTransition\x12(\n\nfrom_state\x18\x01 \x01(\x0e\x32\x14.awp.v1.AttemptState\x12&\n\x08to_state\x18\x02 \x01(\x0e\x32\x14.awp.v1.AttemptState\"\xac\x03\n\nStateEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08revision\x18\x03 \x01(\x04\x12\x1f\n\x04type\x18\x0b \x01(\x0e\x32\x11.awp.v1.EventType\x12\x10\n\x08task_key\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12/\n\x0erun_transition\x18\x0c \x01(\x0b\x32\x15.awp.v1.RunTransitionH\x00\x12\x31\n\x0ftask_transition\x18\r \x01(\x0b\x32\x16.awp.v1.TaskTransitionH\x00\x12\x37\n\x12\x61ttempt_transition\x18\x0e \x01(\x0b\x32\x19.awp.v1.AttemptTransitionH\x00\x12(\n\x07payload\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0c\n\ntransitionJ\x04\x08\x04\x10\x05J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\nfrom_stateR\x08to_state*\x83\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_RUNNING\x10\x01\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x02\x12\x14\n\x10RUN_STATE_FAILED\x10\x03\x12\x16\n\x12RUN_STATE_CANCELED\x10\x04*\x9c\x02\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_STATE_PENDING\x10\x01\x12\x14\n\x10TASK_STATE_READY\x10\x02\x12\x15\n\x11TASK_STATE_QUEUED\x10\x03\x12\x16\n\x12TASK_STATE_RUNNING\x10\x04\x12\x1c\n\x18TASK_STATE_WAITING_RETRY\x10\x05\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x06\x12\x15\n\x11TASK_STATE_FAILED\x10\x07\x12\x17\n\x13TASK_STATE_CANCELED\x10\x08\x12\x16\n\x12TASK_STATE_SKIPPED\x10\t\x12\x16\n\x12TASK_STATE_WAITING\x10\n*\xf4\x01\n\x0c\x41ttemptState\x12\x1d\n\x19\x41TTEMPT_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41TTEMPT_STATE_RUNNING\x10\x01\x12\x1b\n\x17\x41TTEMPT_STATE_SUCCEEDED\x10\x02\x12\x18\n\x14\x41TTEMPT_STATE_FAILED\x10\x03\x12\x1d\n\x19\x41TTEMPT_STATE_INTERRUPTED\x10\x04\x12\x1b\n\x17\x41TTEMPT_STATE_TIMED_OUT\x10\x05\x12\x1a\n\x16\x41TTEMPT_STATE_CANCELED\x10\x06\x12\x1b\n\x17\x41TTEMPT_STATE_SUSPENDED\x10\x07*\xbd\x01\n\rDispatchState\x12\x1e\n\x1a\x44ISPATCH_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x44ISPATCH_STATE_PENDING\x10\x01\x12\x19\n\x15\x44ISPATCH_STATE_LEASED\x10\x02\x12\x1c\n\x18\x44ISPATCH_STATE_COMPLETED\x10\x03\x12\x1a\n\x16\x44ISPATCH_STATE_EXPIRED\x10\x04\x12\x1b\n\x17\x44ISPATCH_STATE_CANCELED\x10\x05*\x93\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_STATE_ACTIVE\x10\x01\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x02\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x03\x12\x18\n\x14WORKER_STATE_OFFLINE\x10\x04*i\n\rFailurePolicy\x12\x1e\n\x1a\x46\x41ILURE_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x46\x41ILURE_POLICY_FAIL_RUN\x10\x01\x12\x1b\n\x17\x46\x41ILURE_POLICY_CONTINUE\x10\x02*\xa0\x01\n\x0e\x43heckpointKind\x12\x1f\n\x1b\x43HECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43HECKPOINT_KIND_STEP\x10\x01\x12\x19\n\x15\x43HECKPOINT_KIND_SLEEP\x10\x02\x12\x1a\n\x16\x43HECKPOINT_KIND_SIGNAL\x10\x03\x12\x1c\n\x18\x43HECKPOINT_KIND_APPROVAL\x10\x04*\xbb\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45VENT_TYPE_RUN_CREATED\x10\x01\x12\x18\n\x14\x45VENT_TYPE_RUN_STATE\x10\x02\x12\x19\n\x15\x45VENT_TYPE_TASK_STATE\x10\x03\x12\x1c\n\x18\x45VENT_TYPE_ATTEMPT_STATE\x10\x04\x12#\n\x1f\x45VENT_TYPE_RUN_CANCEL_REQUESTED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61wp/v1/types.proto\x12\x06\x61wp.v1\x1a\x13\x61wp/v1/limits.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x01\n\x0bRetryPolicy\x12\x14\n\x0cmax_attempts\x18\x01 \x01(\r\x12\x32\n\x0finitial_backoff\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0bmax_backoff\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12\x62\x61\x63koff_multiplier\x18\x04 \x01(\x01\"%\n\x07TaskMap\x12\x0c\n\x04over\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\xf0\x04\n\x0eTaskDefinition\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12&\n\x05input\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12\"\n\x05retry\x18\x06 \x01(\x0b\x32\x13.awp.v1.RetryPolicy\x12*\n\x07timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1c\n\x03map\x18\x08 \x01(\x0b\x32\x0f.awp.v1.TaskMap\x12)\n\non_failure\x18\t \x01(\x0e\x32\x15.awp.v1.FailurePolicy\x12\x0e\n\x06\x61lways\x18\n \x01(\x08\x12(\n\x04wait\x18\x0b \x01(\x0b\x32\x1a.awp.v1.WaitTaskDefinition\x12\x34\n\x12\x63oncurrency_limits\x18\x1e \x03(\x0b\x32\x18.awp.v1.ConcurrencyLimit\x12$\n\x0brate_limits\x18\x1f \x03(\x0b\x32\x0f.awp.v1.RateUse\x12\x10\n\x08priority\x18( \x01(\x05\x12\x17\n\x0frequired_labels\x18\x32 \x03(\t\x12\x18\n\x10preferred_labels\x18\x33 \x03(\t\x12\x38\n\tresources\x18\x34 \x03(\x0b\x32%.awp.v1.TaskDefinition.ResourcesEntry\x12\x0e\n\x06sticky\x18\x35 \x01(\x08\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"-\n\tStepUsage\x12\x0e\n\x06tokens\x18\x01 \x01(\x04\x12\x10\n\x08\x63ost_usd\x18\x02 \x01(\x01\">\n\x0bMemoSavings\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12\x10\n\x08\x63ost_usd\x18\x03 \x01(\x01\"\xae\x01\n\x12WaitTaskDefinition\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.awp.v1.CheckpointKind\x12(\n\x05sleep\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0c\n\x04role\x18\x05 \x01(\t\"\x84\x01\n\x12WorkflowDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x13\n\x0b\x63oncurrency\x18\x04 \x01(\r\x12%\n\x05tasks\x18\x05 \x03(\x0b\x32\x16.awp.v1.TaskDefinition\"b\n\tTaskError\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\tretryable\x18\x02 \x01(\x08\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x10\n\x08log_tail\x18\x05 \x01(\t\"Y\n\rRunTransition\x12$\n\nfrom_state\x18\x01 \x01(\x0e\x32\x10.awp.v1.RunState\x12\"\n\x08to_state\x18\x02 \x01(\x0e\x32\x10.awp.v1.RunState\"\\\n\x0eTaskTransition\x12%\n\nfrom_state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12#\n\x08to_state\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState\"e\n\x11\x41ttemptTransition\x12(\n\nfrom_state\x18\x01 \x01(\x0e\x32\x14.awp.v1.AttemptState\x12&\n\x08to_state\x18\x02 \x01(\x0e\x32\x14.awp.v1.AttemptState\"\xac\x03\n\nStateEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08revision\x18\x03 \x01(\x04\x12\x1f\n\x04type\x18\x0b \x01(\x0e\x32\x11.awp.v1.EventType\x12\x10\n\x08task_key\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12/\n\x0erun_transition\x18\x0c \x01(\x0b\x32\x15.awp.v1.RunTransitionH\x00\x12\x31\n\x0ftask_transition\x18\r \x01(\x0b\x32\x16.awp.v1.TaskTransitionH\x00\x12\x37\n\x12\x61ttempt_transition\x18\x0e \x01(\x0b\x32\x19.awp.v1.AttemptTransitionH\x00\x12(\n\x07payload\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0c\n\ntransitionJ\x04\x08\x04\x10\x05J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\nfrom_stateR\x08to_state*\x83\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_RUNNING\x10\x01\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x02\x12\x14\n\x10RUN_STATE_FAILED\x10\x03\x12\x16\n\x12RUN_STATE_CANCELED\x10\x04*\x9c\x02\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_STATE_PENDING\x10\x01\x12\x14\n\x10TASK_STATE_READY\x10\x02\x12\x15\n\x11TASK_STATE_QUEUED\x10\x03\x12\x16\n\x12TASK_STATE_RUNNING\x10\x04\x12\x1c\n\x18TASK_STATE_WAITING_RETRY\x10\x05\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x06\x12\x15\n\x11TASK_STATE_FAILED\x10\x07\x12\x17\n\x13TASK_STATE_CANCELED\x10\x08\x12\x16\n\x12TASK_STATE_SKIPPED\x10\t\x12\x16\n\x12TASK_STATE_WAITING\x10\n*\xf4\x01\n\x0c\x41ttemptState\x12\x1d\n\x19\x41TTEMPT_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41TTEMPT_STATE_RUNNING\x10\x01\x12\x1b\n\x17\x41TTEMPT_STATE_SUCCEEDED\x10\x02\x12\x18\n\x14\x41TTEMPT_STATE_FAILED\x10\x03\x12\x1d\n\x19\x41TTEMPT_STATE_INTERRUPTED\x10\x04\x12\x1b\n\x17\x41TTEMPT_STATE_TIMED_OUT\x10\x05\x12\x1a\n\x16\x41TTEMPT_STATE_CANCELED\x10\x06\x12\x1b\n\x17\x41TTEMPT_STATE_SUSPENDED\x10\x07*\xbd\x01\n\rDispatchState\x12\x1e\n\x1a\x44ISPATCH_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x44ISPATCH_STATE_PENDING\x10\x01\x12\x19\n\x15\x44ISPATCH_STATE_LEASED\x10\x02\x12\x1c\n\x18\x44ISPATCH_STATE_COMPLETED\x10\x03\x12\x1a\n\x16\x44ISPATCH_STATE_EXPIRED\x10\x04\x12\x1b\n\x17\x44ISPATCH_STATE_CANCELED\x10\x05*\x93\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_STATE_ACTIVE\x10\x01\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x02\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x03\x12\x18\n\x14WORKER_STATE_OFFLINE\x10\x04*i\n\rFailurePolicy\x12\x1e\n\x1a\x46\x41ILURE_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x46\x41ILURE_POLICY_FAIL_RUN\x10\x01\x12\x1b\n\x17\x46\x41ILURE_POLICY_CONTINUE\x10\x02*\xa0\x01\n\x0e\x43heckpointKind\x12\x1f\n\x1b\x43HECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43HECKPOINT_KIND_STEP\x10\x01\x12\x19\n\x15\x43HECKPOINT_KIND_SLEEP\x10\x02\x12\x1a\n\x16\x43HECKPOINT_KIND_SIGNAL\x10\x03\x12\x1c\n\x18\x43HECKPOINT_KIND_APPROVAL\x10\x04*\xbb\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45VENT_TYPE_RUN_CREATED\x10\x01\x12\x18\n\x14\x45VENT_TYPE_RUN_STATE\x10\x02\x12\x19\n\x15\x45VENT_TYPE_TASK_STATE\x10\x03\x12\x1c\n\x18\x45VENT_TYPE_ATTEMPT_STATE\x10\x04\x12#\n\x1f\x45VENT_TYPE_RUN_CANCEL_REQUESTED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'awp.v1.types_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATE']._serialized_start=2046
-  _globals['_RUNSTATE']._serialized_end=2177
-  _globals['_TASKSTATE']._serialized_start=2180
-  _globals['_TASKSTATE']._serialized_end=2464
-  _globals['_ATTEMPTSTATE']._serialized_start=2467
-  _globals['_ATTEMPTSTATE']._serialized_end=2711
-  _globals['_DISPATCHSTATE']._serialized_start=2714
-  _globals['_DISPATCHSTATE']._serialized_end=2903
-  _globals['_WORKERSTATE']._serialized_start=2906
-  _globals['_WORKERSTATE']._serialized_end=3053
-  _globals['_FAILUREPOLICY']._serialized_start=3055
-  _globals['_FAILUREPOLICY']._serialized_end=3160
-  _globals['_CHECKPOINTKIND']._serialized_start=3163
-  _globals['_CHECKPOINTKIND']._serialized_end=3323
-  _globals['_EVENTTYPE']._serialized_start=3326
-  _globals['_EVENTTYPE']._serialized_end=3513
+  _globals['_TASKDEFINITION_RESOURCESENTRY']._loaded_options = None
+  _globals['_TASKDEFINITION_RESOURCESENTRY']._serialized_options = b'8\001'
+  _globals['_RUNSTATE']._serialized_start=2221
+  _globals['_RUNSTATE']._serialized_end=2352
+  _globals['_TASKSTATE']._serialized_start=2355
+  _globals['_TASKSTATE']._serialized_end=2639
+  _globals['_ATTEMPTSTATE']._serialized_start=2642
+  _globals['_ATTEMPTSTATE']._serialized_end=2886
+  _globals['_DISPATCHSTATE']._serialized_start=2889
+  _globals['_DISPATCHSTATE']._serialized_end=3078
+  _globals['_WORKERSTATE']._serialized_start=3081
+  _globals['_WORKERSTATE']._serialized_end=3228
+  _globals['_FAILUREPOLICY']._serialized_start=3230
+  _globals['_FAILUREPOLICY']._serialized_end=3335
+  _globals['_CHECKPOINTKIND']._serialized_start=3338
+  _globals['_CHECKPOINTKIND']._serialized_end=3498
+  _globals['_EVENTTYPE']._serialized_start=3501
+  _globals['_EVENTTYPE']._serialized_end=3688
   _globals['_RETRYPOLICY']._serialized_start=147
   _globals['_RETRYPOLICY']._serialized_end=310
   _globals['_TASKMAP']._serialized_start=312
   _globals['_TASKMAP']._serialized_end=349
   _globals['_TASKDEFINITION']._serialized_start=352
-  _globals['_TASKDEFINITION']._serialized_end=801
-  _globals['_STEPUSAGE']._serialized_start=803
-  _globals['_STEPUSAGE']._serialized_end=848
-  _globals['_MEMOSAVINGS']._serialized_start=850
-  _globals['_MEMOSAVINGS']._serialized_end=912
-  _globals['_WAITTASKDEFINITION']._serialized_start=915
-  _globals['_WAITTASKDEFINITION']._serialized_end=1089
-  _globals['_WORKFLOWDEFINITION']._serialized_start=1092
-  _globals['_WORKFLOWDEFINITION']._serialized_end=1224
-  _globals['_TASKERROR']._serialized_start=1226
-  _globals['_TASKERROR']._serialized_end=1324
-  _globals['_RUNTRANSITION']._serialized_start=1326
-  _globals['_RUNTRANSITION']._serialized_end=1415
-  _globals['_TASKTRANSITION']._serialized_start=1417
-  _globals['_TASKTRANSITION']._serialized_end=1509
-  _globals['_ATTEMPTTRANSITION']._serialized_start=1511
-  _globals['_ATTEMPTTRANSITION']._serialized_end=1612
-  _globals['_STATEEVENT']._serialized_start=1615
-  _globals['_STATEEVENT']._serialized_end=2043
+  _globals['_TASKDEFINITION']._serialized_end=976
+  _globals['_TASKDEFINITION_RESOURCESENTRY']._serialized_start=928
+  _globals['_TASKDEFINITION_RESOURCESENTRY']._serialized_end=976
+  _globals['_STEPUSAGE']._serialized_start=978
+  _globals['_STEPUSAGE']._serialized_end=1023
+  _globals['_MEMOSAVINGS']._serialized_start=1025
+  _globals['_MEMOSAVINGS']._serialized_end=1087
+  _globals['_WAITTASKDEFINITION']._serialized_start=1090
+  _globals['_WAITTASKDEFINITION']._serialized_end=1264
+  _globals['_WORKFLOWDEFINITION']._serialized_start=1267
+  _globals['_WORKFLOWDEFINITION']._serialized_end=1399
+  _globals['_TASKERROR']._serialized_start=1401
+  _globals['_TASKERROR']._serialized_end=1499
+  _globals['_RUNTRANSITION']._serialized_start=1501
+  _globals['_RUNTRANSITION']._serialized_end=1590
+  _globals['_TASKTRANSITION']._serialized_start=1592
+  _globals['_TASKTRANSITION']._serialized_end=1684
+  _globals['_ATTEMPTTRANSITION']._serialized_start=1686
+  _globals['_ATTEMPTTRANSITION']._serialized_end=1787
+  _globals['_STATEEVENT']._serialized_start=1790
+  _globals['_STATEEVENT']._serialized_end=2218
 # @@protoc_insertion_point(module_scope)

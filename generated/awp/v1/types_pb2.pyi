@@ -370,6 +370,26 @@ class TaskDefinition(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ResourcesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     KEY_FIELD_NUMBER: _builtins.int
     EXECUTOR_KIND_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
@@ -384,6 +404,10 @@ class TaskDefinition(_message.Message):
     CONCURRENCY_LIMITS_FIELD_NUMBER: _builtins.int
     RATE_LIMITS_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
+    PREFERRED_LABELS_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    STICKY_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     """Unique within the workflow: [A-Za-z0-9_.-]{1,64}."""
     executor_kind: _builtins.str
@@ -407,6 +431,10 @@ class TaskDefinition(_message.Message):
     priority rises one level per second up to the highest waiting, so a lower one waits
     behind a stream of higher work at most (difference) seconds (docs/workflows.md
     "Priorities"). Numbered 40+ apart from the fields above.
+    """
+    sticky: _builtins.bool
+    """Prefer the worker that ran the run's most recent earlier task (same bound and
+    fallback as preferred_labels; required_labels and resources still hold).
     """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
@@ -446,6 +474,29 @@ class TaskDefinition(_message.Message):
     def rate_limits(self) -> _containers.RepeatedCompositeFieldContainer[_limits_pb2.RateUse]:
         """At most 4 rate limits (limits.proto) each execution charges."""
 
+    @_builtins.property
+    def required_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Placement (docs/workflows.md "Placement"; numbered 50+ apart from the fields above).
+        Labels a worker must have to run it, each "key=value" (key: 1-63 letters, digits,
+        '_', '.', '/', '-'; value at most 256 characters), at most 16. A worker's labels are
+        its RegisterRequest.labels entries and "model=<name>" for each of its models. Never
+        overridden, by stickiness or anything else.
+        """
+
+    @_builtins.property
+    def preferred_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Labels it prefers, same form, at most 16: for PLACEMENT_FALLBACK_MS (2 s) from its
+        grant only a worker with all of them may take it, when one is active at the grant;
+        then any worker that meets the requirements.
+        """
+
+    @_builtins.property
+    def resources(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Units of a worker's countable resources it reserves while its lease lives (e.g.
+        {"gpu": 1}); at most 16, each 1 to 1,000,000. A worker never holds leases whose
+        reservations exceed its RegisterRequest.resources.
+        """
+
     def __init__(
         self,
         *,
@@ -463,10 +514,14 @@ class TaskDefinition(_message.Message):
         concurrency_limits: _abc.Iterable[_limits_pb2.ConcurrencyLimit] | None = ...,
         rate_limits: _abc.Iterable[_limits_pb2.RateUse] | None = ...,
         priority: _builtins.int = ...,
+        required_labels: _abc.Iterable[_builtins.str] | None = ...,
+        preferred_labels: _abc.Iterable[_builtins.str] | None = ...,
+        resources: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        sticky: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "map", b"map", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "concurrency_limits", b"concurrency_limits", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "priority", b"priority", "rate_limits", b"rate_limits", "retry", b"retry", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "always", b"always", "concurrency_limits", b"concurrency_limits", "depends_on", b"depends_on", "executor_kind", b"executor_kind", "input", b"input", "key", b"key", "map", b"map", "on_failure", b"on_failure", "preferred_labels", b"preferred_labels", "priority", b"priority", "rate_limits", b"rate_limits", "required_labels", b"required_labels", "resources", b"resources", "retry", b"retry", "sticky", b"sticky", "timeout", b"timeout", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

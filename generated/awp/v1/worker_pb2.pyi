@@ -278,11 +278,33 @@ class RegisterRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ResourcesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAME_FIELD_NUMBER: _builtins.int
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     EXECUTOR_KINDS_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable name, e.g. the host name. 1 to 128 characters."""
     protocol_version: _builtins.int
@@ -299,6 +321,22 @@ class RegisterRequest(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """At most 64 labels; keys [A-Za-z0-9_./-]{1,63}, values at most 256 characters."""
 
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Placement (docs/workflows.md "Placement"; numbered 50+ apart from the fields above).
+        Each entry of labels is the placement label "key=value" a task may require or
+        prefer (TaskDefinition.required_labels). Models loaded here, each advertised as the
+        label "model=<name>" (so a key may have several values): at most 64, each 1 to 256
+        characters without "=" or control characters.
+        """
+
+    @_builtins.property
+    def resources(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Countable resources and their capacity, e.g. {"gpu": 2, "vram_gb": 80}: at most 16,
+        names as label keys, each 1 to 1,000,000. The leases it holds never reserve more
+        of one than this (TaskDefinition.resources).
+        """
+
     def __init__(
         self,
         *,
@@ -307,10 +345,12 @@ class RegisterRequest(_message.Message):
         executor_kinds: _abc.Iterable[_builtins.str] | None = ...,
         max_concurrency: _builtins.int = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
+        resources: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["executor_kinds", b"executor_kinds", "labels", b"labels", "max_concurrency", b"max_concurrency", "name", b"name", "protocol_version", b"protocol_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executor_kinds", b"executor_kinds", "labels", b"labels", "max_concurrency", b"max_concurrency", "models", b"models", "name", b"name", "protocol_version", b"protocol_version", "resources", b"resources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -32,11 +32,15 @@ everything check_committed checks:
 10. Concurrency keys (flow.py): a lease holds exactly its task's keys; never more live
    leases or running attempts holding a key than its max, now or at any instant of the
    attempt history; no unit held by a dispatch whose task is no longer queued/running.
-11. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
+11. Placement (placement.py): a lease's worker had its task's required labels and
+   resources; at no instant did a worker's live leases reserve more of a resource than
+   its capacity; a dispatch preferring a worker went elsewhere only after its bound.
+12. With the scenario's health (fault scenarios: their processes' logs): no deadlock and
    no INTERNAL answer during the scenario (health.py).
 
 The checks live in committed.py, streams.py, schedules.py, checkpoints.py, waits.py,
-traces.py and flow.py (every committed state), runs.py (each finished run) and health.py;
+traces.py, flow.py, priorities.py and placement.py (every committed state), runs.py
+(each finished run) and health.py;
 this module is the one entry point. The checker also reports how many executions the
 tasks cost: at-least-once is paid for in extra attempts, and the output should show that
 price, not hide it.

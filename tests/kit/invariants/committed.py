@@ -12,6 +12,7 @@ from uuid import UUID
 from kit.invariants.checkpoints import checkpoint_problems
 from kit.invariants.common import Db
 from kit.invariants.flow import flow_problems
+from kit.invariants.placement import placement_problems
 from kit.invariants.priorities import priority_problems
 from kit.invariants.schedules import schedule_problems
 from kit.invariants.streams import stream_problems
@@ -41,6 +42,7 @@ async def committed(conn: Db, global_limit: int = 0) -> tuple[list[str], dict[st
     problems.extend(await trace_problems(conn))
     problems.extend(await flow_problems(conn))
     problems.extend(await priority_problems(conn))
+    problems.extend(await placement_problems(conn))
     for run in await conn.fetch("SELECT id FROM runs ORDER BY id"):
         problems.extend(await _event_log(conn, run["id"]))
         problems.extend(await _nothing_live(conn, run["id"]))
