@@ -12,12 +12,14 @@ from rich.text import Text
 
 from awp_cli.render import ago, local_time, styled
 from awp_common.durations import format_duration
+from awp_protocol.placement import worker_labels
 from awp_sdk.records import Pruned, Stats, Worker
 
 
 def workers_table(found: Iterable[Worker]) -> Table:
     table = Table(box=None, header_style="bold")
-    for column in ("WORKER", "NAME", "STATE", "KINDS", "LEASES", "HEARTBEAT", "REGISTERED"):
+    columns = ("WORKER", "NAME", "STATE", "KINDS", "LEASES", "LABELS", "RESOURCES", "HEARTBEAT")
+    for column in (*columns, "REGISTERED"):
         table.add_column(column)
     for worker in found:
         table.add_row(
@@ -26,10 +28,20 @@ def workers_table(found: Iterable[Worker]) -> Table:
             styled(worker.state),
             ",".join(worker.executor_kinds),
             f"{worker.active_leases}/{worker.max_concurrency}",
+            ",".join(worker_labels(worker.labels, worker.models)),
+            resources_held(worker),
             ago(worker.last_heartbeat_at),
             local_time(worker.registered_at),
         )
     return table
+
+
+def resources_held(worker: Worker) -> str:
+    """Each resource as "name reserved/capacity", e.g. "gpu 1/2"."""
+    return ", ".join(
+        f"{name} {worker.reserved.get(name, 0)}/{capacity}"
+        for name, capacity in worker.resources.items()
+    )
 
 
 def stats_view(stats: Stats) -> RenderableType:

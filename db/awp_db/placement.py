@@ -65,7 +65,9 @@ async def match(
     its missing slots. The session rows and the runs are locked by the caller."""
     workers = sorted({claimer.worker_id for claimer in group})
     limit = CANDIDATES_PER_SLOT * sum(claimer.missing for claimer in group)
-    rows = await rows_as(_Placeable, conn, Q["placeable"], list(run_ids), list(kinds), workers, limit)
+    rows = await rows_as(
+        _Placeable, conn, Q["placeable"], list(run_ids), list(kinds), workers, limit
+    )
     if not rows:
         return []
     free = {claimer.worker_id: dict(claimer.capacity) for claimer in group}

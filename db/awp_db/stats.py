@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from uuid import UUID
 
 from awp_db import ratelimits, reads
 from awp_db.connect import Pool
-from awp_db.queries import queries
+from awp_db.queries import queries, rows_as
 
 Q = queries("stats")
 
@@ -59,6 +60,17 @@ class Count:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceUse:
+    """One live worker's resource: its capacity and the units its leases reserve."""
+
+    worker_id: UUID
+    worker_name: str
+    resource: str
+    capacity: int
+    reserved: int
+
+
+@dataclass(frozen=True, slots=True)
 class Gauges:
     """What the leader coordinator exports as gauges, read in one snapshot."""
 
@@ -79,6 +91,8 @@ class Gauges:
     rate_limits: list[ratelimits.RateLimitRow] = field(default_factory=list)
     units_held: int = 0
     keys_held: int = 0
+    # Placement: every live worker's resources.
+    resources: list[ResourceUse] = field(default_factory=list)
 
 
 async def gauges(pool: Pool, window_s: float) -> Gauges:
@@ -97,10 +111,12 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
         limits = await ratelimits.list_all(conn)
         held = await conn.fetchrow(Q["units_held"])
         assert held is not None  # an aggregate answers one row
+        resources = await rows_as(ResourceUse, conn, Q["resources"])
     return Gauges(
         **sections,
         oldest_pending_ms=oldest_pending_ms,
         rate_limits=limits,
         units_held=held["units"],
         keys_held=held["keys"],
+        resources=resources,
     )

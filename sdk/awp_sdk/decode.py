@@ -256,6 +256,10 @@ def _stored_task(message: types_pb2.TaskDefinition) -> records.StoredTask:
         ),
         wait=_stored_wait(message.wait) if message.HasField("wait") else None,
         priority=message.priority,
+        required_labels=tuple(message.required_labels),
+        preferred_labels=tuple(message.preferred_labels),
+        resources=dict(sorted(message.resources.items())),
+        sticky=message.sticky,
     )
 
 
@@ -303,6 +307,9 @@ def worker(message: control_pb2.WorkerInfo) -> records.Worker:
         registered_at=when(message.registered_at),
         last_heartbeat_at=when(message.last_heartbeat_at),
         stopped_at=when(message.stopped_at),
+        models=tuple(message.models),
+        resources=dict(sorted(message.resources.items())),
+        reserved=dict(sorted(message.reserved.items())),
     )
 
 

@@ -30,6 +30,7 @@ from awp_kernel.definition import FailurePolicy
 from awp_protocol.errors import FieldViolation, Reason, join_violations
 from awp_protocol.jsonvalue import JsonInvalid, to_struct
 from awp_protocol.limits import MAX_PRIORITY, MIN_PRIORITY
+from awp_sdk import placement
 from awp_sdk.errors import DefinitionInvalid
 
 Path_ = tuple[str | int, ...]
@@ -52,8 +53,9 @@ _ALIASES: Final = {
     "onFailure": "on_failure",
     "concurrencyLimits": "concurrency_limits",
     "rateLimits": "rate_limits",
+    **placement.ALIASES,
 }
-_WORKFLOW_KEYS: Final = ("name", "version", "description", "concurrency", "tasks")
+_WORKFLOW_KEYS: Final = ("name", "version", "description", "concurrency", "sticky", "tasks")
 _TASK_KEYS: Final = (
     "key",
     "kind",
@@ -69,6 +71,7 @@ _TASK_KEYS: Final = (
     "rate_limits",
     "wait",
     "priority",
+    *placement.TASK_KEYS,
 )
 # A wait task's wait (docs/design.md §16): {sleep: DURATION} or {approval: PROMPT,
 # timeout: DURATION, role: approver|admin}.
@@ -239,17 +242,22 @@ def _definition(
     result.version = _whole(fields, "version", root, problems, default=1)
     result.description = _string(fields, "description", root, problems)
     result.concurrency = _whole(fields, "concurrency", root, problems)
+    sticky = placement.workflow_sticky(fields, lambda at, what: _add(problems, at, what), root)
     tasks = fields.get("tasks")
     if not isinstance(tasks, list) or not tasks:
         _add(problems, (*root, "tasks"), "expected a non-empty list of tasks")
         return result
     for index, task in enumerate(tasks):
-        _task(task, (*root, "tasks", index), result.tasks.add(), problems)
+        _task(task, (*root, "tasks", index), result.tasks.add(), problems, sticky)
     return result
 
 
 def _task(
-    data: Any, path: Path_, task: types_pb2.TaskDefinition, problems: list[FieldViolation]
+    data: Any,
+    path: Path_,
+    task: types_pb2.TaskDefinition,
+    problems: list[FieldViolation],
+    sticky: bool,
 ) -> None:
     fields = _mapping(data, path, _TASK_KEYS, problems)
     if fields is None:
@@ -322,6 +330,7 @@ def _task(
             _add(problems, (*path, "priority"), f"must be {MIN_PRIORITY} to {MAX_PRIORITY}")
     else:
         _add(problems, (*path, "priority"), f"expected an integer, got {priority!r}")
+    placement.read(fields, path, task, lambda at, what: _add(problems, at, what), sticky=sticky)
 
 
 def _rate(

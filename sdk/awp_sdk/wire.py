@@ -169,6 +169,9 @@ def _worker(worker: records.Worker) -> control_pb2.WorkerInfo:
         active_leases=worker.active_leases,
         labels=dict(worker.labels),
         protocol_version=worker.protocol_version,
+        models=worker.models,
+        resources=dict(worker.resources),
+        reserved=dict(worker.reserved),
     )
     _stamp(message.registered_at, worker.registered_at)
     _stamp(message.last_heartbeat_at, worker.last_heartbeat_at)

@@ -118,6 +118,10 @@ class TaskOptions(TypedDict, total=False):
     concurrency: keyed limits (Concurrency) each of its leases holds a unit of.
     rate_limits: named rate limits (Rate) each execution charges.
     priority: -10 to 10 (default 0), added to the run's; higher goes first, with aging.
+    required_labels / preferred_labels: "key=value" worker labels it must have / prefers
+    (a worker's models are "model=<name>"). resources: units of a worker's countable
+    resources it reserves while it runs, e.g. {"gpu": 1}. sticky: prefer the worker that
+    ran the run's most recent earlier task (default: the workflow's sticky).
     Any other option is refused with a TypeError naming it.
     """
 
@@ -131,6 +135,10 @@ class TaskOptions(TypedDict, total=False):
     concurrency: Sequence[Concurrency]
     rate_limits: Sequence[Rate]
     priority: int
+    required_labels: Sequence[str]
+    preferred_labels: Sequence[str]
+    resources: Mapping[str, int]
+    sticky: bool
 
 
 def check_options(key: str, options: Mapping[str, Any]) -> None:
@@ -182,6 +190,11 @@ class Task:
         # A wait task's wait, as a workflow file writes it (Workflow.wait).
         self.wait: dict[str, Any] | None = None
         self.priority = options.get("priority", 0)
+        self.required_labels = tuple(options.get("required_labels", ()))
+        self.preferred_labels = tuple(options.get("preferred_labels", ()))
+        self.resources = dict(options.get("resources", {}))
+        # None: the workflow's.
+        self.sticky: bool | None = options.get("sticky")
 
     def to_dict(self) -> dict[str, Any]:
         """The task as a workflow file writes it."""
@@ -210,6 +223,14 @@ class Task:
             entry["rate_limits"] = [use.to_dict() for use in self.rate_limits]
         if self.priority:
             entry["priority"] = self.priority
+        if self.required_labels:
+            entry["required_labels"] = list(self.required_labels)
+        if self.preferred_labels:
+            entry["preferred_labels"] = list(self.preferred_labels)
+        if self.resources:
+            entry["resources"] = dict(self.resources)
+        if self.sticky is not None:
+            entry["sticky"] = self.sticky
         return entry
 
     def __repr__(self) -> str:
@@ -240,10 +261,13 @@ class Workflow:
         concurrency: int = 0,
         description: str = "",
         registry: ActionRegistry | None = None,
+        sticky: bool = False,
     ) -> None:
         self.name = name
         self.version = version
         self.concurrency = concurrency
+        # Each task's sticky unless it says otherwise (docs/workflows.md "Placement").
+        self.sticky = sticky
         self.description = description
         self._registry = registry if registry is not None else DEFAULT_REGISTRY
         self._tasks: list[Task] = []
@@ -335,6 +359,8 @@ class Workflow:
             data["description"] = self.description
         if self.concurrency:
             data["concurrency"] = self.concurrency
+        if self.sticky:
+            data["sticky"] = True
         data["tasks"] = [task.to_dict() for task in self._tasks]
         return data
 

@@ -128,6 +128,22 @@ def _flow(latest: stats.Gauges) -> Iterator[GaugeMetricFamily]:
     yield units
     yield used
     yield paused
+    capacity = GaugeMetricFamily(
+        "awp_worker_resource_capacity",
+        "A live worker's capacity of a countable resource (--resource)",
+        labels=["worker", "worker_name", "resource"],
+    )
+    reserved = GaugeMetricFamily(
+        "awp_worker_resource_reserved",
+        "Units of a worker's resource its live leases reserve",
+        labels=["worker", "worker_name", "resource"],
+    )
+    for use in latest.resources:
+        labels = [str(use.worker_id), use.worker_name, use.resource]
+        capacity.add_metric(labels, use.capacity)
+        reserved.add_metric(labels, use.reserved)
+    yield capacity
+    yield reserved
 
 
 async def refresh(

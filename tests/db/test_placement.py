@@ -43,7 +43,11 @@ def chain(second: Placement, *, name: str = "chain") -> WorkflowSpec:
             tasks=(
                 TaskSpec(key="a", executor_kind="mock", action="noop"),
                 TaskSpec(
-                    key="b", executor_kind="mock", action="noop", depends_on=("a",), placement=second
+                    key="b",
+                    executor_kind="mock",
+                    action="noop",
+                    depends_on=("a",),
+                    placement=second,
                 ),
             ),
         )
@@ -121,7 +125,9 @@ async def test_an_offer_whose_only_fitting_worker_left_is_withdrawn(pool: Pool) 
     await register(pool, max_concurrency=10)
     eu = await register(pool, max_concurrency=10, labels={"zone": "eu"})
     assert await dispatch_all(pool) == 1
-    await pool.execute("UPDATE workers SET state = 'offline', stopped_at = now() WHERE id = $1", eu.id)
+    await pool.execute(
+        "UPDATE workers SET state = 'offline', stopped_at = now() WHERE id = $1", eu.id
+    )
     async with pool.acquire() as conn:
         assert await dispatching.withdraw_unservable(conn) == 1
     assert (await why(pool, run))["t0"] == "no active worker with label zone=eu"
@@ -218,7 +224,9 @@ async def test_map_elements_carry_the_placement(pool: Pool) -> None:
         (Placement.of(["x=1", "x=1"]), "task 't0': lists a label twice"),
     ],
 )
-async def test_bad_placement_is_refused_naming_the_task(placement: Placement, expected: str) -> None:
+async def test_bad_placement_is_refused_naming_the_task(
+    placement: Placement, expected: str
+) -> None:
     with pytest.raises(FieldsInvalid) as caught:
         placed(1, placement)
     assert expected in str(caught.value), caught.value
@@ -243,7 +251,9 @@ async def _leased(pool: Pool, workflow: WorkflowSpec, **worker: object) -> DbWor
 
 
 async def test_a_lease_over_a_workers_capacity_is_found(pool: Pool) -> None:
-    holder = await _leased(pool, placed(3, Placement.of(resources={"gpu": 1})), resources={"gpu": 2})
+    holder = await _leased(
+        pool, placed(3, Placement.of(resources={"gpu": 1})), resources={"gpu": 2}
+    )
     await pool.execute("UPDATE workers SET resource_units = '{1}' WHERE id = $1", holder.id)
     assert "reserved 2 of resource 'gpu', over its capacity 1" in await _violations(pool)
 

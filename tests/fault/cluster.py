@@ -292,8 +292,10 @@ class Cluster:
         shutdown_grace: float | None = None,
         within: float = 20.0,
         wait_registered: bool = True,
+        extra: Sequence[str] = (),
     ) -> WorkerProcess:
-        """Starts (or restarts) a worker; returns once its new session is active."""
+        """Starts (or restarts) a worker; returns once its new session is active.
+        extra: more flags (e.g. --label, --resource)."""
         self._starters[name] = lambda: self.start_worker(
             name,
             concurrency=concurrency,
@@ -301,6 +303,7 @@ class Cluster:
             shutdown_grace=shutdown_grace,
             within=within,
             wait_registered=wait_registered,
+            extra=extra,
         )
         argv = commandlines.worker(
             self.timings,
@@ -308,7 +311,7 @@ class Cluster:
             name=name,
             concurrency=concurrency,
             shutdown_grace=shutdown_grace,
-        )
+        ) + list(extra)
         process = self.add(name, argv)
         return await self._spawn_worker(process, wait_registered, within)
 

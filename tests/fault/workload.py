@@ -25,6 +25,10 @@ class Task:
     concurrency_limits: Sequence[tuple[str, int]] = ()
     # Rate limits: (limit name, units) each.
     rate_limits: Sequence[tuple[str, str]] = ()
+    # Placement (TaskDefinition.required_labels, resources, sticky).
+    required_labels: Sequence[str] = ()
+    resources: Mapping[str, int] = field(default_factory=dict)
+    sticky: bool = False
 
 
 def _duration(ms: int) -> duration_pb2.Duration:
@@ -73,6 +77,9 @@ def definition(
                     limits_pb2.RateUse(limit=limit, units=units)
                     for limit, units in task.rate_limits
                 ],
+                required_labels=list(task.required_labels),
+                resources=dict(task.resources),
+                sticky=task.sticky,
             )
         )
     return types_pb2.WorkflowDefinition(name=name, version=1, concurrency=concurrency, tasks=built)

@@ -24,6 +24,8 @@ REGISTER_FLAGS = {
     "executor_kinds": "--kinds",
     "max_concurrency": "--concurrency",
     "labels": "--label",
+    "models": "--model",
+    "resources": "--resource",
 }
 
 
@@ -35,10 +37,30 @@ def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
     labels: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
             raise ValueError(f"label {pair!r} is not key=value")
-        labels[key.strip()] = value.strip()
+        if labels.get(key, value) != value:
+            # One value per label key; a worker's several models are --model's.
+            raise ValueError(
+                f"label key {key!r} is given twice ({labels[key]!r}, {value!r}); "
+                "advertise several models with --model"
+            )
+        labels[key] = value
     return labels
+
+
+def _resources(pairs: tuple[str, ...]) -> dict[str, int]:
+    resources: dict[str, int] = {}
+    for pair in pairs:
+        name, sep, units = pair.partition("=")
+        name, units = name.strip(), units.strip()
+        if not sep or not name or not units.isdigit():
+            raise ValueError(f"resource {pair!r} is not name=units (e.g. gpu=2)")
+        if name in resources:
+            raise ValueError(f"resource {name!r} is given twice")
+        resources[name] = int(units)
+    return resources
 
 
 @dataclass(frozen=True)
@@ -105,8 +127,32 @@ class WorkerConfig:
         metadata=flag(
             "--label",
             "AWP_WORKER_LABELS",
-            "key=value label reported at registration; repeat or comma-separate",
+            "key=value label reported at registration, which tasks may require or prefer; "
+            "one value per key; repeat or comma-separate",
             read=_labels,
+            repeat=True,
+        ),
+    )
+    # Placement (docs/workflows.md "Placement"): each model is advertised as the label
+    # model=<name>, and each resource's capacity bounds what its leases reserve.
+    models: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "--model",
+            "AWP_WORKER_MODELS",
+            "a model loaded here, advertised as the label model=<name>; repeat or comma-separate",
+            read=tuple,
+            repeat=True,
+        ),
+    )
+    resources: Mapping[str, int] = field(
+        default_factory=dict,
+        metadata=flag(
+            "--resource",
+            "AWP_WORKER_RESOURCES",
+            "name=units: a countable resource and its capacity (e.g. gpu=2); repeat or "
+            "comma-separate",
+            read=_resources,
             repeat=True,
         ),
     )
@@ -242,7 +288,13 @@ class WorkerConfig:
             raise ValueError(f"server address listed twice in {self.server!r}")
         # Refuse at start-up what the server's Register would refuse.
         check_register(
-            self.name, self.kinds, self.concurrency, self.labels, settings=REGISTER_FLAGS
+            self.name,
+            self.kinds,
+            self.concurrency,
+            self.labels,
+            models=self.models,
+            resources=self.resources,
+            settings=REGISTER_FLAGS,
         )
         if self.shutdown_grace < 0:
             raise ValueError("shutdown grace must be >= 0")

@@ -145,6 +145,8 @@ class Session:
             executor_kinds=list(config.kinds),
             max_concurrency=config.concurrency,
             labels=dict(config.labels),
+            models=list(config.models),
+            resources=dict(config.resources),
         )
 
         tls_on = config.client_tls.on

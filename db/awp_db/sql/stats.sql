@@ -62,3 +62,16 @@ SELECT 'finished_runs', r.state, w.name, count(*)
 SELECT count(*)::bigint AS units, count(DISTINCT k.key)::bigint AS keys
   FROM dispatches d CROSS JOIN LATERAL unnest(d.concurrency_keys) AS k (key)
  WHERE d.state IN ('pending', 'leased') AND cardinality(d.concurrency_keys) > 0
+
+-- name: resources
+-- Each live worker's capacity of each resource and the units its leases reserve now
+-- (placement, migration 0020).
+SELECT w.id AS worker_id, w.name AS worker_name, c.name AS resource, c.units AS capacity,
+       coalesce((SELECT sum(r.units)
+                   FROM dispatches d
+                  CROSS JOIN LATERAL unnest(d.resource_names, d.resource_units) AS r (name, units)
+                  WHERE d.worker_id = w.id AND d.state = 'leased' AND r.name = c.name), 0)::bigint
+           AS reserved
+  FROM workers w CROSS JOIN LATERAL unnest(w.resource_names, w.resource_units) AS c (name, units)
+ WHERE w.state IN ('active', 'draining')
+ ORDER BY w.id, c.name

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from awp_protocol.roles import ROLES_OF
@@ -27,6 +27,11 @@ class Worker:
     registered_at: datetime | None
     last_heartbeat_at: datetime | None
     stopped_at: datetime | None
+    # Placement (docs/workflows.md "Placement"): its models (each the label
+    # "model=<name>"), each resource's capacity and the units its live leases reserve.
+    models: tuple[str, ...] = ()
+    resources: Mapping[str, int] = field(default_factory=dict)
+    reserved: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -77,6 +78,13 @@ class StoredTask:
     wait: StoredWait | None = None
     # Added to its run's priority (docs/workflows.md "Priorities").
     priority: int = 0
+    # Placement (docs/workflows.md "Placement"): "key=value" labels its worker must have
+    # and prefers, units of resources it reserves, and whether it sticks to its run's
+    # last worker.
+    required_labels: tuple[str, ...] = ()
+    preferred_labels: tuple[str, ...] = ()
+    resources: Mapping[str, int] = field(default_factory=dict)
+    sticky: bool = False
 
 
 @dataclass(frozen=True)
