@@ -66,6 +66,7 @@ MODULES = {
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
     "awp_sdk.records.limits": "RateLimit",
     "awp_sdk.limits": "RateLimits",
+    "awp_sdk.placement": "ALIASES Path_ TASK_KEYS read workflow_sticky",
     "awp_sdk.replay": "Checkpoint CheckpointStore KINDS Kind Replay Savings Usage",
     "awp_sdk.schedules": "Catchup Overlap Schedules",
     "awp_sdk.steps": "UsageSpec run_step step",
@@ -122,7 +123,8 @@ RECORD_FIELDS = {
     "StoredRateUse": "limit units",
     "StoredRetry": "max_attempts initial_backoff max_backoff multiplier",
     "StoredTask": "key executor_kind action input depends_on retry timeout map on_failure always "
-    "concurrency_limits rate_limits wait priority",
+    "concurrency_limits rate_limits wait priority required_labels preferred_labels resources "
+    "sticky",
     "StoredWait": "kind sleep prompt timeout role",
     "TaskWait": "kind name prompt role since due_at attempt",
     "MemoSavings": "steps tokens cost_usd",
@@ -137,7 +139,7 @@ RECORD_FIELDS = {
     "error retry_at finished_at reused_from_run_id output_omitted hand_backs map_parent "
     "map_index wait suspensions saved waiting_for",
     "Worker": "id name state executor_kinds max_concurrency active_leases labels "
-    "protocol_version registered_at last_heartbeat_at stopped_at",
+    "protocol_version registered_at last_heartbeat_at stopped_at models resources reserved",
 }
 
 

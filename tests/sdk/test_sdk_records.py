@@ -28,7 +28,13 @@ def filled(message: Message) -> Message:
     for field in message.DESCRIPTOR.fields:
         repeated = field.is_repeated
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            getattr(message, field.name)[f"{field.name}-key"] = f"{field.name}-value"
+            # A value of the map's own value type (map<string, int64> as much as of strings).
+            value_field = field.message_type.fields_by_name["value"]
+            getattr(message, field.name)[f"{field.name}-key"] = (
+                f"{field.name}-value"
+                if value_field.type == descriptor.FieldDescriptor.TYPE_STRING
+                else _scalar(value_field)
+            )
         elif field.message_type is not None:
             target = (
                 getattr(message, field.name).add() if repeated else getattr(message, field.name)
