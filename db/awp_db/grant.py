@@ -9,6 +9,11 @@ no two servers or coordinators can both spend the last unit. The claim path
 (awp_db.claims) never moves a ready task: it leases only the dispatches granted here,
 within its worker's free slots, so it needs no second copy of the rule; any faster path
 that grants a ready task must call `choose` under the same lock.
+
+Placement (docs/design.md §17): a task is granted only while an active worker of its
+kind fits it (placement_fits: its required labels, each resource's capacity). Which
+worker leases it, and whether that worker's resources are free, is decided at claim
+(awp_db.placement), where the reservations are counted under the worker's session lock.
 """
 
 from __future__ import annotations
