@@ -9,8 +9,11 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from awp.v1 import control_pb2, types_pb2, worker_pb2
 
 # Proto map keys cannot be enums, so a map keyed by state would carry it as a string:
-# the API's only maps are keyed by free-form labels and by task keys.
-MAPS: frozenset[str] = frozenset({"labels", "upstream_outputs", "upstream_states"})
+# the API's only maps are keyed by free-form labels, by task keys and by resource names
+# (placement: a worker's capacities and reservations, a task's units).
+MAPS: frozenset[str] = frozenset(
+    {"labels", "upstream_outputs", "upstream_states", "resources", "reserved"}
+)
 
 
 def _messages(found: Iterable[Descriptor]) -> Iterator[Descriptor]:

@@ -75,10 +75,15 @@ SELECT EXISTS (SELECT 1 FROM runs
            AS expired_leases,
        EXISTS (SELECT 1 FROM tasks
                 WHERE state = 'waiting_retry' AND retry_at <= clock_timestamp()) AS retries,
+       -- dispatching.sql: unservable's condition (placement_fits, migration 0020).
        EXISTS (SELECT 1 FROM dispatches d
                 WHERE d.state = 'pending'
                   AND NOT EXISTS (SELECT 1 FROM workers w
-                                   WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)))
+                                   WHERE w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)
+                                     AND (NOT d.placed
+                                          OR placement_fits(d.required_labels, d.resource_names,
+                                                            d.resource_units, w.placement_labels,
+                                                            w.resource_names, w.resource_units))))
            AS unservable,
        EXISTS (SELECT 1 FROM tasks WHERE state = 'ready') AS ready,
        EXISTS (SELECT 1 FROM tasks
