@@ -94,3 +94,16 @@ WITH lapsed AS (
 UPDATE tasks t SET state = 'ready'
   FROM lapsed WHERE t.id = lapsed.task_id AND t.state = 'queued'
 RETURNING t.run_id, t.key
+
+-- name: try_serialise
+-- A Claim's grant (awp_db.dispatching.grant_for_claims): the dispatch lock if free now,
+-- never waited for (the Claim already holds rows that come after it in the lock order),
+-- and only when a task of the kinds $2 is ready at all (no row otherwise): a Claim that
+-- finds nothing to do costs one probe of the ready tasks' index, not a grant.
+SELECT pg_try_advisory_xact_lock($1::bigint)
+ WHERE EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND executor_kind = ANY($2::text[]))
+
+-- name: global_limit
+-- The leading coordinator's global dispatch limit (0: unbounded), published with its
+-- term (migration 0020) so that a Claim's grant keeps it too.
+SELECT global_dispatch_limit FROM coordinator_leader
