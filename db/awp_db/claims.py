@@ -149,6 +149,8 @@ async def _claim_once(
     issued leases no longer waits."""
     events = EventBatch()
     async with conn.transaction():
+        if grant:
+            await dispatching.serialise_for_claims(conn)
         sessions = await workers.authenticate_many(
             conn, [(call.worker_id, call.session_token) for call in calls], for_update=True
         )

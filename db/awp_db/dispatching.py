@@ -60,6 +60,15 @@ async def create_dispatches(
     return done
 
 
+async def serialise_for_claims(conn: Conn) -> None:
+    """A Claim's transaction starts here: when some task is ready and no offer is left,
+    it waits for the dispatch lock first, holding nothing (in the lock order), so that a
+    pass granting the same tasks is followed, not raced, and grant_for_claims then
+    holds it already. (Both wake on the same notification; the pass, with less to do
+    before the lock, usually won, and the Claim found the lock taken and no offer yet.)"""
+    await conn.execute(Q["serialise_if_bare"], DISPATCH_LOCK_KEY)
+
+
 async def grant_for_claims(
     conn: Conn, missing: dict[str, int], slots: int, events: EventBatch
 ) -> int:
@@ -69,8 +78,9 @@ async def grant_for_claims(
     many were created.
 
     The Claim already holds its sessions' rows (and some runs), which come after the
-    dispatch lock in the lock order, so it only tries that lock: when a pass (or another
-    Claim) holds it, it grants nothing and the pass's dispatches wake it instead. The
+    dispatch lock in the lock order, so unless serialise_for_claims took it it only
+    tries that lock: when a pass (or another Claim) holds it, it grants nothing and the
+    pass's dispatches wake it instead. The
     runs it creates dispatches for are taken SKIP LOCKED; events go to the Claim's batch.
     The global limit is the leading coordinator's (published with its term). Nothing
     is announced on DISPATCH_CHANNEL: the Claim leases what it granted at once, and

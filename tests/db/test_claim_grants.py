@@ -12,7 +12,7 @@ from awp_db.connect import Pool
 from awp_db.signals import DISPATCH_LOCK_KEY
 from awp_kernel.concurrency import ConcurrencyLimit
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
-from kit import start_run
+from kit import poll_until, start_run
 from kit.db import register
 from kit.invariants import check_committed
 
@@ -80,20 +80,52 @@ async def test_a_claims_grant_keeps_the_leaders_global_limit(pool: Pool) -> None
     assert await worker.claim(10) == []
 
 
-async def test_a_claim_never_waits_for_the_dispatch_lock(pool: Pool) -> None:
+async def test_a_claim_with_no_offer_left_queues_behind_a_pass_holding_nothing(
+    pool: Pool,
+) -> None:
     await start_run(pool, tasks(2))
+    worker = await register(pool, max_concurrency=2)
+    async with pool.acquire() as holder:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("SELECT pg_advisory_xact_lock($1::bigint)", DISPATCH_LOCK_KEY)
+        claim = asyncio.create_task(worker.claim(2))
+        # It waits for the lock as its first statement, holding no row: the session row
+        # it would lock next is free meanwhile.
+        await poll_until(lambda: lock_waiters(pool), "the Claim waiting for the lock")
+        async with pool.acquire() as other, other.transaction():
+            await other.execute(
+                "SELECT 1 FROM workers WHERE id = $1 FOR NO KEY UPDATE NOWAIT", worker.id
+            )
+        await transaction.commit()
+        assert len(await asyncio.wait_for(claim, timeout=30)) == 2
+
+
+async def test_a_claim_holding_rows_only_tries_the_dispatch_lock(pool: Pool) -> None:
+    await start_run(pool, tasks(2))
+    # An offer of another kind is left, so the Claim does not queue for the lock first;
+    # when it reaches its grant, a pass holds the lock: it answers at once, empty.
+    await start_run(pool, validate(WorkflowSpec("other", 1, (TaskSpec("g", "python", "noop"),))))
+    await register(pool, kinds=("python",), max_concurrency=1, grants=False)
+    async with pool.acquire() as conn:
+        await dispatching.create_dispatches(conn)
     worker = await register(pool, max_concurrency=2)
     async with pool.acquire() as holder, holder.transaction():
         await holder.execute("SELECT pg_advisory_xact_lock($1::bigint)", DISPATCH_LOCK_KEY)
-        # Held by a pass in progress: the Claim answers at once, granting nothing.
         assert await asyncio.wait_for(worker.claim(2), timeout=30) == []
-    # The pass that held it is over; the next Claim grants.
     assert len(await worker.claim(2)) == 2
+
+
+async def lock_waiters(pool: Pool) -> bool:
+    count: int = await pool.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    )
+    return count == 1
 
 
 async def test_a_claim_grants_only_its_own_kinds(pool: Pool) -> None:
     await start_run(pool, tasks(2))
-    other = await register(pool, kinds=("gpu",), max_concurrency=4)
+    other = await register(pool, kinds=("python",), max_concurrency=4)
     assert await other.claim(4) == []
     assert await pool.fetchval("SELECT count(*) FROM dispatches") == 0
     # The coordinator's pass still grants them (for the mock worker that comes later).

@@ -103,6 +103,16 @@ RETURNING t.run_id, t.key
 SELECT pg_try_advisory_xact_lock($1::bigint)
  WHERE EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND executor_kind = ANY($2::text[]))
 
+-- name: serialise_if_bare
+-- A Claim's first statement (awp_db.dispatching.serialise_for_claims): the dispatch lock,
+-- waited for, when some task is ready and no offer is left at all -- the moment the
+-- Claim will grant -- so that it queues behind a pass granting the same tasks rather
+-- than losing the race to it and coming back empty. No row: it did not lock. Taken
+-- before any row, as the lock order requires of a wait for this lock.
+SELECT pg_advisory_xact_lock($1::bigint)
+ WHERE EXISTS (SELECT 1 FROM tasks WHERE state = 'ready')
+   AND NOT EXISTS (SELECT 1 FROM dispatches WHERE state = 'pending')
+
 -- name: global_limit
 -- The leading coordinator's global dispatch limit (0: unbounded), published with its
 -- term (migration 0020) so that a Claim's grant keeps it too.
