@@ -72,7 +72,6 @@ CREATE TABLE public.attempts (
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     deadline timestamp with time zone NOT NULL,
     finished_at timestamp with time zone,
-    output jsonb,
     error jsonb,
     traceback text,
     log_tail text,
