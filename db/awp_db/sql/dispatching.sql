@@ -115,5 +115,5 @@ SELECT pg_advisory_xact_lock($1::bigint)
 
 -- name: global_limit
 -- The leading coordinator's global dispatch limit (0: unbounded), published with its
--- term (migration 0020) so that a Claim's grant keeps it too.
+-- term (migration 0021) so that a Claim's grant keeps it too.
 SELECT global_dispatch_limit FROM coordinator_leader

@@ -36,7 +36,7 @@ WITH e AS (
       FROM e
      WHERE d.id = e.dispatch_id AND d.state = 'leased'
 ), ended_attempts AS (
-    -- The output is stored once, on the task (migration 0021): the attempt that
+    -- The output is stored once, on the task (migration 0022): the attempt that
     -- succeeded is the one whose dispatch holds the accepted result's hash.
     UPDATE attempts a
        SET state = e.attempt_state, finished_at = clock_timestamp(),
