@@ -8,6 +8,7 @@ lease, then those dispatches. Every time comes from the database clock.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,10 +18,11 @@ from uuid import UUID
 import asyncpg
 
 from awp_common.tracing import TraceRef
-from awp_db import locks, placement, workers
+from awp_db import dispatching, locks, placement, workers
 from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.queries import named, queries
+from awp_db.signals import DISPATCH_CHANNEL
 from awp_kernel import errors, tokens
 from awp_protocol.limits import MAX_CLAIM_INPUT_JSON_BYTES, MAX_INLINE_OUTPUT_JSON_BYTES
 from awp_protocol.names import idempotency_key
@@ -105,6 +107,7 @@ async def claim_many(
     lease_ttl_ms: int,
     *,
     still_wanted: Callable[[int], bool] | None = None,
+    grant: bool = True,
 ) -> list[list[IssuedLease] | errors.AwpError]:
     """Several Claim calls in one transaction, one answer per call, in order.
 
@@ -117,6 +120,8 @@ async def claim_many(
     waits; if one that was issued leases does not, the transaction is rolled back and
     run again for the callers still waiting (a departed one is answered with no lease),
     so no lease is ever committed for nobody. ClaimAbandoned once none is left.
+
+    grant: slots the offers leave empty are granted ready tasks here (_grant_and_lease).
     """
     waiting = list(range(len(calls)))
 
@@ -127,7 +132,7 @@ async def claim_many(
     while True:
         try:
             answers = await _claim_once(
-                conn, [calls[index] for index in waiting], lease_ttl_ms, wanted
+                conn, [calls[index] for index in waiting], lease_ttl_ms, wanted, grant
             )
         except ClaimAbandoned:
             assert still_wanted is not None  # only it abandons a transaction
@@ -142,12 +147,18 @@ async def claim_many(
 
 
 async def _claim_once(
-    conn: Conn, calls: Sequence[ClaimCall], lease_ttl_ms: int, still_wanted: Callable[[int], bool]
+    conn: Conn,
+    calls: Sequence[ClaimCall],
+    lease_ttl_ms: int,
+    still_wanted: Callable[[int], bool],
+    grant: bool,
 ) -> list[list[IssuedLease] | errors.AwpError]:
     """One transaction of claim_many; ClaimAbandoned (rolled back) if a caller that was
     issued leases no longer waits."""
     events = EventBatch()
     async with conn.transaction():
+        if grant:
+            await dispatching.serialise_for_claims(conn)
         sessions = await workers.authenticate_many(
             conn, [(call.worker_id, call.session_token) for call in calls], for_update=True
         )
@@ -157,6 +168,8 @@ async def _claim_once(
         # runs are free right now rather than answering with slots left empty.
         if await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=False):
             await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=True)
+        if grant:
+            await _grant_and_lease(conn, claimers, lease_ttl_ms, events)
         if any(claimer.issued and not still_wanted(claimer.index) for claimer in claimers):
             raise ClaimAbandoned()
         await events.flush(conn)
@@ -195,6 +208,32 @@ async def _claimers(
             if slots:
                 claimers.append(_Claimer(index, session, slots))
     return claimers
+
+
+async def _grant_and_lease(
+    conn: Conn, claimers: Sequence[_Claimer], lease_ttl_ms: int, events: EventBatch
+) -> None:
+    """Slots still empty once the pending dispatches are gone: ready tasks are granted
+    here, by the one grant rule, and leased in this same transaction (ready -> queued ->
+    running), instead of waiting for the coordinator's next pass and its notification."""
+    short = [claimer for claimer in claimers if claimer.missing > 0]
+    if not short:
+        return
+    missing: Counter[str] = Counter()
+    for claimer in short:
+        for kind in claimer.kinds:
+            missing[kind] += claimer.missing
+    created = await dispatching.grant_for_claims(
+        conn, dict(missing), sum(claimer.missing for claimer in short), events
+    )
+    if not created:
+        return
+    before = sum(len(claimer.issued) for claimer in claimers)
+    await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=True)
+    if sum(len(claimer.issued) for claimer in claimers) - before < created:
+        # Some went to no slot (older offers of busy runs came first): others may take them.
+        for kind in sorted(missing):
+            events.notify(DISPATCH_CHANNEL, kind)
 
 
 async def _lease_round(

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import asyncpg
 
 from awp_db import grant, locks
 from awp_db.connect import Conn
@@ -51,46 +54,105 @@ async def create_dispatches(
     async with transaction(conn, term):
         await conn.execute(Q["serialise"], DISPATCH_LOCK_KEY)
         rows = await conn.fetch(Q["capacity"])
-        # Pending + leased, all kinds (no row: no active worker and nothing pending).
-        in_flight = (rows[0]["leased"] if rows else 0) + sum(row["pending"] for row in rows)
         budget = grant.kind_budget(
             [grant.KindCapacity(r["kind"], r["free"], r["slots"], r["pending"]) for r in rows],
             prefetch,
         )
-        chosen = await grant.choose(
-            conn, budget, global_limit - in_flight if global_limit > 0 else None
-        )
-        if not chosen:
-            return DispatchPass()
-        # Runs busy with claims and results are left to the next pass (which follows at
-        # once, and serves the least recently dispatched runs first): waiting for them
-        # while holding the others would stall those too. Only when every run is busy
-        # does the pass wait.
-        run_ids = {g.run_id for g in chosen}
-        locked = {run.id for run in await locks.free_runs(conn, run_ids)}
-        if not locked:
-            locked = {run.id for run in await locks.runs(conn, run_ids)}
-        by_kind: Counter[str] = Counter()
-        granted = [g for g in chosen if g.run_id in locked]
-        rows = await conn.fetch(
-            Q["create"],
-            [g.task_id for g in granted],
-            [g.priority for g in granted],
-            grant.PLACEMENT_FALLBACK_MS,
-        )
-        for row in rows:
-            events.task(
-                row["run_id"],
-                row["key"],
-                "ready",
-                "queued",
-                payload=_dispatched(row["dispatch_id"], term),
-            )
-            by_kind[row["executor_kind"]] += 1
-        # Servers parking long-poll claims hear which kinds have new work.
-        for kind in sorted(by_kind):
-            events.notify(DISPATCH_CHANNEL, kind)
+        done = await _grant(conn, budget, _room(rows, global_limit), events, term, claim=False)
         await events.flush(conn)
+    return done
+
+
+async def serialise_for_claims(conn: Conn) -> None:
+    """A Claim's transaction starts here: when some task is ready and no offer is left,
+    it waits for the dispatch lock first, holding nothing (in the lock order), so that a
+    pass granting the same tasks is followed, not raced, and grant_for_claims then
+    holds it already. (Both wake on the same notification; the pass, with less to do
+    before the lock, usually won, and the Claim found the lock taken and no offer yet.)"""
+    await conn.execute(Q["serialise_if_bare"], DISPATCH_LOCK_KEY)
+
+
+async def grant_for_claims(
+    conn: Conn, missing: dict[str, int], slots: int, events: EventBatch
+) -> int:
+    """Grants, inside a Claim's transaction, up to `missing[kind]` ready tasks of each
+    kind its short claimers run and `slots` in all, through the same rule and counts as
+    the coordinator's pass (docs/design.md §17 "Granting where the worker waits"); how
+    many were created.
+
+    The Claim already holds its sessions' rows (and some runs), which come after the
+    dispatch lock in the lock order, so unless serialise_for_claims took it it only
+    tries that lock: when a pass (or another Claim) holds it, it grants nothing and the
+    pass's dispatches wake it instead. The
+    runs it creates dispatches for are taken SKIP LOCKED; events go to the Claim's batch.
+    The global limit is the leading coordinator's (published with its term). Nothing
+    is announced on DISPATCH_CHANNEL: the Claim leases what it granted at once, and
+    waking every parked Claim for it would only have them find nothing.
+    """
+    if not await conn.fetchval(Q["try_serialise"], DISPATCH_LOCK_KEY, sorted(missing)):
+        return 0
+    rows = await conn.fetch(Q["capacity"])
+    room = _room(rows, await conn.fetchval(Q["global_limit"]))
+    room = slots if room is None else min(room, slots)
+    done = await _grant(conn, missing, room, events, None, claim=True)
+    return done.created
+
+
+def _room(capacity: Sequence[asyncpg.Record], global_limit: int) -> int | None:
+    """How many more live dispatches the global limit allows (None: unbounded)."""
+    if global_limit <= 0:
+        return None
+    # Pending + leased, all kinds (no row: no active worker and nothing pending).
+    in_flight: int = (capacity[0]["leased"] if capacity else 0) + sum(
+        r["pending"] for r in capacity
+    )
+    return global_limit - in_flight
+
+
+async def _grant(
+    conn: Conn,
+    budget: dict[str, int],
+    global_room: int | None,
+    events: EventBatch,
+    term: Term | None,
+    *,
+    claim: bool,
+) -> DispatchPass:
+    """Creates the dispatches grant.choose allows, under the dispatch lock the caller
+    holds. A coordinator's pass (holding nothing after that lock) may wait for busy runs
+    and announces its dispatches; a Claim (holding its sessions) skips busy runs and
+    leases what it creates itself."""
+    chosen = await grant.choose(conn, budget, global_room)
+    if not chosen:
+        return DispatchPass()
+    # Runs busy with claims and results are left to the next pass (which follows at
+    # once, and serves the least recently dispatched runs first): waiting for them
+    # while holding the others would stall those too. Only when every run is busy
+    # does the pass wait.
+    run_ids = {g.run_id for g in chosen}
+    locked = {run.id for run in await locks.free_runs(conn, run_ids)}
+    if not locked and not claim:
+        locked = {run.id for run in await locks.runs(conn, run_ids)}
+    by_kind: Counter[str] = Counter()
+    granted = [g for g in chosen if g.run_id in locked]
+    rows = await conn.fetch(
+        Q["create"],
+        [g.task_id for g in granted],
+        [g.priority for g in granted],
+        grant.PLACEMENT_FALLBACK_MS,
+    )
+    for row in rows:
+        events.task(
+            row["run_id"],
+            row["key"],
+            "ready",
+            "queued",
+            payload=_dispatched(row["dispatch_id"], term),
+        )
+        by_kind[row["executor_kind"]] += 1
+    # Servers parking long-poll claims hear which kinds have new work.
+    for kind in sorted(by_kind) if not claim else ():
+        events.notify(DISPATCH_CHANNEL, kind)
     return DispatchPass(by_kind.total(), by_kind, len(run_ids - locked))
 
 

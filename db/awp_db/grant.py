@@ -5,10 +5,9 @@ dispatch (ready -> queued), which then holds, until the lease it becomes ends, o
 unit of: a slot of a worker that runs its executor kind, the global dispatch limit, its
 run's concurrency, and each of its concurrency keys. `choose` is called only with the
 dispatch lock held (dispatching.sql: serialise), so every count it reads is exact and
-no two servers or coordinators can both spend the last unit. The claim path
-(awp_db.claims) never moves a ready task: it leases only the dispatches granted here,
-within its worker's free slots, so it needs no second copy of the rule; any faster path
-that grants a ready task must call `choose` under the same lock.
+no two servers or coordinators can both spend the last unit. Both paths that grant
+call it, through awp_db.dispatching: the coordinator's pass and a Claim whose slots find
+no offer (which only tries the lock); there is no second copy of the rule.
 
 Placement (docs/design.md §17): a task is granted only while an active worker of its
 kind fits it (placement_fits: its required labels, each resource's capacity). Which

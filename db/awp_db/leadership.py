@@ -67,8 +67,12 @@ class Superseded(Exception):
         self.term = term
 
 
-async def acquire(conn: Conn | Pool, holder: str, ttl_ms: int) -> Attempt:
-    attempt = await row_as(Attempt, conn, Q["acquire"], holder, ttl_ms)
+async def acquire(
+    conn: Conn | Pool, holder: str, ttl_ms: int, global_dispatch_limit: int = 0
+) -> Attempt:
+    """One try at the lease; a winner publishes its global dispatch limit with it, which
+    every grant keeps (awp_db.dispatching)."""
+    attempt = await row_as(Attempt, conn, Q["acquire"], holder, ttl_ms, global_dispatch_limit)
     assert attempt is not None, "migration 0004 inserts the leader row"
     return attempt
 

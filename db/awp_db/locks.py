@@ -13,7 +13,10 @@ LOCK ORDER (DESIGN.md §6), over every relation:
    busy ones), a trigger, a backfill, every change of a schedule; then the runs those
    start or cancel (awp_db.schedules).
 2. The dispatch advisory lock (awp_db.dispatching): dispatch creation only, before any
-   row, so two coordinators queue for it holding nothing but (1).
+   row, so two coordinators queue for it holding nothing but (1). A Claim that grants
+   (dispatching.grant_for_claims) waits for it only as its first statement, when no offer
+   is left and a task is ready (serialise_for_claims); later, holding its sessions (3)
+   and runs (4), it only tries it (pg_try_advisory_xact_lock), never waits.
 3. Worker session rows, ascending id: a Claim's sessions, a drain's, a lost stream's, a
    batch of heartbeats (workers.touch); the offline sweep skips busy ones.
 4. Run rows, ascending id, in one statement per transaction (a transaction that needs

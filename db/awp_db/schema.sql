@@ -84,7 +84,6 @@ CREATE TABLE public.attempts (
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     deadline timestamp with time zone NOT NULL,
     finished_at timestamp with time zone,
-    output jsonb,
     error jsonb,
     traceback text,
     log_tail text,
@@ -145,7 +144,9 @@ CREATE TABLE public.coordinator_leader (
     epoch bigint NOT NULL,
     acquired_at timestamp with time zone NOT NULL,
     expires_at timestamp with time zone NOT NULL,
+    global_dispatch_limit integer DEFAULT 0 NOT NULL,
     CONSTRAINT coordinator_leader_epoch_check CHECK ((epoch >= 0)),
+    CONSTRAINT coordinator_leader_global_dispatch_limit_check CHECK ((global_dispatch_limit >= 0)),
     CONSTRAINT coordinator_leader_singleton_check CHECK (singleton)
 );
 
@@ -160,6 +161,8 @@ COMMENT ON COLUMN public.coordinator_leader.epoch IS 'Incremented by every acqui
 COMMENT ON COLUMN public.coordinator_leader.acquired_at IS 'When the current epoch began (database clock).';
 
 COMMENT ON COLUMN public.coordinator_leader.expires_at IS 'The lease ends here unless renewed (database clock); a clean stop sets it to now.';
+
+COMMENT ON COLUMN public.coordinator_leader.global_dispatch_limit IS 'The leader''s --global-dispatch-limit (0: unbounded): pending + leased dispatches, kept by every grant, the coordinator''s and a Claim''s.';
 
 CREATE TABLE public.dispatches (
     id bigint NOT NULL,

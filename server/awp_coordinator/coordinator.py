@@ -304,7 +304,9 @@ class Coordinator:
     async def run(self, stop: asyncio.Event) -> None:
         """Contends for leadership until stop is set; leads while its term holds."""
         config = self.config
-        leadership = Leadership(self._pool, config.instance, config.leader_ttl)
+        leadership = Leadership(
+            self._pool, config.instance, config.leader_ttl, config.global_dispatch_limit
+        )
         listener = Listener(
             config.session_url,
             [COORDINATOR_CHANNEL],

@@ -38,9 +38,12 @@ MIN_RETRY_S: Final = 0.01
 
 
 class Leadership:
-    def __init__(self, pool: Pool, holder: str, ttl_s: float) -> None:
+    def __init__(
+        self, pool: Pool, holder: str, ttl_s: float, global_dispatch_limit: int = 0
+    ) -> None:
         self._pool = pool
         self._holder = holder
+        self._global_dispatch_limit = global_dispatch_limit
         self._ttl_s = ttl_s
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self.renew_every_s = ttl_s / RENEWALS_PER_TTL
@@ -65,7 +68,9 @@ class Leadership:
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._timeout_s):
-                attempt = await leadership.acquire(self._pool, self._holder, self._ttl_ms)
+                attempt = await leadership.acquire(
+                    self._pool, self._holder, self._ttl_ms, self._global_dispatch_limit
+                )
         except CONNECTION_ERRORS as exc:
             # Once per outage, not once per try.
             if not self._unreachable:

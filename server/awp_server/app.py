@@ -20,6 +20,7 @@ from awp_db import pooler, workers
 from awp_db.connect import Pool, PoolMode, create_pool
 from awp_db.listen import Listener
 from awp_db.signals import (
+    COORDINATOR_CHANNEL,
     DISPATCH_CHANNEL,
     LEASE_REVOKED_CHANNEL,
     RUN_EVENTS_CHANNEL,
@@ -159,7 +160,13 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
             await pooler.check_limits(pool, config.session_limits)
     listener = Listener(
         config.session_url,
-        [DISPATCH_CHANNEL, RUN_EVENTS_CHANNEL, LEASE_REVOKED_CHANNEL, STREAM_CHANNEL],
+        [
+            DISPATCH_CHANNEL,
+            COORDINATOR_CHANNEL,
+            RUN_EVENTS_CHANNEL,
+            LEASE_REVOKED_CHANNEL,
+            STREAM_CHANNEL,
+        ],
     )
     await listener.start()
     shutting_down = asyncio.Event()

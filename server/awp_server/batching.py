@@ -284,9 +284,11 @@ class ClaimBatcher(_Batcher[claims.ClaimCall, list[claims.IssuedLease]]):
         lease_ttl_ms: int,
         lanes: int = LANES,
         limits: SessionLimits = DEFAULT_LIMITS,
+        grant: bool = True,
     ):
         super().__init__(pool, max_size=max_size, lanes=lanes, limits=limits)
         self._lease_ttl_ms = lease_ttl_ms
+        self._grant = grant
 
     async def claim(
         self, worker_id: str, session_token: str, max_leases: int
@@ -309,6 +311,7 @@ class ClaimBatcher(_Batcher[claims.ClaimCall, list[claims.IssuedLease]]):
                 [p.call for p in batch],
                 self._lease_ttl_ms,
                 still_wanted=lambda index: not batch[index].answer.done(),
+                grant=self._grant,
             )
         except claims.ClaimAbandoned:
             # Every caller went away: none is left to answer.

@@ -128,6 +128,16 @@ class ServerConfig:
             read=flags.positive_duration,
         ),
     )
+    # Off only to compare or to rule it out: the coordinator's passes then grant alone.
+    no_claim_grants: bool = field(
+        default=False,
+        metadata=flag(
+            "--no-claim-grants",
+            "AWP_NO_CLAIM_GRANTS",
+            "a Claim whose slots find no offer does not grant ready tasks itself",
+            switch=True,
+        ),
+    )
     pool_size: int = field(
         default=20,
         metadata=flag("--pool-size", "AWP_POOL_SIZE", "database connections", read=flags.whole(1)),

@@ -22,7 +22,7 @@ from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_db import leases, outputs, streams, workers
 from awp_db.connect import Pool
 from awp_db.listen import Listener
-from awp_db.signals import DISPATCH_CHANNEL
+from awp_db.signals import COORDINATOR_CHANNEL, DISPATCH_CHANNEL
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict
 from awp_protocol.jsonvalue import canonical_json, dict_to_struct
@@ -101,6 +101,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             max_size=MAX_LEASES_PER_CLAIM,
             lease_ttl_ms=config.lease_ttl_ms,
             limits=config.session_limits,
+            grant=not config.no_claim_grants,
         )
         self.completes = CompleteBatcher(
             pool, max_size=MAX_RESULTS_PER_COMPLETE, limits=config.session_limits
@@ -172,7 +173,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             # Answer (empty) before the client's own deadline cuts the call off.
             wait_s = min(wait_s, max(0.0, remaining - 0.5))
         deadline = time.monotonic() + max(0.0, wait_s)
-        async with self._listener.subscribe(DISPATCH_CHANNEL) as waiter:
+        # New offers wake a parked Claim, and so does whatever may have made a task
+        # ready (a run started, results accepted, a wait resumed): the Claim grants
+        # ready tasks itself (awp_db.claims) rather than waiting for the coordinator.
+        async with (
+            self._listener.subscribe(DISPATCH_CHANNEL) as waiter,
+            self._listener.attach(COORDINATOR_CHANNEL, waiter),
+        ):
             while True:
                 issued = await self.claims.claim(worker_id, token, request.max_leases)
                 left = deadline - time.monotonic()

@@ -32,9 +32,11 @@ async def test_concurrent_passes_keep_the_database_consistent(pool: Pool) -> Non
         for i in range(6)
     ]
     fleet: list[DbWorker] = [
-        await register(pool, max_concurrency=2, name="steady"),
-        await register(pool, max_concurrency=3, name="busy"),
-        await register(pool, max_concurrency=2, name="flaky"),  # lets its leases expire
+        await register(pool, grants=False, max_concurrency=2, name="steady"),
+        await register(pool, grants=False, max_concurrency=3, name="busy"),
+        await register(
+            pool, grants=False, max_concurrency=2, name="flaky"
+        ),  # lets its leases expire
     ]
     first = coordinator(pool, global_dispatch_limit=global_limit)
     second = coordinator(pool, global_dispatch_limit=global_limit)

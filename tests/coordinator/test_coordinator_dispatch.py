@@ -16,7 +16,7 @@ from kit.invariants import check_committed
 async def test_no_dispatch_without_a_compatible_active_worker(pool: Pool) -> None:
     run_id = await start_run(pool, spec("lonely", 3))
     coord = coordinator(pool)
-    await register(pool, kinds=["python"])  # active, but cannot run 'mock' tasks
+    await register(pool, grants=False, kinds=["python"])  # active, but cannot run 'mock' tasks
 
     report = await coord.run_pass()
 
@@ -25,7 +25,7 @@ async def test_no_dispatch_without_a_compatible_active_worker(pool: Pool) -> Non
     assert set((await task_states(pool, run_id)).values()) == {"ready"}
 
     # A compatible worker that registers later gets the work.
-    worker = await register(pool, kinds=["mock"], max_concurrency=2)
+    worker = await register(pool, grants=False, kinds=["mock"], max_concurrency=2)
     report = await coord.run_pass()
     assert report.dispatched == 2  # no more than its free slots are offered
     claimed = await worker.claim()
@@ -38,7 +38,7 @@ async def test_prefetch_offers_a_refill_beyond_the_free_slots(pool: Pool) -> Non
     """With prefetch 1.0 a full worker's next leases are already offered, so its freed
     slots are refilled without waiting for a pass; a claim never exceeds them."""
     await start_run(pool, spec("ahead", 9))
-    worker = await register(pool, max_concurrency=2)
+    worker = await register(pool, grants=False, max_concurrency=2)
     coord = coordinator(pool, dispatch_prefetch=1.0)
 
     assert (await coord.run_pass()).dispatched == 4  # 2 free slots + 2 offered ahead
@@ -56,7 +56,7 @@ async def test_prefetch_is_topped_up_once_half_of_it_is_taken(pool: Pool) -> Non
     """Offers are refilled before they run out, so claims made while a refill is under
     way still get every slot they ask for; not after every result either."""
     run_id = await start_run(pool, spec("topped", 30))
-    worker = await register(pool, max_concurrency=4)
+    worker = await register(pool, grants=False, max_concurrency=4)
     coord = coordinator(pool, dispatch_prefetch=1.0)
     assert (await coord.run_pass()).dispatched == 8  # 4 free slots + 4 offered ahead
     held = await worker.claim(4)
@@ -83,7 +83,7 @@ async def test_prefetch_is_topped_up_once_half_of_it_is_taken(pool: Pool) -> Non
 
 async def test_prefetch_stays_within_the_run_concurrency(pool: Pool) -> None:
     run_id = await start_run(pool, spec("narrow", 9, concurrency=3))
-    worker = await register(pool, max_concurrency=2)
+    worker = await register(pool, grants=False, max_concurrency=2)
     coord = coordinator(pool, dispatch_prefetch=1.0)
 
     assert (await coord.run_pass()).dispatched == 3  # room for 4, the run allows 3
@@ -101,7 +101,7 @@ async def test_prefetch_stays_within_the_run_concurrency(pool: Pool) -> None:
 
 async def test_a_draining_worker_is_not_capacity(pool: Pool) -> None:
     await start_run(pool, spec("drained", 2))
-    worker = await register(pool)
+    worker = await register(pool, grants=False)
     outcome = await worker.drain()
     assert outcome.state == "stopped"
 
@@ -114,7 +114,7 @@ async def test_queued_task_whose_kind_loses_its_last_worker_goes_back_to_ready(
     pool: Pool,
 ) -> None:
     run_id = await start_run(pool, spec("orphaned", 2))
-    worker = await register(pool, max_concurrency=5)
+    worker = await register(pool, grants=False, max_concurrency=5)
     coord = coordinator(pool)
     assert (await coord.run_pass()).dispatched == 2
     assert set((await task_states(pool, run_id)).values()) == {"queued"}
@@ -133,7 +133,7 @@ async def test_queued_task_whose_kind_loses_its_last_worker_goes_back_to_ready(
     await check_committed(pool)
 
     # And the next compatible worker picks the tasks up again, nothing spent.
-    newcomer = await register(pool)
+    newcomer = await register(pool, grants=False)
     assert (await coord.run_pass()).dispatched == 2
     leases = await newcomer.claim()
     assert sorted(lease.attempt for lease in leases) == [1, 1]
@@ -150,9 +150,9 @@ async def test_limits_hold_throughout_a_run(pool: Pool) -> None:
         await start_run(pool, spec("open", 10, max_attempts=2)),
     ]
     fleet: list[DbWorker] = [
-        await register(pool, max_concurrency=1, name="a"),
-        await register(pool, max_concurrency=3, name="b"),
-        await register(pool, max_concurrency=4, name="c"),
+        await register(pool, grants=False, max_concurrency=1, name="a"),
+        await register(pool, grants=False, max_concurrency=3, name="b"),
+        await register(pool, grants=False, max_concurrency=4, name="c"),
     ]
     coord = coordinator(pool, global_dispatch_limit=global_limit)
     peak = 0
@@ -184,7 +184,7 @@ async def test_an_old_large_run_cannot_starve_a_new_small_one(pool: Pool) -> Non
     """Global limit 1: the 200-task run is in progress, a new 2-task run still gets
     every other dispatch, also after a coordinator restart."""
     big = await start_run(pool, spec("big", 200))
-    worker = await register(pool, max_concurrency=5)
+    worker = await register(pool, grants=False, max_concurrency=5)
     coord = coordinator(pool, global_dispatch_limit=1)
 
     async def cycle() -> str:
@@ -216,7 +216,7 @@ async def test_an_old_large_run_cannot_starve_a_new_small_one(pool: Pool) -> Non
 async def test_a_busy_run_is_left_to_the_next_pass_not_waited_for(pool: Pool) -> None:
     busy = await start_run(pool, spec("busy", 2))
     idle = await start_run(pool, spec("idle", 2))
-    await register(pool, max_concurrency=10)
+    await register(pool, grants=False, max_concurrency=10)
     coord = coordinator(pool)
     async with pool.acquire() as holder, holder.transaction():
         # Another transaction (a claim, a result) holds the busy run's row.
@@ -233,7 +233,7 @@ async def test_a_busy_run_is_left_to_the_next_pass_not_waited_for(pool: Pool) ->
 
 async def test_when_every_run_is_busy_the_pass_waits_for_them(pool: Pool) -> None:
     only = await start_run(pool, spec("only", 2))
-    await register(pool, max_concurrency=10)
+    await register(pool, grants=False, max_concurrency=10)
     coord = coordinator(pool)
     async with pool.acquire() as holder:
         transaction = holder.transaction()

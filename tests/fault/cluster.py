@@ -188,15 +188,23 @@ class Cluster:
     # --- awp-server -------------------------------------------------------------------
 
     async def start_server(
-        self, name: str = "server", *, within: float = 20.0, port: int = 0, database_url: str = ""
+        self,
+        name: str = "server",
+        *,
+        within: float = 20.0,
+        port: int = 0,
+        database_url: str = "",
+        extra: Sequence[str] = (),
     ) -> Process:
         """Starts (or restarts, on the same port) the server; returns once it serves."""
         self._starters[name] = lambda: self.start_server(name, within=within, port=port,
-                                                         database_url=database_url)  # fmt: skip
+                                                         database_url=database_url,
+                                                         extra=extra)  # fmt: skip
         argv = commandlines.server(
             self.timings,
             database_url=database_url or self.dsn,
             listen=f"127.0.0.1:{port or self.server_port}",
+            extra=extra,
         )
         process = self.add(name, argv)
         process.spawn()

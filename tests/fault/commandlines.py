@@ -36,7 +36,7 @@ class Timings:
     shutdown_grace_s: float = 15.0
 
 
-def server(t: Timings, *, database_url: str, listen: str) -> list[str]:
+def server(t: Timings, *, database_url: str, listen: str, extra: Sequence[str] = ()) -> list[str]:
     return [
         *command("awp-server"),
         "--database-url", database_url,
@@ -48,6 +48,7 @@ def server(t: Timings, *, database_url: str, listen: str) -> list[str]:
         "--heartbeat-interval", str(t.heartbeat_s),
         "--stream-grace", str(t.stream_grace_s),
         "--log-format", "json",
+        *extra,
     ]  # fmt: skip
 
 

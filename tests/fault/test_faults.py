@@ -147,7 +147,7 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
     async def replayed_attempt() -> tuple[object, ...]:
         row = await cluster.fetchrow(
             """
-            SELECT a.state, a.output, a.finished_at,
+            SELECT a.state, a.error, a.finished_at,
                    (SELECT count(*) FROM state_events e
                      WHERE e.run_id = a.run_id AND e.task_key = 'only' AND e.attempt = 1)
               FROM attempts a WHERE a.dispatch_id = $1

@@ -127,7 +127,7 @@ async def test_database_outage_cancels_by_safety_deadline_then_recovers(
     assert first["state"] == "interrupted"
     # The first attempt never reported: its executor was stopped, not left running.
     assert await cluster.fetchval(
-        "SELECT output IS NULL FROM attempts WHERE dispatch_id = $1", first["dispatch_id"]
+        "SELECT result_hash IS NULL FROM dispatches WHERE id = $1", first["dispatch_id"]
     )
     assert worker.process.alive
     await cluster.check_invariants({run_id: Expect()})

@@ -103,8 +103,7 @@ async def test_a_second_accepted_result_and_a_stale_one_are_found(pool: Pool) ->
     # Now pretend attempt 1's result was accepted too, after attempt 2 had started.
     await pool.execute(
         """
-        UPDATE attempts SET state = 'succeeded', output = '{"n": 1}'::jsonb
-         WHERE dispatch_id = $1
+        UPDATE attempts SET state = 'succeeded' WHERE dispatch_id = $1
         """,
         first.dispatch_id,
     )
@@ -115,7 +114,15 @@ async def test_a_second_accepted_result_and_a_stale_one_are_found(pool: Pool) ->
     )
     found = await _violations(pool, {run_id: Expect()})
     assert "succeeded with 2 succeeded attempts" in found
+    assert "2 attempts' results accepted" in found
     assert "result written after a later attempt had started" in found
+
+    # And an output stored on a task that did not succeed.
+    await pool.execute(
+        """UPDATE tasks SET state = 'failed', output = '{"n": 1}'::jsonb WHERE run_id = $1""",
+        run_id,
+    )
+    assert "is failed yet has an output" in await _violations(pool, {run_id: Expect()})
 
 
 async def test_a_lease_left_with_an_offline_worker_is_found(pool: Pool) -> None:

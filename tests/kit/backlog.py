@@ -74,9 +74,9 @@ WITH seeded AS (
               finished_at
 ), attempt AS (
     INSERT INTO attempts (task_id, run_id, attempt, dispatch_id, worker_id, fencing_token,
-                          state, started_at, deadline, finished_at, output)
+                          state, started_at, deadline, finished_at)
     SELECT task_id, run_id, 1, id, worker_id, fencing_token, 'succeeded', leased_at,
-           attempt_deadline, finished_at, '{}'::jsonb
+           attempt_deadline, finished_at
       FROM dispatch
 ), event AS (
     INSERT INTO state_events (run_id, seq, revision, type, task_key, from_state, to_state,

@@ -86,7 +86,7 @@ async def test_a_workflow_runs_to_completion_and_the_worker_stops(
     assert await run_state(pool, other, "succeeded", "failed") == "succeeded"
     assert await worker.stop() == EXIT_OK
     attempts = await pool.fetch(
-        "SELECT t.key, a.attempt, a.state, a.output FROM attempts a"
+        "SELECT t.key, a.attempt, a.state FROM attempts a"
         " JOIN tasks t ON t.id = a.task_id WHERE a.run_id = $1",
         run_id,
     )

@@ -327,6 +327,11 @@ def _failed(
 
 def revoke(owner: Owner, held: HeldLease, status: str) -> None:
     """The server no longer counts ``held`` as this session's: stop it, report nothing."""
+    checkpoints = held.checkpoints
+    if checkpoints is not None and checkpoints.defer_revocation(
+        lambda: revoke(owner, held, status)
+    ):
+        return
     owner.metrics.revocations.labels(status).inc()
     LeaseLog(log, held.log_fields).warning(
         "lease %s by the server (%s): stopping it, reporting nothing",

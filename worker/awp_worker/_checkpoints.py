@@ -81,6 +81,24 @@ class LeaseCheckpoints:
         self._fields = log_fields
         self._lost: str | None = None
         self._closed = False
+        # An Await in flight, and a revocation that arrived meanwhile (applied once the
+        # answer is known: see defer_revocation).
+        self._awaiting = False
+        self._deferred: Callable[[], None] | None = None
+
+    def defer_revocation(self, apply: Callable[[], None]) -> bool:
+        """Whether a revocation of this lease must wait for the Await in flight.
+
+        A SUSPENDED Await ends its lease in the same transaction, so the heartbeat
+        stream's REVOKED for it can overtake the Await's own answer: the attempt then
+        read as revoked (and counted and logged so) when it had suspended. While an Await
+        is in flight the revocation is held; a SUSPENDED answer drops it (it was the
+        suspension's), any other end applies it.
+        """
+        if not self._awaiting:
+            return False
+        self._deferred = apply
+        return True
 
     async def load(self) -> Sequence[Checkpoint]:
         found: list[Checkpoint] = []
@@ -141,7 +159,13 @@ class LeaseCheckpoints:
             request.sleep.FromMilliseconds(spec.sleep_ms)
         if spec.timeout_ms is not None:
             request.timeout.FromMilliseconds(spec.timeout_ms)
-        response: worker_pb2.AwaitResponse = await self._send("Await", request)
+        self._awaiting = True
+        try:
+            response: worker_pb2.AwaitResponse = await self._send("Await", request)
+        except BaseException:
+            self._await_answered(suspended=False)
+            raise
+        self._await_answered(suspended=response.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED)
         if response.outcome == worker_pb2.AWAIT_OUTCOME_SATISFIED:
             return checkpoint_from_proto(response.checkpoint)
         if response.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED:
@@ -152,6 +176,12 @@ class LeaseCheckpoints:
             return None
         self._lose("Await: lease lost")
         raise CheckpointsLost(f"wait {spec.name!r} of attempt {self._lease.attempt}: lease lost")
+
+    def _await_answered(self, *, suspended: bool) -> None:
+        self._awaiting = False
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None and not suspended:
+            deferred()
 
     def close(self) -> None:
         """The attempt is over: a call in flight or made later is not resent."""

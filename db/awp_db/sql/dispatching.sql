@@ -125,3 +125,26 @@ WITH lapsed AS (
 UPDATE tasks t SET state = 'ready'
   FROM lapsed WHERE t.id = lapsed.task_id AND t.state = 'queued'
 RETURNING t.run_id, t.key
+
+-- name: try_serialise
+-- A Claim's grant (awp_db.dispatching.grant_for_claims): the dispatch lock if free now,
+-- never waited for (the Claim already holds rows that come after it in the lock order),
+-- and only when a task of the kinds $2 is ready at all (no row otherwise): a Claim that
+-- finds nothing to do costs one probe of the ready tasks' index, not a grant.
+SELECT pg_try_advisory_xact_lock($1::bigint)
+ WHERE EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND executor_kind = ANY($2::text[]))
+
+-- name: serialise_if_bare
+-- A Claim's first statement (awp_db.dispatching.serialise_for_claims): the dispatch lock,
+-- waited for, when some task is ready and no offer is left at all -- the moment the
+-- Claim will grant -- so that it queues behind a pass granting the same tasks rather
+-- than losing the race to it and coming back empty. No row: it did not lock. Taken
+-- before any row, as the lock order requires of a wait for this lock.
+SELECT pg_advisory_xact_lock($1::bigint)
+ WHERE EXISTS (SELECT 1 FROM tasks WHERE state = 'ready')
+   AND NOT EXISTS (SELECT 1 FROM dispatches WHERE state = 'pending')
+
+-- name: global_limit
+-- The leading coordinator's global dispatch limit (0: unbounded), published with its
+-- term (migration 0021) so that a Claim's grant keeps it too.
+SELECT global_dispatch_limit FROM coordinator_leader

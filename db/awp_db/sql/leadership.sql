@@ -5,15 +5,17 @@
 
 -- name: acquire
 -- Takes the lease if it has expired (or was released), as the next epoch; $1 holder,
--- $2 lease length in ms. While the lease is live the UPDATE matches nothing and locks
--- nothing. It waits only for transactions of the old leader still holding its term
+-- $2 lease length in ms, $3 its global dispatch limit (published with the term for
+-- every grant to keep, a Claim's too: migration 0021). While the lease is live the
+-- UPDATE matches nothing and locks nothing. It waits only for transactions of the old leader still holding its term
 -- (FOR KEY SHARE), and a concurrent acquire or renewal makes it re-check expiry on the
 -- newest row. Also returns the lease as it stood (its holder, and seconds until it
 -- expires) so that a standby can sleep until then.
 WITH taken AS (
     UPDATE coordinator_leader
        SET holder = $1, epoch = epoch + 1, acquired_at = clock_timestamp(),
-           expires_at = clock_timestamp() + $2::int * interval '1 millisecond'
+           expires_at = clock_timestamp() + $2::int * interval '1 millisecond',
+           global_dispatch_limit = $3::int
      WHERE expires_at <= clock_timestamp()
  RETURNING epoch)
 SELECT (SELECT epoch FROM taken) AS epoch,

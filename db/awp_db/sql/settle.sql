@@ -8,7 +8,8 @@
 -- a failure's traceback and log tail (NULL for none; migration 0007), written
 -- here rather than by a second UPDATE of the attempt, which PostgreSQL would check
 -- against the attempt's foreign keys again, locking its worker's row (awp_db.locks).
--- A task keeps the output only of a success, and its error only while it has not
+-- A task keeps the output only of a success (the one place an output is stored), and
+-- its error only while it has not
 -- succeeded: a later attempt's success clears an earlier one's error, which stays on that
 -- attempt (clients show a task's error as its last attempt's). A task sent back to `ready` was handed back
 -- free of charge (awp_kernel.retry.decide_hand_back): it counts one more free hand-back.
@@ -35,9 +36,11 @@ WITH e AS (
       FROM e
      WHERE d.id = e.dispatch_id AND d.state = 'leased'
 ), ended_attempts AS (
+    -- The output is stored once, on the task (migration 0022): the attempt that
+    -- succeeded is the one whose dispatch holds the accepted result's hash.
     UPDATE attempts a
        SET state = e.attempt_state, finished_at = clock_timestamp(),
-           output = e.output::jsonb, error = e.error::jsonb,
+           error = e.error::jsonb,
            traceback = CASE WHEN e.attempt_state = 'failed' THEN e.traceback END,
            log_tail = CASE WHEN e.attempt_state = 'failed' THEN e.log_tail END
       FROM e

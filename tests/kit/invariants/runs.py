@@ -84,16 +84,23 @@ async def _accepted_results(conn: Db, run_id: UUID) -> list[str]:
             problems.append(
                 f"task {key} counts {row['attempts']} attempts but has {row['rows']} attempt rows"
             )
-    # The accepted result is the one recorded on the task.
+    # An output is stored once, on its task, and only by a success: the accepted result
+    # (its hash on the succeeded attempt's dispatch) or a reused one (checked below).
     for row in await conn.fetch(
         """
-        SELECT t.key
-          FROM tasks t JOIN attempts a ON a.task_id = t.id AND a.state = 'succeeded'
-         WHERE t.run_id = $1 AND t.output IS DISTINCT FROM a.output
+        SELECT t.key, t.state,
+               (SELECT count(*) FROM attempts a JOIN dispatches d ON d.id = a.dispatch_id
+                 WHERE a.task_id = t.id AND a.state = 'succeeded'
+                   AND d.state = 'completed' AND d.result_hash IS NOT NULL) AS accepted
+          FROM tasks t
+         WHERE t.run_id = $1 AND t.output IS NOT NULL
         """,
         run_id,
     ):
-        problems.append(f"task {row['key']}: its output is not its succeeded attempt's output")
+        if row["state"] != "succeeded":
+            problems.append(f"task {row['key']} is {row['state']} yet has an output")
+        elif row["accepted"] > 1:
+            problems.append(f"task {row['key']}: {row['accepted']} attempts' results accepted")
     for row in await conn.fetch(
         """
         SELECT t.key
