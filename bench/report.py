@@ -41,6 +41,11 @@ FIGURES = (
     "hop_ms_p99",
     "start_latency_ms_p50",
     "start_latency_ms_p99",
+    # where single-task latency goes (bench/scenarios.py: latency)
+    "latency_to_start_run_ms_p50",
+    "latency_to_grant_ms_p50",
+    "latency_to_lease_ms_p50",
+    "granted_by_claims",
     "cancel_latency_ms_p50",
     "cancel_latency_ms_p99",
     "stream_ms_p50",
