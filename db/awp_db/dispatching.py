@@ -54,7 +54,7 @@ async def create_dispatches(
         # Pending + leased, all kinds (no row: no active worker and nothing pending).
         in_flight = (rows[0]["leased"] if rows else 0) + sum(row["pending"] for row in rows)
         budget = grant.kind_budget(
-            [grant.KindCapacity(r["kind"], r["free"], r["slots"], r["pending"]) for r in rows],
+            [grant.KindCapacity(r["kind"], r["free"], r["slots"], r["open_pending"]) for r in rows],
             prefetch,
         )
         chosen = await grant.choose(
