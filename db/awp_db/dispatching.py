@@ -55,7 +55,7 @@ async def create_dispatches(
         await conn.execute(Q["serialise"], DISPATCH_LOCK_KEY)
         rows = await conn.fetch(Q["capacity"])
         budget = grant.kind_budget(
-            [grant.KindCapacity(r["kind"], r["free"], r["slots"], r["pending"]) for r in rows],
+            [grant.KindCapacity(r["kind"], r["free"], r["slots"], r["open_pending"]) for r in rows],
             prefetch,
         )
         done = await _grant(conn, budget, _room(rows, global_limit), events, term, claim=False)

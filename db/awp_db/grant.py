@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
+from asyncpg import Record
+
 from awp_db.connect import Conn
 from awp_db.queries import queries
 from awp_protocol.limits import MAX_PRIORITY, MIN_PRIORITY
@@ -46,6 +48,8 @@ class KindCapacity:
     kind: str
     free: int
     slots: int
+    # Pending offers without placement requirements (those with some have their own
+    # bound: `fit_room` in grant.sql).
     pending: int
 
 
@@ -102,6 +106,8 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
     left = dict(budget)
     taken: dict[str, int] = {}
     spent: dict[str, int] = {}
+    # Offers granted this pass per placement requirement (see `fit_room`).
+    placed: dict[tuple[object, ...], int] = {}
     chosen: list[Grant] = []
     rows = await conn.fetch(
         Q["candidates"], sorted(budget), total, AGING_STEP_MS, MIN_PRIORITY, MAX_PRIORITY
@@ -120,6 +126,11 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
             free is not None and spent.get(name, 0) + units > free for name, units, free in rates
         ):
             continue
+        needs = _requirement(row)
+        if needs is not None and placed.get(needs, 0) >= row["fit_room"]:
+            continue
+        if needs is not None:
+            placed[needs] = placed.get(needs, 0) + 1
         left[kind] -= 1
         for key, _, held in keys:
             taken[key] = taken.get(key, held) + 1
@@ -127,6 +138,21 @@ async def choose(conn: Conn, budget: dict[str, int], global_room: int | None) ->
             spent[name] = spent.get(name, 0) + units
         chosen.append(Grant(row["id"], row["run_id"], row["priority"]))
     return chosen
+
+
+def _requirement(row: Record) -> tuple[object, ...] | None:
+    """A placed task's requirement (kind, labels, resources), None for one without: tasks
+    of one requirement share the room of the workers that fit it. (Tasks of different
+    requirements on the same workers each count that room: an over-offer the claims
+    bound.)"""
+    if row["fit_room"] is None:
+        return None
+    return (
+        row["executor_kind"],
+        tuple(row["required_labels"]),
+        tuple(row["resource_names"]),
+        tuple(row["resource_units"]),
+    )
 
 
 async def explain(conn: Conn, run_id: UUID) -> dict[str, str]:

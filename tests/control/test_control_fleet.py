@@ -7,7 +7,10 @@ from uuid import UUID
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db import dispatching, leases
 from awp_db.connect import Pool
+from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
+from awp_kernel.placement import Placement
 from control.helpers import create_workflow, start_run, task
+from kit import start_run as start_spec
 from kit.db import converge_cancel, register
 
 Stub = control_pb2_grpc.ControlServiceStub
@@ -95,3 +98,24 @@ async def test_stats_count_queues_runs_workers_and_leases(control: Stub, pool: P
     assert stats.active_leases == 1
     assert stats.HasField("oldest_pending")
     assert stats.oldest_pending.ToMilliseconds() >= 0
+
+
+async def test_list_workers_shows_models_resources_and_what_leases_reserve(
+    control: Stub, pool: Pool
+) -> None:
+    gpu = await register(pool, models=["llama3-8b"], resources={"gpu": 2, "vram_gb": 80})
+    await start_spec(
+        pool,
+        validate(
+            WorkflowSpec(
+                "gpu",
+                1,
+                (TaskSpec("t", "mock", "noop", placement=Placement.of(resources={"gpu": 1})),),
+            )
+        ),
+    )
+    assert len(await gpu.dispatch_and_claim()) == 1
+    (info,) = (await control.ListWorkers(control_pb2.ListWorkersRequest())).workers
+    assert list(info.models) == ["llama3-8b"]
+    assert dict(info.resources) == {"gpu": 2, "vram_gb": 80}
+    assert dict(info.reserved) == {"gpu": 1, "vram_gb": 0}

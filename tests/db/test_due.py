@@ -254,7 +254,7 @@ async def test_due_agrees_with_every_step_and_its_python_twin(
 
         capacity = await conn.fetch(DISPATCHING["capacity"])
         assert due.short == any(
-            grant.refill_due(row["free"], row["slots"], row["pending"], prefetch)
+            grant.refill_due(row["free"], row["slots"], row["open_pending"], prefetch)
             for row in capacity
         )
 

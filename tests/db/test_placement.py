@@ -96,6 +96,29 @@ async def test_several_resources_and_capacity_per_worker(pool: Pool) -> None:
     await check_committed(pool)
 
 
+async def test_placed_offers_are_bounded_by_the_room_of_the_workers_that_fit(
+    pool: Pool,
+) -> None:
+    # Offers only the GPU worker may take must not fill the kind's budget: the CPU
+    # worker's slots are offered the other work.
+    await start_run(pool, placed(10, Placement.of(["gpu=a100"], resources={"gpu": 1})))
+    await start_run(pool, placed(10, Placement.of(), name="plain"))
+    gpu = await register(
+        pool, max_concurrency=4, name="gpu", labels={"gpu": "a100"}, resources={"gpu": 2}
+    )
+    cpu = await register(pool, max_concurrency=4, name="cpu")
+    await dispatch_all(pool)
+    offered = await pool.fetch(
+        """SELECT cardinality(resource_names) > 0 AS gpu, count(*) AS n FROM dispatches
+            WHERE state = 'pending' GROUP BY 1"""
+    )
+    # Two GPU offers (its two free units), the rest of the eight slots for the others.
+    assert {row["gpu"]: row["n"] for row in offered} == {True: 2, False: 6}
+    assert len(await cpu.claim()) == 4
+    assert len(await gpu.claim()) == 4  # its two GPUs, and two slots of other work
+    await check_committed(pool)
+
+
 async def test_a_task_no_active_worker_could_run_is_not_granted_and_says_why(pool: Pool) -> None:
     run = await start_run(pool, placed(1, Placement.of(["gpu=a100"], resources={"gpu": 3})))
     await register(pool, max_concurrency=10)

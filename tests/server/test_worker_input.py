@@ -42,8 +42,22 @@ def _register(**fields: Any) -> worker_pb2.RegisterRequest:
         (_register(executor_kinds=[f"k{i}" for i in range(10_000)]), "executor_kinds"),
         (_register(executor_kinds=["k" * 20_000]), "executor_kinds[0]"),
         (_register(labels={"k" * 20_000: "v"}), "labels['kkkk"),
+        (_register(models=["llama=3"]), "models[0]"),
+        (_register(resources={"gpu": 0}), "resources['gpu']"),
+        (_register(resources={"g p u": 1}), "resources['g p u']"),
+        (_register(models=[f"m{i}" for i in range(65)]), "models"),
     ],
-    ids=["nul-name", "nul-label", "10000-kinds", "long-kind", "long-label-key"],
+    ids=[
+        "nul-name",
+        "nul-label",
+        "10000-kinds",
+        "long-kind",
+        "long-label-key",
+        "model-with-equals",
+        "no-units",
+        "bad-resource-name",
+        "65-models",
+    ],
 )
 async def test_register_refuses_bad_text_and_counts(
     stub: worker_pb2_grpc.WorkerServiceStub,

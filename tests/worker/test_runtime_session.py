@@ -46,13 +46,16 @@ async def test_runs_mock_tasks_and_reports_coalesced_results(fake: FakeServer) -
 
 
 async def test_register_sends_token_kinds_concurrency_and_labels(fake: FakeServer) -> None:
-    worker = start(fake, concurrency=3, labels={"zone": "a"})
+    worker = start(
+        fake, concurrency=3, labels={"zone": "a"}, models=("llama3-8b",), resources={"gpu": 2}
+    )
     await worker.registered()
     request = fake.service.last_register
     assert request is not None
     assert request.name == "test-worker" and request.protocol_version == 1
     assert list(request.executor_kinds) == ["mock"] and request.max_concurrency == 3
     assert dict(request.labels) == {"zone": "a"}
+    assert list(request.models) == ["llama3-8b"] and dict(request.resources) == {"gpu": 2}
     assert fake.service.register_metadata[-1]["authorization"] == f"Bearer {TOKEN}"
     assert await worker.stop() == EXIT_OK
 

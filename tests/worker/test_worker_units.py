@@ -171,6 +171,8 @@ def test_environment_variables_configure_everything() -> None:
             "AWP_WORKER_METRICS_LISTEN": "0.0.0.0:9464",
             "AWP_LOG_FORMAT": "text",
             "AWP_WORKER_LABELS": "zone=a,tier=gpu",
+            "AWP_WORKER_MODELS": "llama3-8b,qwen",
+            "AWP_WORKER_RESOURCES": "gpu=2,vram_gb=80",
         },
     )
     assert (config.server, config.worker_token, config.name) == ("h:1", "secret", "n1")
@@ -179,6 +181,27 @@ def test_environment_variables_configure_everything() -> None:
     assert (config.shutdown_grace, config.safety_margin) == (7.0, 0.5)
     assert config.metrics_listen == "0.0.0.0:9464" and config.log_format == "text"
     assert dict(config.labels) == {"zone": "a", "tier": "gpu"}
+    assert config.models == ("llama3-8b", "qwen")
+    assert dict(config.resources) == {"gpu": 2, "vram_gb": 80}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--label", "a=1", "--label", "a=2"], "label key 'a' is given twice"),
+        (["--resource", "gpu"], "resource 'gpu' is not name=units"),
+        (["--resource", "gpu=2", "--resource", "gpu=3"], "resource 'gpu' is given twice"),
+        (["--resource", "gpu=0"], "--resource: resource 'gpu': capacity must be"),
+        (["--model", "a=b"], "--model: 'a=b' is not a model name"),
+    ],
+)
+def test_placement_flags_are_refused_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv, {})
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_flags_win_over_the_environment() -> None:

@@ -101,7 +101,8 @@ SELECT EXISTS (SELECT 1 FROM runs
                       AND NOT EXISTS (SELECT 1 FROM runs r
                                        WHERE r.schedule_id = b.schedule_id AND r.state = 'running')))
            AS schedules,
-       -- Some kind has fewer pending dispatches than free slots plus half the prefetch
+       -- Some kind has fewer pending dispatches (without placement requirements, as
+       -- dispatching.sql: capacity counts them) than free slots plus half the prefetch
        -- ($3): the only case in which dispatching.create_dispatches creates any
        -- (grant.refill_due, the same arithmetic).
        EXISTS (SELECT 1
@@ -114,7 +115,9 @@ SELECT EXISTS (SELECT 1 FROM runs
                                        WHERE l.worker_id = w.id AND l.state = 'leased'), 0))
                       + ceil($3::float8 * sum(w.max_concurrency)::float8 / 2)
                       > (SELECT count(*) FROM dispatches p
-                          WHERE p.state = 'pending' AND p.executor_kind = k.kind))
+                          WHERE p.state = 'pending' AND p.executor_kind = k.kind
+                            AND cardinality(p.required_labels) = 0
+                            AND cardinality(p.resource_names) = 0))
            AS short,
        extract(epoch FROM least(
            (SELECT min(lease_expires_at) FROM dispatches WHERE state = 'leased'),

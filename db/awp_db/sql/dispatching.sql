@@ -27,7 +27,13 @@ WITH leased AS (
      WHERE w.state = 'active'
      GROUP BY k.kind
 ), pending AS (
-    SELECT executor_kind AS kind, count(*) AS n
+    -- `open`: offers without placement requirements. Those with some are left out of the
+    -- kind's refill (only the workers that fit them may take them, and the grant bounds
+    -- them by those workers' room, grant.sql: fit_room), so they never hold back the
+    -- kind's other work; `n` counts every one (the global limit's in-flight count).
+    SELECT executor_kind AS kind, count(*) AS n,
+           count(*) FILTER (WHERE cardinality(required_labels) = 0
+                              AND cardinality(resource_names) = 0) AS open
       FROM dispatches WHERE state = 'pending'
      GROUP BY executor_kind
 )
@@ -35,6 +41,7 @@ SELECT coalesce(s.kind, p.kind) AS kind,
        coalesce(s.free, 0)::bigint AS free,
        coalesce(s.slots, 0)::bigint AS slots,
        coalesce(p.n, 0)::bigint AS pending,
+       coalesce(p.open, 0)::bigint AS open_pending,
        (SELECT coalesce(sum(n), 0) FROM leased)::bigint AS leased
   FROM slots s FULL JOIN pending p ON p.kind = s.kind
 

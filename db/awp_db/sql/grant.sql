@@ -16,7 +16,10 @@
 -- when the pass began; the caller counts the units it grants on top (a task of several
 -- keys is checked for all of them there).
 -- Placement: a task is a candidate only while an active worker of its kind has its
--- required labels and each of its resources' units (placement_fits, migration 0020).
+-- required labels and each of its resources' units (placement_fits, migration 0020);
+-- `fit_room` is how many more offers of its requirements those workers could take now,
+-- the caller's bound for such tasks (the kind's budget leaves their offers out, so that
+-- offers only some workers may take do not hold back the others' work).
 -- Rate limits: a task is a candidate only while each rate limit it uses, if set, is not
 -- paused and has its units free in the window ending now (charges granted in the last
 -- period, each its reported usage where known, else its estimate). `rate_free` returns
@@ -64,7 +67,8 @@ WITH held AS (
       FROM live l
       CROSS JOIN LATERAL (
           SELECT t.id, t.run_id, t.executor_kind, t.concurrency_keys, t.concurrency_max,
-                 u.held, t.rate_names, t.rate_units, v.rate_free,
+                 u.held, t.rate_names, t.rate_units, v.rate_free, t.required_labels,
+                 t.resource_names, t.resource_units, f.fit_room,
                  greatest($4::int, least($5::int, l.priority + t.priority)) AS base,
                  coalesce(floor(extract(epoch FROM clock_timestamp() - t.ready_at) * 1000
                                 / $3::bigint)::int, 0) AS aged,
@@ -80,6 +84,35 @@ WITH held AS (
                        coalesce(bool_and(r.free IS NULL OR k.units <= r.free), true) AS open
                   FROM unnest(t.rate_names, t.rate_units) WITH ORDINALITY AS k (name, units, i)
                   LEFT JOIN rates r ON r.name = k.name) v
+            -- Placement's own budget (NULL: none): the leases the active workers that fit
+            -- the task could take now (free slots, and free units of each resource it
+            -- reserves), less the pending offers of the same requirements.
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN cardinality(t.required_labels) = 0
+                                 AND cardinality(t.resource_names) = 0 THEN NULL
+                       ELSE (SELECT coalesce(sum(greatest(0, least(
+                                        w.max_concurrency
+                                        - (SELECT count(*) FROM dispatches l
+                                            WHERE l.worker_id = w.id AND l.state = 'leased'),
+                                        (SELECT min((c.units - coalesce((
+                                                    SELECT sum(r.units) FROM dispatches l
+                                                     CROSS JOIN LATERAL unnest(l.resource_names, l.resource_units)
+                                                           AS r (name, units)
+                                                     WHERE l.worker_id = w.id AND l.state = 'leased'
+                                                       AND r.name = n.name), 0)) / n.units)
+                                           FROM unnest(t.resource_names, t.resource_units) AS n (name, units)
+                                           JOIN unnest(w.resource_names, w.resource_units) AS c (name, units)
+                                             ON c.name = n.name)))), 0)
+                               FROM workers w
+                              WHERE w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds)
+                                AND placement_fits(t.required_labels, t.resource_names,
+                                                   t.resource_units, w.placement_labels,
+                                                   w.resource_names, w.resource_units))
+                            - (SELECT count(*) FROM dispatches p
+                                WHERE p.state = 'pending' AND p.executor_kind = t.executor_kind
+                                  AND p.required_labels = t.required_labels
+                                  AND p.resource_names = t.resource_names
+                                  AND p.resource_units = t.resource_units) END AS fit_room) f
            WHERE t.run_id = l.id AND t.state = 'ready'
              AND t.executor_kind = ANY($1::text[]) AND u.open AND v.open
              -- Placement: only what an active worker could ever run (its kind, required
@@ -106,15 +139,23 @@ WITH held AS (
                     PARTITION BY e.concurrency_keys[1]
                     ORDER BY e.priority DESC, e.overdue DESC, e.rn,
                              e.last_dispatched_at NULLS FIRST, e.created_at, e.live_id, e.id)
-           END AS turn
+           END AS turn,
+           -- Each placement requirement's candidates in order, within its fit_room.
+           CASE WHEN e.fit_room IS NULL THEN 0
+                ELSE row_number() OVER (
+                    PARTITION BY e.executor_kind, e.required_labels, e.resource_names, e.resource_units
+                    ORDER BY e.priority DESC, e.overdue DESC, e.rn,
+                             e.last_dispatched_at NULLS FIRST, e.created_at, e.live_id, e.id)
+           END AS fit_turn
       FROM (SELECT p.*, least(p.base + p.aged, p.top) AS priority,
                    p.base < p.top AND p.base + p.aged >= p.top AS overdue
               FROM (SELECT q.*, max(q.base) OVER () AS top FROM picked q) p) e
 )
 SELECT id, run_id, executor_kind, concurrency_keys, concurrency_max, held, rate_names,
-       rate_units, rate_free, priority
+       rate_units, rate_free, priority, required_labels, resource_names, resource_units, fit_room
   FROM ranked
- WHERE cardinality(concurrency_keys) = 0 OR turn <= concurrency_max[1] - held[1]
+ WHERE (cardinality(concurrency_keys) = 0 OR turn <= concurrency_max[1] - held[1])
+   AND (fit_room IS NULL OR fit_turn <= fit_room)
  ORDER BY priority DESC, overdue DESC, turn, rn, last_dispatched_at NULLS FIRST, created_at,
           live_id, id
  LIMIT $2
@@ -159,19 +200,7 @@ WITH reserved AS (
       FROM runs r WHERE r.id = $1
 )
 SELECT t.key, CASE WHEN t.state = 'queued' THEN coalesce(
-    (SELECT format('resource %L exhausted (%s of %s reserved on the matching workers)',
-                   u.name, sum(coalesce(x.n, 0)), sum(c.units))
-       FROM dispatches d
-      CROSS JOIN LATERAL unnest(d.resource_names, d.resource_units) AS u (name, units)
-       JOIN workers w ON w.state = 'active' AND d.executor_kind = ANY(w.executor_kinds)
-                     AND placement_fits(d.required_labels, d.resource_names, d.resource_units,
-                                        w.placement_labels, w.resource_names, w.resource_units)
-      CROSS JOIN LATERAL unnest(w.resource_names, w.resource_units) AS c (name, units)
-       LEFT JOIN reserved x ON x.worker_id = w.id AND x.name = u.name
-      WHERE d.task_id = t.id AND d.state = 'pending' AND c.name = u.name
-      GROUP BY u.name, u.units
-     HAVING bool_and(c.units - coalesce(x.n, 0) < u.units)
-      LIMIT 1),
+    exhausted.why,
     (SELECT format('preferring %s until %s', concat_ws(' with ',
                        CASE WHEN d.sticky_worker IS NOT NULL
                             THEN format('its sticky worker %s', d.sticky_worker) END,
@@ -234,6 +263,22 @@ SELECT t.key, CASE WHEN t.state = 'queued' THEN coalesce(
                            AND placement_fits('{}', ARRAY[u.name], ARRAY[u.units],
                                               '{}', w.resource_names, w.resource_units))
       LIMIT 1),
+    exhausted.why,
     '') END AS why
   FROM tasks t
+  -- A resource it reserves that no worker fitting it has free now: reserved of capacity
+  -- summed over those workers.
+  LEFT JOIN LATERAL (
+      SELECT format('resource %L exhausted (%s of %s reserved on the matching workers)',
+                    u.name, sum(coalesce(x.n, 0)), sum(c.units)) AS why
+        FROM unnest(t.resource_names, t.resource_units) AS u (name, units)
+        JOIN workers w ON w.state = 'active' AND t.executor_kind = ANY(w.executor_kinds)
+                      AND placement_fits(t.required_labels, t.resource_names, t.resource_units,
+                                         w.placement_labels, w.resource_names, w.resource_units)
+       CROSS JOIN LATERAL unnest(w.resource_names, w.resource_units) AS c (name, units)
+        LEFT JOIN reserved x ON x.worker_id = w.id AND x.name = u.name
+       WHERE c.name = u.name
+       GROUP BY u.name, u.units
+      HAVING bool_and(c.units - coalesce(x.n, 0) < u.units)
+       LIMIT 1) exhausted ON true
  WHERE t.run_id = $1 AND t.state IN ('ready', 'queued')

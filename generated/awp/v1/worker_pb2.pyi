@@ -323,18 +323,15 @@ class RegisterRequest(_message.Message):
 
     @_builtins.property
     def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Placement (docs/workflows.md "Placement"; numbered 50+ apart from the fields above).
-        Each entry of labels is the placement label "key=value" a task may require or
-        prefer (TaskDefinition.required_labels). Models loaded here, each advertised as the
-        label "model=<name>" (so a key may have several values): at most 64, each 1 to 256
-        characters without "=" or control characters.
+        """Placement (docs/workflows.md "Placement"; fields 50+). Each labels entry is the label
+        "key=value" tasks require or prefer; each model (at most 64, 1-256 characters, no "="
+        or control characters) the label "model=<name>", so a key may have several values.
         """
 
     @_builtins.property
     def resources(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
-        """Countable resources and their capacity, e.g. {"gpu": 2, "vram_gb": 80}: at most 16,
-        names as label keys, each 1 to 1,000,000. The leases it holds never reserve more
-        of one than this (TaskDefinition.resources).
+        """Countable resources and capacities, e.g. {"gpu": 2}: at most 16, names as label keys,
+        1 to 1,000,000 each; its leases never reserve more (TaskDefinition.resources).
         """
 
     def __init__(
