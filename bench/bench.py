@@ -118,6 +118,7 @@ async def main_async(args: argparse.Namespace) -> int:
     logdir.mkdir(parents=True, exist_ok=True)
     pg_dir = Path(tempfile.mkdtemp(prefix="awp-bench-pg-"))
     settings = tuple(args.pg_setting or ())
+    process_env = dict(item.split("=", 1) for item in args.process_env or ())
     pg: Postgres
     if args.postgres == "pg15":
         pg = DebianPostgres(pg_dir, extra_settings=settings)
@@ -139,7 +140,9 @@ async def main_async(args: argparse.Namespace) -> int:
             reps = []
             for repetition in range(1, (1 if case.once else repetitions) + 1):
                 started = time.monotonic()
-                figures = await run_case(pg, case, repetition, sizes, logdir, args.py_spy)
+                figures = await run_case(
+                    pg, case, repetition, sizes, logdir, args.py_spy, process_env
+                )
                 reps.append(figures)
                 shown = {
                     k: round(v, 3)
@@ -194,6 +197,13 @@ def main() -> int:
         "--workers", type=int, action="append", help="single_run: only these worker counts"
     )
     parser.add_argument("--output", type=Path, default=None, help="results file")
+    parser.add_argument(
+        "--process-env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="extra environment of every AWP process, to compare a setting, e.g. "
+        "AWP_NO_CLAIM_GRANTS=1",
+    )
     parser.add_argument(
         "--pg-setting",
         action="append",

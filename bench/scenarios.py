@@ -10,7 +10,7 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -357,6 +357,7 @@ async def run_case(
     sizes: Sizes,
     logdir: Path,
     spy_dir: Path | None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     database = f"awp_bench_{case.name}_{case.workers}_{case.runs}_{case.tasks}_{repetition}"
     caselogs = logdir / f"{case.label.replace('/', '-')}-{repetition}"
@@ -373,7 +374,7 @@ async def run_case(
             lambda cluster, window: single_run(cluster, window, sizes, 1, case.tasks),
         )
     caselogs.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(pg, database, caselogs)
+    cluster = Cluster(pg, database, caselogs, env)
     admin = await connect(pg.dsn, application_name="awp-bench-admin")
     spies: list[subprocess.Popen[bytes]] = []
     try:
