@@ -19,7 +19,7 @@ from awp_db import locks, ratelimits, settle, workers
 from awp_db.connect import Conn, Pool
 from awp_db.events import EventBatch
 from awp_db.queries import queries
-from awp_db.signals import COORDINATOR_CHANNEL
+from awp_db.signals import COORDINATOR_CHANNEL, RESULTS_ACCEPTED
 from awp_kernel import errors
 from awp_kernel.fencing import ResultVerdict, holds_lease, judge_result, lease_is_live
 from awp_kernel.results import digest_of
@@ -247,7 +247,7 @@ async def complete_many(
             # Only a fenced, accepted result reports usage or slows a limit down.
             await ratelimits.apply_reports(conn, accepted)
             await settle.end_attempts(conn, endings, events)
-            events.notify(COORDINATOR_CHANNEL, "completed")
+            events.notify(COORDINATOR_CHANNEL, RESULTS_ACCEPTED)
             await events.flush(conn)
     return outcomes
 

@@ -49,6 +49,23 @@ class Waiter:
         return True
 
 
+class Relay(Waiter):
+    """Wakes another waiter on the notifications whose payload is one of `payloads` (and
+    on a reconnect): one waiter woken by several channels, each with its own filter."""
+
+    def __init__(self, target: Waiter, payloads: frozenset[str]) -> None:
+        super().__init__(None)
+        self._target = target
+        self._payloads = payloads
+
+    def wake(self) -> None:
+        self._target.wake()
+
+    def notify(self, payload: str) -> None:
+        if payload in self._payloads:
+            self._target.wake()
+
+
 class Inbox(Waiter):
     """Collects a channel's payloads for a consumer that needs them, not only a wake-up.
 

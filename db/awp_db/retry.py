@@ -19,6 +19,7 @@ from awp_db.connect import Conn
 from awp_db.events import Event, EventBatch
 from awp_db.queries import queries, row_as
 from awp_db.runs import StartedRun
+from awp_db.signals import RUN_STARTED
 from awp_kernel.definition import WorkflowSpec
 from awp_kernel.errors import AwpError, ErrorKind, invalid, not_found
 from awp_kernel.resume import reused_tasks
@@ -110,7 +111,7 @@ async def retry(conn: Conn, request: RetryRequest) -> StartedRun:
             )
         await settle.finish_runs(conn, [run_id], events)
         await events.flush(conn)
-        await settle.notify_coordinator(conn, "run_started")
+        await settle.notify_coordinator(conn, RUN_STARTED)
     return StartedRun(run_id, True)
 
 

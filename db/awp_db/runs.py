@@ -15,6 +15,7 @@ from awp_db import locks, settle
 from awp_db.connect import Conn, Pool
 from awp_db.events import Event, EventBatch
 from awp_db.queries import named, queries, row_as, rows_as
+from awp_db.signals import RUN_STARTED
 from awp_db.workflows import StoredWorkflow
 from awp_kernel import concurrency, ratelimits
 from awp_kernel.definition import TaskSpec, WorkflowSpec
@@ -180,7 +181,7 @@ async def start(
         for row in rows:
             events.task(run_id, row["key"], None, row["state"])
         await events.flush(conn)
-        await settle.notify_coordinator(conn, "run_started")
+        await settle.notify_coordinator(conn, RUN_STARTED)
     return StartedRun(run_id, True)
 
 

@@ -12,6 +12,14 @@ from typing import Final
 # Wakes the coordinator: a run started or was canceled, results were accepted, a
 # worker registered, drained or lost its stream. The payload says why (for logs only).
 COORDINATOR_CHANNEL: Final = "awp_coordinator"
+# The coordinator's wake-ups that may have made a task ready: a parked Claim wakes on
+# these too, to grant it itself (awp_db.claims), and not on the others (a worker
+# registered or drained, a stream lost, a cancel), which would wake every parked Claim
+# of a large idle fleet for nothing.
+RUN_STARTED: Final = "run_started"
+RESULTS_ACCEPTED: Final = "completed"
+WAIT_RESUMED: Final = "resumed"
+MAY_READY: Final = frozenset({RUN_STARTED, RESULTS_ACCEPTED, WAIT_RESUMED})
 # Servers parking long-poll claims hear of new dispatches; the payload is the kind.
 DISPATCH_CHANNEL: Final = "awp_dispatch"
 # Every client that watches runs listens here; the payload is the run id.

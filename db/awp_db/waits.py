@@ -27,7 +27,7 @@ from awp_db.connect import Conn
 from awp_db.events import EventBatch
 from awp_db.leadership import Term, transaction
 from awp_db.queries import named, queries, row_as, rows_as
-from awp_db.signals import COORDINATOR_CHANNEL
+from awp_db.signals import COORDINATOR_CHANNEL, WAIT_RESUMED
 from awp_kernel import errors
 from awp_kernel.errors import invalid, not_found
 from awp_kernel.fencing import ResultVerdict, holds_lease, judge_append
@@ -199,7 +199,7 @@ async def _resume(
     """The task leaves WAITING: READY to run again, or -- a wait task, which no attempt
     runs -- `ended` (state, output JSON, error) for good, with what that sets off (its
     dependents, its failure policy, its run's end). Returns the task's new state."""
-    events.notify(COORDINATOR_CHANNEL, "resumed")
+    events.notify(COORDINATOR_CHANNEL, WAIT_RESUMED)
     if not task.wait_task:
         row = await conn.fetchrow(Q["resume"], task.id)
         events.task(task.run_id, task.key, "waiting", "ready", task.wait_attempt or None, payload)

@@ -21,8 +21,8 @@ from google.protobuf import timestamp_pb2
 from awp.v1 import worker_pb2, worker_pb2_grpc
 from awp_db import leases, outputs, streams, workers
 from awp_db.connect import Pool
-from awp_db.listen import Listener
-from awp_db.signals import COORDINATOR_CHANNEL, DISPATCH_CHANNEL
+from awp_db.listen import Listener, Relay
+from awp_db.signals import COORDINATOR_CHANNEL, DISPATCH_CHANNEL, MAY_READY
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict
 from awp_protocol.jsonvalue import canonical_json, dict_to_struct
@@ -178,7 +178,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         # ready tasks itself (awp_db.claims) rather than waiting for the coordinator.
         async with (
             self._listener.subscribe(DISPATCH_CHANNEL) as waiter,
-            self._listener.attach(COORDINATOR_CHANNEL, waiter),
+            self._listener.attach(COORDINATOR_CHANNEL, Relay(waiter, MAY_READY)),
         ):
             while True:
                 issued = await self.claims.claim(worker_id, token, request.max_leases)
