@@ -18,7 +18,7 @@ from awp_cli import commands, render
 from awp_cli.dev import command as dev
 from awp_cli.errors import Exit, exit_error
 from awp_cli.event_view import event_line
-from awp_cli.render_fleet import stats_view
+from awp_cli.render_fleet import stats_view, workers_table
 from awp_cli.render_runs import run_view, task_counts
 from awp_cli.render_tasks import tasks_table
 from awp_sdk import decode
@@ -142,6 +142,25 @@ def test_typed_counts_are_shown_by_state_name() -> None:
     stats.workers_by_state[0].state = types_pb2.WorkerState.ValueType(9)
     with pytest.raises(UnknownEnumValue, match=r"awp\.v1\.WorkerState value 9"):
         decode.stats(stats)
+
+
+def test_awp_workers_shows_labels_models_and_resources_reserved_of_capacity() -> None:
+    info = control_pb2.WorkerInfo(
+        id="w-1",
+        name="gpu-box",
+        state=types_pb2.WORKER_STATE_ACTIVE,
+        executor_kinds=["mock"],
+        max_concurrency=4,
+        active_leases=1,
+        labels={"gpu": "a100"},
+        models=["llama3-8b"],
+        resources={"gpu": 2, "vram_gb": 80},
+        reserved={"gpu": 1, "vram_gb": 0},
+    )
+    console = Console(record=True, width=200)
+    console.print(workers_table([decode.worker(info)]))
+    shown = console.export_text()
+    assert re.search(r"gpu=a100,model=llama3-8b\s+gpu 1/2, vram_gb 0/80", shown), shown
 
 
 def test_attempts_shown_charged_of_allowed_with_hand_backs_apart() -> None:

@@ -23,6 +23,8 @@ from awp_console.app import create_app
 from awp_console.settings import Settings
 from awp_db import coordination
 from awp_db.connect import Pool
+from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
+from awp_kernel.placement import Placement
 from awp_protocol.errors import Reason
 from awp_protocol.roles import Role, file_entry
 from kit import ServerFactory, ServerHandle, expect_error, spec, start_run
@@ -379,3 +381,31 @@ async def test_a_task_shows_its_last_attempt_s_error_and_the_runs_list_the_faile
     row = _row((await browser.get("/runs")).text, run_id)
     assert re.search(r'class="failure">\s*<code>t1</code>: <span class="error"[^>]*>boom', row)
     assert "more failed" not in row
+
+
+async def test_workers_and_a_task_show_placement(
+    browser: httpx.AsyncClient, server: ServerHandle, pool: Pool
+) -> None:
+    workflow = validate(
+        WorkflowSpec(
+            "console-placed",
+            1,
+            (
+                TaskSpec(
+                    "t0",
+                    "mock",
+                    "noop",
+                    placement=Placement.of(["gpu=h100"], resources={"gpu": 1}),
+                ),
+            ),
+        )
+    )
+    run_id = str(await start_run(pool, workflow))
+    await register(pool, models=["llama3-8b"], resources={"gpu": 2})
+    await sign_in(browser, "victor")
+    workers = (await browser.get("/workers")).text
+    assert '<span class="label">model=llama3-8b</span>' in workers
+    assert '<span class="label">gpu 0/2</span>' in workers
+    task = (await browser.get(f"/runs/{run_id}/tasks/t0")).text
+    assert re.search(r'id="placement">requires gpu=h100; reserves 1 gpu;', task), task
+    assert 'id="waiting-for">no active worker with label gpu=h100<' in task

@@ -1,7 +1,8 @@
 """No deadlock and no INTERNAL answer under a multi-replica load (issue 25).
 
 Two awp-server replicas, two coordinators (a leader and a standby), four workers split
-between the replicas, and every kind of transaction at once for LOAD_S seconds: claims
+between the replicas (two with GPUs, for the placed claims of a quarter of the tasks and
+the sticky ones), and every kind of transaction at once for LOAD_S seconds: claims
 batched across sessions, completions of successes and of failures that carry a
 traceback (settlement plus diagnostics), retries, runs failing (the rest of the run
 stopped while its leases are out), cancels of runs whose long steps are running,
@@ -45,13 +46,26 @@ from kit.invariants.health import settled_deadlocks
 pytestmark = pytest.mark.fault
 
 WORKERS, CONCURRENCY = 4, 6
+# Two of the workers have GPUs: w0, and w3, the one killed with SIGKILL (its reservations
+# end with its leases).
+GPU_WORKERS = ("w0", "w3")
+GPU_LABELS = ("gpu=a100",)
+GPU_FLAGS = ("--label", "gpu=a100", "--resource", "gpu=2")
 LOAD_S = 60.0  # how long new runs keep coming; the test ends some 30-60 s later
 IN_FLIGHT = 8  # runs kept going at once
 # Many tasks per run, so that a worker's claims and completions meet on one run's lock.
 FLAKY = workload.definition(
     "flaky",
     [
-        workload.Task(f"t{i:02d}", (), {"fail_attempts": 2, "sleep_ms": i % 4 * 20, "steps": 2})
+        workload.Task(
+            f"t{i:02d}",
+            (),
+            {"fail_attempts": 2, "sleep_ms": i % 4 * 20, "steps": 2},
+            # A quarter of them placed: claims that count reservations under the session
+            # locks (awp_db.placement) meet all the rest, on the GPU workers.
+            required_labels=GPU_LABELS if i % 4 == 0 else (),
+            resources={"gpu": 1} if i % 4 == 0 else {},
+        )
         for i in range(16)
     ],
     max_attempts=3,
@@ -61,7 +75,10 @@ DOOMED = workload.definition(
     "doomed",
     [
         workload.Task("start", (), {}),
-        *(workload.Task(f"b{i}", ("start",), {"sleep_ms": 400, "steps": 4}) for i in range(10)),
+        *(
+            workload.Task(f"b{i}", ("start",), {"sleep_ms": 400, "steps": 4}, sticky=i % 2 == 0)
+            for i in range(10)
+        ),
         workload.Task("bad", ("start",), {"sleep_ms": 100, "fail": "doomed on purpose"}),
     ],
 )
@@ -159,7 +176,12 @@ async def test_no_deadlock_and_no_internal_answer_under_multi_replica_load(
     await cluster.start_coordinator("standby", expect_leader=False)
     for i in range(WORKERS):
         address = cluster.server_address if i % 2 == 0 else other_address
-        await cluster.start_worker(f"w{i}", concurrency=CONCURRENCY, server=address)
+        await cluster.start_worker(
+            f"w{i}",
+            concurrency=CONCURRENCY,
+            server=address,
+            extra=GPU_FLAGS if f"w{i}" in GPU_WORKERS else (),
+        )
     load = Load(
         cluster,
         cluster.control(),

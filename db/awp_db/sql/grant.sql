@@ -139,23 +139,24 @@ WITH held AS (
                     PARTITION BY e.concurrency_keys[1]
                     ORDER BY e.priority DESC, e.overdue DESC, e.rn,
                              e.last_dispatched_at NULLS FIRST, e.created_at, e.live_id, e.id)
-           END AS turn,
-           -- Each placement requirement's candidates in order, within its fit_room.
-           CASE WHEN e.fit_room IS NULL THEN 0
-                ELSE row_number() OVER (
-                    PARTITION BY e.executor_kind, e.required_labels, e.resource_names, e.resource_units
-                    ORDER BY e.priority DESC, e.overdue DESC, e.rn,
-                             e.last_dispatched_at NULLS FIRST, e.created_at, e.live_id, e.id)
-           END AS fit_turn
+           END AS turn
       FROM (SELECT p.*, least(p.base + p.aged, p.top) AS priority,
                    p.base < p.top AND p.base + p.aged >= p.top AS overdue
               FROM (SELECT q.*, max(q.base) OVER () AS top FROM picked q) p) e
+), fitted AS (
+    -- Each placement requirement's candidates in order (only those with one: numbering
+    -- every candidate would sort them all once more), kept within its fit_room.
+    SELECT f.id, row_number() OVER (
+               PARTITION BY f.executor_kind, f.required_labels, f.resource_names, f.resource_units
+               ORDER BY f.priority DESC, f.overdue DESC, f.rn, f.last_dispatched_at NULLS FIRST,
+                        f.created_at, f.live_id, f.id) AS fit_turn
+      FROM ranked f WHERE f.fit_room IS NOT NULL
 )
 SELECT id, run_id, executor_kind, concurrency_keys, concurrency_max, held, rate_names,
        rate_units, rate_free, priority, required_labels, resource_names, resource_units, fit_room
-  FROM ranked
+  FROM ranked r
  WHERE (cardinality(concurrency_keys) = 0 OR turn <= concurrency_max[1] - held[1])
-   AND (fit_room IS NULL OR fit_turn <= fit_room)
+   AND (fit_room IS NULL OR (SELECT x.fit_turn FROM fitted x WHERE x.id = r.id) <= fit_room)
  ORDER BY priority DESC, overdue DESC, turn, rn, last_dispatched_at NULLS FIRST, created_at,
           live_id, id
  LIMIT $2
