@@ -89,10 +89,11 @@ async def grant_for_claims(
     is announced on DISPATCH_CHANNEL: the Claim leases what it granted at once, and
     waking every parked Claim for it would only have them find nothing.
     """
-    if not await conn.fetchval(Q["try_serialise"], DISPATCH_LOCK_KEY, sorted(missing)):
+    tried = await conn.fetchrow(Q["try_serialise"], DISPATCH_LOCK_KEY, sorted(missing))
+    if tried is None or not tried["locked"]:
         return 0
     rows = await conn.fetch(Q["capacity"])
-    room = _room(rows, await conn.fetchval(Q["global_limit"]))
+    room = _room(rows, tried["global_limit"])
     room = slots if room is None else min(room, slots)
     done = await _grant(conn, missing, room, events, None, claim=True)
     return done.created

@@ -136,10 +136,14 @@ RETURNING t.run_id, t.key
 -- name: try_serialise
 -- A Claim's grant (awp_db.dispatching.grant_for_claims): the dispatch lock if free now,
 -- never waited for (the Claim already holds rows that come after it in the lock order),
--- and only when a task of the kinds $2 is ready at all (no row otherwise): a Claim that
--- finds nothing to do costs one probe of the ready tasks' index, not a grant.
-SELECT pg_try_advisory_xact_lock($1::bigint)
- WHERE EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND executor_kind = ANY($2::text[]))
+-- and only when a task of the kinds $2 is ready at all (CASE: the probe first, so a Claim
+-- that finds nothing to do costs one probe of the ready tasks' index and takes no lock);
+-- with the leading coordinator's global dispatch limit (0: unbounded), published with
+-- its term (migration 0021) so that a Claim's grant keeps it too.
+SELECT CASE WHEN EXISTS (SELECT 1 FROM tasks
+                          WHERE state = 'ready' AND executor_kind = ANY($2::text[]))
+            THEN pg_try_advisory_xact_lock($1::bigint) ELSE false END AS locked,
+       (SELECT global_dispatch_limit FROM coordinator_leader) AS global_limit
 
 -- name: serialise_if_bare
 -- A Claim's first statement (awp_db.dispatching.serialise_for_claims): the dispatch lock,
@@ -150,8 +154,3 @@ SELECT pg_try_advisory_xact_lock($1::bigint)
 SELECT pg_advisory_xact_lock($1::bigint)
  WHERE EXISTS (SELECT 1 FROM tasks WHERE state = 'ready')
    AND NOT EXISTS (SELECT 1 FROM dispatches WHERE state = 'pending')
-
--- name: global_limit
--- The leading coordinator's global dispatch limit (0: unbounded), published with its
--- term (migration 0021) so that a Claim's grant keeps it too.
-SELECT global_dispatch_limit FROM coordinator_leader
