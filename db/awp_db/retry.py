@@ -87,7 +87,7 @@ async def retry(conn: Conn, request: RetryRequest) -> StartedRun:
         if run_id is None:  # the same request_id, committed meanwhile
             existing = await conn.fetchrow(Q["by_request_id"], request.request_id)
             return _same_request(request, existing)
-        await runs.insert_tasks(conn, run_id, spec, source.input)
+        await runs.insert_tasks(conn, runs.NewTasks(run_id, spec, source.input))
         origins = await _reuse(conn, run_id, request.source, reuse)
 
         events = EventBatch()

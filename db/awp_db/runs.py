@@ -173,7 +173,9 @@ async def start(
             existing = await conn.fetchval(Q["by_request_id"], request_id)
             return StartedRun(existing, False)
         run_id = inserted["id"]
-        rows = await insert_tasks(conn, run_id, spec, run_input, delayed=inserted["awaiting_start"])
+        rows = await insert_tasks(
+            conn, NewTasks(run_id, spec, run_input, delayed=inserted["awaiting_start"])
+        )
         events = EventBatch()
         payload: dict[str, Any] = {"workflow": spec.name, "version": spec.version, "by": started_by}
         payload.update(start.payload())
@@ -185,52 +187,68 @@ async def start(
     return StartedRun(run_id, True)
 
 
-async def insert_tasks(
-    conn: Conn,
-    run_id: UUID,
-    spec: WorkflowSpec,
-    run_input: dict[str, Any],
-    *,
-    delayed: bool = False,
-) -> list[asyncpg.Record]:
-    """Creates every task of a new run (roots ready, the rest pending; all pending when
-    its start is delayed): (key, state) rows. Each task's concurrency keys are rendered
-    from the run's input; an input a template cannot render refuses the run."""
-    dependents = spec.dependents()
-    tasks = spec.tasks
-    keys = [_concurrency_keys(t, run_input) for t in tasks]
-    rates = [_rate_units(t, run_input) for t in tasks]
-    return await conn.fetch(
-        *named(
-            Q["insert_tasks"],
-            run_id=run_id,
-            keys=[t.key for t in tasks],
-            executor_kinds=[t.executor_kind for t in tasks],
-            actions=[t.action for t in tasks],
-            inputs=[json.dumps(dict(t.input)) for t in tasks],
-            depends_on=[json.dumps(list(t.depends_on)) for t in tasks],
-            dependents=[json.dumps(dependents[t.key]) for t in tasks],
-            # An always task waits for the end of the run (awp_db.dynamic releases it).
-            unfinished_deps=[1 if t.always else len(t.depends_on) for t in tasks],
-            max_attempts=[t.retry.max_attempts for t in tasks],
-            backoff_initial_ms=[t.retry.initial_backoff_ms for t in tasks],
-            backoff_max_ms=[t.retry.max_backoff_ms for t in tasks],
-            backoff_multipliers=[t.retry.multiplier for t in tasks],
-            timeout_ms=[t.timeout_ms for t in tasks],
-            map_over=[t.map.over if t.map else None for t in tasks],
-            map_paths=[json.dumps(t.map.keys()) if t.map else None for t in tasks],
-            on_failure=[t.on_failure for t in tasks],
-            always=[t.always for t in tasks],
-            concurrency_keys=[json.dumps([key for key, _ in held]) for held in keys],
-            concurrency_max=[json.dumps([most for _, most in held]) for held in keys],
-            rate_names=[json.dumps([name for name, _ in uses]) for uses in rates],
-            rate_units=[json.dumps([units for _, units in uses]) for uses in rates],
-            wait_tasks=[None if t.wait is None else json.dumps(t.wait.to_json()) for t in tasks],
-            priorities=[t.priority for t in tasks],
-            placements=[json.dumps(t.placement.to_json()) for t in tasks],
-            delayed=delayed,
-        )
-    )
+@dataclass(frozen=True, slots=True)
+class NewTasks:
+    """The tasks of one new run: its workflow and input, and whether its start is
+    delayed (its roots wait for the start time too)."""
+
+    run_id: UUID
+    spec: WorkflowSpec
+    run_input: dict[str, Any]
+    delayed: bool = False
+
+
+async def insert_tasks(conn: Conn, *new_runs: NewTasks) -> list[asyncpg.Record]:
+    """Creates every task of new runs, in one statement (roots ready, the rest pending;
+    all pending when a start is delayed): (run_id, key, state) rows. Each task's
+    concurrency keys and rate units are rendered from its run's input; an input a
+    template cannot render refuses the runs."""
+    columns: dict[str, list[Any]] = {name: [] for name in _TASK_COLUMNS}
+    for new in new_runs:
+        dependents = new.spec.dependents()
+        for t in new.spec.tasks:
+            held = _concurrency_keys(t, new.run_input)
+            uses = _rate_units(t, new.run_input)
+            for name, value in (
+                ("run_ids", new.run_id),
+                ("delayed", new.delayed),
+                ("keys", t.key),
+                ("executor_kinds", t.executor_kind),
+                ("actions", t.action),
+                ("inputs", json.dumps(dict(t.input))),
+                ("depends_on", json.dumps(list(t.depends_on))),
+                ("dependents", json.dumps(dependents[t.key])),
+                # An always task waits for the end of the run (awp_db.dynamic releases it).
+                ("unfinished_deps", 1 if t.always else len(t.depends_on)),
+                ("max_attempts", t.retry.max_attempts),
+                ("backoff_initial_ms", t.retry.initial_backoff_ms),
+                ("backoff_max_ms", t.retry.max_backoff_ms),
+                ("backoff_multipliers", t.retry.multiplier),
+                ("timeout_ms", t.timeout_ms),
+                ("map_over", t.map.over if t.map else None),
+                ("map_paths", json.dumps(t.map.keys()) if t.map else None),
+                ("on_failure", t.on_failure),
+                ("always", t.always),
+                ("concurrency_keys", json.dumps([key for key, _ in held])),
+                ("concurrency_max", json.dumps([most for _, most in held])),
+                ("rate_names", json.dumps([name for name, _ in uses])),
+                ("rate_units", json.dumps([units for _, units in uses])),
+                ("wait_tasks", None if t.wait is None else json.dumps(t.wait.to_json())),
+                ("priorities", t.priority),
+                ("placements", json.dumps(t.placement.to_json())),
+            ):
+                columns[name].append(value)
+    return await conn.fetch(*named(Q["insert_tasks"], **columns))
+
+
+# insert_tasks' parameters: one entry per task, of whichever run.
+_TASK_COLUMNS = (
+    "run_ids", "delayed", "keys", "executor_kinds", "actions", "inputs", "depends_on",
+    "dependents", "unfinished_deps", "max_attempts", "backoff_initial_ms", "backoff_max_ms",
+    "backoff_multipliers", "timeout_ms", "map_over", "map_paths", "on_failure", "always",
+    "concurrency_keys", "concurrency_max", "rate_names", "rate_units", "wait_tasks",
+    "priorities", "placements",
+)  # fmt: skip
 
 
 def _concurrency_keys(task: TaskSpec, run_input: dict[str, Any]) -> list[tuple[str, int]]:

@@ -118,7 +118,7 @@ def _field(
             _scalar(key_field, known, overrides, depth),
             _scalar(value_field, known, overrides, depth),
             max_size=3,
-        ) | st.just(70).map(lambda count: {f"k{i}": "v" for i in range(count)})
+        ) | st.just(70).map(lambda count: {f"k{i}": _small(value_field) for i in range(count)})
     single = _scalar(field, known, overrides, depth)
     if field.is_repeated:
         # Over every count limit, of small items (large ones are what LONG_TEXT tries).

@@ -23,19 +23,20 @@ RETURNING id, awaiting_start
 -- (awp_kernel.concurrency) and each one's max; :rate_names/:rate_units: JSON arrays, the
 -- rate limits each execution charges and the units (awp_kernel.ratelimits).
 -- :placements: each task's placement as JSON (awp_kernel.placement.Placement.to_json).
+-- The tasks of several runs at once (StartRuns): :run_ids and :delayed per task.
 INSERT INTO tasks (run_id, key, executor_kind, action, input, depends_on, dependents,
                    unfinished_deps, state, max_attempts, backoff_initial_ms, backoff_max_ms,
                    backoff_multiplier, timeout_ms, ready_at, map_over, map_path, on_failure,
                    always, concurrency_keys, concurrency_max, rate_names, rate_units,
                    wait_task, priority, required_labels, preferred_labels, resource_names,
                    resource_units, sticky)
-SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
+SELECT t.run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        coalesce(array(SELECT jsonb_array_elements_text(t.depends_on::jsonb)), '{}'),
        coalesce(array(SELECT jsonb_array_elements_text(t.dependents::jsonb)), '{}'),
-       t.unfinished_deps + CASE WHEN t.unfinished_deps = 0 AND :delayed::bool THEN 1 ELSE 0 END,
-       CASE WHEN t.unfinished_deps = 0 AND NOT :delayed::bool THEN 'ready' ELSE 'pending' END,
+       t.unfinished_deps + CASE WHEN t.unfinished_deps = 0 AND t.delayed THEN 1 ELSE 0 END,
+       CASE WHEN t.unfinished_deps = 0 AND NOT t.delayed THEN 'ready' ELSE 'pending' END,
        t.max_attempts, t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.timeout_ms,
-       CASE WHEN t.unfinished_deps = 0 AND NOT :delayed::bool THEN now() END,
+       CASE WHEN t.unfinished_deps = 0 AND NOT t.delayed THEN now() END,
        t.map_over,
        CASE WHEN t.map_over IS NOT NULL
             THEN array(SELECT jsonb_array_elements_text(t.map_path::jsonb)) END,
@@ -51,21 +52,46 @@ SELECT :run_id, t.key, t.executor_kind, t.action, t.input::jsonb,
        array(SELECT r.value::bigint FROM jsonb_each(t.placement::jsonb -> 'resources') r
               ORDER BY r.key),
        coalesce((t.placement::jsonb ->> 'sticky')::bool, false)
-  FROM unnest(:keys::text[], :executor_kinds::text[], :actions::text[], :inputs::text[],
+  FROM unnest(:run_ids::uuid[], :delayed::bool[], :keys::text[], :executor_kinds::text[], :actions::text[], :inputs::text[],
               :depends_on::text[], :dependents::text[], :unfinished_deps::int[],
               :max_attempts::int[], :backoff_initial_ms::bigint[], :backoff_max_ms::bigint[],
               :backoff_multipliers::float8[], :timeout_ms::bigint[], :map_over::text[],
               :map_paths::text[], :on_failure::text[], :always::bool[],
               :concurrency_keys::text[], :concurrency_max::text[], :rate_names::text[],
               :rate_units::text[], :wait_tasks::text[], :priorities::int[], :placements::text[])
-       AS t (key, executor_kind, action, input, depends_on, dependents, unfinished_deps,
+       AS t (run_id, delayed, key, executor_kind, action, input, depends_on, dependents,
+             unfinished_deps,
              max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, timeout_ms,
              map_over, map_path, on_failure, always, concurrency_keys, concurrency_max,
              rate_names, rate_units, wait_task, priority, placement)
-RETURNING key, state
+RETURNING run_id, key, state
 
 -- name: by_request_id
 SELECT id FROM runs WHERE request_id = $1
+
+-- name: insert_many
+-- StartRuns (awp_db.batch_runs): one row per entry, its id chosen by the caller so that
+-- each answer finds its entry; an entry whose request_id is taken inserts nothing
+-- (the caller reads those runs: by_request_ids). A delayed start as `insert`'s.
+INSERT INTO runs (id, workflow_id, input, concurrency, request_id, started_by, start_at,
+                  awaiting_start, trace_id, trace_span, trace_parent, trace_pending, priority)
+SELECT e.id, e.workflow_id, e.input::jsonb, e.concurrency, e.request_id, :started_by, s.at,
+       coalesce(s.at > clock_timestamp(), false), e.trace_id, e.trace_span, e.trace_parent,
+       e.trace_id IS NOT NULL, e.priority
+  FROM unnest(:ids::uuid[], :workflow_ids::bigint[], :inputs::text[], :concurrency::int[],
+              :request_ids::text[], :start_at::timestamptz[], :delay_ms::bigint[],
+              :trace_ids::text[], :trace_spans::text[], :trace_parents::text[],
+              :priorities::int[]) WITH ORDINALITY
+       AS e (id, workflow_id, input, concurrency, request_id, at, delay_ms, trace_id,
+             trace_span, trace_parent, priority, ord)
+  CROSS JOIN LATERAL (SELECT coalesce(e.at, clock_timestamp()
+                                            + e.delay_ms * interval '1 millisecond') AS at) s
+ ORDER BY e.ord
+ON CONFLICT (request_id) DO NOTHING
+RETURNING id, awaiting_start
+
+-- name: by_request_ids
+SELECT request_id, id FROM runs WHERE request_id = ANY($1::text[])
 
 -- name: get
 SELECT r.id, r.state, r.revision, r.last_seq, r.input, r.request_id, r.created_at, r.finished_at,
