@@ -42,6 +42,8 @@ MAX_SLOW_DOWN_MS: Final = 3600 * 1000
 
 # --- runs (StartRun, CancelRun, WatchRun, the list calls)
 MAX_REQUEST_ID_CHARS: Final = 128
+# Entries of one StartRuns call (its inputs are bounded by the request's size too).
+MAX_START_RUNS: Final = 1000
 MAX_CANCEL_REASON_CHARS: Final = 1024
 MAX_SEQ: Final = 2**63 - 1  # seq is a PostgreSQL bigint
 MAX_PAGE_SIZE: Final = 1000
@@ -279,6 +281,7 @@ TEXT_LIMITS: Final[Mapping[str, int]] = {
 }
 # The element count of every repeated field and map of every request.
 COUNT_LIMITS: Final[Mapping[str, int]] = {
+    "awp.v1.StartRunsRequest.runs": MAX_START_RUNS,
     "awp.v1.RegisterRequest.executor_kinds": MAX_EXECUTOR_KINDS,
     "awp.v1.RegisterRequest.labels": MAX_LABELS,
     "awp.v1.RegisterRequest.models": MAX_MODELS,

@@ -32,6 +32,7 @@ ROLES_OF: Final[dict[str, frozenset[Role]]] = {
     "/awp.v1.ControlService/GetWorkflow": READ,
     "/awp.v1.ControlService/ListWorkflows": READ,
     "/awp.v1.ControlService/StartRun": SUBMIT,
+    "/awp.v1.ControlService/StartRuns": SUBMIT,
     "/awp.v1.ControlService/GetRun": READ,
     "/awp.v1.ControlService/ListTasks": READ,
     "/awp.v1.ControlService/GetTaskOutput": READ,

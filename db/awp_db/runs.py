@@ -251,6 +251,15 @@ _TASK_COLUMNS = (
 )  # fmt: skip
 
 
+def check_renderable(spec: WorkflowSpec, run_input: dict[str, Any]) -> None:
+    """INVALID_ARGUMENT (field "input") if a task's concurrency key or rate units cannot
+    be rendered from this input: what insert_tasks would refuse, checked ahead (a
+    StartRuns entry's error then names its entry)."""
+    for task in spec.tasks:
+        _concurrency_keys(task, run_input)
+        _rate_units(task, run_input)
+
+
 def _concurrency_keys(task: TaskSpec, run_input: dict[str, Any]) -> list[tuple[str, int]]:
     held: list[tuple[str, int]] = []
     for limit in task.concurrency_limits:

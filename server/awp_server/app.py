@@ -29,10 +29,10 @@ from awp_db.signals import (
 from awp_protocol.limits import TRANSPORT_RECEIVE_BYTES
 from awp_server import metrics
 from awp_server.auth import RoleInterceptor
+from awp_server.batch_rpcs import ControlServiceWithBatches
 from awp_server.config import ServerConfig
 from awp_server.credentials import CredentialStore, shorthand
 from awp_server.guard import RequestGuard
-from awp_server.limit_rpcs import ControlServiceWithLimits
 from awp_server.observe import MetricsInterceptor
 from awp_server.worker_service import WorkerService
 
@@ -188,7 +188,9 @@ async def start(config: ServerConfig, pool: Pool | None = None) -> RunningServer
     )
     worker_service = WorkerService(pool, listener, config, shutting_down)
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(worker_service, server)
-    control = ControlServiceWithLimits(pool, listener, max_stream_readers=config.max_stream_readers)
+    control = ControlServiceWithBatches(
+        pool, listener, max_stream_readers=config.max_stream_readers
+    )
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -9,6 +9,7 @@ import base64
 import binascii
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -17,7 +18,8 @@ from google.protobuf import struct_pb2
 from awp.v1 import control_pb2
 from awp_common.tracing import TRACEPARENT, RunTrace
 from awp_db import runs
-from awp_kernel.errors import AwpError, invalid
+from awp_kernel.errors import AwpError, ErrorKind, invalid
+from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import JsonInvalid, canonical_json, json_size, struct_to_dict
 from awp_protocol.limits import (
     MAX_INPUT_BYTES,
@@ -61,6 +63,23 @@ def differs(
 # ---------------------------------------------------------------- input checks
 
 
+def same_request(
+    request: control_pb2.StartRunRequest, run_input: dict[str, Any], run: control_pb2.Run
+) -> None:
+    """A StartRun whose request_id started `run` before must be that request again: the
+    same key with another request is not a retry, and returning the other run would hide
+    the client's bug (ALREADY_EXISTS / REQUEST_ID_CONFLICT)."""
+    found = differs(request, run_input, run)
+    if found is not None:
+        raise AwpError(
+            ErrorKind.ALREADY_EXISTS,
+            Reason.REQUEST_ID_CONFLICT,
+            f"request_id {request.request_id!r} already started run {run.id} of "
+            f"{run.workflow_name}@{run.workflow_version} with another {found}",
+            metadata={"run_id": run.id},
+        )
+
+
 def audit(call: str, **fields: object) -> None:
     """The audit trail's log line of a ControlService write: who, what, on what."""
     audit_log.info("audit", extra={"call": call, "by": caller(), **fields})
@@ -69,6 +88,19 @@ def audit(call: str, **fields: object) -> None:
 def check_name(field: str, name: str) -> None:
     if not NAME_PATTERN.fullmatch(name):
         raise invalid(field, f"must be {NAME_RULE}")
+
+
+def run_start(
+    request: control_pb2.StartRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+) -> tuple[dict[str, Any], runs.Start]:
+    """A StartRun request's input and start, checked (StartRun, and each StartRuns entry)."""
+    check_name("workflow_name", request.workflow_name)
+    check_version("workflow_version", request.workflow_version)
+    run_input = json_object("input", request.input)
+    start = replace(
+        delayed_start(request), trace=run_trace(context), priority=run_priority(request)
+    )
+    return run_input, start
 
 
 def delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:

@@ -8,7 +8,6 @@ messages (awp_server.convert); no SQL and no lifecycle rule lives here.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
@@ -33,8 +32,8 @@ from awp_db.connect import Conn, Pool
 from awp_db.listen import Listener
 from awp_db.signals import RUN_EVENTS_CHANNEL
 from awp_kernel.definition_proto import spec_from_proto
-from awp_kernel.errors import AwpError, ErrorKind, invalid
-from awp_protocol.errors import Reason, quote
+from awp_kernel.errors import invalid
+from awp_protocol.errors import quote
 from awp_protocol.jsonvalue import canonical_json
 from awp_protocol.limits import (
     MAX_ATTEMPTS_PAGE_SIZE,
@@ -132,31 +131,15 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     async def StartRun(
         self, request: control_pb2.StartRunRequest, context: Context
     ) -> control_pb2.StartRunResponse:
-        requests.check_name("workflow_name", request.workflow_name)
-        requests.check_version("workflow_version", request.workflow_version)
-        run_input = requests.json_object("input", request.input)
-        start = replace(
-            requests.delayed_start(request),
-            trace=requests.run_trace(context),
-            priority=requests.run_priority(request),
-        )
+        run_input, start = requests.run_start(request, context)
         workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
         async with self._pool.acquire() as conn:
             started = await runs.start(
                 conn, workflow, run_input, request.request_id or None, caller(), start=start
             )
-            run = await _load_run(conn, started.run_id)
-        differs = None if started.created else requests.differs(request, run_input, run)
-        if differs is not None:
-            # Same key, different request: not a retry. Returning the other run would
-            # hide the client's bug.
-            raise AwpError(
-                ErrorKind.ALREADY_EXISTS,
-                Reason.REQUEST_ID_CONFLICT,
-                f"request_id {request.request_id!r} already started run {run.id} of "
-                f"{run.workflow_name}@{run.workflow_version} with another {differs}",
-                metadata={"run_id": run.id},
-            )
+            run = await load_run(conn, started.run_id)
+        if not started.created:
+            requests.same_request(request, run_input, run)
         requests.audit("StartRun", run_id=run.id, new=started.created)
         return control_pb2.StartRunResponse(run=run, created=started.created)
 
@@ -288,7 +271,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         async with self._pool.acquire() as conn:
             # False for a finished (or already canceling) run: nothing to do, not an error.
             recorded = await runs.request_cancel(conn, run_id, request.reason, caller())
-            run = await _load_run(conn, run_id)
+            run = await load_run(conn, run_id)
         requests.audit("CancelRun", run_id=str(run_id), recorded=recorded)
         return control_pb2.CancelRunResponse(run=run)
 
@@ -306,7 +289,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                     source, request.from_task or None, request.request_id or None, caller()
                 ),
             )
-            run = await _load_run(conn, started.run_id)
+            run = await load_run(conn, started.run_id)
         requests.audit(
             "RetryRun",
             run_id=run.id,
@@ -437,7 +420,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         )
 
 
-async def _load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:
+async def load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:
     row = await runs.get(conn, run_id)
     counts = await runs.task_counts(conn, [run_id])
     return convert.run_to_proto(row, counts[run_id])

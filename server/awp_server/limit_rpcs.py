@@ -32,7 +32,7 @@ def limit_to_proto(row: ratelimits.RateLimitRow) -> limits_pb2.RateLimit:
 
 
 class ControlServiceWithLimits(ControlServiceWithWaits):
-    """ControlService, schedule and rate-limit RPCs included: what awp-server serves."""
+    """ControlService, schedule and rate-limit RPCs included."""
 
     @unary
     async def SetRateLimit(

@@ -527,6 +527,72 @@ class Run(_message.Message):
 Global___Run: _TypeAlias = Run  # noqa: Y015
 
 @_typing.final
+class StartRunsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___StartRunRequest]: ...
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___StartRunRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartRunsRequest: _TypeAlias = StartRunsRequest  # noqa: Y015
+
+@_typing.final
+class StartedRun(_message.Message):
+    """One entry's run: created = false when its request_id had started it before."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    created: _builtins.bool
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartedRun: _TypeAlias = StartedRun  # noqa: Y015
+
+@_typing.final
+class StartRunsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___StartedRun]:
+        """One per entry, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___StartedRun] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartRunsResponse: _TypeAlias = StartRunsResponse  # noqa: Y015
+
+@_typing.final
 class StartRunResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -57,6 +57,11 @@ class ControlServiceStub:
                 request_serializer=awp_dot_v1_dot_control__pb2.StartRunRequest.SerializeToString,
                 response_deserializer=awp_dot_v1_dot_control__pb2.StartRunResponse.FromString,
                 _registered_method=True)
+        self.StartRuns = channel.unary_unary(
+                '/awp.v1.ControlService/StartRuns',
+                request_serializer=awp_dot_v1_dot_control__pb2.StartRunsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_control__pb2.StartRunsResponse.FromString,
+                _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/awp.v1.ControlService/GetRun',
                 request_serializer=awp_dot_v1_dot_control__pb2.GetRunRequest.SerializeToString,
@@ -228,6 +233,17 @@ class ControlServiceServicer:
         PENDING). Retrying with the same request_id returns the same run (created = false);
         reusing it with another workflow, version or input fails with ALREADY_EXISTS /
         REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartRuns(self, request, context):
+        """Starts many runs in one call and one transaction (batch enqueue): each entry is a
+        StartRun request with its own request_id, checked and made idempotent exactly as
+        StartRun's. All or nothing: an entry that StartRun would refuse refuses the call,
+        naming the entry (runs[i].field), and no run is stored; a request_id repeated within
+        the call is INVALID_ARGUMENT. At most 1,000 entries (MAX_START_RUNS).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -497,6 +513,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     request_deserializer=awp_dot_v1_dot_control__pb2.StartRunRequest.FromString,
                     response_serializer=awp_dot_v1_dot_control__pb2.StartRunResponse.SerializeToString,
             ),
+            'StartRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRuns,
+                    request_deserializer=awp_dot_v1_dot_control__pb2.StartRunsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_control__pb2.StartRunsResponse.SerializeToString,
+            ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
                     request_deserializer=awp_dot_v1_dot_control__pb2.GetRunRequest.FromString,
@@ -746,6 +767,33 @@ class ControlService:
             '/awp.v1.ControlService/StartRun',
             awp_dot_v1_dot_control__pb2.StartRunRequest.SerializeToString,
             awp_dot_v1_dot_control__pb2.StartRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awp.v1.ControlService/StartRuns',
+            awp_dot_v1_dot_control__pb2.StartRunsRequest.SerializeToString,
+            awp_dot_v1_dot_control__pb2.StartRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,13 @@ class ControlServiceStub:
     reusing it with another workflow, version or input fails with ALREADY_EXISTS /
     REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
     """
+    StartRuns: _grpc.UnaryUnaryMultiCallable[_control_pb2.StartRunsRequest, _control_pb2.StartRunsResponse]
+    """Starts many runs in one call and one transaction (batch enqueue): each entry is a
+    StartRun request with its own request_id, checked and made idempotent exactly as
+    StartRun's. All or nothing: an entry that StartRun would refuse refuses the call,
+    naming the entry (runs[i].field), and no run is stored; a request_id repeated within
+    the call is INVALID_ARGUMENT. At most 1,000 entries (MAX_START_RUNS).
+    """
     GetRun: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetRunRequest, _control_pb2.GetRunResponse]
     """The run with all its tasks and attempts. A FAILED task's error carries the traceback
     of its last attempt; the attempts' errors carry their type and message only: their
@@ -191,6 +198,13 @@ class ControlServiceAsyncStub(ControlServiceStub):
     PENDING). Retrying with the same request_id returns the same run (created = false);
     reusing it with another workflow, version or input fails with ALREADY_EXISTS /
     REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
+    """
+    StartRuns: _aio.UnaryUnaryMultiCallable[_control_pb2.StartRunsRequest, _control_pb2.StartRunsResponse]  # type: ignore[assignment]
+    """Starts many runs in one call and one transaction (batch enqueue): each entry is a
+    StartRun request with its own request_id, checked and made idempotent exactly as
+    StartRun's. All or nothing: an entry that StartRun would refuse refuses the call,
+    naming the entry (runs[i].field), and no run is stored; a request_id repeated within
+    the call is INVALID_ARGUMENT. At most 1,000 entries (MAX_START_RUNS).
     """
     GetRun: _aio.UnaryUnaryMultiCallable[_control_pb2.GetRunRequest, _control_pb2.GetRunResponse]  # type: ignore[assignment]
     """The run with all its tasks and attempts. A FAILED task's error carries the traceback
@@ -344,6 +358,19 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         PENDING). Retrying with the same request_id returns the same run (created = false);
         reusing it with another workflow, version or input fails with ALREADY_EXISTS /
         REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
+        """
+
+    @_abc_1.abstractmethod
+    def StartRuns(
+        self,
+        request: _control_pb2.StartRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.StartRunsResponse, _abc.Awaitable[_control_pb2.StartRunsResponse]]:
+        """Starts many runs in one call and one transaction (batch enqueue): each entry is a
+        StartRun request with its own request_id, checked and made idempotent exactly as
+        StartRun's. All or nothing: an entry that StartRun would refuse refuses the call,
+        naming the entry (runs[i].field), and no run is stored; a request_id repeated within
+        the call is INVALID_ARGUMENT. At most 1,000 entries (MAX_START_RUNS).
         """
 
     @_abc_1.abstractmethod
