@@ -77,5 +77,5 @@ class ControlServiceWithBatches(ControlServiceWithLimits):
             runs=[
                 control_pb2.StartedRun(run_id=str(one.run_id), created=one.created)
                 for one in started
-            ]  # fmt: skip
+            ]
         )

@@ -18,7 +18,7 @@ from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_server.guard import RequestGuard
-from awp_server.limit_rpcs import ControlServiceWithLimits
+from awp_server.batch_rpcs import ControlServiceWithBatches
 
 
 @contextlib.asynccontextmanager
@@ -37,7 +37,7 @@ async def control_channel(
     # handler (text, counts, durations, undecodable bytes).
     server = grpc.aio.server(interceptors=[RequestGuard()])
     control_pb2_grpc.add_ControlServiceServicer_to_server(
-        ControlServiceWithLimits(pool, listener, **options), server
+        ControlServiceWithBatches(pool, listener, **options), server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
