@@ -17,8 +17,8 @@ import kit
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_db.connect import Pool
 from awp_db.listen import Listener
-from awp_server.guard import RequestGuard
 from awp_server.batch_rpcs import ControlServiceWithBatches
+from awp_server.guard import RequestGuard
 
 
 @contextlib.asynccontextmanager
