@@ -96,6 +96,7 @@ from awp_sdk.records import (
     TaskWait,
     Worker,
 )
+from awp_sdk.starts import RunRequest
 from awp_sdk.steps import step
 from awp_sdk.streams import AttemptBoundary, StreamChunk, StreamItem
 from awp_sdk.sync import Client, RunHandle
@@ -165,6 +166,7 @@ __all__ = [
     "RunHandle",
     "RunNotFinished",
     "RunNotFound",
+    "RunRequest",
     "RunState",
     "SignalSent",
     "Stats",

@@ -16,7 +16,7 @@ request)`` calls it with the token and deadline.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -24,12 +24,11 @@ import grpc
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
 from awp_common.durations import parse_duration
-from awp_protocol.jsonvalue import JsonInvalid, parse_object, to_struct
+from awp_protocol.jsonvalue import parse_object
 from awp_protocol.limits import MAX_PAGE_SIZE
 from awp_sdk import decode, definitions, resumes
 from awp_sdk.connection import Channel, Connection
 from awp_sdk.enums import RunState, encode
-from awp_sdk.errors import json_refused
 from awp_sdk.handle import AsyncRunHandle, complete_outputs
 from awp_sdk.records import (
     Applied,
@@ -49,6 +48,7 @@ from awp_sdk.records import (
     TaskStatus,
     Worker,
 )
+from awp_sdk.starts import RunRequest
 from awp_sdk.streams import StreamItem, task_stream
 from awp_sdk.watch import GIVE_UP_AFTER_S, ReconnectHandler, run_events
 from awp_sdk.workflow import Duration, Workflow
@@ -69,16 +69,6 @@ def definition_of(workflow: WorkflowLike) -> types_pb2.WorkflowDefinition:
     if isinstance(workflow, types_pb2.WorkflowDefinition):
         return definitions.validate(workflow)
     return definitions.validate(definitions.definition(workflow))
-
-
-def json_input(value: Mapping[str, Any] | None, where: str) -> Any:
-    """A JSON object as a Struct, or InvalidArgument naming what cannot be sent exactly."""
-    if value is None:
-        return None
-    try:
-        return to_struct(value, where)
-    except JsonInvalid as exc:
-        raise json_refused(exc, where) from None
 
 
 async def every_item(page: Callable[[str], Awaitable[Page[T]]]) -> AsyncIterator[T]:
@@ -206,29 +196,23 @@ class AsyncClient:
         start_in: timedelta | None = None,
         priority: int = 0,
     ) -> AsyncRunHandle:
-        """Starts a run of a workflow (a Workflow, or a name: the latest version unless
-        `version` is given). The same request_id again returns the same run. A delayed
-        start (at most one of start_at, start_in): the run exists now, its first tasks
-        become ready at that time, on the database clock (docs/schedules.md). `priority`
-        (-10 to 10) is added to each task's own; higher goes first, with aging
-        (docs/workflows.md "Priorities")."""
-        if isinstance(workflow, Workflow):
-            name, default_version = workflow.name, workflow.version
-        else:
-            name, default_version = workflow, 0
-        request = control_pb2.StartRunRequest(
-            workflow_name=name,
-            workflow_version=default_version if version is None else version,
-            input=json_input(input, "input"),
-            request_id=request_id or "",
-            priority=priority,
-        )
-        if start_at is not None:
-            request.start_time.FromDatetime(start_at)
-        if start_in is not None:
-            request.start_delay.FromTimedelta(start_in)
+        """Starts a run (see RunRequest for what each argument asks)."""
+        request = RunRequest(
+            workflow, input, request_id, version, start_at, start_in, priority
+        ).message()
         answer = await self.call(self.control.StartRun, request)
         return AsyncRunHandle(self, answer.run.id, decode.run(answer.run), answer.created)
+
+    async def start_many(self, requests: Iterable[RunRequest]) -> list[AsyncRunHandle]:
+        """Starts many runs in one call and one transaction (StartRuns: at most 1,000),
+        all or none: an entry StartRun would refuse refuses the batch, its error naming
+        the entry (runs[i]). One handle per request, in order; `created` is False for a
+        request_id that had started its run before."""
+        batch = control_pb2.StartRunsRequest(
+            runs=[request.message(f"runs[{i}].input") for i, request in enumerate(requests)]
+        )
+        answer = await self.call(self.control.StartRuns, batch)
+        return [AsyncRunHandle(self, run.run_id, None, run.created) for run in answer.runs]
 
     async def retry(
         self, run_id: str, *, from_task: str | None = None, request_id: str | None = None

@@ -20,10 +20,11 @@ from typing import Any
 
 from awp.v1 import schedule_pb2
 from awp_sdk import decode
-from awp_sdk.client import AsyncClient, json_input
+from awp_sdk.client import AsyncClient
 from awp_sdk.enums import CatchupPolicy, OverlapPolicy, encode
 from awp_sdk.handle import AsyncRunHandle
 from awp_sdk.records import Schedule
+from awp_sdk.starts import json_input
 
 # A policy by member or by its name ("buffer_one"); another name is InvalidArgument.
 Overlap = OverlapPolicy | str

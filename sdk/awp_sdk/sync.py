@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -41,6 +41,7 @@ from awp_sdk.records import (
     TaskStatus,
     Worker,
 )
+from awp_sdk.starts import RunRequest
 from awp_sdk.streams import StreamItem
 from awp_sdk.watch import GIVE_UP_AFTER_S, ReconnectHandler
 from awp_sdk.workflow import Duration, Workflow
@@ -169,6 +170,10 @@ class Client:
             )
         )
         return RunHandle(self, started)
+
+    def start_many(self, requests: Iterable[RunRequest]) -> list[RunHandle]:
+        """Starts many runs in one call; see AsyncClient.start_many."""
+        return [RunHandle(self, run) for run in self._run(self._async.start_many(requests))]
 
     def retry(
         self, run_id: str, *, from_task: str | None = None, request_id: str | None = None

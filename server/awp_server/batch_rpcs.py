@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from awp.v1 import control_pb2
 from awp_db import batch_runs, runs, workflows
 from awp_kernel.errors import AwpError, invalid
-from awp_protocol.errors import FieldViolation
+from awp_protocol.errors import FieldViolation, join_violations
 from awp_server import control_requests as requests
 from awp_server.auth import caller
 from awp_server.control_service import Context, load_run
@@ -25,13 +25,9 @@ def _entry(index: int) -> Iterator[None]:
     try:
         yield
     except AwpError as exc:
-        raise AwpError(
-            exc.kind,
-            exc.reason,
-            f"{where}: {exc.message}",
-            [FieldViolation(f"{where}.{v.field}", v.description) for v in exc.violations],
-            exc.metadata,
-        ) from None
+        named = [FieldViolation(f"{where}.{v.field}", v.description) for v in exc.violations]
+        message = join_violations(named) if named else f"{where}: {exc.message}"
+        raise AwpError(exc.kind, exc.reason, message, named, exc.metadata) from None
 
 
 class ControlServiceWithBatches(ControlServiceWithLimits):

@@ -20,7 +20,7 @@ from awp_sdk import records
 ALL = (
     "ActionCancelled ActionContext Applied AsyncClient AsyncRunHandle Attempt AttemptBoundary "
     "AttemptState CheckpointKind Decided Decision MemoLimit MemoSavings NotWaiting RunDecision "
-    "RunFinished SignalSent StoredWait TaskWait "
+    "RunFinished RunRequest SignalSent StoredWait TaskWait "
     "AwpError Client Concurrency Conflict Connection DeadlineExceeded DefinitionConflict "
     "DefinitionInvalid "
     "DispatchCount DispatchState Event EventType FailedPrecondition FailurePolicy Identity "
@@ -40,7 +40,8 @@ MODULES = {
     "awp_sdk.actions": "ActionCancelled ActionContext ActionFunc ActionRegistry "
     "DEFAULT_REGISTRY OutputError OutputStream PermanentError RegisteredAction RetryableError "
     "action current_context output_struct running stream_chunk",
-    "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item json_input",
+    "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item",
+    "awp_sdk.starts": "RunRequest json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
     "awp_sdk.decode": "applied attempt decided event identity memo_savings message_json "
     "pruned rate_limit run run_detail schedule signal_sent span stats task task_error "
@@ -93,7 +94,7 @@ CLIENT_METHODS = (
     "get_workflow "
     "list_attempts list_attempts_page list_runs list_runs_page list_tasks list_tasks_page "
     "list_workers list_workflows list_workflows_page prune_runs reject retry run "
-    "send_signal start stream "
+    "send_signal start start_many stream "
     "task_stream watch who_am_i"
 )
 HANDLE_METHODS = "cancel get result signal stream watch"
