@@ -16,7 +16,16 @@ from typing import NoReturn
 
 from rich.text import Text
 
-from awp_cli import commands, credentials, limits, render, run_commands, schedules, wait_commands
+from awp_cli import (
+    batch_commands,
+    commands,
+    credentials,
+    limits,
+    render,
+    run_commands,
+    schedules,
+    wait_commands,
+)
 from awp_cli.dev import command as dev
 from awp_cli.errors import CliError, Exit, exit_error
 from awp_cli.stream_command import run_stream
@@ -119,6 +128,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait",
         action="store_true",
         help="follow the run to its end; exit 0 if it succeeded, 1 if it failed or was canceled",
+    )
+    many = add(
+        runs,
+        "start-many",
+        batch_commands.run_start_many,
+        "start many runs of a workflow, one per input line, 1,000 per call and transaction",
+    )
+    many.add_argument("workflow", type=commands.workflow_ref, help="NAME or NAME@VERSION")
+    many.add_argument(
+        "inputs", metavar="FILE", help="one JSON object per line, each a run's input; - for stdin"
+    )
+    many.add_argument(
+        "--request-id-prefix",
+        metavar="PREFIX",
+        help="run i gets the request id PREFIX-i: starting the file again starts nothing twice",
+    )
+    many.add_argument(
+        "--priority", type=int, default=0, metavar="N", help="-10 to 10, as for run start"
     )
     get_run = add(runs, "get", run_commands.run_get, "show a run with its tasks and attempts")
     get_run.add_argument("run_id", metavar="RUN_ID")
