@@ -31,6 +31,8 @@ def summary(values: list[float]) -> dict[str, float]:
 
 FIGURES = (
     "tasks_per_s",
+    # the batch scenario's StartRuns call (bench/batch_bench.py)
+    "enqueue_ms",
     # the tracing scenario's (bench/tracing_bench.py)
     "tasks_per_s_untraced",
     "tracing_drop_pct",

@@ -20,6 +20,7 @@ from uuid import UUID
 import asyncpg
 import flow_bench
 import stream_bench
+from batch_bench import batch_enqueue
 from cancel_latency import cancel_latency
 from cluster import Cluster, Window
 from cost_model import COST_MODEL, concurrent_runs, payload, run_size
@@ -37,6 +38,8 @@ SCENARIOS = (
     # single_run/4w untraced and traced, exported (bench/tracing_bench.py).
     "tracing",
     "many_runs",
+    # 1,000 single-task runs in one StartRuns call (bench/batch_bench.py).
+    "batch",
     "chain",
     "latency",
     "recovery",
@@ -290,6 +293,8 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
             chosen.append(Case(name, 4, sizes.many_tasks, sizes.many_runs))
         elif name == "chain":
             chosen.append(Case(name, 4, sizes.chain_tasks))
+        elif name == "batch":
+            chosen.append(Case(name, 4, 1, sizes.single_tasks))
         elif name == "latency":
             chosen.append(Case(name, 1, 1, sizes.latency_runs))
         elif name == "cancel_latency":
@@ -390,6 +395,8 @@ async def run_case(
             figures = await single_run(cluster, window, sizes, case.runs, case.tasks)
         elif case.name == "chain":
             figures = await chain(cluster, window, sizes)
+        elif case.name == "batch":
+            figures = await batch_enqueue(cluster, window, case.runs)
         elif case.name == "latency":
             figures = await latency(cluster, window, case.runs)
         elif case.name == "recovery":
