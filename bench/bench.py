@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from cost_model import COST_MODEL
-from peers import graphile_worker
+from peers import graphile_worker, pgqueuer
 from pg15 import DebianPostgres
 from processes import Postgres
 from report import (
@@ -171,6 +171,17 @@ async def main_async(args: argparse.Namespace) -> int:
                 )
                 results.append(entry)
             compare(results)
+            write_results(output, results, replace=not args.scenario and not args.quick)
+        if args.peers and {"single_run", "batch"} & set(selected):
+            console.print(f"peer: pgqueuer {PEER_CONFIGS} on the same PostgreSQL")
+            loadavg = os.getloadavg()
+            for entry in await pgqueuer(
+                pg, PEER_CONFIGS, sizes.single_tasks, repetitions, OUT / "pgqueuer-venv"
+            ):
+                entry.update(
+                    machine=env, postgres=described, measured_at=measured_at, loadavg_before=loadavg
+                )
+                results.append(entry)
             write_results(output, results, replace=not args.scenario and not args.quick)
     finally:
         pg.stop(mode="fast")

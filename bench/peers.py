@@ -1,6 +1,8 @@
-"""The fastest PostgreSQL job queue a Python user would compare AWP with, measured on the
+"""The fastest PostgreSQL job queues a Python user would compare AWP with, measured on the
 same PostgreSQL as AWP in the same run: Graphile Worker 0.17.3 (Node.js), driven by
-bench/peers/graphile_bench.js (see its header for what it times).
+bench/peers/graphile_bench.js (see its header for what it times), and pgqueuer (Python,
+asyncpg), driven by bench/peers/pgqueuer_bench.py in a virtualenv of its own (see its
+header: N jobs enqueued in one batch for workers already waiting, like AWP's `batch`).
 
 Its figure set per configuration (P processes x C concurrency), in jobs/s over N no-op
 jobs, median/min/max of the repetitions:
@@ -19,6 +21,8 @@ import asyncio
 import re
 import shutil
 import subprocess
+import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +123,81 @@ async def graphile_worker(
     if process.returncode != 0:
         raise RuntimeError(f"graphile_bench.js exited {process.returncode}")
     return parse(out.decode())
+
+
+PGQUEUER_VERSION = "1.6.0"
+PGQUEUER_DATABASE = "pgqueuer_bench"
+# RESULT pgqueuer procs=4 concurrency=8 n=1000 runs=3 jobs_per_s steady: median=.. | e2e: ..
+_PGQUEUER = re.compile(r"^RESULT pgqueuer procs=(\d+) concurrency=(\d+) n=(\d+) runs=(\d+)")
+
+
+def _pgqueuer_python(venv: Path) -> Path:
+    """pgqueuer, pinned, in a virtualenv of its own (never in AWP's)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", f"pgqueuer=={PGQUEUER_VERSION}",
+             f"asyncpg=={version('asyncpg')}"],
+            check=True,
+        )  # fmt: skip
+    return python
+
+
+def parse_pgqueuer(output: str) -> list[dict[str, Any]]:
+    """The RESULT lines of pgqueuer_bench.py as results.json entries."""
+    entries = []
+    for line in output.splitlines():
+        head = _PGQUEUER.match(line)
+        if head is None:
+            continue
+        procs, concurrency, jobs, runs = (int(g) for g in head.groups())
+        figures = {
+            name: {"median": float(med), "min": float(low), "max": float(high)}
+            for name, med, low, high in _FIGURE.findall(line)
+        }
+        entries.append(
+            {
+                "name": "pgqueuer",
+                "peer": f"pgqueuer {PGQUEUER_VERSION}",
+                "workers": procs,
+                "worker_concurrency": concurrency,
+                "runs": 1,
+                "tasks_per_run": jobs,
+                "repetitions": runs,
+                "tasks_per_s": figures["steady"],
+                "jobs_per_s": figures,
+            }
+        )
+    return entries
+
+
+async def pgqueuer(
+    pg: Postgres, configs: list[tuple[int, int]], jobs: int, repetitions: int, venv: Path
+) -> list[dict[str, Any]]:
+    """pgqueuer's figures on a fresh database of pg: one entry per configuration."""
+    python = await asyncio.to_thread(_pgqueuer_python, venv)
+    admin = await connect(pg.dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {PGQUEUER_DATABASE} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {PGQUEUER_DATABASE}")
+    finally:
+        await admin.close()
+    env = {
+        "DATABASE_URL": pg.dsn_for(PGQUEUER_DATABASE),
+        "N_JOBS": str(jobs),
+        "RUNS": str(repetitions),
+        "CONFIGS": " ".join(f"{p}x{c}" for p, c in configs),
+        "PATH": _path(),
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(python), str(PEERS / "pgqueuer_bench.py"), "bench",
+        env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"pgqueuer_bench.py exited {process.returncode}")
+    return parse_pgqueuer(out.decode())
 
 
 def _path() -> str:

@@ -14,46 +14,15 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from table_text import DASH, NONE, TIMES, Entry, _figure, _find, _num, _table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.json"
 BEGIN = "<!-- bench/publish.py: generated from bench/results.json, do not edit by hand -->"
 END = "<!-- bench/publish.py: end -->"
-Entry = dict[str, Any]
-# Typography of the documents' tables (spelled out: ruff flags them as look-alikes).
-DASH, TIMES = "\u2013", "\u00d7"
-NONE = DASH
-
-
-def _find(results: list[Entry], name: str, workers: int | None = None) -> Entry | None:
-    for entry in results:
-        if entry["name"] == name and (workers is None or entry.get("workers") == workers):
-            return entry
-    return None
-
-
-def _num(value: float, digits: int = 0) -> str:
-    return f"{value:,.{digits}f}"
-
-
-def _figure(entry: Entry | None, name: str, digits: int = 0, spread: bool = True) -> str:
-    if entry is None or name not in entry:
-        return NONE
-    value = entry[name]
-    text = _num(value["median"], digits)
-    if spread and entry.get("repetitions", 1) > 1:
-        text += f" ({_num(value['min'], digits)}{DASH}{_num(value['max'], digits)})"
-    return text
-
-
-def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
-    header = list(header)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
 
 
 def conditions(results: list[Entry]) -> str:
@@ -153,6 +122,7 @@ def performance_block(results: list[Entry]) -> list[str]:
                 for p in peers
             ),
         )  # fmt: skip
+    lines += _pgqueuer_table(results)
     awp, peer = _find(results, "latency"), _find(results, "graphile_worker_latency")
     if awp or peer:
         lines += ["", "Single-task latency, one idle worker, one task after another:", ""]
@@ -301,6 +271,41 @@ def _waits(results: list[Entry]) -> list[str]:
         " (approval wait tasks with a timeout, all in the due-time index).",
     ]
     return lines
+
+
+def _pgqueuer_table(results: list[Entry]) -> list[str]:
+    """pgqueuer beside AWP: its steady rate against single_run of the same shape, and its
+    N jobs enqueued in one batch for waiting workers against AWP's `batch` (N single-task
+    runs in one StartRuns), enqueue included on both sides."""
+    peers = [e for e in results if e["name"] == "pgqueuer"]
+    if not peers:
+        return []
+    batch = _find(results, "batch")
+
+    def ratio(awp: Entry | None, peer: Entry, figure: float) -> str:
+        if awp is None or awp.get("workers") != peer["workers"]:
+            return NONE
+        return f"{awp['tasks_per_s']['median'] / figure:.2f}"
+
+    return [
+        "",
+        f"pgqueuer, same PostgreSQL; its {peers[0]['tasks_per_run']:,} jobs enqueued in one "
+        "batch for workers already waiting, as AWP's `batch` starts as many single-task runs "
+        "in one StartRuns call (enqueue included):",
+        "",
+        *_table(
+            ["peer", f"processes {TIMES} slots", "steady jobs/s", "enqueue included jobs/s",
+             "AWP single_run / peer steady", "AWP batch / peer enqueue included"],
+            (
+                [p["peer"], f"{p['workers']} {TIMES} {p['worker_concurrency']}",
+                 _figure(p, "tasks_per_s"), _num(p["jobs_per_s"]["e2e"]["median"]),
+                 ratio(_find(results, "single_run", p["workers"]), p,
+                       p["tasks_per_s"]["median"]),
+                 ratio(batch, p, p["jobs_per_s"]["e2e"]["median"])]
+                for p in peers
+            ),
+        ),
+    ]  # fmt: skip
 
 
 def _ratio(results: list[Entry], peer: Entry) -> str:
