@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,6 +16,9 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 def publish() -> ModuleType:
+    # As `python bench/publish.py` runs it: its own folder first on the path (its helpers).
+    if str(REPOSITORY / "bench") not in sys.path:
+        sys.path.insert(0, str(REPOSITORY / "bench"))
     spec = importlib.util.spec_from_file_location("publish", REPOSITORY / "bench" / "publish.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
