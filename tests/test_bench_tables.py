@@ -16,13 +16,17 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 def publish() -> ModuleType:
-    # As `python bench/publish.py` runs it: its own folder first on the path (its helpers).
-    if str(REPOSITORY / "bench") not in sys.path:
-        sys.path.insert(0, str(REPOSITORY / "bench"))
+    # As `python bench/publish.py` runs it: its own folder on the path for its helpers, for
+    # the import only (bench/ holds names the fault tests' modules use too).
+    bench = str(REPOSITORY / "bench")
     spec = importlib.util.spec_from_file_location("publish", REPOSITORY / "bench" / "publish.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, bench)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(bench)
     return module
 
 
