@@ -26,7 +26,10 @@ OUTPUTS_BUDGET_BYTES = MAX_RESPONSE_BYTES - 256 * 1024
 _ELEMENT_OVERHEAD = 16
 
 
-def fill_upstream(answer: worker_pb2.ClaimResponse, issued: Sequence[claims.IssuedLease]) -> None:
+def fill_upstream(
+    answer: worker_pb2.ClaimResponse | worker_pb2.CompleteResponse,
+    issued: Sequence[claims.IssuedLease],
+) -> None:
     """Completes a Claim answer whose leases are in (their inputs are bounded by the
     claim itself): upstream outputs, in lease and key order, while the budget lasts;
     every output left out is named in its lease's omitted_upstream_keys."""

@@ -12,14 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
-from awp_db import leases, outputs, streams, workers
+from awp_db import claims, leases, outputs, streams, workers
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_db.signals import COORDINATOR_CHANNEL, DISPATCH_CHANNEL
@@ -104,7 +104,11 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             grant=not config.no_claim_grants,
         )
         self.completes = CompleteBatcher(
-            pool, max_size=MAX_RESULTS_PER_COMPLETE, limits=config.session_limits
+            pool,
+            max_size=MAX_RESULTS_PER_COMPLETE,
+            lease_ttl_ms=config.lease_ttl_ms,
+            limits=config.session_limits,
+            grant=not config.no_claim_grants,
         )
         # And so do the heartbeats of all streams.
         self.touches = TouchBatcher(
@@ -188,36 +192,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 await waiter.wait(min(left, CLAIM_RECHECK_S))
         metrics.CLAIMS.labels("leased" if issued else "empty").inc()
         metrics.LEASES_ISSUED.inc(len(issued))
-        answer = worker_pb2.ClaimResponse(
-            leases=[
-                worker_pb2.Lease(
-                    dispatch_id=lease.dispatch_id,
-                    lease_token=lease.lease_token,
-                    fencing_token=lease.fencing_token,
-                    run_id=str(lease.run_id),
-                    task_key=lease.task_key,
-                    executor_kind=lease.executor_kind,
-                    action=lease.action,
-                    input=dict_to_struct(lease.input),
-                    attempt=lease.attempt,
-                    max_attempts=lease.max_attempts,
-                    idempotency_key=lease.idempotency_key,
-                    lease_expires_at=timestamp(lease.lease_expires_at),
-                    lease_remaining=duration_from_ms(lease.lease_remaining_ms),
-                    attempt_deadline=timestamp(lease.attempt_deadline),
-                    attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
-                    run_input=dict_to_struct(lease.run_input),
-                    upstream_states={
-                        key: TASK_STATES.proto(state)
-                        for key, state in lease.upstream_states.items()
-                    },
-                    traceparent=lease.trace.traceparent if lease.trace else "",
-                )
-                for lease in issued
-            ]
-        )
-        delivery.fill_upstream(answer, issued)
-        spans.queue_waits(issued, str(worker_id))
+        answer = worker_pb2.ClaimResponse()
+        _deliver(answer, issued, worker_id)
         return answer
 
     async def Heartbeat(
@@ -327,15 +303,22 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         results = [check_result(f"results[{i}]", r) for i, r in enumerate(request.results)]
         if len({r.dispatch_id for r in results}) != len(results):
             raise errors.invalid("results", "at most one result per dispatch")
-        verdicts = await self.completes.complete(worker_id, token, results)
-        for verdict in verdicts:
+        if not 0 <= request.claim_max_leases <= MAX_LEASES_PER_CLAIM:
+            raise errors.invalid("claim_max_leases", f"must be 0 to {MAX_LEASES_PER_CLAIM}")
+        cycle = await self.completes.cycle(worker_id, token, results, request.claim_max_leases)
+        for verdict in cycle.verdicts:
             metrics.COMPLETES.labels(verdict.value).inc()
-        return worker_pb2.CompleteResponse(
+        if request.claim_max_leases:
+            metrics.CLAIMS.labels("leased" if cycle.issued else "empty").inc()
+            metrics.LEASES_ISSUED.inc(len(cycle.issued))
+        answer = worker_pb2.CompleteResponse(
             answers=[
                 worker_pb2.CompleteAnswer(dispatch_id=r.dispatch_id, outcome=_VERDICTS[v])
-                for r, v in zip(results, verdicts, strict=True)
+                for r, v in zip(results, cycle.verdicts, strict=True)
             ]
         )
+        _deliver(answer, cycle.issued, worker_id)
+        return answer
 
     @unary
     async def Drain(
@@ -429,6 +412,41 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.AwaitResponse:
         worker_id, token = _session(request.session)
         return await wait_rpcs.await_wait(self._pool, worker_id, token, request)
+
+
+def _deliver(
+    answer: worker_pb2.ClaimResponse | worker_pb2.CompleteResponse,
+    issued: Sequence[claims.IssuedLease],
+    worker_id: str,
+) -> None:
+    """Puts the leases issued into a Claim's (or a Complete's) answer."""
+    answer.leases.extend(
+        worker_pb2.Lease(
+            dispatch_id=lease.dispatch_id,
+            lease_token=lease.lease_token,
+            fencing_token=lease.fencing_token,
+            run_id=str(lease.run_id),
+            task_key=lease.task_key,
+            executor_kind=lease.executor_kind,
+            action=lease.action,
+            input=dict_to_struct(lease.input),
+            attempt=lease.attempt,
+            max_attempts=lease.max_attempts,
+            idempotency_key=lease.idempotency_key,
+            lease_expires_at=timestamp(lease.lease_expires_at),
+            lease_remaining=duration_from_ms(lease.lease_remaining_ms),
+            attempt_deadline=timestamp(lease.attempt_deadline),
+            attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
+            run_input=dict_to_struct(lease.run_input),
+            upstream_states={
+                key: TASK_STATES.proto(state) for key, state in lease.upstream_states.items()
+            },
+            traceparent=lease.trace.traceparent if lease.trace else "",
+        )
+        for lease in issued
+    )
+    delivery.fill_upstream(answer, issued)
+    spans.queue_waits(issued, worker_id)
 
 
 def _revoked(stream: Stream) -> worker_pb2.HeartbeatResponse:
