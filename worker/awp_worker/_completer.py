@@ -211,9 +211,13 @@ class ResultFlusher:
             if not todo:
                 return None
             try:
-                response = await self._owner.session.complete(
-                    [held.result for held in todo if held.result],
-                    self._wish(todo) if claim else 0,
+                results = [held.result for held in todo if held.result]
+                session = self._owner.session
+                # Without a claim, the plain Complete of every client.
+                response = await (
+                    session.complete(results, self._wish(todo))
+                    if claim
+                    else session.complete(results)
                 )
             except Exception as exc:
                 kind = classify(exc)
