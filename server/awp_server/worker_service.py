@@ -12,20 +12,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
 
 from awp.v1 import worker_pb2, worker_pb2_grpc
-from awp_db import claims, leases, outputs, streams, workers
+from awp_db import leases, outputs, streams, workers
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_db.signals import COORDINATOR_CHANNEL, DISPATCH_CHANNEL
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict
-from awp_protocol.jsonvalue import canonical_json, dict_to_struct
+from awp_protocol.jsonvalue import canonical_json
 from awp_protocol.limits import (
     MAX_CLAIM_WAIT_MS,
     MAX_LEASES_PER_CLAIM,
@@ -34,7 +34,7 @@ from awp_protocol.limits import (
 )
 from awp_protocol.names import check_register
 from awp_protocol.results import check_result
-from awp_server import checkpoint_rpcs, delivery, metrics, spans, wait_rpcs
+from awp_server import checkpoint_rpcs, delivery, metrics, wait_rpcs
 from awp_server.batching import (
     MAX_HEARTBEATS_PER_WRITE,
     ClaimBatcher,
@@ -42,7 +42,7 @@ from awp_server.batching import (
     TouchBatcher,
 )
 from awp_server.config import ServerConfig
-from awp_server.convert import TASK_STATES, WORKER_STATES, duration_from_ms, timestamp
+from awp_server.convert import WORKER_STATES, duration_from_ms, timestamp
 from awp_server.errors import abort, unary
 from awp_server.revocations import Revoker, Stream, until_shutdown
 from awp_server.streams import chunks_in
@@ -193,7 +193,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         metrics.CLAIMS.labels("leased" if issued else "empty").inc()
         metrics.LEASES_ISSUED.inc(len(issued))
         answer = worker_pb2.ClaimResponse()
-        _deliver(answer, issued, worker_id)
+        delivery.leases_into(answer, issued, worker_id)
         return answer
 
     async def Heartbeat(
@@ -309,7 +309,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         for verdict in cycle.verdicts:
             metrics.COMPLETES.labels(verdict.value).inc()
         if request.claim_max_leases:
-            metrics.CLAIMS.labels("leased" if cycle.issued else "empty").inc()
+            metrics.COMPLETE_CLAIMS.labels("leased" if cycle.issued else "empty").inc()
             metrics.LEASES_ISSUED.inc(len(cycle.issued))
         answer = worker_pb2.CompleteResponse(
             answers=[
@@ -317,7 +317,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 for r, v in zip(results, cycle.verdicts, strict=True)
             ]
         )
-        _deliver(answer, cycle.issued, worker_id)
+        delivery.leases_into(answer, cycle.issued, worker_id)
         return answer
 
     @unary
@@ -412,41 +412,6 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.AwaitResponse:
         worker_id, token = _session(request.session)
         return await wait_rpcs.await_wait(self._pool, worker_id, token, request)
-
-
-def _deliver(
-    answer: worker_pb2.ClaimResponse | worker_pb2.CompleteResponse,
-    issued: Sequence[claims.IssuedLease],
-    worker_id: str,
-) -> None:
-    """Puts the leases issued into a Claim's (or a Complete's) answer."""
-    answer.leases.extend(
-        worker_pb2.Lease(
-            dispatch_id=lease.dispatch_id,
-            lease_token=lease.lease_token,
-            fencing_token=lease.fencing_token,
-            run_id=str(lease.run_id),
-            task_key=lease.task_key,
-            executor_kind=lease.executor_kind,
-            action=lease.action,
-            input=dict_to_struct(lease.input),
-            attempt=lease.attempt,
-            max_attempts=lease.max_attempts,
-            idempotency_key=lease.idempotency_key,
-            lease_expires_at=timestamp(lease.lease_expires_at),
-            lease_remaining=duration_from_ms(lease.lease_remaining_ms),
-            attempt_deadline=timestamp(lease.attempt_deadline),
-            attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
-            run_input=dict_to_struct(lease.run_input),
-            upstream_states={
-                key: TASK_STATES.proto(state) for key, state in lease.upstream_states.items()
-            },
-            traceparent=lease.trace.traceparent if lease.trace else "",
-        )
-        for lease in issued
-    )
-    delivery.fill_upstream(answer, issued)
-    spans.queue_waits(issued, worker_id)
 
 
 def _revoked(stream: Stream) -> worker_pb2.HeartbeatResponse:
