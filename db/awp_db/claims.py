@@ -162,19 +162,38 @@ async def _claim_once(
         sessions = await workers.authenticate_many(
             conn, [(call.worker_id, call.session_token) for call in calls], for_update=True
         )
-        claimers = await _claimers(conn, calls, sessions)
-        # First the runs of the oldest pending dispatches, waited for. Concurrent claims
-        # may have taken some of those meanwhile: a short batch then adds whatever other
-        # runs are free right now rather than answering with slots left empty.
-        if await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=False):
-            await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=True)
-        if grant:
-            await _grant_and_lease(conn, claimers, lease_ttl_ms, events)
-        if any(claimer.issued and not still_wanted(claimer.index) for claimer in claimers):
+        issued = await lease_in(
+            conn, calls, sessions, lease_ttl_ms, events, grant=grant, runs_held=False
+        )
+        if any(leases and not still_wanted(index) for index, leases in issued.items()):
             raise ClaimAbandoned()
         await events.flush(conn)
-    issued = {claimer.index: claimer.issued for claimer in claimers}
     return [_answer(session, issued.get(index, [])) for index, session in enumerate(sessions)]
+
+
+async def lease_in(
+    conn: Conn,
+    calls: Sequence[ClaimCall],
+    sessions: Sequence[workers.Session | errors.AwpError],
+    lease_ttl_ms: int,
+    events: EventBatch,
+    *,
+    grant: bool,
+    runs_held: bool,
+) -> dict[int, list[IssuedLease]]:
+    """The leasing of a Claim transaction its caller holds, the calls' sessions locked
+    (for_update): the leases issued, by call index (active sessions with free slots
+    only). runs_held: the transaction already locked runs (a Complete's settlement,
+    awp_db.cycles), so the lock order lets it take more only SKIP LOCKED."""
+    claimers = await _claimers(conn, calls, sessions)
+    # First the runs of the oldest pending dispatches, waited for. Concurrent claims
+    # may have taken some of those meanwhile: a short batch then adds whatever other
+    # runs are free right now rather than answering with slots left empty.
+    if runs_held or await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=False):
+        await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=True)
+    if grant:
+        await _grant_and_lease(conn, claimers, lease_ttl_ms, events)
+    return {claimer.index: claimer.issued for claimer in claimers}
 
 
 def _answer(

@@ -183,72 +183,91 @@ async def complete_many(
     raised) and changes nothing. No dispatch may appear in two calls.
     """
     events = EventBatch()
-    outcomes: list[list[ResultVerdict] | errors.AwpError] = []
     # Hashed before any lock is taken: the locks are held only for the judgement.
-    digests = {result.dispatch_id: digest_of(result) for call in calls for result in call.results}
+    digests = digests_of(calls)
     async with conn.transaction():
         sessions = await workers.authenticate_many(
             conn, [(call.worker_id, call.session_token) for call in calls]
         )
-        ids: list[int] = []
-        seen: set[int] = set()
-        for call, session in zip(calls, sessions, strict=True):
-            if isinstance(session, workers.Session):
-                mine = {result.dispatch_id for result in call.results}
-                if mine & seen:
-                    raise ValueError("a dispatch appears in two calls of one batch")
-                seen |= mine
-                ids.extend(result.dispatch_id for result in call.results)
-        locked: dict[int, locks.LockedDispatch] = {}
-        if ids:
-            await locks.runs_of_dispatches(conn, ids)
-            locked = {row.id: row for row in await locks.dispatches_for_settlement(conn, ids)}
-        endings: list[settle.Ending] = []
-        accepted: list[ResultIn] = []
-        for call, session in zip(calls, sessions, strict=True):
-            if not isinstance(session, workers.Session):
-                outcomes.append(session)
+        outcomes = await settle_calls(conn, calls, sessions, digests, events)
+        await events.flush(conn)
+    return outcomes
+
+
+def digests_of(calls: Sequence[Completion]) -> dict[int, bytes]:
+    """The digest of every result of the calls, by dispatch (settle_calls)."""
+    return {result.dispatch_id: digest_of(result) for call in calls for result in call.results}
+
+
+async def settle_calls(
+    conn: Conn,
+    calls: Sequence[Completion],
+    sessions: Sequence[workers.Session | errors.AwpError],
+    digests: dict[int, bytes],
+    events: EventBatch,
+) -> list[list[ResultVerdict] | errors.AwpError]:
+    """complete_many's work inside a transaction its caller holds, the calls' sessions
+    authenticated (in the lock order, sessions before runs): each result judged and the
+    accepted ones settled; the events go to the caller's batch, flushed by it."""
+    outcomes: list[list[ResultVerdict] | errors.AwpError] = []
+    ids: list[int] = []
+    seen: set[int] = set()
+    for call, session in zip(calls, sessions, strict=True):
+        if isinstance(session, workers.Session):
+            mine = {result.dispatch_id for result in call.results}
+            if mine & seen:
+                raise ValueError("a dispatch appears in two calls of one batch")
+            seen |= mine
+            ids.extend(result.dispatch_id for result in call.results)
+    locked: dict[int, locks.LockedDispatch] = {}
+    if ids:
+        await locks.runs_of_dispatches(conn, ids)
+        locked = {row.id: row for row in await locks.dispatches_for_settlement(conn, ids)}
+    endings: list[settle.Ending] = []
+    accepted: list[ResultIn] = []
+    for call, session in zip(calls, sessions, strict=True):
+        if not isinstance(session, workers.Session):
+            outcomes.append(session)
+            continue
+        verdicts: list[ResultVerdict] = []
+        for result in call.results:
+            row = locked.get(result.dispatch_id)
+            digest = digests[result.dispatch_id]
+            if row is None:
+                verdicts.append(ResultVerdict.LEASE_LOST)
                 continue
-            verdicts: list[ResultVerdict] = []
-            for result in call.results:
-                row = locked.get(result.dispatch_id)
-                digest = digests[result.dispatch_id]
-                if row is None:
-                    verdicts.append(ResultVerdict.LEASE_LOST)
-                    continue
-                verdict = judge_result(
-                    holds=holds_lease(
-                        session.worker_id, result.lease_token, row.worker_id, row.lease_token_hash
-                    ),
-                    state=row.state,
-                    stored_result_hash=row.result_hash,
-                    result_hash=digest,
-                    now=row.now,
-                    lease_expires_at=row.lease_expires_at,
-                    attempt_deadline=row.attempt_deadline,
-                )
-                verdicts.append(verdict)
-                if verdict is ResultVerdict.ACCEPTED:
-                    accepted.append(result)
-                    endings.append(
-                        settle.ending_of(
-                            row,
-                            result.outcome,
-                            output=result.output,
-                            error=result.error(),
-                            digest=digest,
-                            traceback=result.traceback,
-                            log_tail=result.log_tail,
-                            replayed=result.replayed,
-                        )
+            verdict = judge_result(
+                holds=holds_lease(
+                    session.worker_id, result.lease_token, row.worker_id, row.lease_token_hash
+                ),
+                state=row.state,
+                stored_result_hash=row.result_hash,
+                result_hash=digest,
+                now=row.now,
+                lease_expires_at=row.lease_expires_at,
+                attempt_deadline=row.attempt_deadline,
+            )
+            verdicts.append(verdict)
+            if verdict is ResultVerdict.ACCEPTED:
+                accepted.append(result)
+                endings.append(
+                    settle.ending_of(
+                        row,
+                        result.outcome,
+                        output=result.output,
+                        error=result.error(),
+                        digest=digest,
+                        traceback=result.traceback,
+                        log_tail=result.log_tail,
+                        replayed=result.replayed,
                     )
-            outcomes.append(verdicts)
-        if endings:
-            # Only a fenced, accepted result reports usage or slows a limit down.
-            await ratelimits.apply_reports(conn, accepted)
-            await settle.end_attempts(conn, endings, events)
-            events.notify(COORDINATOR_CHANNEL, RESULTS_ACCEPTED)
-            await events.flush(conn)
+                )
+        outcomes.append(verdicts)
+    if endings:
+        # Only a fenced, accepted result reports usage or slows a limit down.
+        await ratelimits.apply_reports(conn, accepted)
+        await settle.end_attempts(conn, endings, events)
+        events.notify(COORDINATOR_CHANNEL, RESULTS_ACCEPTED)
     return outcomes
 
 

@@ -16,11 +16,14 @@ LOCK ORDER (DESIGN.md §6), over every relation:
    row, so two coordinators queue for it holding nothing but (1). A Claim that grants
    (dispatching.grant_for_claims) waits for it only as its first statement, when no offer
    is left and a task is ready (serialise_for_claims); later, holding its sessions (3)
-   and runs (4), it only tries it (pg_try_advisory_xact_lock), never waits.
+   and runs (4), it only tries it (pg_try_advisory_xact_lock), never waits. A Complete
+   that claims (awp_db.cycles) never waits for it: it only tries it, after (3)-(7).
 3. Worker session rows, ascending id: a Claim's sessions, a drain's, a lost stream's, a
    batch of heartbeats (workers.touch); the offline sweep skips busy ones.
 4. Run rows, ascending id, in one statement per transaction (a transaction that needs
-   more later takes them SKIP LOCKED: a Claim's second round, retention's batch).
+   more later takes them SKIP LOCKED: a Claim's second round, retention's batch, the
+   claim part of a Complete that claims, which locked its sessions (3) before the
+   settlement's runs and takes every later run and offer SKIP LOCKED).
 5. Dispatch rows of runs the transaction holds, in any number of statements: whoever
    else waits for those rows holds the run first, so waits behind this transaction
    before it holds any of them. The exceptions lock leases without their run -- a

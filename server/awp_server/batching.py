@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 from uuid import UUID
 
-from awp_db import claims, leases, workers
+from awp_db import claims, cycles, leases, workers
 from awp_db.connect import DEFAULT_LIMITS, Conn, Pool, SessionLimits
 from awp_kernel.errors import AwpError
 from awp_kernel.fencing import ResultVerdict
@@ -63,6 +63,8 @@ class _Pending(Generic[C, R]):
     answer: asyncio.Future[R]
     size: int
     ids: frozenset[int]
+    # The caller stopped waiting (an answer served even so: serve_abandoned).
+    departed: bool = False
 
 
 @dataclass(slots=True)
@@ -107,7 +109,11 @@ class _Batcher(Generic[C, R]):
         self._queue.append(pending)
         self._schedule()
         if self.serve_abandoned:
-            return await asyncio.shield(pending.answer)
+            try:
+                return await asyncio.shield(pending.answer)
+            except asyncio.CancelledError:
+                pending.departed = True
+                raise
         # Cancelling the caller cancels the answer: the batch then leaves the call out.
         return await pending.answer
 
@@ -249,8 +255,23 @@ class _Batcher(Generic[C, R]):
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-class CompleteBatcher(_Batcher[leases.Completion, list[ResultVerdict]]):
+class CompleteBatcher(_Batcher[cycles.CycleCall, cycles.CycleAnswer]):
     kind = "Complete"
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        max_size: int,
+        lease_ttl_ms: int | None = None,
+        lanes: int = LANES,
+        limits: SessionLimits = DEFAULT_LIMITS,
+        grant: bool = True,
+    ):
+        """lease_ttl_ms: the TTL of the leases its calls claim (None: it serves no claim)."""
+        super().__init__(pool, max_size=max_size, lanes=lanes, limits=limits)
+        self._lease_ttl_ms = lease_ttl_ms
+        self._grant = grant
 
     async def complete(
         self, worker_id: str, session_token: str, results: Sequence[leases.ResultIn]
@@ -260,16 +281,42 @@ class CompleteBatcher(_Batcher[leases.Completion, list[ResultVerdict]]):
         A caller that went away still has its results written (or not) with the batch;
         the worker's retry of the same results is then answered DUPLICATE.
         """
+        return (await self.cycle(worker_id, session_token, results)).verdicts
+
+    async def cycle(
+        self,
+        worker_id: str,
+        session_token: str,
+        results: Sequence[leases.ResultIn],
+        claim_max_leases: int = 0,
+    ) -> cycles.CycleAnswer:
+        """complete's verdicts, and the leases claimed in the same transaction for up to
+        claim_max_leases slots (awp_db.cycles). A caller that went away is never issued
+        leases: the batch is rolled back and served again without its claim (its
+        results are still written)."""
+        if claim_max_leases and self._lease_ttl_ms is None:
+            raise ValueError("this CompleteBatcher serves no claim (no lease_ttl_ms)")
         return await self._submit(
-            leases.Completion(worker_id, session_token, results),
+            cycles.CycleCall(
+                leases.Completion(worker_id, session_token, results), claim_max_leases
+            ),
             len(results),
             frozenset(r.dispatch_id for r in results),
         )
 
     async def _transaction(
-        self, conn: Conn, batch: list[_Pending[leases.Completion, list[ResultVerdict]]]
-    ) -> Sequence[list[ResultVerdict] | AwpError]:
-        return await leases.complete_many(conn, [p.call for p in batch])
+        self, conn: Conn, batch: list[_Pending[cycles.CycleCall, cycles.CycleAnswer]]
+    ) -> Sequence[cycles.CycleAnswer | AwpError]:
+        if self._lease_ttl_ms is not None and any(p.call.claim_max_leases for p in batch):
+            return await cycles.complete_and_claim_many(
+                conn,
+                [p.call for p in batch],
+                self._lease_ttl_ms,
+                still_wanted=lambda index: not batch[index].departed,
+                grant=self._grant,
+            )
+        outcomes = await leases.complete_many(conn, [p.call.completion for p in batch])
+        return [o if isinstance(o, AwpError) else cycles.CycleAnswer(o, []) for o in outcomes]
 
 
 class ClaimBatcher(_Batcher[claims.ClaimCall, list[claims.IssuedLease]]):

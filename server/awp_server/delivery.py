@@ -16,6 +16,8 @@ from awp.v1 import control_pb2, worker_pb2
 from awp_db import claims
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.limits import MAX_RESPONSE_BYTES
+from awp_server import spans
+from awp_server.convert import TASK_STATES, duration_from_ms, timestamp
 
 # Outputs as JSON text answered in one GetUpstreamOutputs: room is left for their keys
 # (1,000 at most, 64 characters each) and framing.
@@ -26,7 +28,46 @@ OUTPUTS_BUDGET_BYTES = MAX_RESPONSE_BYTES - 256 * 1024
 _ELEMENT_OVERHEAD = 16
 
 
-def fill_upstream(answer: worker_pb2.ClaimResponse, issued: Sequence[claims.IssuedLease]) -> None:
+def leases_into(
+    answer: worker_pb2.ClaimResponse | worker_pb2.CompleteResponse,
+    issued: Sequence[claims.IssuedLease],
+    worker_id: str,
+) -> None:
+    """Puts the leases issued into a Claim's (or a Complete's) answer: the one way
+    leases are answered."""
+    answer.leases.extend(
+        worker_pb2.Lease(
+            dispatch_id=lease.dispatch_id,
+            lease_token=lease.lease_token,
+            fencing_token=lease.fencing_token,
+            run_id=str(lease.run_id),
+            task_key=lease.task_key,
+            executor_kind=lease.executor_kind,
+            action=lease.action,
+            input=dict_to_struct(lease.input),
+            attempt=lease.attempt,
+            max_attempts=lease.max_attempts,
+            idempotency_key=lease.idempotency_key,
+            lease_expires_at=timestamp(lease.lease_expires_at),
+            lease_remaining=duration_from_ms(lease.lease_remaining_ms),
+            attempt_deadline=timestamp(lease.attempt_deadline),
+            attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
+            run_input=dict_to_struct(lease.run_input),
+            upstream_states={
+                key: TASK_STATES.proto(state) for key, state in lease.upstream_states.items()
+            },
+            traceparent=lease.trace.traceparent if lease.trace else "",
+        )
+        for lease in issued
+    )
+    fill_upstream(answer, issued)
+    spans.queue_waits(issued, worker_id)
+
+
+def fill_upstream(
+    answer: worker_pb2.ClaimResponse | worker_pb2.CompleteResponse,
+    issued: Sequence[claims.IssuedLease],
+) -> None:
     """Completes a Claim answer whose leases are in (their inputs are bounded by the
     claim itself): upstream outputs, in lease and key order, while the budget lasts;
     every output left out is named in its lease's omitted_upstream_keys."""

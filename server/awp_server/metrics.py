@@ -5,6 +5,10 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 CLAIMS = Counter("awp_claims_total", "Claim calls by outcome", ["outcome"])
+# A Complete's claim (claim_max_leases) is not a Claim call: an empty one costs no call.
+COMPLETE_CLAIMS = Counter(
+    "awp_complete_claims_total", "Complete calls that claimed, by outcome", ["outcome"]
+)
 LEASES_ISSUED = Counter("awp_leases_issued_total", "Leases issued")
 LEASE_ANSWERS = Counter(
     "awp_lease_heartbeat_answers_total", "Per-lease heartbeat answers", ["status"]

@@ -25,7 +25,7 @@ from awp_db.listen import Listener, Relay
 from awp_db.signals import COORDINATOR_CHANNEL, DISPATCH_CHANNEL, MAY_READY
 from awp_kernel import errors, tokens
 from awp_kernel.fencing import ResultVerdict
-from awp_protocol.jsonvalue import canonical_json, dict_to_struct
+from awp_protocol.jsonvalue import canonical_json
 from awp_protocol.limits import (
     MAX_CLAIM_WAIT_MS,
     MAX_LEASES_PER_CLAIM,
@@ -34,7 +34,7 @@ from awp_protocol.limits import (
 )
 from awp_protocol.names import check_register
 from awp_protocol.results import check_result
-from awp_server import checkpoint_rpcs, delivery, metrics, spans, wait_rpcs
+from awp_server import checkpoint_rpcs, delivery, metrics, wait_rpcs
 from awp_server.batching import (
     MAX_HEARTBEATS_PER_WRITE,
     ClaimBatcher,
@@ -42,7 +42,7 @@ from awp_server.batching import (
     TouchBatcher,
 )
 from awp_server.config import ServerConfig
-from awp_server.convert import TASK_STATES, WORKER_STATES, duration_from_ms, timestamp
+from awp_server.convert import WORKER_STATES, duration_from_ms, timestamp
 from awp_server.errors import abort, unary
 from awp_server.revocations import Revoker, Stream, until_shutdown
 from awp_server.streams import chunks_in
@@ -104,7 +104,11 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             grant=not config.no_claim_grants,
         )
         self.completes = CompleteBatcher(
-            pool, max_size=MAX_RESULTS_PER_COMPLETE, limits=config.session_limits
+            pool,
+            max_size=MAX_RESULTS_PER_COMPLETE,
+            lease_ttl_ms=config.lease_ttl_ms,
+            limits=config.session_limits,
+            grant=not config.no_claim_grants,
         )
         # And so do the heartbeats of all streams.
         self.touches = TouchBatcher(
@@ -188,36 +192,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 await waiter.wait(min(left, CLAIM_RECHECK_S))
         metrics.CLAIMS.labels("leased" if issued else "empty").inc()
         metrics.LEASES_ISSUED.inc(len(issued))
-        answer = worker_pb2.ClaimResponse(
-            leases=[
-                worker_pb2.Lease(
-                    dispatch_id=lease.dispatch_id,
-                    lease_token=lease.lease_token,
-                    fencing_token=lease.fencing_token,
-                    run_id=str(lease.run_id),
-                    task_key=lease.task_key,
-                    executor_kind=lease.executor_kind,
-                    action=lease.action,
-                    input=dict_to_struct(lease.input),
-                    attempt=lease.attempt,
-                    max_attempts=lease.max_attempts,
-                    idempotency_key=lease.idempotency_key,
-                    lease_expires_at=timestamp(lease.lease_expires_at),
-                    lease_remaining=duration_from_ms(lease.lease_remaining_ms),
-                    attempt_deadline=timestamp(lease.attempt_deadline),
-                    attempt_remaining=duration_from_ms(lease.attempt_remaining_ms),
-                    run_input=dict_to_struct(lease.run_input),
-                    upstream_states={
-                        key: TASK_STATES.proto(state)
-                        for key, state in lease.upstream_states.items()
-                    },
-                    traceparent=lease.trace.traceparent if lease.trace else "",
-                )
-                for lease in issued
-            ]
-        )
-        delivery.fill_upstream(answer, issued)
-        spans.queue_waits(issued, str(worker_id))
+        answer = worker_pb2.ClaimResponse()
+        delivery.leases_into(answer, issued, worker_id)
         return answer
 
     async def Heartbeat(
@@ -327,15 +303,22 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         results = [check_result(f"results[{i}]", r) for i, r in enumerate(request.results)]
         if len({r.dispatch_id for r in results}) != len(results):
             raise errors.invalid("results", "at most one result per dispatch")
-        verdicts = await self.completes.complete(worker_id, token, results)
-        for verdict in verdicts:
+        if not 0 <= request.claim_max_leases <= MAX_LEASES_PER_CLAIM:
+            raise errors.invalid("claim_max_leases", f"must be 0 to {MAX_LEASES_PER_CLAIM}")
+        cycle = await self.completes.cycle(worker_id, token, results, request.claim_max_leases)
+        for verdict in cycle.verdicts:
             metrics.COMPLETES.labels(verdict.value).inc()
-        return worker_pb2.CompleteResponse(
+        if request.claim_max_leases:
+            metrics.COMPLETE_CLAIMS.labels("leased" if cycle.issued else "empty").inc()
+            metrics.LEASES_ISSUED.inc(len(cycle.issued))
+        answer = worker_pb2.CompleteResponse(
             answers=[
                 worker_pb2.CompleteAnswer(dispatch_id=r.dispatch_id, outcome=_VERDICTS[v])
-                for r, v in zip(results, verdicts, strict=True)
+                for r, v in zip(results, cycle.verdicts, strict=True)
             ]
         )
+        delivery.leases_into(answer, cycle.issued, worker_id)
+        return answer
 
     @unary
     async def Drain(

@@ -5,12 +5,17 @@ ends). After an empty answer or an error the loop backs off, exponentially with
 jitter, from ``claim_backoff_initial`` to ``claim_backoff_max``; a lease received
 resets the backoff, and a slot that frees wakes the loop at once. The server saying
 the session drains (WORKER_DRAINING) ends the loop and starts this side's drain.
+
+While results wait to be reported (``reporting``), no Claim is sent: their Complete
+claims the free slots itself (awp_worker._completer), and the loop looks again once it
+is answered (its results' slots freed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -25,9 +30,12 @@ log = logging.getLogger("awp_worker.claims")
 
 
 class ClaimLoop:
-    def __init__(self, owner: Owner, attempts: Attempts) -> None:
+    def __init__(
+        self, owner: Owner, attempts: Attempts, reporting: Callable[[], bool] = lambda: False
+    ) -> None:
         self._owner = owner
         self._attempts = attempts
+        self._reporting = reporting
 
     def _active(self) -> bool:
         return self._owner.lifecycle.state is State.ACTIVE
@@ -40,7 +48,7 @@ class ClaimLoop:
         while self._active():
             seen = owner.leases.releases
             free = config.concurrency - len(owner.leases)
-            if free <= 0:
+            if free <= 0 or self._reporting():
                 await self._pause(seen)
                 continue
             started = loop.time()

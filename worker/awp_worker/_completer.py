@@ -13,6 +13,14 @@ again) is never sent again unchanged: it is bisected until the refused result is
 which is then reported as a failure carrying the server's reason (issue 13: one bad
 result must not wedge the others). Each result ends with one call to the owner's
 ``settled()``.
+
+A Complete also claims the slots its results free, and what slots are free already
+(CompleteRequest.claim_max_leases): the server settles the results and leases the next
+tasks in one transaction, so a worker's cycle is one call, and a task the results made
+ready (a chain's next) comes back in the answer. The leases are started (``refill``)
+before the results are settled, so the claim loop, woken by the freed slots, sees them
+held. Only a batch sent whole claims: the parts of a refused batch, bisected, do not
+(the claim loop fills what they free).
 """
 
 from __future__ import annotations
@@ -22,12 +30,13 @@ import logging
 from collections.abc import Callable, Sequence
 
 from awp.v1 import worker_pb2
-from awp_protocol.limits import MAX_RESULTS_PER_COMPLETE
+from awp_protocol.limits import MAX_LEASES_PER_CLAIM, MAX_RESULTS_PER_COMPLETE
 from awp_worker import _tracing
 from awp_worker._backoff import Backoff
 from awp_worker._errors import Kind, classify, describe, server_fault, session_lost
 from awp_worker._executors import failure
 from awp_worker._lease import STOOD_DOWN, HeldLease, StandDown
+from awp_worker._lifecycle import State
 from awp_worker._logging import LeaseLog
 from awp_worker._owner import Owner
 
@@ -75,8 +84,12 @@ class ResultFlusher:
         flush_size: int = 16,
         flush_interval: float = 0.002,
         backoff: Callable[[], Backoff] = lambda: Backoff(0.05, 2.0),
+        refill: Callable[[Sequence[worker_pb2.Lease]], None] | None = None,
     ) -> None:
+        """refill: starts the leases a Complete's answer carries (None: Completes claim
+        nothing); settable, as what starts leases needs the flusher."""
         self._owner = owner
+        self.refill = refill
         self.flush_size = flush_size
         self.flush_interval = flush_interval
         self._new_backoff = backoff
@@ -150,20 +163,28 @@ class ResultFlusher:
         results still waiting to be sent, and finished work would be thrown away.
         """
         refused: list[tuple[HeldLease, Exception]] = []
-        await self._isolate(list(batch), refused)
+        await self._isolate(list(batch), refused, claim=self.refill is not None)
         for held, refusal in refused:
             await self._replace(held, refusal)
 
     async def _isolate(
-        self, batch: list[HeldLease], refused: list[tuple[HeldLease, Exception]]
+        self,
+        batch: list[HeldLease],
+        refused: list[tuple[HeldLease, Exception]],
+        *,
+        claim: bool = False,
     ) -> None:
-        """Sends batch, bisecting what the server refuses; each result refused alone is
-        added to refused, unsent."""
-        sent = await self._send(batch)
+        """Sends batch (claiming the slots free once it is settled, if claim),
+        bisecting what the server refuses; each result refused alone is added to
+        refused, unsent."""
+        sent = await self._send(batch, claim=claim)
         if sent is None:
             return
         todo, answer = sent
         if isinstance(answer, worker_pb2.CompleteResponse):
+            if answer.leases and self.refill is not None:
+                self._owner.metrics.claims.labels("leases").inc()
+                self.refill(answer.leases)
             self._answered(todo, answer)
         elif len(todo) > 1:
             log.warning(
@@ -178,10 +199,11 @@ class ResultFlusher:
             refused.append((todo[0], answer))
 
     async def _send(
-        self, todo: list[HeldLease]
+        self, todo: list[HeldLease], *, claim: bool = False
     ) -> tuple[list[HeldLease], worker_pb2.CompleteResponse | Exception] | None:
         """The results still held and the server's answer, or the error by which it
-        refused them; None once none of them is held any more."""
+        refused them; None once none of them is held any more. claim: the call also
+        claims the slots free once these results are settled (while ACTIVE)."""
         backoff = self._new_backoff()
         faults = 0
         while True:
@@ -189,8 +211,13 @@ class ResultFlusher:
             if not todo:
                 return None
             try:
-                response = await self._owner.session.complete(
-                    [held.result for held in todo if held.result]
+                results = [held.result for held in todo if held.result]
+                session = self._owner.session
+                # Without a claim, the plain Complete of every client.
+                response = await (
+                    session.complete(results, self._wish(todo))
+                    if claim
+                    else session.complete(results)
                 )
             except Exception as exc:
                 kind = classify(exc)
@@ -219,6 +246,14 @@ class ResultFlusher:
                 await asyncio.sleep(backoff.next())
                 continue
             return todo, response
+
+    def _wish(self, todo: list[HeldLease]) -> int:
+        """The slots free once todo is settled: what this Complete claims."""
+        owner = self._owner
+        if owner.lifecycle.state is not State.ACTIVE:
+            return 0
+        free = owner.config.concurrency - len(owner.leases) + len(todo)
+        return max(0, min(free, MAX_LEASES_PER_CLAIM))
 
     def _current(self, todo: list[HeldLease]) -> list[HeldLease]:
         current = []

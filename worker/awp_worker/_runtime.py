@@ -188,13 +188,18 @@ class WorkerRuntime:
     def _start(self) -> Shutdown:
         """Start the parts under the supervisor; what ends them once ACTIVE is over."""
         flusher = ResultFlusher(
-            self, flush_size=self.config.flush_size, flush_interval=self.config.flush_interval
+            self,
+            flush_size=self.config.flush_size,
+            flush_interval=self.config.flush_interval,
         )
         attempts = Attempts(self, self.executors, flusher, self._sup)
+        flusher.refill = attempts.start
         spawn = self._sup.spawn
         heartbeat = spawn(HeartbeatStream(self).run(), "heartbeat")
         flushing = spawn(flusher.run(), "flusher")
-        claims = spawn(ClaimLoop(self, attempts).run(), "claim")
+        claims = spawn(
+            ClaimLoop(self, attempts, reporting=lambda: flusher.backlog > 0).run(), "claim"
+        )
         claims.add_done_callback(lambda _: self.lifecycle.notify())
         return Shutdown(self, self._sup, claims, [heartbeat, flushing, claims])
 

@@ -192,10 +192,13 @@ class Session:
         return response
 
     async def complete(
-        self, results: Sequence[worker_pb2.TaskResult]
+        self, results: Sequence[worker_pb2.TaskResult], claim_max_leases: int = 0
     ) -> worker_pb2.CompleteResponse:
-        """One Complete; raises the call's RpcError."""
-        request = worker_pb2.CompleteRequest(session=self.token, results=results)
+        """One Complete, also claiming up to claim_max_leases leases (its answer's
+        leases); raises the call's RpcError."""
+        request = worker_pb2.CompleteRequest(
+            session=self.token, results=results, claim_max_leases=claim_max_leases
+        )
         self._metrics.complete_batch.observe(len(results))
         try:
             response: worker_pb2.CompleteResponse = await self._call(

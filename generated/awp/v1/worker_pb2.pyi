@@ -1143,6 +1143,16 @@ class CompleteRequest(_message.Message):
 
     SESSION_FIELD_NUMBER: _builtins.int
     RESULTS_FIELD_NUMBER: _builtins.int
+    CLAIM_MAX_LEASES_FIELD_NUMBER: _builtins.int
+    claim_max_leases: _builtins.int
+    """0 to 1,000 (0: none; MAX_LEASES_PER_CLAIM). The worker's wish for more leases: once the results are settled,
+    the call is also a Claim for up to this many leases, served in the same transaction
+    and by the same rules (its session's free slots counted after these results freed
+    theirs; a task these results made ready may be leased at once). It never waits:
+    with nothing to lease the answer holds no lease (park a Claim for that). A session
+    that is draining gets no lease, and its results are still answered. Leases are
+    never committed for a caller that went away before the answer (as for Claim).
+    """
     @_builtins.property
     def session(self) -> Global___Session: ...
     @_builtins.property
@@ -1157,10 +1167,11 @@ class CompleteRequest(_message.Message):
         *,
         session: Global___Session | None = ...,
         results: _abc.Iterable[Global___TaskResult] | None = ...,
+        claim_max_leases: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_max_leases", b"claim_max_leases", "results", b"results", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1193,18 +1204,24 @@ class CompleteResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ANSWERS_FIELD_NUMBER: _builtins.int
+    LEASES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteAnswer]:
         """One per result, in request order."""
+
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]:
+        """The leases claimed by claim_max_leases (exactly as ClaimResponse.leases)."""
 
     def __init__(
         self,
         *,
         answers: _abc.Iterable[Global___CompleteAnswer] | None = ...,
+        leases: _abc.Iterable[Global___Lease] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "leases", b"leases"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
