@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from awp_kernel import retry
 from awp_protocol.states import HANDED_BACK
 from awp_sdk.enums import AttemptState, EventType, RunState, TaskState
 from awp_sdk.errors import OutputsOmitted
@@ -123,7 +124,7 @@ class TaskStatus:
 
     @property
     def charged_attempts(self) -> int:
-        return self.attempts - self.hand_backs - self.suspensions
+        return retry.charged_attempts(self.attempts, self.hand_backs, self.suspensions)
 
 
 @dataclass(frozen=True)
