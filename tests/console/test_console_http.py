@@ -21,7 +21,7 @@ import yaml
 from awp.v1 import control_pb2, control_pb2_grpc
 from awp_console.app import create_app
 from awp_console.settings import Settings
-from awp_db import coordination
+from awp_db import coordination, runs, workflows
 from awp_db.connect import Pool
 from awp_protocol.errors import Reason
 from awp_protocol.roles import Role, file_entry
@@ -379,3 +379,17 @@ async def test_a_task_shows_its_last_attempt_s_error_and_the_runs_list_the_faile
     row = _row((await browser.get("/runs")).text, run_id)
     assert re.search(r'class="failure">\s*<code>t1</code>: <span class="error"[^>]*>boom', row)
     assert "more failed" not in row
+
+
+async def test_the_run_page_and_the_runs_list_show_the_run_s_priority(
+    browser: httpx.AsyncClient, server: ServerHandle, pool: Pool
+) -> None:
+    stored, _ = await workflows.create(pool, spec("console-urgent", 1))
+    async with pool.acquire() as conn:
+        started = await runs.start(conn, stored, {}, None, "test", start=runs.Start(priority=7))
+    run_id = str(started.run_id)
+    await sign_in(browser, "victor")
+    page = (await browser.get(f"/runs/{run_id}")).text
+    assert re.search(r'id="run-priority">7 ', page), page
+    row = _row((await browser.get("/runs")).text, run_id)
+    assert '<td class="num run-priority">7</td>' in row
