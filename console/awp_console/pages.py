@@ -246,7 +246,13 @@ def _graph_data(drawing: graph.Drawing) -> dict[str, Any]:
 
 
 def _task_rows(detail: RunDetail) -> list[list[Any]]:
-    return [[t.key, t.state, t.attempts, t.max_attempts] for t in detail.tasks.values()]
+    """[key, state, attempt, max_attempts, free attempts]: run.js shows the charged ones
+    (attempt - free, the rule of awp_protocol.states.charged_attempts) against the maximum,
+    as the task panel does, and follows the attempt number live."""
+    return [
+        [t.key, t.state, t.attempts, t.max_attempts, t.attempts - t.charged_attempts]
+        for t in detail.tasks.values()
+    ]
 
 
 async def task(request: Request) -> Response:

@@ -60,12 +60,6 @@ def decide(
     return TaskDecision("failed")
 
 
-def charged_attempts(attempt: int, hand_backs: int, suspensions: int) -> int:
-    """The attempts, up to `attempt`, that spent the task's budget: free hand-backs and
-    attempts suspended at a wait (docs/design.md §16) cost nothing."""
-    return attempt - hand_backs - suspensions
-
-
 def hand_back_is_free(free_hand_backs: int) -> bool:
     """Whether a task that has had `free_hand_backs` may have one more free of charge."""
     return free_hand_backs < MAX_FREE_HAND_BACKS

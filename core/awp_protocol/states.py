@@ -60,3 +60,10 @@ def task_state_name(value: int) -> str:
 # The error message of an attempt a draining worker handed back (it ends `interrupted`,
 # as one whose lease was lost does): how a reader tells the two apart.
 HANDED_BACK: Final = "handed back by a draining worker"
+
+
+def charged_attempts(attempt: int, hand_backs: int, suspensions: int) -> int:
+    """The attempts, up to `attempt`, that spent the task's budget: free hand-backs and
+    attempts suspended at a wait (docs/design.md §16) cost nothing. Here, below every
+    layer, so that storage, the SDK's records and the console count them alike."""
+    return attempt - hand_backs - suspensions

@@ -4,9 +4,13 @@
 A batch is one short transaction. It locks up to a batch of the oldest runs that
 finished before the cutoff, skipping any another transaction holds (locks.expired_runs:
 a live transaction is never waited for), then deletes their attempts, dispatches,
-events and tasks, and the runs. Only finished runs qualify, so nothing of a live run is
-ever touched; a run and all its rows go in one transaction, so a reader sees a run whole
-or not at all. Given a leader's term, the batch writes only while that term holds.
+events and tasks, the schedule ticks that started them (and ticks skipped before the
+cutoff), and the runs. A schedule fires on from its next_tick_at, so a forgotten tick
+never fires again by itself; only a backfill over a range older than the retention age
+could start such a tick again (docs/schedules.md). Buffered ticks are never pruned.
+Only finished runs qualify, so nothing of a live run is ever touched; a run and all its
+rows go in one transaction, so a reader sees a run whole or not at all. Given a leader's
+term, the batch writes only while that term holds.
 
 `prune` runs batches back to back but rests after each as long as it took, so that
 pruning a large backlog takes at most half of one connection's time, and of the row
@@ -52,6 +56,7 @@ class Pruned:
     attempts: int = 0
     dispatches: int = 0
     state_events: int = 0
+    schedule_ticks: int = 0
 
     def __add__(self, other: Pruned) -> Pruned:
         return Pruned(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -96,8 +101,9 @@ async def prune_batch(
         dispatches = await conn.fetchval(Q["delete_dispatches"], doomed)
         events = await conn.fetchval(Q["delete_state_events"], doomed)
         tasks = await conn.fetchval(Q["delete_tasks"], doomed)
+        ticks = await conn.fetchval(Q["delete_schedule_ticks"], doomed, before, limit)
         runs = await conn.fetchval(Q["delete_runs"], doomed)
-    return Pruned(runs, tasks, attempts, dispatches, events)
+    return Pruned(runs, tasks, attempts, dispatches, events, ticks)
 
 
 async def prune(

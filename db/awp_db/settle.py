@@ -29,13 +29,13 @@ from awp_kernel.retry import (
     AttemptEnd,
     RetryPolicy,
     TaskDecision,
-    charged_attempts,
     decide,
     decide_hand_back,
 )
 from awp_kernel.states import run_outcome
 from awp_protocol.limits import MAX_FREE_HAND_BACKS
 from awp_protocol.results import NOTHING_REPLAYED, Replayed, StoredError
+from awp_protocol.states import charged_attempts
 
 Q = queries("settle")
 

@@ -78,6 +78,8 @@ class Gauges:
     dispatches: list[Count] = field(default_factory=list)
     # Ready tasks not yet offered to a worker, label = executor kind.
     ready_tasks: list[Count] = field(default_factory=list)
+    # The same by base priority (run's plus task's), label = the priority.
+    ready_by_priority: list[Count] = field(default_factory=list)
     # Active and draining worker sessions.
     workers: list[Count] = field(default_factory=list)
     # The executor kinds live workers serve, label = kind (count 0).
@@ -99,6 +101,7 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
     sections: dict[str, list[Count]] = {
         "dispatches": [],
         "ready_tasks": [],
+        "ready_by_priority": [],
         "workers": [],
         "served_kinds": [],
         "running_runs": [],

@@ -189,6 +189,22 @@ def _mapping(
     return result
 
 
+def _record(
+    value: Any,
+    path: Path_,
+    allowed: tuple[str, ...],
+    required: tuple[str, ...],
+    problems: list[FieldViolation],
+) -> dict[str, Any] | None:
+    """A mapping as _mapping reads it, with each required field that is missing reported."""
+    fields = _mapping(value, path, allowed, problems)
+    if fields is not None:
+        for name in required:
+            if name not in fields:
+                _add(problems, path, f"missing {name}")
+    return fields
+
+
 def _type_name(value: Any) -> str:
     if value is None:
         return "nothing"
@@ -336,11 +352,9 @@ def _task(
 def _rate(
     data: Any, path: Path_, task: types_pb2.TaskDefinition, problems: list[FieldViolation]
 ) -> None:
-    fields = _mapping(data, path, _RATE_KEYS, problems)
+    fields = _record(data, path, _RATE_KEYS, ("limit",), problems)
     if fields is None:
         return
-    if "limit" not in fields:
-        _add(problems, path, "missing limit")
     units = fields.get("units", 1)
     if isinstance(units, int) and not isinstance(units, bool):
         units = str(units)
@@ -353,12 +367,9 @@ def _rate(
 def _limit(
     data: Any, path: Path_, task: types_pb2.TaskDefinition, problems: list[FieldViolation]
 ) -> None:
-    fields = _mapping(data, path, _LIMIT_KEYS, problems)
+    fields = _record(data, path, _LIMIT_KEYS, _LIMIT_KEYS, problems)
     if fields is None:
         return
-    for required in _LIMIT_KEYS:
-        if required not in fields:
-            _add(problems, path, f"missing {required}")
     task.concurrency_limits.add(
         key=_string(fields, "key", path, problems), max=_whole(fields, "max", path, problems)
     )
@@ -394,12 +405,9 @@ def _map(
     data: Any, path: Path_, task_map: types_pb2.TaskMap, problems: list[FieldViolation]
 ) -> None:
     task_map.SetInParent()
-    fields = _mapping(data, path, _MAP_KEYS, problems)
+    fields = _record(data, path, _MAP_KEYS, _MAP_KEYS, problems)
     if fields is None:
         return
-    for required in _MAP_KEYS:
-        if required not in fields:
-            _add(problems, path, f"missing {required}")
     task_map.over = _string(fields, "over", path, problems)
     task_map.path = _string(fields, "path", path, problems)
 

@@ -68,6 +68,15 @@ class QueueGauges(Collector):
         for kind in kinds:
             ready.add_metric([kind], ready_by_kind.get(kind, 0))
         yield ready
+        by_priority = GaugeMetricFamily(
+            "awp_ready_tasks_by_priority",
+            "Ready tasks not yet offered to a worker, by base priority (the run's plus the "
+            "task's; only priorities with ready tasks are listed)",
+            labels=["priority"],
+        )
+        for count in latest.ready_by_priority:
+            by_priority.add_metric([count.label or "0"], count.count)
+        yield by_priority
         yield GaugeMetricFamily(
             "awp_oldest_pending_dispatch_seconds",
             "Age of the oldest pending dispatch (0 when none is pending)",

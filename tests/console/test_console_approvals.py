@@ -74,6 +74,13 @@ async def test_an_approver_approves_in_the_page_and_the_decision_is_recorded(
     await expect(page.locator("#run-state")).to_have_text("succeeded", timeout=WAIT_MS)
     await shot(page, "approved")
     await expect(audit).to_contain_text("resuming attempt 1")
+    # Attempt 2 ran after a free suspension: the task list charges one of the one allowed,
+    # as the panel does (it read "2 / 1 attempts" once), live and after a reload.
+    listed = page.locator("#task-list .vrow", has_text="review")
+    await expect(listed).to_contain_text("1 / 1 attempts", timeout=WAIT_MS)
+    await expect(page.locator("#task-panel")).to_contain_text("1 of at most 1", timeout=WAIT_MS)
+    await page.reload()
+    await expect(listed).to_contain_text("1 / 1 attempts", timeout=WAIT_MS)
     # The action got the decision; the server's audit log has it too.
     output = await stack.call(
         "GetTaskOutput", control_pb2.GetTaskOutputRequest(run_id=run_id, task_key="review")

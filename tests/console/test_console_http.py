@@ -21,7 +21,7 @@ import yaml
 from awp.v1 import control_pb2, control_pb2_grpc
 from awp_console.app import create_app
 from awp_console.settings import Settings
-from awp_db import coordination
+from awp_db import coordination, runs, workflows
 from awp_db.connect import Pool
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
 from awp_kernel.placement import Placement
@@ -409,3 +409,17 @@ async def test_workers_and_a_task_show_placement(
     task = (await browser.get(f"/runs/{run_id}/tasks/t0")).text
     assert re.search(r'id="placement">requires gpu=h100; reserves 1 gpu;', task), task
     assert 'id="waiting-for">no active worker with label gpu=h100<' in task
+
+
+async def test_the_run_page_and_the_runs_list_show_the_run_s_priority(
+    browser: httpx.AsyncClient, server: ServerHandle, pool: Pool
+) -> None:
+    stored, _ = await workflows.create(pool, spec("console-urgent", 1))
+    async with pool.acquire() as conn:
+        started = await runs.start(conn, stored, {}, None, "test", start=runs.Start(priority=7))
+    run_id = str(started.run_id)
+    await sign_in(browser, "victor")
+    page = (await browser.get(f"/runs/{run_id}")).text
+    assert re.search(r'id="run-priority">7 ', page), page
+    row = _row((await browser.get("/runs")).text, run_id)
+    assert '<td class="num run-priority">7</td>' in row

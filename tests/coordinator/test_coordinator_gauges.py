@@ -126,3 +126,16 @@ async def test_the_flow_gauges_follow_units_and_rate_limits(pool: Pool) -> None:
     assert _value(registry, "awp_rate_limit_units", limit="api") == 5
     assert _value(registry, "awp_rate_limit_used_units", limit="api") == 2
     assert _value(registry, "awp_rate_limit_paused", limit="api") == 0
+
+
+async def test_ready_tasks_are_counted_by_base_priority(pool: Pool) -> None:
+    registry = CollectorRegistry()
+    gauges = QueueGauges(registry)
+    await start_run(pool, spec("plain", 2))
+    urgent = await start_run(pool, spec("urgent", 3))
+    await pool.execute("UPDATE runs SET priority = 4 WHERE id = $1", urgent)
+    await pool.execute("UPDATE tasks SET priority = 1 WHERE run_id = $1 AND key = 't0'", urgent)
+    await _read(pool, gauges)
+    assert _value(registry, "awp_ready_tasks_by_priority", priority="0") == 2
+    assert _value(registry, "awp_ready_tasks_by_priority", priority="4") == 2
+    assert _value(registry, "awp_ready_tasks_by_priority", priority="5") == 1

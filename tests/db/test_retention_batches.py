@@ -11,13 +11,13 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from awp_db import leadership, retention
+from awp_db import leadership, retention, schedules, workflows
 from awp_db.connect import Pool
 from awp_db.leadership import Superseded, Term
 from kit import backlog, spec, start_run
 from kit.db import drive_to_end, register
 
-TABLES = ("runs", "tasks", "attempts", "dispatches", "state_events")
+TABLES = ("runs", "tasks", "attempts", "dispatches", "state_events", "schedule_ticks")
 DAY_S = 86400.0
 
 
@@ -58,6 +58,7 @@ async def test_a_batch_deletes_expired_finished_runs_whole_and_nothing_else(pool
         pruned = await retention.prune_batch(conn, await retention.cutoff(conn, DAY_S), 1000)
 
     per_run = {"runs": 1, "tasks": 2, "attempts": 2, "dispatches": 2, "state_events": 10}
+    per_run["schedule_ticks"] = 0
     assert pruned.by_table() == {table: 30 * n for table, n in per_run.items()}
     assert await rows_of(pool, expired) == dict.fromkeys(TABLES, 0)
     assert await rows_of(pool, kept) == kept_before
@@ -159,3 +160,64 @@ async def test_an_age_beyond_any_timestamp_keeps_everything(pool: Pool) -> None:
     async with pool.acquire() as conn:
         before = await retention.cutoff(conn, 10**7 * 365 * DAY_S)
         assert (await retention.prune_batch(conn, before, 100)).runs == 0
+
+
+async def test_ticks_go_with_their_runs_and_skipped_ones_with_age_buffered_ones_stay(
+    pool: Pool,
+) -> None:
+    await backlog.seed(pool, 2, tasks=1)
+    old_run = next(iter(await backlog.run_ids(pool)))
+    await workflows.create(pool, spec("scheduled"))
+    async with pool.acquire() as conn:
+        schedule = await schedules.create(
+            conn,
+            schedules.ScheduleSpec(
+                name="hourly",
+                workflow_name="scheduled",
+                workflow_version=0,
+                input={},
+                cron="",
+                interval_ms=3_600_000,
+                timezone="UTC",
+                overlap="skip",
+                catchup="all",
+                catchup_window_ms=60_000,
+            ),
+            "test",
+        )
+    # (tick's age in days, outcome, run): the old run's tick, an old skipped and an old
+    # buffered tick, and a recent skipped one.
+    ticks = [
+        (40, "started", old_run),
+        (41, "skipped", None),
+        (42, "buffered", None),
+        (0.01, "skipped", None),
+    ]
+    for days, outcome, run_id in ticks:
+        tick = await pool.fetchval("SELECT now() - $1 * interval '1 day'", days)
+        await pool.execute(
+            "INSERT INTO schedule_ticks (schedule_id, tick_at, source, outcome, run_id)"
+            " VALUES ($1, $2, 'trigger', $3, $4)",
+            schedule.id,
+            tick,
+            outcome,
+            run_id,
+        )
+        if run_id is not None:
+            await pool.execute(
+                "UPDATE runs SET schedule_id = $1, schedule_tick = $2 WHERE id = $3",
+                schedule.id,
+                tick,
+                run_id,
+            )
+    async with pool.acquire() as conn:
+        before = await retention.cutoff(conn, DAY_S)
+        surveyed = await retention.survey(conn, before, None, 10)
+        assert surveyed.would.schedule_ticks == 1  # the run's; skipped ticks are not a run's
+        pruned = await retention.prune_batch(conn, before, 1000)
+    assert (pruned.runs, pruned.schedule_ticks) == (2, 2)
+    left = await pool.fetch("SELECT outcome, tick_at > $1 AS recent FROM schedule_ticks", before)
+    assert sorted((r["outcome"], r["recent"]) for r in left) == [
+        ("buffered", False),
+        ("skipped", True),
+    ]

@@ -16,6 +16,7 @@ from uuid import UUID
 
 import grpc
 
+from awp.v1 import control_pb2_grpc, worker_pb2_grpc
 from awp_db import runs, workflows
 from awp_db.connect import Pool
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
@@ -150,6 +151,10 @@ async def start_run(
 
 WORKER_TOKEN = "test-worker-token"
 ADMIN_TOKEN = "test-admin-token"
+# The call metadata of an admin's call to the in-process server.
+ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
+# The stubs of both services on one channel (tests/server/conftest.py's `stubs`).
+Stubs = tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub]
 
 
 @dataclass

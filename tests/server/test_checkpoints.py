@@ -6,31 +6,17 @@ added to the task's savings in GetRun (docs/design.md §16)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import grpc
-import pytest
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import control_pb2, types_pb2, worker_pb2
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_CHECKPOINT_PAGE_BYTES, MAX_MEMO_BYTES, MAX_MEMOS_PER_TASK
-from kit import ADMIN_TOKEN, ServerHandle, expect_error, spec
+from kit import ADMIN, Stubs, expect_error, spec
 from kit.invariants import check_committed
 from kit.rawworker import RawWorker, leased
 
-ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 OK = worker_pb2.COMPLETE_OUTCOME_ACCEPTED
-
-
-@pytest.fixture
-async def stubs(
-    awp_server: ServerHandle,
-) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub]]:
-    async with awp_server.channel() as channel:
-        yield (
-            worker_pb2_grpc.WorkerServiceStub(channel),
-            control_pb2_grpc.ControlServiceStub(channel),
-        )
 
 
 async def record(
@@ -79,7 +65,7 @@ async def load(worker: RawWorker, lease: worker_pb2.Lease) -> list[list[worker_p
 
 
 async def test_a_memo_is_stored_once_and_never_changes(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, _ = stubs
@@ -100,7 +86,7 @@ async def test_a_memo_is_stored_once_and_never_changes(
 
 
 async def test_a_memo_without_the_live_lease_is_lost_and_stores_nothing(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, _ = stubs
@@ -120,7 +106,7 @@ async def test_a_memo_without_the_live_lease_is_lost_and_stores_nothing(
 
 
 async def test_memo_limits_are_refused_naming_them(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, _ = stubs
@@ -162,7 +148,7 @@ async def _store(pool: Pool, lease: worker_pb2.Lease, count: int, value_bytes: i
 
 
 async def test_checkpoints_load_in_pages_in_key_order(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, _ = stubs
@@ -178,7 +164,7 @@ async def test_checkpoints_load_in_pages_in_key_order(
 
 
 async def test_what_a_result_replayed_adds_to_its_tasks_savings(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, control = stubs

@@ -4,14 +4,13 @@ traceback) and ListAttempts (everything, in pages), over one in-process awp-serv
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
 
 import grpc
 import pytest
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2
 from awp_db.connect import Pool
 from awp_protocol.limits import (
     MAX_ATTEMPTS_PAGE_SIZE,
@@ -19,11 +18,10 @@ from awp_protocol.limits import (
     MAX_LOG_TAIL_CHARS,
     MAX_TRACEBACK_CHARS,
 )
-from kit import ADMIN_TOKEN, ServerHandle, expect_error, spec, start_run
+from kit import ADMIN, expect_error, spec, start_run
 from kit.db import dispatch_all
 from kit.rawworker import RawWorker, register
 
-ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TRACEBACK = (
     "Traceback (most recent call last):\n"
@@ -31,17 +29,6 @@ TRACEBACK = (
     '    return data["missing"]\n'
     "KeyError: 'missing'\n"
 )
-
-
-@pytest.fixture
-async def stubs(
-    awp_server: ServerHandle,
-) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub]]:
-    async with awp_server.channel() as channel:
-        yield (
-            worker_pb2_grpc.WorkerServiceStub(channel),
-            control_pb2_grpc.ControlServiceStub(channel),
-        )
 
 
 def failed(lease: worker_pb2.Lease, **error: Any) -> worker_pb2.TaskResult:

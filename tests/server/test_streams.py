@@ -4,33 +4,19 @@ WatchStream's order, boundaries and resume (DESIGN.md §15)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
-import pytest
 
 from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import coordination, retention
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNK_CHARS
-from kit import ADMIN_TOKEN, ServerFactory, ServerHandle, expect_error, poll_until, spec
+from kit import ADMIN, ServerFactory, Stubs, expect_error, poll_until, spec
 from kit.db import dispatch_all
 from kit.invariants import check_committed
 from kit.rawworker import RawWorker, leased
 
-ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 OK = worker_pb2.COMPLETE_OUTCOME_ACCEPTED
-
-
-@pytest.fixture
-async def stubs(
-    awp_server: ServerHandle,
-) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub]]:
-    async with awp_server.channel() as channel:
-        yield (
-            worker_pb2_grpc.WorkerServiceStub(channel),
-            control_pb2_grpc.ControlServiceStub(channel),
-        )
 
 
 async def append(
@@ -73,7 +59,7 @@ async def watch(
 
 
 async def test_offsets_are_contiguous_resends_idempotent_and_changes_conflict(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, _ = stubs
@@ -95,7 +81,7 @@ async def test_offsets_are_contiguous_resends_idempotent_and_changes_conflict(
 
 
 async def test_an_append_without_the_live_lease_is_lost_and_stores_nothing(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, _ = stubs
@@ -115,7 +101,7 @@ async def test_an_append_without_the_live_lease_is_lost_and_stores_nothing(
 
 
 async def test_limits_are_refused_with_errors_naming_them(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, _ = stubs
@@ -150,7 +136,7 @@ async def test_limits_are_refused_with_errors_naming_them(
 
 
 async def test_a_reader_sees_attempts_framed_and_resumes_without_gap_or_duplicate(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, control = stubs
@@ -201,7 +187,7 @@ async def test_a_reader_sees_attempts_framed_and_resumes_without_gap_or_duplicat
 
 
 async def test_watching_an_unknown_task_names_it(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, control = stubs
@@ -213,7 +199,7 @@ async def test_watching_an_unknown_task_names_it(
 
 
 async def test_retention_deletes_a_runs_stream_with_it(
-    stubs: tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub],
+    stubs: Stubs,
     pool: Pool,
 ) -> None:
     stub, _ = stubs

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from uuid import UUID
 
 import pytest
@@ -22,30 +21,18 @@ from awp.v1 import (
     durable_pb2,
     types_pb2,
     worker_pb2,
-    worker_pb2_grpc,
 )
 from awp_db import coordination, waits
 from awp_db.connect import Pool
-from kit import ADMIN_TOKEN, ServerHandle, expect_error, spec, start_run
+from kit import ADMIN, Stubs, expect_error, spec, start_run
 from kit.db import dispatch_all
 from kit.invariants import check_committed
 from kit.lifecycles import EVENT_LIFECYCLES, illegal_moves, recorded_moves
 from kit.rawworker import RawWorker, leased, register
 
-ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
-Stubs = tuple[worker_pb2_grpc.WorkerServiceStub, control_pb2_grpc.ControlServiceStub]
 SIGNAL = types_pb2.CHECKPOINT_KIND_SIGNAL
 APPROVAL = types_pb2.CHECKPOINT_KIND_APPROVAL
 SLEEP = types_pb2.CHECKPOINT_KIND_SLEEP
-
-
-@pytest.fixture
-async def stubs(awp_server: ServerHandle) -> AsyncIterator[Stubs]:
-    async with awp_server.channel() as channel:
-        yield (
-            worker_pb2_grpc.WorkerServiceStub(channel),
-            control_pb2_grpc.ControlServiceStub(channel),
-        )
 
 
 def millis(ms: int) -> duration_pb2.Duration:

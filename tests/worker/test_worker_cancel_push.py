@@ -31,14 +31,13 @@ from awp_worker._config import WorkerConfig
 from awp_worker._executors import PythonExecutor
 from awp_worker._lifecycle import EXIT_OK
 from awp_worker._runtime import WorkerRuntime
-from kit import ADMIN_TOKEN, WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
+from kit import ADMIN, WORKER_TOKEN, ServerHandle, poll_until, spec, start_run
 
 ServerFactory = Callable[..., Awaitable[ServerHandle]]
 
 HEARTBEAT_INTERVAL_S = 30.0
 # Far above the aim, far below the heartbeat interval: only a push meets it.
 BOUND_S = 5.0
-ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 
 
 class Observed:

@@ -10,7 +10,9 @@
   const STATES = data.states;
   const ROW_H = 28;
 
-  const tasks = data.tasks; // [key, state, attempts, max_attempts]
+  // [key, state, attempt, max_attempts, free attempts]: the list shows the charged ones
+  // (attempt - free: hand-backs and suspensions at a wait cost nothing), as the panel does.
+  const tasks = data.tasks;
   const indexOf = new Map(tasks.map((t, i) => [t[0], i]));
   let nodeOf = data.node_of;
   let nodeKinds = data.nodes;
@@ -129,7 +131,14 @@
     // The server's tasks may be more than the page's (a map's elements made since): the
     // page keeps what its events said of the tasks it knows, and learns the others.
     const nodeOfKey = new Map(fresh.tasks.map((t, i) => [t[0], fresh.node_of[i]]));
-    for (const t of fresh.tasks) if (!indexOf.has(t[0])) addTask(t);
+    for (const t of fresh.tasks) {
+      const i = indexOf.get(t[0]);
+      if (i === undefined) addTask(t);
+      else if (t[4] > tasks[i][4]) {
+        tasks[i][4] = t[4];
+        listDirty = true;
+      }
+    }
     // Elements made while the answer was on its way are drawn the next time.
     let unplaced = false;
     nodeOf = tasks.map((t) => {
@@ -262,7 +271,7 @@
       state.className = "state s-" + t[1];
       state.textContent = t[1].replace("_", " ");
     }
-    const text = t[2] + " / " + t[3] + " attempts";
+    const text = t[2] - t[4] + " / " + t[3] + " attempts";
     if (tries.textContent !== text) tries.textContent = text;
   }
 
@@ -308,20 +317,6 @@
     panel.scrollIntoView({ block: "nearest" });
   });
 
-  // ------------------------------------------------------------ attempts table
-
-  document.getElementById("attempts").addEventListener("click", async (event) => {
-    const button = event.target.closest("#load-attempts, .more");
-    if (!button) return;
-    const box = document.getElementById("attempts");
-    const src = button.dataset.src || box.dataset.src;
-    button.disabled = true;
-    const answer = await fetch(src, { credentials: "same-origin" });
-    const holder = document.createElement("div");
-    holder.innerHTML = answer.ok ? await answer.text() : '<p class="error">Not loaded (' + answer.status + ").</p>";
-    button.replaceWith(...holder.childNodes);
-  });
-
   // ------------------------------------------------------------ live updates
 
   function setTaskState(i, state) {
@@ -347,7 +342,7 @@
 
   function addTask(t) {
     indexOf.set(t[0], tasks.length);
-    tasks.push([t[0], t[1], t[2], t[3]]);
+    tasks.push([t[0], t[1], t[2], t[3], t[4]]);
     runCounts[t[1]] = (runCounts[t[1]] || 0) + 1;
     progressDirty = true;
     listDirty = true;
@@ -361,7 +356,7 @@
     const parent = name === null ? undefined : indexOf.get(name);
     if (parent === undefined || omitted) return undefined;
     const i = tasks.length;
-    addTask([key, state, 0, tasks[parent][3]]);
+    addTask([key, state, 0, tasks[parent][3], 0]);
     const n = nodeOf[parent];
     nodeOf.push(n);
     if (nodeKinds[n] !== "task") {
@@ -382,10 +377,13 @@
         else newElement(key, state);
       } else if (type === "attempt_state") {
         const i = indexOf.get(key) ?? newElement(key, "running");
-        if (i !== undefined && attempt > tasks[i][2]) {
-          tasks[i][2] = attempt;
-          listDirty = true;
-        }
+        if (i === undefined) continue;
+        if (attempt > tasks[i][2]) tasks[i][2] = attempt;
+        // A suspension is free; an interrupted attempt may have been a free hand-back,
+        // which only the server knows: the reload brings its count of free attempts.
+        if (state === "suspended") tasks[i][4] += 1;
+        else if (state === "interrupted") reloadGraphSoon();
+        listDirty = true;
       } else if (type === "run_state" || type === "run_cancel_requested") {
         runChanged = true;
       }

@@ -29,6 +29,24 @@ SELECT count(*) FROM gone
 WITH gone AS (DELETE FROM tasks WHERE run_id = ANY($1::uuid[]) RETURNING 1)
 SELECT count(*) FROM gone
 
+-- name: delete_schedule_ticks
+-- The ticks that started the runs $1 (through the schedule's primary key), and up to $3
+-- ticks skipped (overlap) before $2: a tick older than retention's age is forgotten with
+-- its run. Buffered ticks stay whatever their age: they are work not yet started.
+WITH gone AS (
+    DELETE FROM schedule_ticks t
+     USING runs r
+     WHERE r.id = ANY($1::uuid[])
+       AND t.schedule_id = r.schedule_id AND t.tick_at = r.schedule_tick AND t.run_id = r.id
+    RETURNING 1
+), skipped AS (
+    DELETE FROM schedule_ticks
+     WHERE ctid = ANY(ARRAY(SELECT ctid FROM schedule_ticks
+                             WHERE outcome = 'skipped' AND tick_at < $2 LIMIT $3))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM skipped)
+
 -- name: delete_runs
 WITH gone AS (DELETE FROM runs WHERE id = ANY($1::uuid[]) RETURNING 1)
 SELECT count(*) FROM gone
@@ -58,6 +76,9 @@ SELECT (SELECT count(*) FROM page) AS runs,
        (SELECT count(*) FROM attempts WHERE run_id IN (SELECT id FROM page)) AS attempts,
        (SELECT count(*) FROM dispatches WHERE run_id IN (SELECT id FROM page)) AS dispatches,
        (SELECT count(*) FROM state_events WHERE run_id IN (SELECT id FROM page)) AS state_events,
+       (SELECT count(*) FROM schedule_ticks t JOIN runs r
+            ON t.schedule_id = r.schedule_id AND t.tick_at = r.schedule_tick AND t.run_id = r.id
+         WHERE r.id IN (SELECT id FROM page)) AS schedule_ticks,
        last.finished_at AS last_finished_at, last.id AS last_id
   FROM (SELECT 1) AS one
   LEFT JOIN (SELECT finished_at, id FROM page ORDER BY finished_at DESC, id DESC LIMIT 1)

@@ -38,6 +38,12 @@ SELECT 'ready_tasks', 'ready', executor_kind, count(*)
  WHERE state = 'ready'
  GROUP BY executor_kind
 UNION ALL
+-- Label: the base priority the grant orders by (the run's plus the task's, awp_db.grant).
+SELECT 'ready_by_priority', 'ready', (r.priority + t.priority)::text, count(*)
+  FROM tasks t JOIN runs r ON r.id = t.run_id
+ WHERE t.state = 'ready'
+ GROUP BY r.priority + t.priority
+UNION ALL
 SELECT 'workers', state, NULL, count(*)
   FROM workers
  WHERE state IN ('active', 'draining')

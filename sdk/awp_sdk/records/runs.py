@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from awp_protocol.states import HANDED_BACK
+from awp_protocol.states import HANDED_BACK, charged_attempts
 from awp_sdk.enums import AttemptState, EventType, RunState, TaskState
 from awp_sdk.errors import OutputsOmitted
 from awp_sdk.records.durable import MemoSavings, TaskWait
@@ -123,7 +123,7 @@ class TaskStatus:
 
     @property
     def charged_attempts(self) -> int:
-        return self.attempts - self.hand_backs - self.suspensions
+        return charged_attempts(self.attempts, self.hand_backs, self.suspensions)
 
 
 @dataclass(frozen=True)
