@@ -85,6 +85,7 @@ def test_every_control_rpc_has_a_client_method() -> None:
     named = {
         "CreateWorkflow": "apply",
         "StartRun": "start",
+        "StartRuns": "start_many",
         "RetryRun": "retry",
         "CancelRun": "cancel",
         "WatchRun": "watch",
