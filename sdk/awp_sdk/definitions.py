@@ -57,22 +57,9 @@ _ALIASES: Final = {
 }
 _WORKFLOW_KEYS: Final = ("name", "version", "description", "concurrency", "sticky", "tasks")
 _TASK_KEYS: Final = (
-    "key",
-    "kind",
-    "action",
-    "input",
-    "depends_on",
-    "retry",
-    "timeout",
-    "map",
-    "on_failure",
-    "always",
-    "concurrency_limits",
-    "rate_limits",
-    "wait",
-    "priority",
-    *placement.TASK_KEYS,
-)
+    "key", "kind", "action", "input", "depends_on", "retry", "timeout", "map", "on_failure",
+    "always", "concurrency_limits", "rate_limits", "wait", "priority", *placement.TASK_KEYS,
+)  # fmt: skip
 # A wait task's wait (docs/design.md §16): {sleep: DURATION} or {approval: PROMPT,
 # timeout: DURATION, role: approver|admin}.
 _WAIT_KEYS: Final = ("sleep", "approval", "timeout", "role")
