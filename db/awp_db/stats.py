@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from uuid import UUID
 
+import asyncpg
+
 from awp_db import ratelimits, reads
 from awp_db.connect import Pool
 from awp_db.queries import queries, rows_as
@@ -71,6 +73,15 @@ class ResourceUse:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitWaiting:
+    """Ready tasks a limit holds back now: kind "key" (a concurrency key) or "rate"."""
+
+    kind: str
+    name: str
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
 class Gauges:
     """What the leader coordinator exports as gauges, read in one snapshot."""
 
@@ -95,6 +106,8 @@ class Gauges:
     keys_held: int = 0
     # Placement: every live worker's resources.
     resources: list[ResourceUse] = field(default_factory=list)
+    # Every limit holding back a ready task now.
+    held_back: list[LimitWaiting] = field(default_factory=list)
 
 
 async def gauges(pool: Pool, window_s: float) -> Gauges:
@@ -115,6 +128,8 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
         held = await conn.fetchrow(Q["units_held"])
         assert held is not None  # an aggregate answers one row
         resources = await rows_as(ResourceUse, conn, Q["resources"])
+        keys = await conn.fetch(Q["keys_waiting"])
+        uses = await conn.fetch(Q["rate_uses_ready"])
     return Gauges(
         **sections,
         oldest_pending_ms=oldest_pending_ms,
@@ -122,4 +137,21 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
         units_held=held["units"],
         keys_held=held["keys"],
         resources=resources,
+        held_back=[LimitWaiting("key", row["name"], row["waiting"]) for row in keys]
+        + _rates_waiting(limits, uses),
     )
+
+
+def _rates_waiting(
+    limits: list[ratelimits.RateLimitRow], uses: list[asyncpg.Record]
+) -> list[LimitWaiting]:
+    """The ready tasks each rate limit holds back: all of them while it is paused, else
+    those needing more units than it has free in the window ending now (the grant's
+    test, grant.sql: candidates)."""
+    by_name = {limit.name: limit for limit in limits}
+    waiting: dict[str, int] = {}
+    for use in uses:
+        limit = by_name.get(use["name"])
+        if limit is not None and (limit.paused or use["units"] > limit.units - limit.used):
+            waiting[limit.name] = waiting.get(limit.name, 0) + use["tasks"]
+    return [LimitWaiting("rate", name, count) for name, count in sorted(waiting.items())]

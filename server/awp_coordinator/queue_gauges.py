@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
 import asyncpg
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from awp_db import stats
@@ -33,13 +34,31 @@ DISPATCH_STATES: Final = ("pending", "leased")
 class QueueGauges(Collector):
     def __init__(self, registry: CollectorRegistry) -> None:
         self.latest: stats.Gauges | None = None
+        # Throttled time by (kind, limit), as this coordinator saw it while leading.
+        self.throttled_s: dict[tuple[str, str], float] = {}
+        self._seen_at: float | None = None
         registry.register(self)
+
+    def observe(self, latest: stats.Gauges | None, now: float) -> None:
+        """The leader's new reading. A limit throttled from one reading to the next if it
+        held back a ready task at both: the time between them counts (docs/design.md
+        §17, "Watching limits"); a gap with no reading (not leading, or a failed read)
+        counts nothing."""
+        previous = self.latest
+        if latest is not None and previous is not None and self._seen_at is not None:
+            before = {(w.kind, w.name) for w in previous.held_back}
+            for held in latest.held_back:
+                limit = (held.kind, held.name)
+                if limit in before:
+                    self.throttled_s[limit] = self.throttled_s.get(limit, 0.0) + now - self._seen_at
+        self.latest = latest
+        self._seen_at = now if latest is not None else None
 
     def describe(self) -> list[GaugeMetricFamily]:
         # Nothing to read at registration: the series appear once a leader has refreshed.
         return []
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         latest = self.latest
         if latest is None:
             return
@@ -104,6 +123,7 @@ class QueueGauges(Collector):
             outcomes.add_metric([count.label or "", count.state], count.count)
         yield outcomes
         yield from _flow(latest)
+        yield from _held_back(latest, self.throttled_s)
 
 
 def _flow(latest: stats.Gauges) -> Iterator[GaugeMetricFamily]:
@@ -155,6 +175,25 @@ def _flow(latest: stats.Gauges) -> Iterator[GaugeMetricFamily]:
     yield reserved
 
 
+def _held_back(latest: stats.Gauges, throttled_s: dict[tuple[str, str], float]) -> Iterator[Metric]:
+    waiting = GaugeMetricFamily(
+        "awp_limit_waiting_tasks",
+        "Ready tasks a limit holds back now (kind: key, a concurrency key; rate, a rate limit)",
+        labels=["kind", "limit"],
+    )
+    for held in latest.held_back:
+        waiting.add_metric([held.kind, held.name], held.waiting)
+    yield waiting
+    throttled = CounterMetricFamily(
+        "awp_limit_throttled_seconds",
+        "Time a limit held back at least one ready task, as this leader saw it",
+        labels=["kind", "limit"],
+    )
+    for (kind, name), seconds in sorted(throttled_s.items()):
+        throttled.add_metric([kind, name], seconds)
+    yield throttled
+
+
 async def refresh(
     gauges: QueueGauges,
     pool: Pool,
@@ -167,12 +206,13 @@ async def refresh(
     while not stop.is_set():
         if leading():
             try:
-                gauges.latest = await stats.gauges(pool, RUN_OUTCOME_WINDOW_S)
+                reading = await stats.gauges(pool, RUN_OUTCOME_WINDOW_S)
+                gauges.observe(reading, time.monotonic())
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                gauges.latest = None
+                gauges.observe(None, time.monotonic())
                 log.warning("queue gauges not refreshed", extra={"error": repr(exc)})
         else:
-            gauges.latest = None
+            gauges.observe(None, time.monotonic())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(interval_s):
                 await stop.wait()

@@ -139,3 +139,50 @@ async def test_ready_tasks_are_counted_by_base_priority(pool: Pool) -> None:
     assert _value(registry, "awp_ready_tasks_by_priority", priority="0") == 2
     assert _value(registry, "awp_ready_tasks_by_priority", priority="4") == 2
     assert _value(registry, "awp_ready_tasks_by_priority", priority="5") == 1
+
+
+async def test_a_limit_holding_tasks_back_is_counted_and_its_throttled_time_accrues(
+    pool: Pool,
+) -> None:
+    """Ready tasks held back by a full concurrency key and by a rate limit without units
+    free, and the time each held them back across the leader's readings."""
+    registry = CollectorRegistry()
+    gauges = QueueGauges(registry)
+    async with pool.acquire() as conn:
+        await ratelimits.set_limit(conn, "tokens", 3, 60_000, "test")
+    keyed = validate(
+        WorkflowSpec(
+            "keyed",
+            1,
+            tuple(
+                TaskSpec(f"k{i}", "mock", "noop", concurrency_limits=(ConcurrencyLimit("llm", 1),))
+                for i in range(3)
+            ),
+        )
+    )
+    rated = validate(
+        WorkflowSpec(
+            "rated",
+            1,
+            tuple(
+                TaskSpec(f"r{i}", "mock", "noop", rate_limits=(RateUse("tokens", "2"),))
+                for i in range(2)
+            ),
+        )
+    )
+    await start_run(pool, keyed)
+    await start_run(pool, rated)
+    await register(pool, ["mock"], max_concurrency=10, grants=False)
+    assert await dispatch_all(pool) == 2  # one unit of llm; 2 of the 3 tokens
+    gauges.observe(await stats.gauges(pool, queue_gauges.RUN_OUTCOME_WINDOW_S), 100.0)
+    assert _value(registry, "awp_limit_waiting_tasks", kind="key", limit="llm") == 2
+    assert _value(registry, "awp_limit_waiting_tasks", kind="rate", limit="tokens") == 1
+    assert _value(registry, "awp_limit_throttled_seconds_total", kind="key", limit="llm") is None
+    # Held back at the next reading too: the time between them counts; a gap with no
+    # reading (a failed read, a standby) counts nothing.
+    gauges.observe(await stats.gauges(pool, queue_gauges.RUN_OUTCOME_WINDOW_S), 102.5)
+    assert _value(registry, "awp_limit_throttled_seconds_total", kind="key", limit="llm") == 2.5
+    assert _value(registry, "awp_limit_throttled_seconds_total", kind="rate", limit="tokens") == 2.5
+    gauges.observe(None, 103.0)
+    gauges.observe(await stats.gauges(pool, queue_gauges.RUN_OUTCOME_WINDOW_S), 110.0)
+    assert _value(registry, "awp_limit_throttled_seconds_total", kind="key", limit="llm") == 2.5

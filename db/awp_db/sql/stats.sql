@@ -81,3 +81,29 @@ SELECT w.id AS worker_id, w.name AS worker_name, c.name AS resource, c.units AS 
   FROM workers w CROSS JOIN LATERAL unnest(w.resource_names, w.resource_units) AS c (name, units)
  WHERE w.state IN ('active', 'draining')
  ORDER BY w.id, c.name
+
+-- name: keys_waiting
+-- Ready tasks of running runs held back by each concurrency key now: its live holders
+-- reached its max (the grant's own test, grant.sql: candidates).
+WITH held AS (
+    SELECT k.key, count(*)::int AS n
+      FROM dispatches d CROSS JOIN LATERAL unnest(d.concurrency_keys) AS k (key)
+     WHERE d.state IN ('pending', 'leased') AND cardinality(d.concurrency_keys) > 0
+     GROUP BY k.key
+)
+SELECT k.key AS name, count(*)::bigint AS waiting
+  FROM tasks t JOIN runs r ON r.id = t.run_id
+ CROSS JOIN LATERAL unnest(t.concurrency_keys, t.concurrency_max) AS k (key, max)
+  JOIN held h ON h.key = k.key
+ WHERE t.state = 'ready' AND r.state = 'running' AND cardinality(t.concurrency_keys) > 0
+   AND h.n >= k.max
+ GROUP BY k.key
+
+-- name: rate_uses_ready
+-- Ready tasks of running runs by each rate limit they use and the units they need:
+-- awp_db.stats compares them with each limit's free units (ratelimits.list_all).
+SELECT u.name, u.units, count(*)::bigint AS tasks
+  FROM tasks t JOIN runs r ON r.id = t.run_id
+ CROSS JOIN LATERAL unnest(t.rate_names, t.rate_units) AS u (name, units)
+ WHERE t.state = 'ready' AND r.state = 'running' AND cardinality(t.rate_names) > 0
+ GROUP BY u.name, u.units
