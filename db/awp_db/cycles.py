@@ -96,8 +96,16 @@ async def _cycle_once(
             conn, [(c.worker_id, c.session_token) for c in completions], for_update=True
         )
         verdicts = await leases.settle_calls(conn, completions, sessions, digests, events)
-        issued = await claims.lease_in(
-            conn, wishes, sessions, lease_ttl_ms, events, grant=grant, runs_held=True
+        # A slow-down report pauses its limit for every grant once this commits: no claim
+        # is served after it, so the pause is not held back (unseen by the other
+        # servers' grants) for the length of one. The worker then claims on its own.
+        pauses = any(result.slow_down for c in completions for result in c.results)
+        issued = (
+            {}
+            if pauses
+            else await claims.lease_in(
+                conn, wishes, sessions, lease_ttl_ms, events, grant=grant, runs_held=True
+            )
         )
         if any(given and not still_wanted(index) for index, given in issued.items()):
             raise claims.ClaimAbandoned()
