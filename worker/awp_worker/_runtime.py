@@ -193,7 +193,8 @@ class WorkerRuntime:
             flush_interval=self.config.flush_interval,
         )
         attempts = Attempts(self, self.executors, flusher, self._sup)
-        flusher.refill = attempts.start
+        if self.config.claim_with_complete:
+            flusher.refill = attempts.start
         spawn = self._sup.spawn
         heartbeat = spawn(HeartbeatStream(self).run(), "heartbeat")
         flushing = spawn(flusher.run(), "flusher")
