@@ -134,6 +134,34 @@ async def test_free_units_are_taken_round_robin_across_keys(pool: Pool) -> None:
     assert await held(pool) == {f"user:{user}": 2 for user in range(10)}
 
 
+async def pending_runs(pool: Pool) -> list[UUID]:
+    """The runs of the pending dispatches, in the order they were granted."""
+    rows = await pool.fetch("SELECT run_id FROM dispatches WHERE state = 'pending' ORDER BY id")
+    return [row["run_id"] for row in rows]
+
+
+async def test_runs_granted_together_are_served_again_in_the_order_they_were_granted(
+    pool: Pool,
+) -> None:
+    """Round-robin across runs goes by when each run was last granted. The runs of one
+    grant are stamped in the order they were granted, so the next grant serves them in
+    that order again. (Stamped row by row as the UPDATE met them, the same runs always
+    looked older than the rest of their batch and went first every time: with slots
+    refilled a few at a time, two keys of ten got twice the others' starts.)"""
+    workflow = keyed(3, ("user:{input.user}", 1))
+    first = await start_run(pool, workflow, run_input={"user": "a"})
+    second = await start_run(pool, workflow, run_input={"user": "b"})
+    # Only its priority puts the later run first in this grant.
+    await pool.execute("UPDATE runs SET priority = 5 WHERE id = $1", second)
+    worker = await register(pool, max_concurrency=2, grants=False)
+    assert await dispatch_all(pool) == 2
+    assert await pending_runs(pool) == [second, first]
+    await worker.complete_all(await worker.claim())
+    await pool.execute("UPDATE runs SET priority = 0 WHERE id = $1", second)
+    assert await dispatch_all(pool) == 2
+    assert await pending_runs(pool) == [second, first]
+
+
 async def test_concurrent_dispatchers_never_over_admit(pool: Pool) -> None:
     """Eight dispatch passes at once (as many coordinators or servers would): the
     dispatch lock makes the count exact, so key k never has more than 2 live leases."""

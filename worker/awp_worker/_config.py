@@ -235,15 +235,13 @@ class WorkerConfig:
             read=flags.duration,
         ),
     )
-    # Off by default: with it on, fair share across concurrency keys fell outside its
-    # stated bound (tests/fault/test_faults_priorities.py: ratio 2.07 against 2.0, 1.16
-    # with it off) on a loaded machine; docs/performance.md, "Round 3".
-    claim_with_complete: bool = field(
+    # The worker before round 3, kept for A/B measurement (docs/performance.md, "Round 3").
+    claim_separately: bool = field(
         default=False,
         metadata=flag(
-            "--claim-with-complete",
-            "AWP_WORKER_CLAIM_WITH_COMPLETE",
-            "each Complete also claims the slots its results free, in one transaction",
+            "--claim-separately",
+            "AWP_WORKER_CLAIM_SEPARATELY",
+            "Completes only report results; freed slots wait for a separate Claim",
             switch=True,
         ),
     )

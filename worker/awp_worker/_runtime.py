@@ -193,7 +193,7 @@ class WorkerRuntime:
             flush_interval=self.config.flush_interval,
         )
         attempts = Attempts(self, self.executors, flusher, self._sup)
-        if self.config.claim_with_complete:
+        if not self.config.claim_separately:
             flusher.refill = attempts.start
         spawn = self._sup.spawn
         heartbeat = spawn(HeartbeatStream(self).run(), "heartbeat")

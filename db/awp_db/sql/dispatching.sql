@@ -102,8 +102,19 @@ WITH moved AS (
       CROSS JOIN LATERAL unnest(m.rate_names, m.rate_units) AS k (name, units)
       JOIN rate_limits l ON l.name = k.name
 ), touched AS (
-    UPDATE runs SET last_dispatched_at = clock_timestamp()
-     WHERE id IN (SELECT run_id FROM moved)
+    -- The round-robin across runs (grant.sql) goes by last_dispatched_at: the runs of one
+    -- statement are stamped in the order they were granted ($1, a run at its last
+    -- grant), so the next grant serves them in that order again after every run served
+    -- longer ago. (One clock_timestamp() per row stamped them in the order the rows
+    -- were updated: the same runs always looked older than the rest of their batch and
+    -- went first each time, and two keys of ten got twice the others' starts.)
+    -- statement_timestamp(): one value for them all (the statement runs under the
+    -- dispatch lock, so a later grant's is later).
+    UPDATE runs r SET last_dispatched_at = statement_timestamp() + g.last * interval '1 microsecond'
+      FROM (SELECT m.run_id, max(g.n) AS last
+              FROM moved m JOIN unnest($1::bigint[]) WITH ORDINALITY AS g (id, n) ON g.id = m.id
+             GROUP BY m.run_id) g
+     WHERE r.id = g.run_id
 )
 SELECT m.run_id, m.key, m.executor_kind, c.id AS dispatch_id
   FROM moved m JOIN created c ON c.task_id = m.id
