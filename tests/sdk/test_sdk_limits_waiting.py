@@ -18,15 +18,14 @@ from awp_sdk.records import LimitsOverview, LimitWaiting
 from kit import poll_until
 from kit.invariants import check_committed
 
-# Set by the test to let the held tasks finish; made in the test's own loop (the worker
-# runs in it).
-_release: asyncio.Event | None = None
+# The test's event that lets the held tasks finish, made in its own loop (the worker runs
+# in it).
+_released: dict[str, asyncio.Event] = {}
 
 
 @action("limits.hold")
 async def hold(ctx: ActionContext, input: dict[str, Any]) -> dict[str, Any]:
-    assert _release is not None
-    await _release.wait()
+    await _released["hold"].wait()
     return {}
 
 
@@ -50,8 +49,7 @@ def rated() -> Workflow:
 async def test_a_held_back_key_and_rate_limit_show_their_waiting_tasks(
     stack: Stack, pool: Pool
 ) -> None:
-    global _release
-    _release = asyncio.Event()
+    release = _released["hold"] = asyncio.Event()
     async with stack.client() as client:
         limits = RateLimits(client)
         await limits.set("frozen-api", 0, per=timedelta(minutes=1))
@@ -78,7 +76,7 @@ async def test_a_held_back_key_and_rate_limit_show_their_waiting_tasks(
                 await handle.result(timeout=60)
             assert (await limits.overview()).rate_limits_waiting == ()
         finally:
-            _release.set()
+            release.set()
         for handle in [*held, other]:
             await handle.result(timeout=60)
         done = await limits.overview()
