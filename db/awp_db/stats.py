@@ -146,17 +146,14 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
     )
 
 
-async def limits_waiting(
-    conn: Conn, limits: list[ratelimits.RateLimitRow]
-) -> list[LimitWaiting]:
+async def limits_waiting(conn: Conn, limits: list[ratelimits.RateLimitRow]) -> list[LimitWaiting]:
     """Every limit holding back a ready task now: concurrency keys, then rate limits by
     name. `limits` is ratelimits.list_all read on `conn`, in the same snapshot (the
     coordinator's gauges and ListRateLimits both count this way)."""
     keys = await conn.fetch(Q["keys_waiting"])
     uses = await conn.fetch(Q["rate_uses_ready"])
-    return [
-        LimitWaiting(KEY, row["name"], row["waiting"]) for row in keys
-    ] + _rates_waiting(limits, uses)
+    keys_waiting = [LimitWaiting(KEY, row["name"], row["waiting"]) for row in keys]
+    return keys_waiting + _rates_waiting(limits, uses)
 
 
 def _rates_waiting(
