@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 from uuid import UUID
 
 import asyncpg
 
 from awp_db import ratelimits, reads
-from awp_db.connect import Pool
+from awp_db.connect import Conn, Pool
 from awp_db.queries import queries, rows_as
 
 Q = queries("stats")
@@ -72,9 +73,14 @@ class ResourceUse:
     reserved: int
 
 
+# LimitWaiting's kinds (also the metrics' `kind` label).
+KEY: Final = "key"
+RATE: Final = "rate"
+
+
 @dataclass(frozen=True, slots=True)
 class LimitWaiting:
-    """Ready tasks a limit holds back now: kind "key" (a concurrency key) or "rate"."""
+    """Ready tasks a limit holds back now: kind KEY (a concurrency key) or RATE."""
 
     kind: str
     name: str
@@ -128,8 +134,7 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
         held = await conn.fetchrow(Q["units_held"])
         assert held is not None  # an aggregate answers one row
         resources = await rows_as(ResourceUse, conn, Q["resources"])
-        keys = await conn.fetch(Q["keys_waiting"])
-        uses = await conn.fetch(Q["rate_uses_ready"])
+        held_back = await limits_waiting(conn, limits)
     return Gauges(
         **sections,
         oldest_pending_ms=oldest_pending_ms,
@@ -137,9 +142,18 @@ async def gauges(pool: Pool, window_s: float) -> Gauges:
         units_held=held["units"],
         keys_held=held["keys"],
         resources=resources,
-        held_back=[LimitWaiting("key", row["name"], row["waiting"]) for row in keys]
-        + _rates_waiting(limits, uses),
+        held_back=held_back,
     )
+
+
+async def limits_waiting(conn: Conn, limits: list[ratelimits.RateLimitRow]) -> list[LimitWaiting]:
+    """Every limit holding back a ready task now: concurrency keys, then rate limits by
+    name. `limits` is ratelimits.list_all read on `conn`, in the same snapshot (the
+    coordinator's gauges and ListRateLimits both count this way)."""
+    keys = await conn.fetch(Q["keys_waiting"])
+    uses = await conn.fetch(Q["rate_uses_ready"])
+    keys_waiting = [LimitWaiting(KEY, row["name"], row["waiting"]) for row in keys]
+    return keys_waiting + _rates_waiting(limits, uses)
 
 
 def _rates_waiting(
@@ -154,4 +168,4 @@ def _rates_waiting(
         limit = by_name.get(use["name"])
         if limit is not None and (limit.paused or use["units"] > limit.units - limit.used):
             waiting[limit.name] = waiting.get(limit.name, 0) + use["tasks"]
-    return [LimitWaiting("rate", name, count) for name, count in sorted(waiting.items())]
+    return [LimitWaiting(RATE, name, count) for name, count in sorted(waiting.items())]

@@ -391,3 +391,13 @@ def rate_limit(message: limits_pb2.RateLimit) -> records.RateLimit:
         updated_at=when(message.updated_at),
         updated_by=message.updated_by,
     )
+
+
+def limits_overview(answer: limits_pb2.ListRateLimitsResponse) -> records.LimitsOverview:
+    return records.LimitsOverview(
+        limits=tuple(rate_limit(limit) for limit in answer.limits),
+        rate_limits_waiting=tuple(
+            records.LimitWaiting(w.name, w.waiting) for w in answer.rate_limits_waiting
+        ),
+        keys_waiting=tuple(records.LimitWaiting(w.name, w.waiting) for w in answer.keys_waiting),
+    )

@@ -4,6 +4,7 @@
         limits = RateLimits(client)
         await limits.set("openai-tpm", 90_000, per=timedelta(minutes=1))
         print((await limits.get("openai-tpm")).used)
+        print((await limits.overview()).keys_waiting)  # keys holding tasks back now
 
 A task declares what it uses (``awp_sdk.Rate``); the action reports what it really used
 and a provider's "slow down" (``ActionContext.report_usage``, ``ActionContext.slow_down``).
@@ -18,7 +19,7 @@ from google.protobuf import duration_pb2
 from awp.v1 import limits_pb2
 from awp_sdk import decode
 from awp_sdk.client import AsyncClient
-from awp_sdk.records import RateLimit
+from awp_sdk.records import LimitsOverview, RateLimit
 
 
 class RateLimits:
@@ -46,7 +47,12 @@ class RateLimits:
         return decode.rate_limit(answer.limit)
 
     async def list(self) -> list[RateLimit]:
+        return list((await self.overview()).limits)
+
+    async def overview(self) -> LimitsOverview:
+        """Every limit, and how many ready tasks each rate limit and concurrency key holds
+        back now."""
         answer = await self._client.call(
             self._client.control.ListRateLimits, limits_pb2.ListRateLimitsRequest()
         )
-        return [decode.rate_limit(limit) for limit in answer.limits]
+        return decode.limits_overview(answer)

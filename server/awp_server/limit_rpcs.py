@@ -5,7 +5,7 @@ stores them and awp_db.grant applies them."""
 from __future__ import annotations
 
 from awp.v1 import limits_pb2
-from awp_db import ratelimits
+from awp_db import ratelimits, reads, stats
 from awp_kernel.errors import invalid
 from awp_protocol.limits import MAX_RATE_PERIOD_MS, MAX_RATE_UNITS
 from awp_server import control_requests as requests
@@ -62,5 +62,20 @@ class ControlServiceWithLimits(ControlServiceWithWaits):
     async def ListRateLimits(
         self, request: limits_pb2.ListRateLimitsRequest, context: Context
     ) -> limits_pb2.ListRateLimitsResponse:
-        rows = await ratelimits.list_all(self._pool)
-        return limits_pb2.ListRateLimitsResponse(limits=[limit_to_proto(row) for row in rows])
+        # One snapshot: a limit's use and the tasks it holds back agree.
+        async with reads.snapshot(self._pool) as conn:
+            rows = await ratelimits.list_all(conn)
+            waiting = await stats.limits_waiting(conn, rows)
+
+        def of(kind: str) -> list[limits_pb2.LimitWaiting]:
+            return [
+                limits_pb2.LimitWaiting(name=w.name, waiting=w.waiting)
+                for w in waiting
+                if w.kind == kind
+            ]
+
+        return limits_pb2.ListRateLimitsResponse(
+            limits=[limit_to_proto(row) for row in rows],
+            rate_limits_waiting=of(stats.RATE),
+            keys_waiting=of(stats.KEY),
+        )

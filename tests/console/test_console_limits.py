@@ -1,8 +1,10 @@
 """The console's Limits page against a real awp-server (in this process): every rate limit
-with its units, period and the units used now."""
+with its units, period and the units used now, and the ready tasks each rate limit and
+concurrency key holds back now."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -10,8 +12,12 @@ import pytest
 
 from awp_db import ratelimits
 from awp_db.connect import Pool
+from awp_kernel.concurrency import ConcurrencyLimit
+from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
+from awp_kernel.ratelimits import RateUse
 from console.test_console_http import _client, server, sign_in
-from kit import ServerHandle
+from kit import ServerHandle, start_run
+from kit.db import dispatch_all, register
 
 __all__ = ["server"]  # the fixture, used by name
 
@@ -37,3 +43,45 @@ async def test_the_limits_page_lists_each_limit_and_its_use(
     assert 'aria-current="page">Limits' in text
     row = text[text.index("<td>openai-tpm</td>") :]
     assert "90,000" in row and "0:01:00" in row and "<td>0</td>" in row
+
+
+async def test_the_limits_page_shows_what_each_limit_holds_back_now(
+    browser: httpx.AsyncClient, pool: Pool
+) -> None:
+    keyed = validate(
+        WorkflowSpec(
+            "console-keyed",
+            1,
+            tuple(
+                TaskSpec(f"t{i}", "mock", "noop", concurrency_limits=(ConcurrencyLimit("acme", 1),))
+                for i in range(3)
+            ),
+        )
+    )
+    rated = validate(
+        WorkflowSpec(
+            "console-rated",
+            1,
+            (TaskSpec("call", "mock", "noop", rate_limits=(RateUse("frozen-api", "1"),)),),
+        )
+    )
+    async with pool.acquire() as conn:
+        await ratelimits.set_limit(conn, "frozen-api", 0, 60_000, "test")
+        await ratelimits.set_limit(conn, "idle-api", 10, 60_000, "test")
+    await start_run(pool, keyed)
+    await start_run(pool, rated)
+    await register(pool)
+    # One task takes the key (max 1); the other two wait, as does the call with no unit free.
+    assert await dispatch_all(pool) == 1
+    await sign_in(browser, "victor")
+    answer = await browser.get("/limits")
+    assert answer.status_code == 200, answer.text
+    text = answer.text
+    assert "<th>waiting now</th>" in text
+    rows = re.findall(r"<tr>\s*<td>([\w.:-]+)</td>.*?</tr>", text, re.DOTALL)
+    assert rows == ["frozen-api", "idle-api", "acme"]
+    assert re.search(r'<td>frozen-api</td>.*?<td class="num waiting">1</td>', text, re.DOTALL)
+    assert re.search(r'<td>idle-api</td>.*?<td class="num waiting">0</td>', text, re.DOTALL)
+    keys = text[text.index('id="keys-waiting"') :]
+    assert re.search(r'<td>acme</td>\s*<td class="num waiting">2</td>', keys)
+    assert "awp_limit_throttled_seconds_total" in text

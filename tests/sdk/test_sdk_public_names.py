@@ -43,8 +43,8 @@ MODULES = {
     "awp_sdk.client": "AsyncClient WorkflowLike definition_of every_item",
     "awp_sdk.starts": "RunRequest json_input",
     "awp_sdk.connection": "Channel Connection DEFAULT_ADDRESS DEFAULT_PORT iterate server_address",
-    "awp_sdk.decode": "applied attempt decided event identity memo_savings message_json "
-    "pruned rate_limit run run_detail schedule signal_sent span stats task task_error "
+    "awp_sdk.decode": "applied attempt decided event identity limits_overview memo_savings "
+    "message_json pruned rate_limit run run_detail schedule signal_sent span stats task task_error "
     "task_page task_wait when worker workflow",
     "awp_sdk.definitions": "Definition MAX_UINT32 OnFailure POLICIES Path_ canonical_key "
     "definition parse_field render_path to_duration unwrap validate",
@@ -65,7 +65,7 @@ MODULES = {
     "awp_sdk.records.fleet": "DispatchCount Identity Pruned Stats TaskCount Worker",
     "awp_sdk.records.runs": "Attempt Event Page Run RunDetail TaskError TaskPage TaskStatus",
     "awp_sdk.records.schedules": "Schedule ScheduleTick",
-    "awp_sdk.records.limits": "RateLimit",
+    "awp_sdk.records.limits": "LimitWaiting LimitsOverview RateLimit",
     "awp_sdk.limits": "RateLimits",
     "awp_sdk.placement": "ALIASES Path_ TASK_KEYS read workflow_sticky",
     "awp_sdk.replay": "Checkpoint CheckpointStore KINDS Kind Replay Savings Usage",
@@ -120,6 +120,8 @@ RECORD_FIELDS = {
     "active_leases oldest_pending",
     "StoredConcurrency": "key max",
     "RateLimit": "name units period used paused_until updated_at updated_by",
+    "LimitWaiting": "name waiting",
+    "LimitsOverview": "limits rate_limits_waiting keys_waiting",
     "StoredMap": "over path",
     "StoredRateUse": "limit units",
     "StoredRetry": "max_attempts initial_backoff max_backoff multiplier",

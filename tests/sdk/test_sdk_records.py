@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import descriptor, duration_pb2, json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
-from awp.v1 import control_pb2, durable_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, limits_pb2, types_pb2
 from awp_protocol.errors import Reason
 from awp_sdk import decode, enums, errors, records, resumes
 from awp_sdk.enums import RunState, TaskState
@@ -130,6 +130,7 @@ ANSWERS = [
     (durable_pb2.SendSignalResponse, decode.signal_sent),
     (durable_pb2.ApproveResponse, decode.decided),
     (durable_pb2.RejectResponse, decode.decided),
+    (limits_pb2.ListRateLimitsResponse, decode.limits_overview),
 ]
 
 

@@ -98,6 +98,7 @@ SELECT k.key AS name, count(*)::bigint AS waiting
  WHERE t.state = 'ready' AND r.state = 'running' AND cardinality(t.concurrency_keys) > 0
    AND h.n >= k.max
  GROUP BY k.key
+ ORDER BY k.key
 
 -- name: rate_uses_ready
 -- Ready tasks of running runs by each rate limit they use and the units they need:

@@ -309,19 +309,67 @@ class ListRateLimitsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LIMITS_FIELD_NUMBER: _builtins.int
+    RATE_LIMITS_WAITING_FIELD_NUMBER: _builtins.int
+    KEYS_WAITING_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___RateLimit]:
         """Every limit, by name."""
+
+    @_builtins.property
+    def rate_limits_waiting(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitWaiting]:
+        """The rate limits holding back a ready task now, by name: a limit that holds back
+        none is left out. Read in the same snapshot as `limits`.
+        """
+
+    @_builtins.property
+    def keys_waiting(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitWaiting]:
+        """The concurrency keys (rendered) holding back a ready task now, by key: a key that
+        holds back none is left out.
+        """
 
     def __init__(
         self,
         *,
         limits: _abc.Iterable[Global___RateLimit] | None = ...,
+        rate_limits_waiting: _abc.Iterable[Global___LimitWaiting] | None = ...,
+        keys_waiting: _abc.Iterable[Global___LimitWaiting] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys_waiting", b"keys_waiting", "limits", b"limits", "rate_limits_waiting", b"rate_limits_waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRateLimitsResponse: _TypeAlias = ListRateLimitsResponse  # noqa: Y015
+
+@_typing.final
+class LimitWaiting(_message.Message):
+    """How many ready tasks one limit holds back now: ready tasks of running runs that the
+    grant would refuse for this limit alone, by the grant's own tests (a concurrency key
+    whose live holders reached its max; a rate limit paused, or without the task's units
+    free in the window ending now). A task held back by two limits counts at each. The
+    time a limit has held tasks back is the coordinator's metric
+    awp_limit_throttled_seconds_total (docs/design.md §17, "Watching limits"), not stored.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The rate limit's name or the rendered concurrency key."""
+    waiting: _builtins.int
+    """At least 1."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        waiting: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LimitWaiting: _TypeAlias = LimitWaiting  # noqa: Y015

@@ -17,7 +17,7 @@ from awp_sdk.records.fleet import (
     TaskCount,
     Worker,
 )
-from awp_sdk.records.limits import RateLimit
+from awp_sdk.records.limits import LimitsOverview, LimitWaiting, RateLimit
 from awp_sdk.records.runs import (
     Attempt,
     Event,
@@ -47,6 +47,8 @@ __all__ = [
     "DispatchCount",
     "Event",
     "Identity",
+    "LimitWaiting",
+    "LimitsOverview",
     "MemoSavings",
     "Page",
     "Pruned",

@@ -20,3 +20,25 @@ class RateLimit:
     paused_until: datetime | None
     updated_at: datetime | None
     updated_by: str
+
+
+@dataclass(frozen=True)
+class LimitWaiting:
+    """One limit (a rate limit's name or a rendered concurrency key) and the ready tasks it
+    holds back now, by the grant's own tests; a task held back by two limits counts at
+    each."""
+
+    name: str
+    waiting: int
+
+
+@dataclass(frozen=True)
+class LimitsOverview:
+    """ListRateLimits: every rate limit by name, and the limits holding back ready tasks
+    now (those holding back none are left out), read in one snapshot. How long a limit has
+    held tasks back is the coordinator's metric awp_limit_throttled_seconds_total, not
+    stored (docs/design.md §17, "Watching limits")."""
+
+    limits: tuple[RateLimit, ...]
+    rate_limits_waiting: tuple[LimitWaiting, ...]
+    keys_waiting: tuple[LimitWaiting, ...]
