@@ -16,7 +16,7 @@ from awp_common import flags
 from awp_sdk import wire
 from awp_sdk.client import AsyncClient
 from awp_sdk.limits import RateLimits
-from awp_sdk.records import RateLimit
+from awp_sdk.records import LimitWaiting, RateLimit
 
 Handler = Callable[[AsyncClient, argparse.Namespace], Awaitable[Exit]]
 Add = Callable[..., argparse.ArgumentParser]
@@ -40,22 +40,42 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser], 
     add(actions, "get", limits_get, "show a limit and its use now").add_argument(
         "name", metavar="NAME"
     )
-    add(actions, "list", limits_list, "list every limit and its use now")
+    add(
+        actions,
+        "list",
+        limits_list,
+        "list every limit, its use and the ready tasks it holds back now, and the "
+        "concurrency keys holding tasks back",
+    )
 
 
-def _table(found: Iterable[RateLimit]) -> Table:
+def _table(found: Iterable[RateLimit], waiting: dict[str, int] | None = None) -> Table:
+    """The limits; with waiting (list only), how many ready tasks each holds back now."""
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "UNITS", "PER", "USED NOW", "PAUSED UNTIL", "SET BY"):
+    columns = ["NAME", "UNITS", "PER", "USED NOW", "PAUSED UNTIL", "SET BY"]
+    for column in columns + (["WAITING NOW"] if waiting is not None else []):
         table.add_column(column)
     for limit in found:
-        table.add_row(
+        row = [
             limit.name,
             f"{limit.units:,}",
             render.took(limit.period.total_seconds() if limit.period else None),
             f"{limit.used:,}",
             render.local_time(limit.paused_until) if limit.paused_until else "",
             limit.updated_by,
-        )
+        ]
+        if waiting is not None:
+            row.append(f"{waiting.get(limit.name, 0):,}")
+        table.add_row(*row)
+    return table
+
+
+def _keys_table(keys: Iterable[LimitWaiting]) -> Table:
+    table = Table(box=None, header_style="bold")
+    table.add_column("CONCURRENCY KEY")
+    table.add_column("WAITING NOW")
+    for key in keys:
+        table.add_row(key.name, f"{key.waiting:,}")
     return table
 
 
@@ -77,11 +97,15 @@ async def limits_get(client: AsyncClient, args: argparse.Namespace) -> Exit:
 
 
 async def limits_list(client: AsyncClient, args: argparse.Namespace) -> Exit:
-    found = await RateLimits(client).list()
+    overview = await RateLimits(client).overview()
     if args.json:
-        render.print_json(wire.rate_limits(found))
-    elif not found:
-        render.stdout.print("no rate limits")
+        render.print_json(wire.rate_limits(overview))
+        return Exit.OK
+    if overview.limits:
+        waiting = {held.name: held.waiting for held in overview.rate_limits_waiting}
+        render.stdout.print(_table(overview.limits, waiting))
     else:
-        render.stdout.print(_table(found))
+        render.stdout.print("no rate limits")
+    if overview.keys_waiting:
+        render.stdout.print(_keys_table(overview.keys_waiting))
     return Exit.OK

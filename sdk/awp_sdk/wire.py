@@ -412,5 +412,16 @@ def rate_limit(limit: records.RateLimit) -> _Json:
     return message_json(limits_pb2.GetRateLimitResponse(limit=_rate_limit(limit)))
 
 
-def rate_limits(found: Iterable[records.RateLimit]) -> _Json:
-    return message_json(limits_pb2.ListRateLimitsResponse(limits=map(_rate_limit, found)))
+def rate_limits(overview: records.LimitsOverview) -> _Json:
+    """ListRateLimits's answer: the limits and what each holds back now."""
+    return message_json(
+        limits_pb2.ListRateLimitsResponse(
+            limits=map(_rate_limit, overview.limits),
+            rate_limits_waiting=map(_limit_waiting, overview.rate_limits_waiting),
+            keys_waiting=map(_limit_waiting, overview.keys_waiting),
+        )
+    )
+
+
+def _limit_waiting(held: records.LimitWaiting) -> limits_pb2.LimitWaiting:
+    return limits_pb2.LimitWaiting(name=held.name, waiting=held.waiting)

@@ -67,6 +67,13 @@ async def test_run_get_says_what_holds_a_task_back(awp_server: ServerHandle, poo
     answer = (await awp_async(*target, "run", "get", str(run_id), "--json")).json()
     waiting = {task["key"]: task.get("waitingFor") for task in answer["tasks"]}
     assert waiting == {"t0": None, "t1": "waiting for concurrency key 'user:ann' (1 of 1 held)"}
+    # `awp limits list` counts what the key holds back now, in its table and in --json.
+    listed = await awp_async(*target, "limits", "list")
+    assert listed.code == 0, listed.err
+    assert "no rate limits" in listed.out
+    assert "CONCURRENCY KEY" in listed.out and "user:ann" in listed.out
+    keys = (await awp_async(*target, "limits", "list", "--json")).json()["keysWaiting"]
+    assert keys == [{"name": "user:ann", "waiting": "1"}]
 
 
 async def test_run_start_priority_and_run_get_says_higher_priority_work_is_ahead(
