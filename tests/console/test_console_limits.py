@@ -12,11 +12,8 @@ import pytest
 
 from awp_db import ratelimits
 from awp_db.connect import Pool
-from awp_kernel.concurrency import ConcurrencyLimit
-from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
-from awp_kernel.ratelimits import RateUse
 from console.test_console_http import _client, server, sign_in
-from kit import ServerHandle, start_run
+from kit import ServerHandle, flows, start_run
 from kit.db import dispatch_all, register
 
 __all__ = ["server"]  # the fixture, used by name
@@ -48,23 +45,8 @@ async def test_the_limits_page_lists_each_limit_and_its_use(
 async def test_the_limits_page_shows_what_each_limit_holds_back_now(
     browser: httpx.AsyncClient, pool: Pool
 ) -> None:
-    keyed = validate(
-        WorkflowSpec(
-            "console-keyed",
-            1,
-            tuple(
-                TaskSpec(f"t{i}", "mock", "noop", concurrency_limits=(ConcurrencyLimit("acme", 1),))
-                for i in range(3)
-            ),
-        )
-    )
-    rated = validate(
-        WorkflowSpec(
-            "console-rated",
-            1,
-            (TaskSpec("call", "mock", "noop", rate_limits=(RateUse("frozen-api", "1"),)),),
-        )
-    )
+    keyed = flows.keyed("console-keyed", "acme", 3)
+    rated = flows.rated("console-rated", "frozen-api", "1", 1)
     async with pool.acquire() as conn:
         await ratelimits.set_limit(conn, "frozen-api", 0, 60_000, "test")
         await ratelimits.set_limit(conn, "idle-api", 10, 60_000, "test")

@@ -14,7 +14,7 @@ from awp_db.connect import Pool
 from awp_kernel.concurrency import ConcurrencyLimit
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
 from awp_kernel.ratelimits import RateUse
-from kit import poll_until, spec, start_run
+from kit import flows, poll_until, spec, start_run
 from kit.db import dispatch_all, drive_to_end, register
 
 
@@ -150,26 +150,8 @@ async def test_a_limit_holding_tasks_back_is_counted_and_its_throttled_time_accr
     gauges = QueueGauges(registry)
     async with pool.acquire() as conn:
         await ratelimits.set_limit(conn, "tokens", 3, 60_000, "test")
-    keyed = validate(
-        WorkflowSpec(
-            "keyed",
-            1,
-            tuple(
-                TaskSpec(f"k{i}", "mock", "noop", concurrency_limits=(ConcurrencyLimit("llm", 1),))
-                for i in range(3)
-            ),
-        )
-    )
-    rated = validate(
-        WorkflowSpec(
-            "rated",
-            1,
-            tuple(
-                TaskSpec(f"r{i}", "mock", "noop", rate_limits=(RateUse("tokens", "2"),))
-                for i in range(2)
-            ),
-        )
-    )
+    keyed = flows.keyed("keyed", "llm", 3)
+    rated = flows.rated("rated", "tokens", "2", 2)
     await start_run(pool, keyed)
     await start_run(pool, rated)
     await register(pool, ["mock"], max_concurrency=10, grants=False)
