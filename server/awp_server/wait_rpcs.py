@@ -10,7 +10,7 @@ from typing import Final
 
 from google.protobuf import json_format
 
-from awp.v1 import durable_pb2, worker_pb2
+from awp.v1 import checkpoints_pb2, durable_pb2
 from awp_db import waits, workers
 from awp_db.connect import Pool
 from awp_db.runs import parse_run_id
@@ -38,15 +38,15 @@ from awp_server.schedule_rpcs import ControlServiceWithSchedules
 # The roles an approval may ask for besides admin: "" is the default, approver.
 WAIT_ROLES: Final = ("", Role.APPROVER.value, Role.ADMIN.value)
 _AWAITED: Final = {
-    waits.AwaitOutcome.SATISFIED: worker_pb2.AWAIT_OUTCOME_SATISFIED,
-    waits.AwaitOutcome.SUSPENDED: worker_pb2.AWAIT_OUTCOME_SUSPENDED,
-    waits.AwaitOutcome.LEASE_LOST: worker_pb2.AWAIT_OUTCOME_LEASE_LOST,
+    waits.AwaitOutcome.SATISFIED: checkpoints_pb2.AWAIT_OUTCOME_SATISFIED,
+    waits.AwaitOutcome.SUSPENDED: checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED,
+    waits.AwaitOutcome.LEASE_LOST: checkpoints_pb2.AWAIT_OUTCOME_LEASE_LOST,
 }
 
 log = logging.getLogger("awp.server.waits")
 
 
-def _ms(field: str, request: worker_pb2.AwaitRequest) -> int | None:
+def _ms(field: str, request: checkpoints_pb2.AwaitRequest) -> int | None:
     if not request.HasField(field):  # type: ignore[arg-type]
         return None
     value = getattr(request, field).ToMilliseconds()
@@ -55,7 +55,7 @@ def _ms(field: str, request: worker_pb2.AwaitRequest) -> int | None:
     return int(value)
 
 
-def wait_of(request: worker_pb2.AwaitRequest) -> waits.Wait:
+def wait_of(request: checkpoints_pb2.AwaitRequest) -> waits.Wait:
     """The wait an Await names, or INVALID_ARGUMENT naming the field."""
     kind = CHECKPOINT_KINDS.name(request.kind)
     if kind not in ("sleep", "signal", "approval"):
@@ -82,8 +82,8 @@ def wait_of(request: worker_pb2.AwaitRequest) -> waits.Wait:
 
 
 async def await_wait(
-    pool: Pool, worker_id: str, session_token: str, request: worker_pb2.AwaitRequest
-) -> worker_pb2.AwaitResponse:
+    pool: Pool, worker_id: str, session_token: str, request: checkpoints_pb2.AwaitRequest
+) -> checkpoints_pb2.AwaitResponse:
     wait = wait_of(request)
     replayed = request.replayed
     check_cost("replayed", replayed.tokens, replayed.cost_usd)
@@ -108,7 +108,7 @@ async def await_wait(
             "occurrence": wait.occurrence,
         },
     )
-    return worker_pb2.AwaitResponse(
+    return checkpoints_pb2.AwaitResponse(
         outcome=_AWAITED[awaited.outcome],
         checkpoint=(
             checkpoint_message(awaited.checkpoint) if awaited.checkpoint is not None else None
