@@ -1,6 +1,6 @@
 """WorkerService's step checkpoint RPCs, LoadCheckpoints and RecordStep (worker.proto,
-docs/design.md §16): the wire conversions and the memo's own checks; the fencing and
-the storage are awp_db.checkpoints'.
+their messages checkpoints.proto; docs/design.md §16): the wire conversions and the
+memo's own checks; the fencing and the storage are awp_db.checkpoints'.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Durable waits on the wire (durable.proto, docs/design.md §16): WorkerService.Await's
-conversions, and ControlService's SendSignal, Approve and Reject with their checks and
-audit lines. The rules and the storage are awp_db.waits'.
+"""Durable waits on the wire (durable.proto and checkpoints.proto, docs/design.md §16):
+WorkerService.Await's conversions, and ControlService's SendSignal, Approve and Reject
+with their checks and audit lines. The rules and the storage are awp_db.waits'.
 """
 
 from __future__ import annotations
