@@ -19,9 +19,9 @@ within the length its comment states; repeated fields and maps within the count 
 comment states; bytes that do not decode are MALFORMED_REQUEST (all INVALID_ARGUMENT,
 the BadRequest naming the field).
 
-The messages of a session's life and its leases (Register, Claim, Heartbeat, Complete,
-Drain) are here; the others' are in the file of their part of the protocol:
-session.proto (Session, CompleteOutcome), streams.proto (AppendStream) and
+The messages of a session's life and its leases (Register, Claim, GetUpstreamOutputs,
+Heartbeat, Complete, Drain) are here; the others' are in the file of their part of the
+protocol: session.proto (Session, CompleteOutcome), streams.proto (AppendStream) and
 checkpoints.proto (durable execution).
 """
 
