@@ -17,7 +17,7 @@ from awp_db.runs import parse_run_id
 from awp_kernel import errors
 from awp_kernel.errors import invalid
 from awp_protocol.errors import Reason
-from awp_protocol.jsonvalue import JsonInvalid, canonical_json, parse_value
+from awp_protocol.jsonvalue import canonical_json, parse_value
 from awp_protocol.limits import MAX_SIGNAL_PAYLOAD_BYTES, MAX_WAIT_MS
 from awp_protocol.names import (
     CHECKPOINT_NAME_PATTERN,
@@ -117,10 +117,11 @@ async def await_wait(
 
 
 def _payload_json(request: durable_pb2.SendSignalRequest) -> str:
-    value = json_format.MessageToDict(request.payload) if request.HasField("payload") else None
     try:
+        # MessageToDict raises ValueError for a NaN or infinite number: bad input too.
+        value = json_format.MessageToDict(request.payload) if request.HasField("payload") else None
         text = canonical_json(parse_value(canonical_json(value).decode(), "payload")).decode()
-    except JsonInvalid as exc:
+    except ValueError as exc:
         raise invalid("payload", str(exc)) from None
     if len(text.encode()) > MAX_SIGNAL_PAYLOAD_BYTES:
         raise invalid("payload", f"must be at most {MAX_SIGNAL_PAYLOAD_BYTES} bytes as JSON")

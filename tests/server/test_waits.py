@@ -172,6 +172,18 @@ async def test_a_signal_to_an_ended_or_unknown_run_is_refused(stubs: Stubs, pool
     assert bad.fields == ["name"]
 
 
+async def test_a_signal_payload_with_a_number_json_cannot_hold_is_refused(
+    stubs: Stubs, pool: Pool
+) -> None:
+    stub, control = stubs
+    run_id, _, _ = await leased(stub, pool, spec(tasks=1))
+    for number in (float("nan"), float("inf"), float("-inf")):
+        refused = await expect_error(signal(control, run_id, "go", {"n": number}))
+        assert refused.reason == "INVALID_ARGUMENT" and refused.fields == ["payload"]
+        assert "NaN" in refused.message or "Infinity" in refused.message
+    assert await pool.fetchval("SELECT count(*) FROM signals") == 0
+
+
 async def test_100_concurrent_signals_to_100_waiting_tasks_are_each_consumed_once(
     stubs: Stubs, pool: Pool
 ) -> None:
