@@ -11,7 +11,7 @@ from uuid import UUID
 
 from cluster import Cluster, Window
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, runs_pb2, types_pb2
 
 
 async def batch_enqueue(cluster: Cluster, window: Window, runs: int) -> dict[str, Any]:
@@ -19,9 +19,9 @@ async def batch_enqueue(cluster: Cluster, window: Window, runs: int) -> dict[str
     wf = types_pb2.WorkflowDefinition(name="batch", version=1)
     wf.tasks.add(key="only", executor_kind="mock", action="noop")
     await cluster.control.CreateWorkflow(control_pb2.CreateWorkflowRequest(definition=wf))
-    request = control_pb2.StartRunsRequest(
+    request = runs_pb2.StartRunsRequest(
         runs=[
-            control_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"batch-{i}")
+            runs_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"batch-{i}")
             for i in range(runs)
         ]
     )

@@ -27,7 +27,7 @@ from uuid import UUID
 from cluster import Cluster, Window
 from processes import percentile, scrape, wait_for
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, runs_pb2, types_pb2
 
 # The worker's log lines at the two ends (awp_worker._attempt).
 STARTED = "executing "
@@ -89,12 +89,12 @@ async def cancel_latency(cluster: Cluster, window: Window, cancels: int) -> dict
     samples = []
     for i in range(cancels):
         answer = await control.StartRun(
-            control_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"cancel-{i}")
+            runs_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"cancel-{i}")
         )
         run_id = UUID(answer.run.id)
         await tail.when(run_id, STARTED)
         asked = time.time()
-        await control.CancelRun(control_pb2.CancelRunRequest(run_id=str(run_id), reason="bench"))
+        await control.CancelRun(runs_pb2.CancelRunRequest(run_id=str(run_id), reason="bench"))
         samples.append((await tail.when(run_id, CANCELLED) - asked) * 1000)
     pushed1 = (await asyncio.to_thread(scrape, cluster.server_metrics)).get((PUSHED_METRIC, ()), 0)
     figures = await window.stop(cancels)

@@ -29,7 +29,7 @@ from processes import (
     wait_for,
 )
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2
 from awp_common.processes import free_ports
 from awp_db.connect import connect
 from awp_db.migrate import migrate
@@ -174,7 +174,7 @@ class Cluster:
         async def one(i: int) -> UUID:
             async with gate:
                 answer = await control.StartRun(
-                    control_pb2.StartRunRequest(
+                    runs_pb2.StartRunRequest(
                         workflow_name=wf.name, workflow_version=wf.version, request_id=f"bench-{i}"
                     ),
                     timeout=300,

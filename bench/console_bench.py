@@ -40,7 +40,7 @@ from pathlib import Path
 import grpc
 from playwright.async_api import Page, async_playwright
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -133,7 +133,7 @@ async def bench(address: str, url: str, loads: int) -> None:
             runs = []
             for _ in range(loads):
                 started = await control.StartRun(
-                    control_pb2.StartRunRequest(workflow_name="console-bench")
+                    runs_pb2.StartRunRequest(workflow_name="console-bench")
                 )
                 run_id = started.run.id
                 runs.append(run_id)
@@ -147,7 +147,7 @@ async def bench(address: str, url: str, loads: int) -> None:
                     polling="raf",
                 )
                 shown_at = float(await shown.json_value()) / 1000
-                final = await control.GetRun(control_pb2.GetRunRequest(run_id=run_id))
+                final = await control.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
                 ended = final.run.finished_at.ToDatetime(tzinfo=UTC).timestamp()
                 long_tasks = await page.evaluate("window.longTasks")
                 live.append((server_ms, ready_ms, long_tasks, (shown_at - ended) * 1000))

@@ -28,7 +28,7 @@ from uuid import UUID
 
 from cluster import Cluster, Window
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import runs_pb2, types_pb2
 from awp_protocol.limits import MAX_MAP_ELEMENTS, MAX_TASKS
 
 COST_MODEL = ("run_size", "concurrent_runs", "payload")
@@ -82,10 +82,10 @@ async def run_size(cluster: Cluster, window: Window, tasks: int) -> dict[str, An
     total = int(counted[0]["n"])
     figures = await window.stop(total)
     started = time.perf_counter()
-    got = await cluster.control.GetRun(control_pb2.GetRunRequest(run_id=str(run_id)), timeout=60)
+    got = await cluster.control.GetRun(runs_pb2.GetRunRequest(run_id=str(run_id)), timeout=60)
     get_run_s = time.perf_counter() - started
     started = time.perf_counter()
-    listed = await cluster.control.ListRuns(control_pb2.ListRunsRequest(), timeout=60)
+    listed = await cluster.control.ListRuns(runs_pb2.ListRunsRequest(), timeout=60)
     list_runs_s = time.perf_counter() - started
     started = time.perf_counter()
     paged = await _list_tasks(cluster, run_id)
@@ -111,7 +111,7 @@ async def run_size(cluster: Cluster, window: Window, tasks: int) -> dict[str, An
 async def _list_tasks(cluster: Cluster, run_id: UUID) -> int:
     """Pages through every task of the run as a client would; how many there were."""
     assert cluster.control is not None
-    request = control_pb2.ListTasksRequest(run_id=str(run_id))
+    request = runs_pb2.ListTasksRequest(run_id=str(run_id))
     count = 0
     while True:
         page = await cluster.control.ListTasks(request, timeout=60)

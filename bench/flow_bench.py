@@ -22,7 +22,7 @@ from cluster import Cluster, Window
 from google.protobuf import struct_pb2
 from processes import percentile
 
-from awp.v1 import control_pb2, limits_pb2, types_pb2
+from awp.v1 import control_pb2, limits_pb2, runs_pb2, types_pb2
 
 LAG_KEYS = 4
 LAG_TASKS = 25
@@ -53,7 +53,7 @@ async def _start(cluster: Cluster, wf: types_pb2.WorkflowDefinition, runs: int) 
         run_input = struct_pb2.Struct()
         run_input.update({"user": user})
         answer = await control.StartRun(
-            control_pb2.StartRunRequest(workflow_name=wf.name, input=run_input), timeout=300
+            runs_pb2.StartRunRequest(workflow_name=wf.name, input=run_input), timeout=300
         )
         return UUID(answer.run.id)
 

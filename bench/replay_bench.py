@@ -18,7 +18,7 @@ from uuid import UUID
 from cluster import Cluster, Window
 from processes import percentile
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, runs_pb2, types_pb2
 
 STEPS = 100
 
@@ -44,7 +44,7 @@ async def replay(cluster: Cluster, window: Window, runs: int) -> dict[str, Any]:
     again: list[float] = []
     for i in range(runs):
         answer = await cluster.control.StartRun(
-            control_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"replay-{i}")
+            runs_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"replay-{i}")
         )
         run_id = UUID(answer.run.id)
         await cluster.wait_runs([run_id], within=120)

@@ -30,7 +30,7 @@ from replay_bench import replay
 from tracing_bench import tracing_overhead
 from waits_bench import waits
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, runs_pb2, types_pb2
 from awp_db.connect import connect
 
 SCENARIOS = (
@@ -184,7 +184,7 @@ async def latency(cluster: Cluster, window: Window, runs: int) -> dict[str, Any]
     for i in range(runs):
         started = time.time()
         answer = await cluster.control.StartRun(
-            control_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"latency-{i}")
+            runs_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"latency-{i}")
         )
         run_id = UUID(answer.run.id)
         await cluster.wait_runs([run_id], within=30)

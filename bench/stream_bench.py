@@ -22,7 +22,7 @@ from typing import Any
 from cluster import Cluster, Window
 from processes import percentile
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, runs_pb2, streams_pb2, types_pb2
 
 EVERY_MS = 20
 LATENCY_CHUNKS = 500
@@ -43,7 +43,7 @@ async def _read(cluster: Cluster, run_id: str, latencies: list[float]) -> list[i
     assert cluster.control is not None
     positions = []
     call = cluster.control.WatchStream(
-        control_pb2.WatchStreamRequest(run_id=run_id, task_key="talk")
+        streams_pb2.WatchStreamRequest(run_id=run_id, task_key="talk")
     )
     async for answer in call:
         now = time.time()
@@ -80,7 +80,7 @@ async def stream_latency(cluster: Cluster, window: Window, streams: int) -> dict
     run_ids = []
     for i in range(streams):
         answer = await control.StartRun(
-            control_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"stream-{i}")
+            runs_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"stream-{i}")
         )
         run_ids.append(answer.run.id)
     received = await asyncio.gather(*(_read(cluster, run_id, loaded) for run_id in run_ids))

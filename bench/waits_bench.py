@@ -28,7 +28,7 @@ from uuid import UUID
 from cluster import Cluster, Window
 from processes import percentile, scrape, wait_for
 
-from awp.v1 import control_pb2, durable_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, runs_pb2, types_pb2
 
 SLEEP_MS = 300
 WAITING = 10_000
@@ -82,7 +82,7 @@ async def waits(cluster: Cluster, window: Window, runs: int) -> dict[str, Any]:
     late: list[float] = []
     for i in range(runs):
         answer = await cluster.control.StartRun(
-            control_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"waits-{i}")
+            runs_pb2.StartRunRequest(workflow_name=wf.name, request_id=f"waits-{i}")
         )
         run_id = UUID(answer.run.id)
         await wait_for(
@@ -120,7 +120,7 @@ async def waits(cluster: Cluster, window: Window, runs: int) -> dict[str, Any]:
     figures["pass_ms_idle"] = await _mean_pass_ms(cluster)
     gates = _gates()
     await cluster.control.CreateWorkflow(control_pb2.CreateWorkflowRequest(definition=gates))
-    started = await cluster.control.StartRun(control_pb2.StartRunRequest(workflow_name="gates"))
+    started = await cluster.control.StartRun(runs_pb2.StartRunRequest(workflow_name="gates"))
 
     async def all_waiting() -> bool:
         rows = await cluster.query(

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2
 from awp_common.durations import parse_duration
 from awp_protocol.jsonvalue import parse_object
 from awp_protocol.limits import MAX_PAGE_SIZE
@@ -208,7 +208,7 @@ class AsyncClient:
         all or none: an entry StartRun would refuse refuses the batch, its error naming
         the entry (runs[i]). One handle per request, in order; `created` is False for a
         request_id that had started its run before."""
-        batch = control_pb2.StartRunsRequest(
+        batch = runs_pb2.StartRunsRequest(
             runs=[request.message(f"runs[{i}].input") for i, request in enumerate(requests)]
         )
         answer = await self.call(self.control.StartRuns, batch)
@@ -222,7 +222,7 @@ class AsyncClient:
         everything downstream of it too). RunNotFinished while the run still runs."""
         answer = await self.call(
             self.control.RetryRun,
-            control_pb2.RetryRunRequest(
+            runs_pb2.RetryRunRequest(
                 run_id=run_id, from_task=from_task or "", request_id=request_id or ""
             ),
         )
@@ -239,13 +239,13 @@ class AsyncClient:
         outputs=False makes the one GetRun call (a view that shows no large output): what
         it left out stays flagged (TaskStatus.output_omitted, tasks_omitted), and
         RunDetail.outputs() raises OutputsOmitted rather than answer without them."""
-        answer = await self.call(self.control.GetRun, control_pb2.GetRunRequest(run_id=run_id))
+        answer = await self.call(self.control.GetRun, runs_pb2.GetRunRequest(run_id=run_id))
         detail = decode.run_detail(answer)
         return await complete_outputs(self, detail) if outputs else detail
 
     async def get_task_output(self, run_id: str, task_key: str) -> dict[str, Any] | None:
         """One task's output, however large (at most 1 MiB); None when it has none (yet)."""
-        request = control_pb2.GetTaskOutputRequest(run_id=run_id, task_key=task_key)
+        request = runs_pb2.GetTaskOutputRequest(run_id=run_id, task_key=task_key)
         answer = await self.call(self.control.GetTaskOutput, request)
         return parse_object(answer.output_json) if answer.output_json else None
 
@@ -254,7 +254,7 @@ class AsyncClient:
     ) -> TaskPage:
         """A page of the run's tasks in get_run's order; outputs past the page's budget
         are left out (TaskStatus.output_omitted)."""
-        request = control_pb2.ListTasksRequest(
+        request = runs_pb2.ListTasksRequest(
             run_id=run_id, page_size=min(page_size, MAX_PAGE_SIZE), page_token=page_token
         )
         return decode.task_page(await self.call(self.control.ListTasks, request))
@@ -269,7 +269,7 @@ class AsyncClient:
     ) -> Page[Attempt]:
         """A page (at most 25) of the run's attempts, or one task's, oldest first, each
         with its whole failure: type, message, traceback and log tail."""
-        request = control_pb2.ListAttemptsRequest(
+        request = runs_pb2.ListAttemptsRequest(
             run_id=run_id, task_key=task_key or "", page_token=page_token
         )
         answer = await self.call(self.control.ListAttempts, request)
@@ -289,7 +289,7 @@ class AsyncClient:
         page_size: int = 100,
         page_token: str = "",
     ) -> Page[Run]:
-        request = control_pb2.ListRunsRequest(
+        request = runs_pb2.ListRunsRequest(
             workflow_name=workflow or "",
             page_size=min(page_size, MAX_PAGE_SIZE),
             page_token=page_token,
@@ -316,7 +316,7 @@ class AsyncClient:
     async def cancel(self, run_id: str, reason: str | None = None) -> Run:
         """Asks for the run's cancellation (the coordinator converges it)."""
         answer = await self.call(
-            self.control.CancelRun, control_pb2.CancelRunRequest(run_id=run_id, reason=reason or "")
+            self.control.CancelRun, runs_pb2.CancelRunRequest(run_id=run_id, reason=reason or "")
         )
         return decode.run(answer.run)
 

@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from google.protobuf.message import Message
 
-from awp.v1 import control_pb2, durable_pb2, limits_pb2, schedule_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, limits_pb2, runs_pb2, schedule_pb2, types_pb2
 from awp_protocol.jsonvalue import exact_number, struct_to_dict
 from awp_sdk import records
 from awp_sdk.enums import (
@@ -64,7 +64,7 @@ def _exact(value: Any) -> Any:
 # ---------------------------------------------------------------- runs
 
 
-def run(message: control_pb2.Run) -> records.Run:
+def run(message: runs_pb2.Run) -> records.Run:
     return records.Run(
         id=message.id,
         workflow=message.workflow_name,
@@ -118,7 +118,7 @@ def memo_savings(message: types_pb2.MemoSavings) -> records.MemoSavings:
     )
 
 
-def task(message: control_pb2.Task) -> records.TaskStatus:
+def task(message: runs_pb2.Task) -> records.TaskStatus:
     return records.TaskStatus(
         key=message.key,
         state=decode(TaskState, message.state),
@@ -143,7 +143,7 @@ def task(message: control_pb2.Task) -> records.TaskStatus:
     )
 
 
-def attempt(message: control_pb2.Attempt) -> records.Attempt:
+def attempt(message: runs_pb2.Attempt) -> records.Attempt:
     return records.Attempt(
         task_key=message.task_key,
         attempt=message.attempt,
@@ -159,7 +159,7 @@ def attempt(message: control_pb2.Attempt) -> records.Attempt:
     )
 
 
-def run_detail(answer: control_pb2.GetRunResponse) -> records.RunDetail:
+def run_detail(answer: runs_pb2.GetRunResponse) -> records.RunDetail:
     return records.RunDetail(
         run=run(answer.run),
         tasks={t.key: task(t) for t in answer.tasks},
@@ -170,7 +170,7 @@ def run_detail(answer: control_pb2.GetRunResponse) -> records.RunDetail:
     )
 
 
-def task_page(answer: control_pb2.ListTasksResponse) -> records.TaskPage:
+def task_page(answer: runs_pb2.ListTasksResponse) -> records.TaskPage:
     return records.TaskPage(
         tuple(task(t) for t in answer.tasks), answer.next_page_token, answer.tracebacks_omitted
     )

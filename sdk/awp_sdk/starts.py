@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from awp.v1 import control_pb2
+from awp.v1 import runs_pb2
 from awp_protocol.jsonvalue import JsonInvalid, to_struct
 from awp_sdk.errors import json_refused
 from awp_sdk.workflow import Workflow
@@ -30,12 +30,12 @@ class RunRequest:
     start_in: timedelta | None = None
     priority: int = 0
 
-    def message(self, where: str = "input") -> control_pb2.StartRunRequest:
+    def message(self, where: str = "input") -> runs_pb2.StartRunRequest:
         if isinstance(self.workflow, Workflow):
             name, default_version = self.workflow.name, self.workflow.version
         else:
             name, default_version = self.workflow, 0
-        request = control_pb2.StartRunRequest(
+        request = runs_pb2.StartRunRequest(
             workflow_name=name,
             workflow_version=default_version if self.version is None else self.version,
             input=json_input(self.input, where),

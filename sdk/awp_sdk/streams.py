@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import grpc
 
-from awp.v1 import control_pb2
+from awp.v1 import runs_pb2, streams_pb2
 from awp_sdk.connection import Channel, iterate
 from awp_sdk.enums import AttemptState, TaskState, decode
 from awp_sdk.errors import DeadlineExceeded, Unavailable, is_transient
@@ -56,14 +56,14 @@ _TASK_ENDED = frozenset(
 )
 
 
-def _chunk(chunk: control_pb2.StreamChunk) -> StreamChunk:
+def _chunk(chunk: streams_pb2.StreamChunk) -> StreamChunk:
     is_json = chunk.WhichOneof("data") == "json"
     data = json.loads(chunk.json) if is_json else chunk.text
     return StreamChunk(chunk.position, chunk.attempt, chunk.attempt_offset, data, is_json)
 
 
-def _boundary(boundary: control_pb2.StreamBoundary) -> AttemptBoundary:
-    ended = boundary.kind == control_pb2.STREAM_BOUNDARY_KIND_ENDED
+def _boundary(boundary: streams_pb2.StreamBoundary) -> AttemptBoundary:
+    ended = boundary.kind == streams_pb2.STREAM_BOUNDARY_KIND_ENDED
     state = decode(AttemptState, boundary.state) if ended else None
     return AttemptBoundary(
         boundary.attempt,
@@ -104,7 +104,7 @@ async def task_stream(
     while True:
         call = channel.stream(
             channel.control.WatchStream,
-            control_pb2.WatchStreamRequest(run_id=run_id, task_key=task_key, from_offset=position),
+            streams_pb2.WatchStreamRequest(run_id=run_id, task_key=task_key, from_offset=position),
         )
         try:
             async for answer in iterate(call):
@@ -132,7 +132,7 @@ async def task_stream(
 
 async def _task_ended(channel: Channel, run_id: str, task_key: str) -> bool:
     answer = await channel.call(
-        channel.control.ListTasks, control_pb2.ListTasksRequest(run_id=run_id, page_size=1000)
+        channel.control.ListTasks, runs_pb2.ListTasksRequest(run_id=run_id, page_size=1000)
     )
     while True:
         for task in answer.tasks:
@@ -142,7 +142,7 @@ async def _task_ended(channel: Channel, run_id: str, task_key: str) -> bool:
             return True  # gone (retention): nothing more will come
         answer = await channel.call(
             channel.control.ListTasks,
-            control_pb2.ListTasksRequest(
+            runs_pb2.ListTasksRequest(
                 run_id=run_id, page_size=1000, page_token=answer.next_page_token
             ),
         )

@@ -17,7 +17,7 @@ from typing import Final
 
 import grpc
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import runs_pb2, types_pb2
 from awp_sdk.connection import Channel, iterate
 from awp_sdk.errors import DeadlineExceeded, Unavailable, is_transient
 
@@ -57,7 +57,7 @@ async def run_events(
     while True:
         call = channel.stream(
             channel.control.WatchRun,
-            control_pb2.WatchRunRequest(run_id=run_id, after_seq=last_seq),
+            runs_pb2.WatchRunRequest(run_id=run_id, after_seq=last_seq),
         )
         try:
             async for answer in iterate(call):
@@ -72,9 +72,7 @@ async def run_events(
         # The stream ends once the run is terminal; a server shutting down may also end it
         # early, so the run's state decides whether to resume.
         try:
-            now = await channel.call(
-                channel.control.GetRun, control_pb2.GetRunRequest(run_id=run_id)
-            )
+            now = await channel.call(channel.control.GetRun, runs_pb2.GetRunRequest(run_id=run_id))
         except (Unavailable, DeadlineExceeded) as error:
             await pause(error, error.code)
             continue

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, durable_pb2, limits_pb2, schedule_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, limits_pb2, runs_pb2, schedule_pb2, types_pb2
 from awp_protocol.jsonvalue import to_struct
 from awp_sdk import records
 from awp_sdk.decode import message_json
@@ -50,8 +50,8 @@ def _struct(target: struct_pb2.Struct, value: Mapping[str, Any] | None) -> None:
 # ---------------------------------------------------------------- messages
 
 
-def _run(run: records.Run) -> control_pb2.Run:
-    message = control_pb2.Run(
+def _run(run: records.Run) -> runs_pb2.Run:
+    message = runs_pb2.Run(
         id=run.id,
         workflow_name=run.workflow,
         workflow_version=run.version,
@@ -104,8 +104,8 @@ def _wait(target: durable_pb2.TaskWait, wait: records.TaskWait | None) -> None:
     _stamp(target.due_at, wait.due_at)
 
 
-def _task(task: records.TaskStatus) -> control_pb2.Task:
-    message = control_pb2.Task(
+def _task(task: records.TaskStatus) -> runs_pb2.Task:
+    message = runs_pb2.Task(
         key=task.key,
         state=encode(TaskState, task.state),  # type: ignore[arg-type]
         executor_kind=task.executor_kind,
@@ -135,8 +135,8 @@ def _task(task: records.TaskStatus) -> control_pb2.Task:
     return message
 
 
-def _attempt(attempt: records.Attempt) -> control_pb2.Attempt:
-    message = control_pb2.Attempt(
+def _attempt(attempt: records.Attempt) -> runs_pb2.Attempt:
+    message = runs_pb2.Attempt(
         task_key=attempt.task_key,
         attempt=attempt.attempt,
         state=encode(AttemptState, attempt.state),  # type: ignore[arg-type]
@@ -238,16 +238,16 @@ def workflows(found: Iterable[records.StoredWorkflow], next_page_token: str = ""
 
 def started(run: records.Run, created: bool) -> _Json:
     """StartRun's (and RetryRun's, alike) answer."""
-    return message_json(control_pb2.StartRunResponse(run=_run(run), created=created))
+    return message_json(runs_pb2.StartRunResponse(run=_run(run), created=created))
 
 
 def run(run: records.Run) -> _Json:
     """An answer holding the run alone (CancelRun's)."""
-    return message_json(control_pb2.CancelRunResponse(run=_run(run)))
+    return message_json(runs_pb2.CancelRunResponse(run=_run(run)))
 
 
 def run_detail(detail: records.RunDetail) -> _Json:
-    message = control_pb2.GetRunResponse(
+    message = runs_pb2.GetRunResponse(
         run=_run(detail.run),
         tasks=map(_task, detail.tasks.values()),
         attempts=map(_attempt, detail.attempts),
@@ -259,14 +259,14 @@ def run_detail(detail: records.RunDetail) -> _Json:
 
 
 def runs(found: Iterable[records.Run], next_page_token: str = "") -> _Json:
-    message = control_pb2.ListRunsResponse(runs=map(_run, found), next_page_token=next_page_token)
+    message = runs_pb2.ListRunsResponse(runs=map(_run, found), next_page_token=next_page_token)
     return message_json(message)
 
 
 def tasks(
     found: Iterable[records.TaskStatus], next_page_token: str = "", tracebacks_omitted: int = 0
 ) -> _Json:
-    message = control_pb2.ListTasksResponse(
+    message = runs_pb2.ListTasksResponse(
         tasks=map(_task, found),
         next_page_token=next_page_token,
         tracebacks_omitted=tracebacks_omitted,
@@ -275,7 +275,7 @@ def tasks(
 
 
 def attempts(found: Iterable[records.Attempt], next_page_token: str = "") -> _Json:
-    message = control_pb2.ListAttemptsResponse(
+    message = runs_pb2.ListAttemptsResponse(
         attempts=map(_attempt, found), next_page_token=next_page_token
     )
     return message_json(message)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from awp.v1 import control_pb2
+from awp.v1 import runs_pb2
 from awp_db import batch_runs, runs, workflows
 from awp_kernel.errors import AwpError, invalid
 from awp_protocol.errors import FieldViolation, join_violations
@@ -35,8 +35,8 @@ class ControlServiceWithBatches(ControlServiceWithLimits):
 
     @unary
     async def StartRuns(
-        self, request: control_pb2.StartRunsRequest, context: Context
-    ) -> control_pb2.StartRunsResponse:
+        self, request: runs_pb2.StartRunsRequest, context: Context
+    ) -> runs_pb2.StartRunsResponse:
         if not request.runs:
             raise invalid("runs", "give at least one run")
         entries: list[batch_runs.NewRun] = []
@@ -69,9 +69,8 @@ class ControlServiceWithBatches(ControlServiceWithLimits):
                         requests.same_request(entry, new.run_input, run)
         created = sum(one.created for one in started)
         requests.audit("StartRuns", runs=len(started), new=created)
-        return control_pb2.StartRunsResponse(
+        return runs_pb2.StartRunsResponse(
             runs=[
-                control_pb2.StartedRun(run_id=str(one.run_id), created=one.created)
-                for one in started
+                runs_pb2.StartedRun(run_id=str(one.run_id), created=one.created) for one in started
             ]
         )

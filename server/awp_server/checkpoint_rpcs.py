@@ -1,6 +1,6 @@
 """WorkerService's step checkpoint RPCs, LoadCheckpoints and RecordStep (worker.proto,
-docs/design.md §16): the wire conversions and the memo's own checks; the fencing and
-the storage are awp_db.checkpoints'.
+their messages checkpoints.proto; docs/design.md §16): the wire conversions and the
+memo's own checks; the fencing and the storage are awp_db.checkpoints'.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from awp.v1 import types_pb2, worker_pb2
+from awp.v1 import checkpoints_pb2, types_pb2
 from awp_db import checkpoints, workers
 from awp_db.connect import Pool
 from awp_kernel.errors import invalid
@@ -25,8 +25,8 @@ _PAGE_TOKEN: Final = "checkpoints"
 log = logging.getLogger("awp.server.checkpoints")
 
 
-def checkpoint_message(stored: checkpoints.StoredCheckpoint) -> worker_pb2.Checkpoint:
-    return worker_pb2.Checkpoint(
+def checkpoint_message(stored: checkpoints.StoredCheckpoint) -> checkpoints_pb2.Checkpoint:
+    return checkpoints_pb2.Checkpoint(
         kind=CHECKPOINT_KINDS_MAP.proto(stored.kind),
         name=stored.name,
         occurrence=stored.occurrence,
@@ -38,8 +38,8 @@ def checkpoint_message(stored: checkpoints.StoredCheckpoint) -> worker_pb2.Check
 
 
 async def load_checkpoints(
-    pool: Pool, worker_id: str, session_token: str, request: worker_pb2.LoadCheckpointsRequest
-) -> worker_pb2.LoadCheckpointsResponse:
+    pool: Pool, worker_id: str, session_token: str, request: checkpoints_pb2.LoadCheckpointsRequest
+) -> checkpoints_pb2.LoadCheckpointsResponse:
     after: tuple[str, str, int] | None = None
     if request.page_token:
         kind, name, occurrence = control_requests.decode_token(
@@ -57,7 +57,7 @@ async def load_checkpoints(
             MAX_CHECKPOINT_PAGE_BYTES,
         )
     following = checkpoints.next_page(page)
-    return worker_pb2.LoadCheckpointsResponse(
+    return checkpoints_pb2.LoadCheckpointsResponse(
         checkpoints=[checkpoint_message(stored) for stored in page],
         next_page_token=(
             control_requests.encode_token(_PAGE_TOKEN, list(following)) if following else ""
@@ -65,7 +65,7 @@ async def load_checkpoints(
     )
 
 
-def step_memo(request: worker_pb2.RecordStepRequest) -> checkpoints.StepMemo:
+def step_memo(request: checkpoints_pb2.RecordStepRequest) -> checkpoints.StepMemo:
     """The memo of a RecordStep, or INVALID_ARGUMENT naming the field (MEMO_LIMIT past
     the size of a memo)."""
     if not CHECKPOINT_NAME_PATTERN.fullmatch(request.name):
@@ -93,7 +93,7 @@ def step_memo(request: worker_pb2.RecordStepRequest) -> checkpoints.StepMemo:
 
 
 async def record_step(
-    pool: Pool, worker_id: str, session_token: str, request: worker_pb2.RecordStepRequest
+    pool: Pool, worker_id: str, session_token: str, request: checkpoints_pb2.RecordStepRequest
 ) -> ResultVerdict:
     memo = step_memo(request)
     async with pool.acquire() as conn:

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
-from awp.v1 import control_pb2
+from awp.v1 import runs_pb2
 from awp_common.tracing import TRACEPARENT, RunTrace
 from awp_db import runs
 from awp_kernel.errors import AwpError, ErrorKind, invalid
@@ -38,7 +38,7 @@ audit_log = logging.getLogger("awp.audit")
 
 
 def differs(
-    request: control_pb2.StartRunRequest, run_input: dict[str, Any], run: control_pb2.Run
+    request: runs_pb2.StartRunRequest, run_input: dict[str, Any], run: runs_pb2.Run
 ) -> str | None:
     """What of a StartRun differs from the run its request_id already started, if any.
 
@@ -64,7 +64,7 @@ def differs(
 
 
 def same_request(
-    request: control_pb2.StartRunRequest, run_input: dict[str, Any], run: control_pb2.Run
+    request: runs_pb2.StartRunRequest, run_input: dict[str, Any], run: runs_pb2.Run
 ) -> None:
     """A StartRun whose request_id started `run` before must be that request again: the
     same key with another request is not a retry, and returning the other run would hide
@@ -91,7 +91,7 @@ def check_name(field: str, name: str) -> None:
 
 
 def run_start(
-    request: control_pb2.StartRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    request: runs_pb2.StartRunRequest, context: grpc.aio.ServicerContext[Any, Any]
 ) -> tuple[dict[str, Any], runs.Start]:
     """A StartRun request's input and start, checked (StartRun, and each StartRuns entry)."""
     check_name("workflow_name", request.workflow_name)
@@ -103,7 +103,7 @@ def run_start(
     return run_input, start
 
 
-def delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:
+def delayed_start(request: runs_pb2.StartRunRequest) -> runs.Start:
     """StartRun's start_time or start_delay (at most one; the guard checked the
     Duration's range)."""
     if request.HasField("start_time") and request.HasField("start_delay"):
@@ -118,7 +118,7 @@ def delayed_start(request: control_pb2.StartRunRequest) -> runs.Start:
     return runs.Start()
 
 
-def run_priority(request: control_pb2.StartRunRequest) -> int:
+def run_priority(request: runs_pb2.StartRunRequest) -> int:
     if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:
         raise invalid("priority", f"must be {MIN_PRIORITY} to {MAX_PRIORITY}")
     return request.priority

@@ -14,7 +14,7 @@ from uuid import UUID
 
 import grpc
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, streams_pb2, types_pb2
 from awp_db import (
     attempts,
     events,
@@ -129,8 +129,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
 
     @unary
     async def StartRun(
-        self, request: control_pb2.StartRunRequest, context: Context
-    ) -> control_pb2.StartRunResponse:
+        self, request: runs_pb2.StartRunRequest, context: Context
+    ) -> runs_pb2.StartRunResponse:
         run_input, start = requests.run_start(request, context)
         workflow = await workflows.get(self._pool, request.workflow_name, request.workflow_version)
         async with self._pool.acquire() as conn:
@@ -141,12 +141,12 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         if not started.created:
             requests.same_request(request, run_input, run)
         requests.audit("StartRun", run_id=run.id, new=started.created)
-        return control_pb2.StartRunResponse(run=run, created=started.created)
+        return runs_pb2.StartRunResponse(run=run, created=started.created)
 
     @unary
     async def GetRun(
-        self, request: control_pb2.GetRunRequest, context: Context
-    ) -> control_pb2.GetRunResponse:
+        self, request: runs_pb2.GetRunRequest, context: Context
+    ) -> runs_pb2.GetRunResponse:
         run_id = runs.parse_run_id(request.run_id)
         # One snapshot: the counts, tasks, attempts and revision all agree.
         async with reads.snapshot(self._pool) as conn:
@@ -162,7 +162,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             )
             waiting = counts.get("ready") or counts.get("queued")
             held_back = await grant.explain(conn, run_id) if waiting else {}
-        answer = control_pb2.GetRunResponse(
+        answer = runs_pb2.GetRunResponse(
             run=convert.run_to_proto(run_row, counts),
             tasks=[
                 convert.task_to_proto(row, tracebacks.get(row.key), held_back.get(row.key, ""))
@@ -177,8 +177,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
 
     @unary
     async def ListTasks(
-        self, request: control_pb2.ListTasksRequest, context: Context
-    ) -> control_pb2.ListTasksResponse:
+        self, request: runs_pb2.ListTasksRequest, context: Context
+    ) -> runs_pb2.ListTasksResponse:
         run_id = runs.parse_run_id(request.run_id)
         size = requests.page_size(request.page_size, *TASKS_PAGE)
         after = requests.after_id(request.page_token, "t")
@@ -187,7 +187,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             found = await runs.tasks(conn, run_id, after=after, limit=size + 1)
             page = found[:size]
             tracebacks = await attempts.final_tracebacks(conn, run_id, [row.id for row in page])
-        answer = control_pb2.ListTasksResponse(
+        answer = runs_pb2.ListTasksResponse(
             tasks=[convert.task_to_proto(row, tracebacks.get(row.key)) for row in page]
         )
         delivery.trim_tasks(answer)
@@ -198,20 +198,20 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
 
     @unary
     async def GetTaskOutput(
-        self, request: control_pb2.GetTaskOutputRequest, context: Context
-    ) -> control_pb2.GetTaskOutputResponse:
+        self, request: runs_pb2.GetTaskOutputRequest, context: Context
+    ) -> runs_pb2.GetTaskOutputResponse:
         run_id = runs.parse_run_id(request.run_id)
         async with reads.snapshot(self._pool) as conn:
             await runs.get(conn, run_id)  # RUN_NOT_FOUND first
             output = await outputs.task_output(conn, run_id, request.task_key)
-        return control_pb2.GetTaskOutputResponse(
+        return runs_pb2.GetTaskOutputResponse(
             output_json="" if output is None else canonical_json(output).decode()
         )
 
     @unary
     async def ListAttempts(
-        self, request: control_pb2.ListAttemptsRequest, context: Context
-    ) -> control_pb2.ListAttemptsResponse:
+        self, request: runs_pb2.ListAttemptsRequest, context: Context
+    ) -> runs_pb2.ListAttemptsResponse:
         run_id = runs.parse_run_id(request.run_id)
         task_key = request.task_key or None
         size = requests.page_size(request.page_size, *ATTEMPTS_PAGE)
@@ -222,15 +222,15 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 raise invalid("task_key", f"run {run_id} has no task {quote(task_key)}")
             found = await attempts.page(conn, run_id, task_key, after, size + 1)
         page = found[:size]
-        return control_pb2.ListAttemptsResponse(
+        return runs_pb2.ListAttemptsResponse(
             attempts=[convert.attempt_detail_to_proto(row) for row in page],
             next_page_token=requests.encode_token("a", [page[-1].id]) if len(found) > size else "",
         )
 
     @unary
     async def ListRuns(
-        self, request: control_pb2.ListRunsRequest, context: Context
-    ) -> control_pb2.ListRunsResponse:
+        self, request: runs_pb2.ListRunsRequest, context: Context
+    ) -> runs_pb2.ListRunsResponse:
         if request.workflow_name:
             requests.check_name("workflow_name", request.workflow_name)
         state: str | None = None
@@ -258,27 +258,27 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         if len(found) > size:
             last = page[-1]
             next_token = requests.encode_token("r", [last.created_at.isoformat(), str(last.id)])
-        return control_pb2.ListRunsResponse(
+        return runs_pb2.ListRunsResponse(
             runs=[convert.run_to_proto(row, counts[row.id]) for row in page],
             next_page_token=next_token,
         )
 
     @unary
     async def CancelRun(
-        self, request: control_pb2.CancelRunRequest, context: Context
-    ) -> control_pb2.CancelRunResponse:
+        self, request: runs_pb2.CancelRunRequest, context: Context
+    ) -> runs_pb2.CancelRunResponse:
         run_id = runs.parse_run_id(request.run_id)
         async with self._pool.acquire() as conn:
             # False for a finished (or already canceling) run: nothing to do, not an error.
             recorded = await runs.request_cancel(conn, run_id, request.reason, caller())
             run = await load_run(conn, run_id)
         requests.audit("CancelRun", run_id=str(run_id), recorded=recorded)
-        return control_pb2.CancelRunResponse(run=run)
+        return runs_pb2.CancelRunResponse(run=run)
 
     @unary
     async def RetryRun(
-        self, request: control_pb2.RetryRunRequest, context: Context
-    ) -> control_pb2.RetryRunResponse:
+        self, request: runs_pb2.RetryRunRequest, context: Context
+    ) -> runs_pb2.RetryRunResponse:
         source = runs.parse_run_id(request.run_id)
         if request.from_task and not TASK_KEY_PATTERN.fullmatch(request.from_task):
             raise invalid("from_task", f"must be {TASK_KEY_RULE}")
@@ -297,12 +297,12 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             from_task=request.from_task,
             new=started.created,
         )
-        return control_pb2.RetryRunResponse(run=run, created=started.created)
+        return runs_pb2.RetryRunResponse(run=run, created=started.created)
 
     @server_stream
     async def WatchRun(
-        self, request: control_pb2.WatchRunRequest, context: Context
-    ) -> AsyncIterator[control_pb2.WatchRunResponse]:
+        self, request: runs_pb2.WatchRunRequest, context: Context
+    ) -> AsyncIterator[runs_pb2.WatchRunResponse]:
         run_id = runs.parse_run_id(request.run_id)
         if request.after_seq > MAX_SEQ:
             raise invalid("after_seq", f"must be at most {MAX_SEQ}")
@@ -317,7 +317,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 while True:
                     rows = await events.after_seq(self._pool, run_id, sent, WATCH_BATCH)
                     for row in rows:
-                        yield control_pb2.WatchRunResponse(event=convert.event_to_proto(row))
+                        yield runs_pb2.WatchRunResponse(event=convert.event_to_proto(row))
                         sent = row.seq
                     if len(rows) < WATCH_BATCH:
                         break
@@ -328,8 +328,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
 
     @server_stream
     async def WatchStream(
-        self, request: control_pb2.WatchStreamRequest, context: Context
-    ) -> AsyncIterator[control_pb2.WatchStreamResponse]:
+        self, request: streams_pb2.WatchStreamRequest, context: Context
+    ) -> AsyncIterator[streams_pb2.WatchStreamResponse]:
         async for response in self.stream_readers.watch(request):
             yield response
 
@@ -420,7 +420,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         )
 
 
-async def load_run(conn: Conn, run_id: UUID) -> control_pb2.Run:
+async def load_run(conn: Conn, run_id: UUID) -> runs_pb2.Run:
     row = await runs.get(conn, run_id)
     counts = await runs.task_counts(conn, [run_id])
     return convert.run_to_proto(row, counts[run_id])

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, durable_pb2, limits_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, limits_pb2, runs_pb2, types_pb2
 from awp_db.attempts import AttemptDetail
 from awp_db.events import StoredEvent
 from awp_db.runs import AttemptInfo, RunInfo, TaskInfo
@@ -194,9 +194,9 @@ def workflow_to_proto(workflow: StoredWorkflow) -> control_pb2.Workflow:
 # ---------------------------------------------------------------- runs, tasks, attempts, events
 
 
-def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Run:
+def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> runs_pb2.Run:
     """A row of the runs queries (runs.get / runs.list_page) and its task counts."""
-    return control_pb2.Run(
+    return runs_pb2.Run(
         id=str(row.id),
         workflow_name=row.workflow_name,
         workflow_version=row.workflow_version,
@@ -210,7 +210,7 @@ def run_to_proto(row: RunInfo, task_counts: Mapping[str, int]) -> control_pb2.Ru
         last_seq=row.last_seq,
         # In the enum's (lifecycle) order, as GetStats lists its counts.
         tasks_by_state=[
-            control_pb2.TaskStateCount(state=TASK_STATES.proto(state), count=n)
+            runs_pb2.TaskStateCount(state=TASK_STATES.proto(state), count=n)
             for state, n in sorted(task_counts.items(), key=lambda item: TASK_STATES.proto(item[0]))
         ],
         started_by=row.started_by or "",
@@ -248,10 +248,10 @@ def task_error(
 
 def task_to_proto(
     row: TaskInfo, traceback: str | None = None, waiting_for: str = ""
-) -> control_pb2.Task:
+) -> runs_pb2.Task:
     """A task row; traceback: its last attempt's, for a failed task (GetRun); waiting_for:
     why a ready task is held back (awp_db.grant.explain)."""
-    return control_pb2.Task(
+    return runs_pb2.Task(
         waiting_for=waiting_for,
         key=row.key,
         state=TASK_STATES.proto(row.state),
@@ -291,8 +291,8 @@ def _task_wait(row: TaskInfo) -> durable_pb2.TaskWait | None:
     )
 
 
-def attempt_to_proto(row: AttemptInfo) -> control_pb2.Attempt:
-    return control_pb2.Attempt(
+def attempt_to_proto(row: AttemptInfo) -> runs_pb2.Attempt:
+    return runs_pb2.Attempt(
         task_key=row.task_key,
         attempt=row.attempt,
         state=ATTEMPT_STATES.proto(row.state),
@@ -306,9 +306,9 @@ def attempt_to_proto(row: AttemptInfo) -> control_pb2.Attempt:
     )
 
 
-def attempt_detail_to_proto(row: AttemptDetail) -> control_pb2.Attempt:
+def attempt_detail_to_proto(row: AttemptDetail) -> runs_pb2.Attempt:
     """An attempt with everything it kept (ListAttempts)."""
-    return control_pb2.Attempt(
+    return runs_pb2.Attempt(
         task_key=row.task_key,
         attempt=row.attempt,
         state=ATTEMPT_STATES.proto(row.state),

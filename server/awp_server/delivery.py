@@ -12,7 +12,7 @@ from uuid import UUID
 
 from google.protobuf import struct_pb2
 
-from awp.v1 import control_pb2, worker_pb2
+from awp.v1 import runs_pb2, worker_pb2
 from awp_db import claims
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.limits import MAX_RESPONSE_BYTES
@@ -101,20 +101,20 @@ def _key_cost(key: str) -> int:
     return len(key.encode()) + _ELEMENT_OVERHEAD
 
 
-def trim_run(answer: control_pb2.GetRunResponse) -> None:
+def trim_run(answer: runs_pb2.GetRunResponse) -> None:
     """Leaves out of a GetRun answer, until it fits: the newest attempts, then outputs
     (last tasks first), then tracebacks, then the last tasks, counting what it left out
     (the run's own fields, with its task counts, always stay)."""
     _trim(answer, _leave_out_of_run(answer))
 
 
-def trim_tasks(answer: control_pb2.ListTasksResponse) -> None:
+def trim_tasks(answer: runs_pb2.ListTasksResponse) -> None:
     """Fits a ListTasks page: outputs, then tracebacks, then the last tasks (the next
     page starts after the last one kept) are left out; at least one task stays."""
     _trim(answer, _leave_out_of_tasks(answer, None))
 
 
-_Trimmed = control_pb2.GetRunResponse | control_pb2.ListTasksResponse
+_Trimmed = runs_pb2.GetRunResponse | runs_pb2.ListTasksResponse
 
 
 def _trim(answer: _Trimmed, left_out: Iterator[int]) -> None:
@@ -128,7 +128,7 @@ def _trim(answer: _Trimmed, left_out: Iterator[int]) -> None:
             return
 
 
-def _leave_out_of_run(answer: control_pb2.GetRunResponse) -> Iterator[int]:
+def _leave_out_of_run(answer: runs_pb2.GetRunResponse) -> Iterator[int]:
     """Leaves one more part out at each step; yields roughly the bytes it freed."""
     while answer.attempts:
         freed = answer.attempts[-1].ByteSize() + _ELEMENT_OVERHEAD
@@ -139,7 +139,7 @@ def _leave_out_of_run(answer: control_pb2.GetRunResponse) -> Iterator[int]:
 
 
 def _leave_out_of_tasks(
-    answer: _Trimmed, counted_in: control_pb2.GetRunResponse | None
+    answer: _Trimmed, counted_in: runs_pb2.GetRunResponse | None
 ) -> Iterator[int]:
     """Outputs, then tracebacks, then whole tasks (counted in `counted_in`'s
     tasks_omitted when given), last tasks first."""

@@ -15,7 +15,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from uuid import UUID
 
-from awp.v1 import control_pb2, worker_pb2
+from awp.v1 import streams_pb2
 from awp_db import runs, streams
 from awp_db.connect import Pool
 from awp_db.listen import Listener, Waiter
@@ -27,7 +27,7 @@ from awp_protocol.states import TERMINAL_TASK_STATES
 from awp_server.convert import ATTEMPT_STATES
 
 
-def chunks_in(request: worker_pb2.AppendStreamRequest) -> list[streams.ChunkIn]:
+def chunks_in(request: streams_pb2.AppendStreamRequest) -> list[streams.ChunkIn]:
     """The request's chunks, or INVALID_ARGUMENT naming the first bad one."""
     if not request.chunks:
         raise invalid("chunks", "must hold at least one chunk")
@@ -58,8 +58,8 @@ class StreamReaders:
         self.open = 0
 
     async def watch(
-        self, request: control_pb2.WatchStreamRequest
-    ) -> AsyncIterator[control_pb2.WatchStreamResponse]:
+        self, request: streams_pb2.WatchStreamRequest
+    ) -> AsyncIterator[streams_pb2.WatchStreamResponse]:
         run_id = runs.parse_run_id(request.run_id)
         if request.from_offset < 0:
             raise invalid("from_offset", f"must be at least 0, got {request.from_offset}")
@@ -77,7 +77,7 @@ class StreamReaders:
 
     async def _watch(
         self, run_id: UUID, task_key: str, position: int
-    ) -> AsyncIterator[control_pb2.WatchStreamResponse]:
+    ) -> AsyncIterator[streams_pb2.WatchStreamResponse]:
         task = await streams.task(self._pool, run_id, task_key)
         if task is None:
             await runs.progress(self._pool, run_id)  # RUN_NOT_FOUND first
@@ -126,7 +126,7 @@ class StreamReaders:
                             started.add(attempt)
                             yield _started(attempt, position)
                         batch = list(group)
-                        yield control_pb2.WatchStreamResponse(chunks=[_chunk(c) for c in batch])
+                        yield streams_pb2.WatchStreamResponse(chunks=[_chunk(c) for c in batch])
                         position = batch[-1].position + 1
                     if not caught_up or len(rows) < STREAM_READ_BATCH:
                         break
@@ -144,7 +144,7 @@ class StreamReaders:
 
 def _boundaries(
     mark: streams.AttemptMark, started: set[int], ended: set[int], position: int
-) -> Sequence[control_pb2.WatchStreamResponse]:
+) -> Sequence[streams_pb2.WatchStreamResponse]:
     out = []
     if mark.attempt not in started:
         started.add(mark.attempt)
@@ -152,10 +152,10 @@ def _boundaries(
     if mark.ended and mark.attempt not in ended:
         ended.add(mark.attempt)
         out.append(
-            control_pb2.WatchStreamResponse(
-                boundary=control_pb2.StreamBoundary(
+            streams_pb2.WatchStreamResponse(
+                boundary=streams_pb2.StreamBoundary(
                     attempt=mark.attempt,
-                    kind=control_pb2.STREAM_BOUNDARY_KIND_ENDED,
+                    kind=streams_pb2.STREAM_BOUNDARY_KIND_ENDED,
                     state=ATTEMPT_STATES.proto(mark.state),
                     error_message=mark.error_message or "",
                     position=position,
@@ -165,16 +165,16 @@ def _boundaries(
     return out
 
 
-def _started(attempt: int, position: int) -> control_pb2.WatchStreamResponse:
-    return control_pb2.WatchStreamResponse(
-        boundary=control_pb2.StreamBoundary(
-            attempt=attempt, kind=control_pb2.STREAM_BOUNDARY_KIND_STARTED, position=position
+def _started(attempt: int, position: int) -> streams_pb2.WatchStreamResponse:
+    return streams_pb2.WatchStreamResponse(
+        boundary=streams_pb2.StreamBoundary(
+            attempt=attempt, kind=streams_pb2.STREAM_BOUNDARY_KIND_STARTED, position=position
         )
     )
 
 
-def _chunk(chunk: streams.Chunk) -> control_pb2.StreamChunk:
-    message = control_pb2.StreamChunk(
+def _chunk(chunk: streams.Chunk) -> streams_pb2.StreamChunk:
+    message = streams_pb2.StreamChunk(
         position=chunk.position, attempt=chunk.attempt, attempt_offset=chunk.chunk_offset
     )
     if chunk.is_json:

@@ -1,6 +1,6 @@
-"""Durable waits on the wire (durable.proto, docs/design.md §16): WorkerService.Await's
-conversions, and ControlService's SendSignal, Approve and Reject with their checks and
-audit lines. The rules and the storage are awp_db.waits'.
+"""Durable waits on the wire (durable.proto and checkpoints.proto, docs/design.md §16):
+WorkerService.Await's conversions, and ControlService's SendSignal, Approve and Reject
+with their checks and audit lines. The rules and the storage are awp_db.waits'.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from typing import Final
 
 from google.protobuf import json_format
 
-from awp.v1 import durable_pb2, worker_pb2
+from awp.v1 import checkpoints_pb2, durable_pb2
 from awp_db import waits, workers
 from awp_db.connect import Pool
 from awp_db.runs import parse_run_id
 from awp_kernel import errors
 from awp_kernel.errors import invalid
 from awp_protocol.errors import Reason
-from awp_protocol.jsonvalue import JsonInvalid, canonical_json, parse_value
+from awp_protocol.jsonvalue import canonical_json, parse_value
 from awp_protocol.limits import MAX_SIGNAL_PAYLOAD_BYTES, MAX_WAIT_MS
 from awp_protocol.names import (
     CHECKPOINT_NAME_PATTERN,
@@ -38,15 +38,15 @@ from awp_server.schedule_rpcs import ControlServiceWithSchedules
 # The roles an approval may ask for besides admin: "" is the default, approver.
 WAIT_ROLES: Final = ("", Role.APPROVER.value, Role.ADMIN.value)
 _AWAITED: Final = {
-    waits.AwaitOutcome.SATISFIED: worker_pb2.AWAIT_OUTCOME_SATISFIED,
-    waits.AwaitOutcome.SUSPENDED: worker_pb2.AWAIT_OUTCOME_SUSPENDED,
-    waits.AwaitOutcome.LEASE_LOST: worker_pb2.AWAIT_OUTCOME_LEASE_LOST,
+    waits.AwaitOutcome.SATISFIED: checkpoints_pb2.AWAIT_OUTCOME_SATISFIED,
+    waits.AwaitOutcome.SUSPENDED: checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED,
+    waits.AwaitOutcome.LEASE_LOST: checkpoints_pb2.AWAIT_OUTCOME_LEASE_LOST,
 }
 
 log = logging.getLogger("awp.server.waits")
 
 
-def _ms(field: str, request: worker_pb2.AwaitRequest) -> int | None:
+def _ms(field: str, request: checkpoints_pb2.AwaitRequest) -> int | None:
     if not request.HasField(field):  # type: ignore[arg-type]
         return None
     value = getattr(request, field).ToMilliseconds()
@@ -55,7 +55,7 @@ def _ms(field: str, request: worker_pb2.AwaitRequest) -> int | None:
     return int(value)
 
 
-def wait_of(request: worker_pb2.AwaitRequest) -> waits.Wait:
+def wait_of(request: checkpoints_pb2.AwaitRequest) -> waits.Wait:
     """The wait an Await names, or INVALID_ARGUMENT naming the field."""
     kind = CHECKPOINT_KINDS.name(request.kind)
     if kind not in ("sleep", "signal", "approval"):
@@ -82,8 +82,8 @@ def wait_of(request: worker_pb2.AwaitRequest) -> waits.Wait:
 
 
 async def await_wait(
-    pool: Pool, worker_id: str, session_token: str, request: worker_pb2.AwaitRequest
-) -> worker_pb2.AwaitResponse:
+    pool: Pool, worker_id: str, session_token: str, request: checkpoints_pb2.AwaitRequest
+) -> checkpoints_pb2.AwaitResponse:
     wait = wait_of(request)
     replayed = request.replayed
     check_cost("replayed", replayed.tokens, replayed.cost_usd)
@@ -108,7 +108,7 @@ async def await_wait(
             "occurrence": wait.occurrence,
         },
     )
-    return worker_pb2.AwaitResponse(
+    return checkpoints_pb2.AwaitResponse(
         outcome=_AWAITED[awaited.outcome],
         checkpoint=(
             checkpoint_message(awaited.checkpoint) if awaited.checkpoint is not None else None
@@ -117,10 +117,11 @@ async def await_wait(
 
 
 def _payload_json(request: durable_pb2.SendSignalRequest) -> str:
-    value = json_format.MessageToDict(request.payload) if request.HasField("payload") else None
     try:
+        # MessageToDict raises ValueError for a NaN or infinite number: bad input too.
+        value = json_format.MessageToDict(request.payload) if request.HasField("payload") else None
         text = canonical_json(parse_value(canonical_json(value).decode(), "payload")).decode()
-    except JsonInvalid as exc:
+    except ValueError as exc:
         raise invalid("payload", str(exc)) from None
     if len(text.encode()) > MAX_SIGNAL_PAYLOAD_BYTES:
         raise invalid("payload", f"must be at most {MAX_SIGNAL_PAYLOAD_BYTES} bytes as JSON")

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from google.protobuf import timestamp_pb2
 
-from awp.v1 import worker_pb2, worker_pb2_grpc
+from awp.v1 import checkpoints_pb2, session_pb2, streams_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import leases, outputs, streams, workers
 from awp_db.connect import Pool
 from awp_db.listen import Listener, Relay
@@ -53,10 +53,10 @@ log = logging.getLogger("awp.server.worker")
 CLAIM_RECHECK_S = 1.0
 
 _VERDICTS = {
-    ResultVerdict.ACCEPTED: worker_pb2.COMPLETE_OUTCOME_ACCEPTED,
-    ResultVerdict.DUPLICATE: worker_pb2.COMPLETE_OUTCOME_DUPLICATE,
-    ResultVerdict.RESULT_CONFLICT: worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT,
-    ResultVerdict.LEASE_LOST: worker_pb2.COMPLETE_OUTCOME_LEASE_LOST,
+    ResultVerdict.ACCEPTED: session_pb2.COMPLETE_OUTCOME_ACCEPTED,
+    ResultVerdict.DUPLICATE: session_pb2.COMPLETE_OUTCOME_DUPLICATE,
+    ResultVerdict.RESULT_CONFLICT: session_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT,
+    ResultVerdict.LEASE_LOST: session_pb2.COMPLETE_OUTCOME_LEASE_LOST,
 }
 _LEASE_STATUS = {
     "renewed": worker_pb2.LEASE_STATUS_RENEWED,
@@ -65,7 +65,7 @@ _LEASE_STATUS = {
 }
 
 
-def _session(session: worker_pb2.Session) -> tuple[str, str]:
+def _session(session: session_pb2.Session) -> tuple[str, str]:
     if not session.worker_id or not session.session_token:
         raise errors.invalid("session", "worker_id and session_token are required")
     return session.worker_id, session.session_token
@@ -152,7 +152,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             },
         )
         return worker_pb2.RegisterResponse(
-            session=worker_pb2.Session(
+            session=session_pb2.Session(
                 worker_id=str(registration.worker_id), session_token=registration.session_token
             ),
             heartbeat_interval=duration_from_ms(self._config.heartbeat_interval_ms),
@@ -370,8 +370,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
 
     @unary
     async def AppendStream(
-        self, request: worker_pb2.AppendStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> worker_pb2.AppendStreamResponse:
+        self, request: streams_pb2.AppendStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> streams_pb2.AppendStreamResponse:
         worker_id, token = _session(request.session)
         chunks = chunks_in(request)
         async with self._pool.acquire() as conn:
@@ -385,31 +385,33 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 chunks,
             )
         metrics.STREAM_APPENDS.labels(appended.verdict.value).inc()
-        return worker_pb2.AppendStreamResponse(
+        return streams_pb2.AppendStreamResponse(
             outcome=_VERDICTS[appended.verdict], next_offset=appended.next_offset
         )
 
     @unary
     async def LoadCheckpoints(
         self,
-        request: worker_pb2.LoadCheckpointsRequest,
+        request: checkpoints_pb2.LoadCheckpointsRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> worker_pb2.LoadCheckpointsResponse:
+    ) -> checkpoints_pb2.LoadCheckpointsResponse:
         worker_id, token = _session(request.session)
         return await checkpoint_rpcs.load_checkpoints(self._pool, worker_id, token, request)
 
     @unary
     async def RecordStep(
-        self, request: worker_pb2.RecordStepRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> worker_pb2.RecordStepResponse:
+        self,
+        request: checkpoints_pb2.RecordStepRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> checkpoints_pb2.RecordStepResponse:
         worker_id, token = _session(request.session)
         verdict = await checkpoint_rpcs.record_step(self._pool, worker_id, token, request)
-        return worker_pb2.RecordStepResponse(outcome=_VERDICTS[verdict])
+        return checkpoints_pb2.RecordStepResponse(outcome=_VERDICTS[verdict])
 
     @unary
     async def Await(
-        self, request: worker_pb2.AwaitRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> worker_pb2.AwaitResponse:
+        self, request: checkpoints_pb2.AwaitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> checkpoints_pb2.AwaitResponse:
         worker_id, token = _session(request.session)
         return await wait_rpcs.await_wait(self._pool, worker_id, token, request)
 

@@ -13,7 +13,7 @@ import pytest
 from google.protobuf import timestamp_pb2
 from rich.console import Console
 
-from awp.v1 import control_pb2, durable_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, runs_pb2, types_pb2
 from awp_cli import commands, render
 from awp_cli.dev import command as dev
 from awp_cli.errors import Exit, exit_error
@@ -103,11 +103,11 @@ def test_default_data_dir(
 
 
 def test_typed_counts_are_shown_by_state_name() -> None:
-    run = control_pb2.Run(
+    run = runs_pb2.Run(
         state=types_pb2.RUN_STATE_RUNNING,
         tasks_by_state=[
-            control_pb2.TaskStateCount(state=types_pb2.TASK_STATE_PENDING, count=2),
-            control_pb2.TaskStateCount(state=types_pb2.TASK_STATE_WAITING_RETRY, count=1),
+            runs_pb2.TaskStateCount(state=types_pb2.TASK_STATE_PENDING, count=2),
+            runs_pb2.TaskStateCount(state=types_pb2.TASK_STATE_WAITING_RETRY, count=1),
         ],
     )
     assert task_counts(decode.run(run)) == {"pending": 2, "waiting_retry": 1}
@@ -164,13 +164,13 @@ def test_awp_workers_shows_labels_models_and_resources_reserved_of_capacity() ->
 
 
 def test_attempts_shown_charged_of_allowed_with_hand_backs_apart() -> None:
-    answer = control_pb2.GetRunResponse(
-        run=control_pb2.Run(state=types_pb2.RUN_STATE_RUNNING),
+    answer = runs_pb2.GetRunResponse(
+        run=runs_pb2.Run(state=types_pb2.RUN_STATE_RUNNING),
         tasks=[
-            control_pb2.Task(
+            runs_pb2.Task(
                 key="plain", state=types_pb2.TASK_STATE_RUNNING, attempts=2, max_attempts=3
             ),
-            control_pb2.Task(
+            runs_pb2.Task(
                 key="handed",
                 state=types_pb2.TASK_STATE_RUNNING,
                 attempts=3,
@@ -188,14 +188,14 @@ def test_attempts_shown_charged_of_allowed_with_hand_backs_apart() -> None:
 
 def test_run_get_collapses_a_map_tasks_elements() -> None:
     tasks = [
-        control_pb2.Task(key="plan", state=types_pb2.TASK_STATE_SUCCEEDED, attempts=1),
-        control_pb2.Task(
+        runs_pb2.Task(key="plan", state=types_pb2.TASK_STATE_SUCCEEDED, attempts=1),
+        runs_pb2.Task(
             key="search",
             state=types_pb2.TASK_STATE_FAILED,
             error=types_pb2.TaskError(message="element 2 (search[2]) failed: no"),
         ),
         *(
-            control_pb2.Task(
+            runs_pb2.Task(
                 key=f"search[{i}]",
                 state=state,
                 attempts=1,
@@ -215,7 +215,7 @@ def test_run_get_collapses_a_map_tasks_elements() -> None:
         ),
     ]
     attempts = [
-        control_pb2.Attempt(
+        runs_pb2.Attempt(
             task_key=task.key,
             attempt=1,
             state=types_pb2.ATTEMPT_STATE_FAILED
@@ -227,10 +227,10 @@ def test_run_get_collapses_a_map_tasks_elements() -> None:
         if task.attempts
     ]
     console = Console(record=True, width=200)
-    run = control_pb2.Run(id="r", state=types_pb2.RUN_STATE_FAILED)
+    run = runs_pb2.Run(id="r", state=types_pb2.RUN_STATE_FAILED)
     console.print(
         run_view(
-            decode.run_detail(control_pb2.GetRunResponse(run=run, tasks=tasks, attempts=attempts))
+            decode.run_detail(runs_pb2.GetRunResponse(run=run, tasks=tasks, attempts=attempts))
         )
     )
     text = console.export_text()
@@ -242,8 +242,8 @@ def test_run_get_collapses_a_map_tasks_elements() -> None:
 
 def test_run_get_shows_the_trace_and_its_link() -> None:
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    answer = control_pb2.GetRunResponse(
-        run=control_pb2.Run(id="r", state=types_pb2.RUN_STATE_SUCCEEDED, trace_id=trace_id)
+    answer = runs_pb2.GetRunResponse(
+        run=runs_pb2.Run(id="r", state=types_pb2.RUN_STATE_SUCCEEDED, trace_id=trace_id)
     )
     detail = decode.run_detail(answer)
     console = Console(record=True, width=160)
@@ -254,7 +254,7 @@ def test_run_get_shows_the_trace_and_its_link() -> None:
     shown = console.export_text()
     assert f"trace {trace_id}" in shown and "http" not in shown
     untraced = decode.run_detail(
-        control_pb2.GetRunResponse(run=control_pb2.Run(id="r", state=types_pb2.RUN_STATE_SUCCEEDED))
+        runs_pb2.GetRunResponse(run=runs_pb2.Run(id="r", state=types_pb2.RUN_STATE_SUCCEEDED))
     )
     console = Console(record=True, width=160)
     console.print(run_view(untraced))
@@ -263,10 +263,10 @@ def test_run_get_shows_the_trace_and_its_link() -> None:
 
 def test_run_get_shows_what_tasks_wait_for_and_what_memos_saved() -> None:
     since = timestamp_pb2.Timestamp(seconds=1_700_000_000)
-    answer = control_pb2.GetRunResponse(
-        run=control_pb2.Run(id="r1", state=types_pb2.RUN_STATE_RUNNING),
+    answer = runs_pb2.GetRunResponse(
+        run=runs_pb2.Run(id="r1", state=types_pb2.RUN_STATE_RUNNING),
         tasks=[
-            control_pb2.Task(
+            runs_pb2.Task(
                 key="review",
                 state=types_pb2.TASK_STATE_WAITING,
                 attempts=3,
@@ -282,7 +282,7 @@ def test_run_get_shows_what_tasks_wait_for_and_what_memos_saved() -> None:
                 ),
                 saved=types_pb2.MemoSavings(steps=2, tokens=1234, cost_usd=0.02),
             ),
-            control_pb2.Task(
+            runs_pb2.Task(
                 key="hook",
                 state=types_pb2.TASK_STATE_WAITING,
                 wait=durable_pb2.TaskWait(
@@ -290,7 +290,7 @@ def test_run_get_shows_what_tasks_wait_for_and_what_memos_saved() -> None:
                 ),
                 saved=types_pb2.MemoSavings(steps=1, tokens=100),
             ),
-            control_pb2.Task(key="done", state=types_pb2.TASK_STATE_SUCCEEDED, attempts=1),
+            runs_pb2.Task(key="done", state=types_pb2.TASK_STATE_SUCCEEDED, attempts=1),
         ],
     )
     console = Console(record=True, width=200)
@@ -326,7 +326,7 @@ def test_run_get_shows_what_tasks_wait_for_and_what_memos_saved() -> None:
     ).plain  # fmt: skip
     assert line.endswith("waiting -> ready  approved by ada: 'looks right'"), line
     # A run where nothing waits and no memo saved anything says nothing of either.
-    plain = control_pb2.GetRunResponse(run=answer.run, tasks=[answer.tasks[2]])
+    plain = runs_pb2.GetRunResponse(run=answer.run, tasks=[answer.tasks[2]])
     console = Console(record=True, width=200)
     console.print(run_view(decode.run_detail(plain)))
     assert "waiting" not in console.export_text()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import checkpoints_pb2, session_pb2, types_pb2, worker_pb2_grpc
 from awp_db.connect import Pool
 from awp_protocol.roles import Role, file_entry
 from cli.runner import Result, awp_async
@@ -47,7 +47,7 @@ async def test_an_approval_by_the_command_line_resumes_the_task_and_is_audited(
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
         run_id, worker, (lease,) = await leased(stub, pool, spec(tasks=1))
         waited = await worker.stub.Await(
-            worker_pb2.AwaitRequest(
+            checkpoints_pb2.AwaitRequest(
                 session=worker.session,
                 dispatch_id=lease.dispatch_id,
                 lease_token=lease.lease_token,
@@ -57,7 +57,7 @@ async def test_an_approval_by_the_command_line_resumes_the_task_and_is_audited(
             ),
             timeout=30,
         )
-        assert waited.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED
+        assert waited.outcome == checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED
         run = str(run_id)
 
         shown = await as_user(server, "victor", "run", "get", run)
@@ -108,6 +108,6 @@ async def test_an_approval_by_the_command_line_resumes_the_task_and_is_audited(
         # The task runs again and the run ends: it takes no signal any more.
         await dispatch_all(pool)
         (again_lease,) = await worker.claim(1)
-        assert await worker.complete(again_lease) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+        assert await worker.complete(again_lease) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
         late = await as_user(server, "alice", "signal", "send", run, "later")
         assert late.code == 2 and late.err.startswith("awp: RUN_FINISHED: "), late.err

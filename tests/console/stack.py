@@ -19,7 +19,7 @@ import grpc
 import yaml
 from google.protobuf import duration_pb2
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2
 from awp_common.processes import clean_env, command, free_ports
 from awp_protocol.jsonvalue import dict_to_struct
 from awp_protocol.roles import Role, file_entry
@@ -66,20 +66,18 @@ class ConsoleStack:
                 request, metadata=auth(user), timeout=10
             )
 
-    async def get_run(self, run_id: str) -> control_pb2.GetRunResponse:
-        return await self.call("GetRun", control_pb2.GetRunRequest(run_id=run_id))
+    async def get_run(self, run_id: str) -> runs_pb2.GetRunResponse:
+        return await self.call("GetRun", runs_pb2.GetRunRequest(run_id=run_id))
 
-    async def wait_run(self, run_id: str, state: int) -> control_pb2.GetRunResponse:
-        async def reached() -> control_pb2.GetRunResponse | None:
+    async def wait_run(self, run_id: str, state: int) -> runs_pb2.GetRunResponse:
+        async def reached() -> runs_pb2.GetRunResponse | None:
             answer = await self.get_run(run_id)
             return answer if answer.run.state == state else None
 
         return await poll_until(reached, f"run {run_id} to reach {state}", within=60)
 
     async def start_run(self, workflow: str, run_input: dict[str, Any]) -> str:
-        request = control_pb2.StartRunRequest(
-            workflow_name=workflow, input=dict_to_struct(run_input)
-        )
+        request = runs_pb2.StartRunRequest(workflow_name=workflow, input=dict_to_struct(run_input))
         answer = await self.call("StartRun", request)
         return str(answer.run.id)
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from playwright.async_api import Page, expect
 
-from awp.v1 import control_pb2, durable_pb2, types_pb2
+from awp.v1 import durable_pb2, runs_pb2, types_pb2
 from awp_protocol.errors import Reason, decode_details
 from console.conftest import Shot
 from console.stack import ConsoleStack
@@ -83,7 +83,7 @@ async def test_an_approver_approves_in_the_page_and_the_decision_is_recorded(
     await expect(listed).to_contain_text("1 / 1 attempts", timeout=WAIT_MS)
     # The action got the decision; the server's audit log has it too.
     output = await stack.call(
-        "GetTaskOutput", control_pb2.GetTaskOutputRequest(run_id=run_id, task_key="review")
+        "GetTaskOutput", runs_pb2.GetTaskOutputRequest(run_id=run_id, task_key="review")
     )
     assert json.loads(output.output_json)["approved_by"] == "ada"
     server = next(p for p in stack.processes if p.name == "server")
@@ -117,4 +117,4 @@ async def test_a_viewer_is_offered_no_decision_and_a_forged_one_is_refused_twice
     assert decode_details(refused.value.trailing_metadata()).reason == Reason.PERMISSION_DENIED
     tasks = {t.key: t for t in (await stack.get_run(run_id)).tasks}
     assert tasks["review"].state == types_pb2.TASK_STATE_WAITING
-    await stack.call("CancelRun", control_pb2.CancelRunRequest(run_id=run_id))
+    await stack.call("CancelRun", runs_pb2.CancelRunRequest(run_id=run_id))

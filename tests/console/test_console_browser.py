@@ -15,7 +15,7 @@ import grpc
 import pytest
 from playwright.async_api import Page, expect
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import control_pb2, runs_pb2, types_pb2
 from awp_protocol.errors import Reason, decode_details
 from console.conftest import Shot
 from console.stack import TOKENS, ConsoleStack
@@ -218,7 +218,7 @@ async def test_a_viewer_sees_no_cancel_button_and_a_forged_cancel_is_refused(
     assert "may not call CancelRun" in await forged.text()
     # ...and awp-server refuses the viewer's credential on its own.
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await stack.call("CancelRun", control_pb2.CancelRunRequest(run_id=run_id), "victor")
+        await stack.call("CancelRun", runs_pb2.CancelRunRequest(run_id=run_id), "victor")
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     reason = decode_details(refused.value.trailing_metadata()).reason
     assert reason == Reason.PERMISSION_DENIED

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from awp.v1 import control_pb2, control_pb2_grpc
+from awp.v1 import control_pb2_grpc, runs_pb2
 from awp_console.app import create_app
 from awp_console.settings import Settings
 from awp_db import coordination, runs, workflows
@@ -90,10 +90,10 @@ async def started_run(server: ServerHandle, pool: Pool, tasks: int = 2) -> str:
     return str(await start_run(pool, spec("console-wf", tasks, chain=True)))
 
 
-async def get_run(server: ServerHandle, run_id: str) -> control_pb2.Run:
+async def get_run(server: ServerHandle, run_id: str) -> runs_pb2.Run:
     async with server.channel() as channel:
         answer = await control_pb2_grpc.ControlServiceStub(channel).GetRun(
-            control_pb2.GetRunRequest(run_id=run_id),
+            runs_pb2.GetRunRequest(run_id=run_id),
             metadata=(("authorization", f"Bearer {TOKENS['root']}"),),
         )
     return answer.run
@@ -206,7 +206,7 @@ async def test_a_viewer_gets_no_buttons_and_a_forged_cancel_is_refused_twice(
     async with server.channel() as channel:
         refused = await expect_error(
             control_pb2_grpc.ControlServiceStub(channel).CancelRun(
-                control_pb2.CancelRunRequest(run_id=run_id),
+                runs_pb2.CancelRunRequest(run_id=run_id),
                 metadata=(("authorization", f"Bearer {TOKENS['victor']}"),),
             )
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from playwright.async_api import Page, expect
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import runs_pb2, types_pb2
 from awp_protocol.jsonvalue import dict_to_struct
 from console.conftest import Shot
 from console.stack import TRACE_URL, ConsoleStack, auth
@@ -37,7 +37,7 @@ async def test_the_run_page_links_its_trace_and_draws_each_task_s_attempts(
     # The caller traces: its traceparent travels with StartRun, and the run keeps it.
     async with stack.channel() as channel:
         answer = await stack.control(channel).StartRun(
-            control_pb2.StartRunRequest(
+            runs_pb2.StartRunRequest(
                 workflow_name="console-timeline", input=dict_to_struct({"gates": str(gates)})
             ),
             metadata=(*auth("root"), ("traceparent", TRACEPARENT)),

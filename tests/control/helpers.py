@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 import kit
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_server.batch_rpcs import ControlServiceWithBatches
@@ -81,8 +81,8 @@ async def create_workflow(
 
 async def start_run(
     stub: control_pb2_grpc.ControlServiceStub, workflow: str = "wf", **fields: Any
-) -> control_pb2.Run:
-    response = await stub.StartRun(control_pb2.StartRunRequest(workflow_name=workflow, **fields))
+) -> runs_pb2.Run:
+    response = await stub.StartRun(runs_pb2.StartRunRequest(workflow_name=workflow, **fields))
     return response.run
 
 
@@ -103,6 +103,6 @@ async def expect_error(
     return error
 
 
-def tasks_by_state(run: control_pb2.Run) -> list[tuple[int, int]]:
+def tasks_by_state(run: runs_pb2.Run) -> list[tuple[int, int]]:
     """(TaskState, count) pairs in the order the server sends them."""
     return [(c.state, c.count) for c in run.tasks_by_state]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2_grpc
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2, worker_pb2_grpc
 from awp_db.connect import Pool
 from awp_protocol.jsonvalue import struct_to_dict
 from awp_protocol.limits import MAX_MAP_ELEMENTS
@@ -95,7 +95,7 @@ async def test_get_run_lists_a_map_tasks_elements(control: Stub, pool: Pool) -> 
     worker = await register(pool)
     (plan,) = await worker.dispatch_and_claim()
     await worker.complete(plan, output={"queries": ["x", "y", "z"]})
-    answer = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    answer = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     tasks = [(t.key, t.state, t.map_parent, t.map_index) for t in answer.tasks]
     assert tasks == [
         ("plan", types_pb2.TASK_STATE_SUCCEEDED, "", 0),
@@ -116,7 +116,7 @@ async def test_a_too_wide_list_is_stored_as_the_map_tasks_error(control: Stub, p
     worker = await register(pool)
     (plan,) = await worker.dispatch_and_claim()
     await worker.complete(plan, output={"queries": list(range(MAX_MAP_ELEMENTS + 5))})
-    answer = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    answer = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     search = next(t for t in answer.tasks if t.key == "search")
     assert search.state == types_pb2.TASK_STATE_FAILED
     assert search.error.message == (
@@ -144,9 +144,7 @@ async def test_an_always_task_lease_carries_its_dependencies_states(
         await control.CreateWorkflow(
             control_pb2.CreateWorkflowRequest(definition=flow), metadata=metadata
         )
-        await control.StartRun(
-            control_pb2.StartRunRequest(workflow_name="notify"), metadata=metadata
-        )
+        await control.StartRun(runs_pb2.StartRunRequest(workflow_name="notify"), metadata=metadata)
         worker = await register_raw(worker_pb2_grpc.WorkerServiceStub(channel))
         await dispatch_all(pool)
         (work,) = await worker.claim()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2
 from awp_db import dispatching, leases
 from awp_db.connect import Pool
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
@@ -64,7 +64,7 @@ async def test_stats_count_queues_runs_workers_and_leases(control: Stub, pool: P
     )
     await start_run(control)
     canceled = await start_run(control)
-    await control.CancelRun(control_pb2.CancelRunRequest(run_id=canceled.id))
+    await control.CancelRun(runs_pb2.CancelRunRequest(run_id=canceled.id))
     await converge_cancel(pool, UUID(canceled.id))
     # One mock slot: the coordinator offers one dispatch per free slot, the worker takes it.
     worker = await register(pool, ["mock"], max_concurrency=1)

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2
 from awp_db.connect import Pool
 from awp_db.listen import Listener
 from awp_protocol.limits import MAX_DEPENDENCIES, MAX_REPORTED_VIOLATIONS, MAX_TASKS
@@ -41,7 +41,7 @@ async def test_start_run_with_input_200_deep_is_malformed(
     control: control_pb2_grpc.ControlServiceStub, channel: grpc.aio.Channel, pool: Pool
 ) -> None:
     await create_workflow(control)
-    request = control_pb2.StartRunRequest(workflow_name="wf").SerializeToString()
+    request = runs_pb2.StartRunRequest(workflow_name="wf").SerializeToString()
     raw = _raw(channel, "StartRun")
     error = await expect_error(
         raw(request + length_delimited(3, deep_struct_bytes(200))),
@@ -85,7 +85,7 @@ async def test_a_20000_character_run_id_gets_its_error(
 ) -> None:
     request = {"run_id": "r" * 20_000}
     call = getattr(control, method)
-    message = getattr(control_pb2, f"{method}Request")(**request)
+    message = getattr(runs_pb2, f"{method}Request")(**request)
     answer = call(message)
     if method == "WatchRun":
         answer = _drain(answer)

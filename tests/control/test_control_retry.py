@@ -12,7 +12,7 @@ from uuid import UUID
 
 import grpc
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2_grpc, runs_pb2, types_pb2
 from awp_db import leases
 from awp_db.claims import IssuedLease
 from awp_db.connect import Pool
@@ -61,11 +61,11 @@ async def _succeed(worker: DbWorker, lease: IssuedLease, output: dict[str, Any])
     return verdicts[0].name
 
 
-async def get(control: Stub, run_id: str) -> control_pb2.GetRunResponse:
-    return await control.GetRun(control_pb2.GetRunRequest(run_id=run_id))
+async def get(control: Stub, run_id: str) -> runs_pb2.GetRunResponse:
+    return await control.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
 
 
-def states(answer: control_pb2.GetRunResponse) -> dict[str, str]:
+def states(answer: runs_pb2.GetRunResponse) -> dict[str, str]:
     return {
         t.key: types_pb2.TaskState.Name(t.state).removeprefix("TASK_STATE_") for t in answer.tasks
     }
@@ -87,7 +87,7 @@ async def test_a_retry_reuses_what_succeeded_and_runs_only_the_rest(
     source = await get(control, source_id)
     assert states(source) == {"a": "SUCCEEDED", "b": "FAILED", "c": "SKIPPED", "d": "SUCCEEDED"}
 
-    answer = await control.RetryRun(control_pb2.RetryRunRequest(run_id=source_id))
+    answer = await control.RetryRun(runs_pb2.RetryRunRequest(run_id=source_id))
     assert answer.created
     new = answer.run
     assert (new.retried_from_run_id, new.retry_from_task) == (source_id, "")
@@ -131,9 +131,9 @@ async def test_a_retry_reuses_what_succeeded_and_runs_only_the_rest(
 async def test_a_chain_of_retries_reuses_transitively(control: Stub, pool: Pool) -> None:
     worker = await register(pool)
     first = await failed_run(control, pool, worker)
-    second = (await control.RetryRun(control_pb2.RetryRunRequest(run_id=first))).run.id
+    second = (await control.RetryRun(runs_pb2.RetryRunRequest(run_id=first))).run.id
     assert await drive(pool, worker, UUID(second), fail={"c"}) == ["b", "c"]
-    third = (await control.RetryRun(control_pb2.RetryRunRequest(run_id=second))).run
+    third = (await control.RetryRun(runs_pb2.RetryRunRequest(run_id=second))).run
     assert third.retried_from_run_id == second
     tasks = {t.key: t for t in (await get(control, third.id)).tasks}
     # Each reused output names the run whose attempt produced it.
@@ -154,7 +154,7 @@ async def test_from_task_reruns_that_task_and_everything_downstream(
     await create_workflow(control, tasks=DIAMOND)
     run = await start_run(control)
     await drive(pool, worker, UUID(run.id))
-    retried = await control.RetryRun(control_pb2.RetryRunRequest(run_id=run.id, from_task="b"))
+    retried = await control.RetryRun(runs_pb2.RetryRunRequest(run_id=run.id, from_task="b"))
     assert retried.run.retry_from_task == "b"
     got = await get(control, retried.run.id)
     assert states(got) == {"a": "SUCCEEDED", "b": "READY", "c": "PENDING", "d": "SUCCEEDED"}
@@ -166,7 +166,7 @@ async def test_a_retry_with_nothing_to_run_has_succeeded_at_once(control: Stub, 
     await create_workflow(control, tasks=DIAMOND)
     run = await start_run(control)
     await drive(pool, worker, UUID(run.id))
-    retried = (await control.RetryRun(control_pb2.RetryRunRequest(run_id=run.id))).run
+    retried = (await control.RetryRun(runs_pb2.RetryRunRequest(run_id=run.id))).run
     assert retried.state == types_pb2.RUN_STATE_SUCCEEDED
     assert retried.HasField("finished_at")
     assert [(c.state, c.count) for c in retried.tasks_by_state] == [
@@ -181,24 +181,24 @@ async def test_a_canceled_run_reruns_its_canceled_tasks(control: Stub, pool: Poo
     run = await start_run(control)
     (lease,) = await worker.dispatch_and_claim()
     assert await _succeed(worker, lease, {"ok": True}) == "ACCEPTED"
-    await control.CancelRun(control_pb2.CancelRunRequest(run_id=run.id))
+    await control.CancelRun(runs_pb2.CancelRunRequest(run_id=run.id))
     await converge_cancel(pool, UUID(run.id))
     assert states(await get(control, run.id)) == {"a": "SUCCEEDED", "b": "CANCELED"}
-    retried = (await control.RetryRun(control_pb2.RetryRunRequest(run_id=run.id))).run
+    retried = (await control.RetryRun(runs_pb2.RetryRunRequest(run_id=run.id))).run
     assert await drive(pool, worker, UUID(retried.id)) == ["b"]
 
 
 async def test_a_live_run_cannot_be_retried(control: Stub, pool: Pool) -> None:
     await create_workflow(control, tasks=DIAMOND)
     run = await start_run(control)
-    error = await expect_error(control.RetryRun(control_pb2.RetryRunRequest(run_id=run.id)))
+    error = await expect_error(control.RetryRun(runs_pb2.RetryRunRequest(run_id=run.id)))
     assert (error.code, error.reason) == (
         grpc.StatusCode.FAILED_PRECONDITION,
         Reason.RUN_NOT_FINISHED,
     )
     assert "still running" in error.message and "cancel it first" in error.message
-    await control.CancelRun(control_pb2.CancelRunRequest(run_id=run.id))
-    canceling = await expect_error(control.RetryRun(control_pb2.RetryRunRequest(run_id=run.id)))
+    await control.CancelRun(runs_pb2.CancelRunRequest(run_id=run.id))
+    canceling = await expect_error(control.RetryRun(runs_pb2.RetryRunRequest(run_id=run.id)))
     assert canceling.reason == Reason.RUN_NOT_FINISHED and "still canceling" in canceling.message
     assert await pool.fetchval("SELECT count(*) FROM runs") == 1
 
@@ -207,7 +207,7 @@ async def test_bad_retry_requests_name_their_field(control: Stub, pool: Pool) ->
     worker = await register(pool)
     source_id = await failed_run(control, pool, worker)
     unknown = await expect_error(
-        control.RetryRun(control_pb2.RetryRunRequest(run_id=source_id, from_task="nope"))
+        control.RetryRun(runs_pb2.RetryRunRequest(run_id=source_id, from_task="nope"))
     )
     assert (unknown.code, unknown.reason, unknown.fields) == (
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -216,13 +216,13 @@ async def test_bad_retry_requests_name_their_field(control: Stub, pool: Pool) ->
     )
     assert "has no task 'nope'" in unknown.message
     malformed = await expect_error(
-        control.RetryRun(control_pb2.RetryRunRequest(run_id=source_id, from_task="a b"))
+        control.RetryRun(runs_pb2.RetryRunRequest(run_id=source_id, from_task="a b"))
     )
     assert malformed.fields == ["from_task"]
-    not_a_run = await expect_error(control.RetryRun(control_pb2.RetryRunRequest(run_id="x")))
+    not_a_run = await expect_error(control.RetryRun(runs_pb2.RetryRunRequest(run_id="x")))
     assert not_a_run.fields == ["run_id"]
     missing = await expect_error(
-        control.RetryRun(control_pb2.RetryRunRequest(run_id=str(UUID(int=7))))
+        control.RetryRun(runs_pb2.RetryRunRequest(run_id=str(UUID(int=7))))
     )
     assert (missing.code, missing.reason) == (grpc.StatusCode.NOT_FOUND, Reason.RUN_NOT_FOUND)
     assert await pool.fetchval("SELECT count(*) FROM runs") == 1
@@ -231,7 +231,7 @@ async def test_bad_retry_requests_name_their_field(control: Stub, pool: Pool) ->
 async def test_retry_is_idempotent_by_request_id(control: Stub, pool: Pool) -> None:
     worker = await register(pool)
     source_id = await failed_run(control, pool, worker)
-    request = control_pb2.RetryRunRequest(run_id=source_id, request_id="retry-once")
+    request = runs_pb2.RetryRunRequest(run_id=source_id, request_id="retry-once")
     answers = await asyncio.gather(*(control.RetryRun(request) for _ in range(8)))
     assert len({a.run.id for a in answers}) == 1
     assert sum(a.created for a in answers) == 1
@@ -243,8 +243,8 @@ async def test_retry_is_idempotent_by_request_id(control: Stub, pool: Pool) -> N
 
     # The same key for another request is a conflict naming the run it started.
     for other in (
-        control_pb2.RetryRunRequest(run_id=source_id, from_task="a", request_id="retry-once"),
-        control_pb2.RetryRunRequest(run_id=again.run.id, request_id="retry-once"),
+        runs_pb2.RetryRunRequest(run_id=source_id, from_task="a", request_id="retry-once"),
+        runs_pb2.RetryRunRequest(run_id=again.run.id, request_id="retry-once"),
     ):
         conflict = await expect_error(control.RetryRun(other))
         assert (conflict.code, conflict.reason) == (
@@ -253,7 +253,7 @@ async def test_retry_is_idempotent_by_request_id(control: Stub, pool: Pool) -> N
         )
         assert again.run.id in conflict.message
     # A StartRun of the very workflow and input the retry has is no repeat of it either.
-    same = control_pb2.StartRunRequest(
+    same = runs_pb2.StartRunRequest(
         workflow_name="wf", input=struct({"topic": "rivers", "n": 3}), request_id="retry-once"
     )
     started = await expect_error(control.StartRun(same))
@@ -285,7 +285,7 @@ async def test_a_retry_of_a_map_workflow_starts_its_map_from_the_reused_upstream
     await worker.complete(cleanup)
     assert await run_state(pool, UUID(run.id)) == "failed"
 
-    retried = (await control.RetryRun(control_pb2.RetryRunRequest(run_id=run.id))).run
+    retried = (await control.RetryRun(runs_pb2.RetryRunRequest(run_id=run.id))).run
     answer = await get(control, retried.id)
     assert states(answer) == {
         "plan": "SUCCEEDED",

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2_grpc, runs_pb2, types_pb2
 from awp_db import coordination
 from awp_db.connect import Pool
 from awp_protocol.jsonvalue import struct_to_dict
@@ -29,7 +29,7 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 async def test_start_run_creates_every_task(control: Stub) -> None:
     await create_workflow(control, tasks=[task("a"), task("b", ["a"]), task("c", ["a"])])
     response = await control.StartRun(
-        control_pb2.StartRunRequest(
+        runs_pb2.StartRunRequest(
             workflow_name="wf", input=struct({"who": "me", "n": 3}), request_id="req-1"
         )
     )
@@ -53,7 +53,7 @@ async def test_start_run_creates_every_task(control: Stub) -> None:
 
 async def test_start_run_is_idempotent_by_request_id(control: Stub, pool: Pool) -> None:
     await create_workflow(control)
-    request = control_pb2.StartRunRequest(workflow_name="wf", request_id="once")
+    request = runs_pb2.StartRunRequest(workflow_name="wf", request_id="once")
     responses = await asyncio.gather(*(control.StartRun(request) for _ in range(10)))
     assert len({r.run.id for r in responses}) == 1
     assert sum(r.created for r in responses) == 1
@@ -64,7 +64,7 @@ async def test_start_run_is_idempotent_by_request_id(control: Stub, pool: Pool) 
     assert (again.run.id, again.created) == (responses[0].run.id, False)
     assert again.run.workflow_version == 1
     # No request id: a new run every time.
-    plain = control_pb2.StartRunRequest(workflow_name="wf")
+    plain = runs_pb2.StartRunRequest(workflow_name="wf")
     first, second = await control.StartRun(plain), await control.StartRun(plain)
     assert first.run.id != second.run.id
 
@@ -74,7 +74,7 @@ async def test_start_run_request_id_reused_for_another_workflow(control: Stub) -
     await create_workflow(control, "two")
     await start_run(control, "one", request_id="shared")
     await expect_error(
-        control.StartRun(control_pb2.StartRunRequest(workflow_name="two", request_id="shared")),
+        control.StartRun(runs_pb2.StartRunRequest(workflow_name="two", request_id="shared")),
         grpc.StatusCode.ALREADY_EXISTS,
         "REQUEST_ID_CONFLICT",
     )
@@ -89,30 +89,30 @@ async def test_start_run_request_id_reused_with_another_input_or_version(
     await create_workflow(control)
     await create_workflow(control, version=2)
     first = await control.StartRun(
-        control_pb2.StartRunRequest(
+        runs_pb2.StartRunRequest(
             workflow_name="wf", workflow_version=1, input=struct({"a": 1, "b": "x"}),
             request_id="key",
         )
     )  # fmt: skip
     retried = await control.StartRun(
-        control_pb2.StartRunRequest(
+        runs_pb2.StartRunRequest(
             workflow_name="wf", input=struct({"b": "x", "a": 1.0}), request_id="key"
         )
     )
     assert (retried.run.id, retried.created) == (first.run.id, False)
     for other in (
-        control_pb2.StartRunRequest(
+        runs_pb2.StartRunRequest(
             workflow_name="wf", workflow_version=1, input=struct({"a": 2, "b": "x"}),
             request_id="key",
         ),
-        control_pb2.StartRunRequest(workflow_name="wf", input=struct({"a": True, "b": "x"}),
+        runs_pb2.StartRunRequest(workflow_name="wf", input=struct({"a": True, "b": "x"}),
                                     request_id="key"),
-        control_pb2.StartRunRequest(workflow_name="wf", request_id="key"),
-        control_pb2.StartRunRequest(
+        runs_pb2.StartRunRequest(workflow_name="wf", request_id="key"),
+        runs_pb2.StartRunRequest(
             workflow_name="wf", workflow_version=2, input=struct({"a": 1, "b": "x"}),
             request_id="key",
         ),
-        control_pb2.StartRunRequest(
+        runs_pb2.StartRunRequest(
             workflow_name="wf", workflow_version=1, input=struct({"a": 1, "b": "x"}),
             request_id="key", priority=3,
         ),
@@ -128,30 +128,30 @@ async def test_start_run_request_id_reused_with_another_input_or_version(
     ("request_", "field"),
     [
         (
-            control_pb2.StartRunRequest(
+            runs_pb2.StartRunRequest(
                 workflow_name="wf", input=struct({"blob": "x" * MAX_INPUT_BYTES})
             ),
             "input",
         ),
         (
-            control_pb2.StartRunRequest(workflow_name="wf", input=struct({"x": float("inf")})),
+            runs_pb2.StartRunRequest(workflow_name="wf", input=struct({"x": float("inf")})),
             "input",
         ),
-        (control_pb2.StartRunRequest(workflow_name="wf", input=struct({"k\x00": 1})), "input"),
-        (control_pb2.StartRunRequest(workflow_name="wf", request_id="r" * 129), "request_id"),
-        (control_pb2.StartRunRequest(workflow_name="wf", request_id="a\x00b"), "request_id"),
-        (control_pb2.StartRunRequest(workflow_name=""), "workflow_name"),
-        (control_pb2.StartRunRequest(workflow_name="a/b"), "workflow_name"),
+        (runs_pb2.StartRunRequest(workflow_name="wf", input=struct({"k\x00": 1})), "input"),
+        (runs_pb2.StartRunRequest(workflow_name="wf", request_id="r" * 129), "request_id"),
+        (runs_pb2.StartRunRequest(workflow_name="wf", request_id="a\x00b"), "request_id"),
+        (runs_pb2.StartRunRequest(workflow_name=""), "workflow_name"),
+        (runs_pb2.StartRunRequest(workflow_name="a/b"), "workflow_name"),
         (
-            control_pb2.StartRunRequest(workflow_name="wf", workflow_version=2**31),
+            runs_pb2.StartRunRequest(workflow_name="wf", workflow_version=2**31),
             "workflow_version",
         ),
-        (control_pb2.StartRunRequest(workflow_name="wf", priority=11), "priority"),
-        (control_pb2.StartRunRequest(workflow_name="wf", priority=-11), "priority"),
+        (runs_pb2.StartRunRequest(workflow_name="wf", priority=11), "priority"),
+        (runs_pb2.StartRunRequest(workflow_name="wf", priority=-11), "priority"),
     ],
 )
 async def test_start_run_rejects_bad_input(
-    control: Stub, pool: Pool, request_: control_pb2.StartRunRequest, field: str
+    control: Stub, pool: Pool, request_: runs_pb2.StartRunRequest, field: str
 ) -> None:
     await create_workflow(control)
     await expect_error(control.StartRun(request_), INVALID, "INVALID_ARGUMENT", field)
@@ -167,13 +167,13 @@ async def test_start_run_accepts_the_largest_input(control: Stub) -> None:
 
 async def test_start_run_of_unknown_workflow(control: Stub) -> None:
     await expect_error(
-        control.StartRun(control_pb2.StartRunRequest(workflow_name="nope")),
+        control.StartRun(runs_pb2.StartRunRequest(workflow_name="nope")),
         grpc.StatusCode.NOT_FOUND,
         "WORKFLOW_NOT_FOUND",
     )
     await create_workflow(control)
     await expect_error(
-        control.StartRun(control_pb2.StartRunRequest(workflow_name="wf", workflow_version=7)),
+        control.StartRun(runs_pb2.StartRunRequest(workflow_name="wf", workflow_version=7)),
         grpc.StatusCode.NOT_FOUND,
         "WORKFLOW_NOT_FOUND",
     )
@@ -186,7 +186,7 @@ async def test_get_run_has_tasks_and_attempts(control: Stub, pool: Pool) -> None
     issued = await worker.dispatch_and_claim()
     assert [lease.task_key for lease in issued] == ["a"]
 
-    during = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    during = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     assert [(t.key, t.state) for t in during.tasks] == [
         ("a", types_pb2.TASK_STATE_RUNNING),
         ("b", types_pb2.TASK_STATE_PENDING),
@@ -200,7 +200,7 @@ async def test_get_run_has_tasks_and_attempts(control: Stub, pool: Pool) -> None
     assert attempt.HasField("deadline") and not attempt.HasField("finished_at")
 
     await worker.complete_all(issued)
-    after = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    after = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     a, b = after.tasks
     assert a.state == types_pb2.TASK_STATE_SUCCEEDED
     assert struct_to_dict(a.output) == {"task": "a", "attempt": 1}
@@ -221,7 +221,7 @@ async def test_get_run_shows_failures(control: Stub, pool: Pool) -> None:
     run = await start_run(control)
     worker = await register(pool)
     await worker.complete_all(await worker.dispatch_and_claim(), "failed", retryable=False)
-    got = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    got = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     assert got.run.state == types_pb2.RUN_STATE_FAILED
     assert got.run.HasField("finished_at")
     a, b = got.tasks
@@ -234,12 +234,12 @@ async def test_get_run_shows_failures(control: Stub, pool: Pool) -> None:
 
 async def test_get_run_errors(control: Stub) -> None:
     await expect_error(
-        control.GetRun(control_pb2.GetRunRequest(run_id=str(uuid.uuid4()))),
+        control.GetRun(runs_pb2.GetRunRequest(run_id=str(uuid.uuid4()))),
         grpc.StatusCode.NOT_FOUND,
         "RUN_NOT_FOUND",
     )
     await expect_error(
-        control.GetRun(control_pb2.GetRunRequest(run_id="not-a-uuid")),
+        control.GetRun(runs_pb2.GetRunRequest(run_id="not-a-uuid")),
         INVALID,
         "INVALID_ARGUMENT",
         "run_id",
@@ -251,7 +251,7 @@ async def list_all(control: Stub, page_size: int, **filters: object) -> list[lis
     token = ""
     while True:
         page = await control.ListRuns(
-            control_pb2.ListRunsRequest(page_size=page_size, page_token=token, **filters)
+            runs_pb2.ListRunsRequest(page_size=page_size, page_token=token, **filters)
         )
         pages.append([run.id for run in page.runs])
         token = page.next_page_token
@@ -281,7 +281,7 @@ async def test_list_runs_newest_first_with_paging(control: Stub, pool: Pool) -> 
     assert one == [i for i in newest_first if i in ids["one"]]
     assert [i for p in await list_all(control, 0) for i in p] == newest_first  # default 50
 
-    unknown = await control.ListRuns(control_pb2.ListRunsRequest(workflow_name="nope"))
+    unknown = await control.ListRuns(runs_pb2.ListRunsRequest(workflow_name="nope"))
     assert list(unknown.runs) == [] and unknown.next_page_token == ""
 
 
@@ -293,11 +293,11 @@ async def test_list_runs_filters_by_state_and_counts_tasks(control: Stub, pool: 
     running = await start_run(control)
 
     succeeded = await control.ListRuns(
-        control_pb2.ListRunsRequest(state=types_pb2.RUN_STATE_SUCCEEDED)
+        runs_pb2.ListRunsRequest(state=types_pb2.RUN_STATE_SUCCEEDED)
     )
     assert [r.id for r in succeeded.runs] == [done.id]
     assert tasks_by_state(succeeded.runs[0]) == [(types_pb2.TASK_STATE_SUCCEEDED, 2)]
-    still = await control.ListRuns(control_pb2.ListRunsRequest(state=types_pb2.RUN_STATE_RUNNING))
+    still = await control.ListRuns(runs_pb2.ListRunsRequest(state=types_pb2.RUN_STATE_RUNNING))
     assert [r.id for r in still.runs] == [running.id]
     assert tasks_by_state(still.runs[0]) == [
         (types_pb2.TASK_STATE_PENDING, 1),
@@ -314,27 +314,27 @@ async def test_list_runs_page_size_is_capped(control: Stub, pool: Pool) -> None:
         "generate_series(1, 1000) WHERE id = $1",
         UUID(run.id),
     )
-    page = await control.ListRuns(control_pb2.ListRunsRequest(page_size=100_000))
+    page = await control.ListRuns(runs_pb2.ListRunsRequest(page_size=100_000))
     assert len(page.runs) == 1_000 and page.next_page_token
     rest = await control.ListRuns(
-        control_pb2.ListRunsRequest(page_size=100_000, page_token=page.next_page_token)
+        runs_pb2.ListRunsRequest(page_size=100_000, page_token=page.next_page_token)
     )
     assert len(rest.runs) == 1 and rest.next_page_token == ""
-    assert len((await control.ListRuns(control_pb2.ListRunsRequest())).runs) == 50
+    assert len((await control.ListRuns(runs_pb2.ListRunsRequest())).runs) == 50
 
 
 @pytest.mark.parametrize(
     ("request_", "field"),
     [
-        (control_pb2.ListRunsRequest(page_token="%%%"), "page_token"),
-        (control_pb2.ListRunsRequest(page_token="WyJyIiwgMV0"), "page_token"),  # ["r", 1]
-        (control_pb2.ListRunsRequest(page_token="WyJ3IiwgIndmIiwgMV0"), "page_token"),  # ["w", ..]
-        (control_pb2.ListRunsRequest(state=99), "state"),  # type: ignore[arg-type]
-        (control_pb2.ListRunsRequest(workflow_name="x y"), "workflow_name"),
+        (runs_pb2.ListRunsRequest(page_token="%%%"), "page_token"),
+        (runs_pb2.ListRunsRequest(page_token="WyJyIiwgMV0"), "page_token"),  # ["r", 1]
+        (runs_pb2.ListRunsRequest(page_token="WyJ3IiwgIndmIiwgMV0"), "page_token"),  # ["w", ..]
+        (runs_pb2.ListRunsRequest(state=99), "state"),  # type: ignore[arg-type]
+        (runs_pb2.ListRunsRequest(workflow_name="x y"), "workflow_name"),
     ],
 )
 async def test_list_runs_rejects_bad_input(
-    control: Stub, request_: control_pb2.ListRunsRequest, field: str
+    control: Stub, request_: runs_pb2.ListRunsRequest, field: str
 ) -> None:
     await expect_error(control.ListRuns(request_), INVALID, "INVALID_ARGUMENT", field)
 
@@ -346,7 +346,7 @@ async def test_list_runs_rejects_a_forged_timestamp(control: Stub) -> None:
 
     for bad in ("yesterday", "2030-01-01T00:00:00"):  # no time zone: ambiguous
         await expect_error(
-            control.ListRuns(control_pb2.ListRunsRequest(page_token=token(bad))),
+            control.ListRuns(runs_pb2.ListRunsRequest(page_token=token(bad))),
             INVALID,
             "INVALID_ARGUMENT",
             "page_token",
@@ -356,7 +356,7 @@ async def test_list_runs_rejects_a_forged_timestamp(control: Stub) -> None:
 async def test_cancel_run_records_the_intent_once(control: Stub, pool: Pool) -> None:
     await create_workflow(control)
     run = await start_run(control)
-    canceled = await control.CancelRun(control_pb2.CancelRunRequest(run_id=run.id, reason="oops"))
+    canceled = await control.CancelRun(runs_pb2.CancelRunRequest(run_id=run.id, reason="oops"))
     # Only the intent: the coordinator converges it.
     assert canceled.run.state == types_pb2.RUN_STATE_RUNNING
     assert canceled.run.HasField("cancel_requested_at")
@@ -374,12 +374,12 @@ async def test_cancel_run_records_the_intent_once(control: Stub, pool: Pool) -> 
     )
     assert canceled.run.cancel_requested_by == "anonymous"
 
-    again = await control.CancelRun(control_pb2.CancelRunRequest(run_id=run.id))
+    again = await control.CancelRun(runs_pb2.CancelRunRequest(run_id=run.id))
     assert again.run.revision == canceled.run.revision  # a repeat changes nothing
     assert again.run.cancel_requested_at == canceled.run.cancel_requested_at
 
     await converge_cancel(pool, UUID(run.id))
-    got = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    got = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     assert got.run.state == types_pb2.RUN_STATE_CANCELED
     assert tasks_by_state(got.run) == [(types_pb2.TASK_STATE_CANCELED, 2)]
 
@@ -388,8 +388,8 @@ async def test_cancel_finished_run_is_a_no_op(control: Stub, pool: Pool) -> None
     await create_workflow(control)
     run = await start_run(control)
     await drive_to_end(pool, UUID(run.id), await register(pool))
-    before = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
-    response = await control.CancelRun(control_pb2.CancelRunRequest(run_id=run.id))
+    before = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
+    response = await control.CancelRun(runs_pb2.CancelRunRequest(run_id=run.id))
     assert response.run == before.run
     assert response.run.state == types_pb2.RUN_STATE_SUCCEEDED
     assert not response.run.HasField("cancel_requested_at")
@@ -397,12 +397,12 @@ async def test_cancel_finished_run_is_a_no_op(control: Stub, pool: Pool) -> None
 
 async def test_cancel_run_errors(control: Stub) -> None:
     await expect_error(
-        control.CancelRun(control_pb2.CancelRunRequest(run_id=str(uuid.uuid4()))),
+        control.CancelRun(runs_pb2.CancelRunRequest(run_id=str(uuid.uuid4()))),
         grpc.StatusCode.NOT_FOUND,
         "RUN_NOT_FOUND",
     )
     await expect_error(
-        control.CancelRun(control_pb2.CancelRunRequest(run_id="123")),
+        control.CancelRun(runs_pb2.CancelRunRequest(run_id="123")),
         INVALID,
         "INVALID_ARGUMENT",
         "run_id",
@@ -411,7 +411,7 @@ async def test_cancel_run_errors(control: Stub) -> None:
     run = await start_run(control)
     for reason in ("nul\x00", "r" * 1025):
         await expect_error(
-            control.CancelRun(control_pb2.CancelRunRequest(run_id=run.id, reason=reason)),
+            control.CancelRun(runs_pb2.CancelRunRequest(run_id=run.id, reason=reason)),
             INVALID,
             "INVALID_ARGUMENT",
             "reason",
@@ -428,7 +428,7 @@ async def test_a_task_that_succeeds_on_a_later_attempt_shows_no_error(
     run = await start_run(control)
     worker = await register(pool)
     assert await worker.complete_all(await worker.dispatch_and_claim(), "failed") == ["ACCEPTED"]
-    waiting = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    waiting = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     assert waiting.tasks[0].state == types_pb2.TASK_STATE_WAITING_RETRY
     assert waiting.tasks[0].error.message == "boom"  # the latest failure, while it waits
 
@@ -438,7 +438,7 @@ async def test_a_task_that_succeeds_on_a_later_attempt_shows_no_error(
 
     await poll_until(released, "the retry released", within=10.0)
     assert await worker.complete_all(await worker.dispatch_and_claim()) == ["ACCEPTED"]
-    got = await control.GetRun(control_pb2.GetRunRequest(run_id=run.id))
+    got = await control.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     assert got.tasks[0].state == types_pb2.TASK_STATE_SUCCEEDED
     assert not got.tasks[0].HasField("error")
     first, second = sorted(got.attempts, key=lambda attempt: attempt.attempt)

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, control_pb2_grpc, schedule_pb2, types_pb2
+from awp.v1 import control_pb2_grpc, runs_pb2, schedule_pb2, types_pb2
 from awp_db.connect import Pool
 from awp_protocol.errors import Reason
 from control.helpers import create_workflow, start_run, task
@@ -122,7 +122,7 @@ async def test_trigger_and_backfill_fire_each_tick_once(control: Stub, pool: Poo
         )
     )
     triggered = await control.TriggerSchedule(schedule_pb2.TriggerScheduleRequest(name="hourly"))
-    run = (await control.GetRun(control_pb2.GetRunRequest(run_id=triggered.run_id))).run
+    run = (await control.GetRun(runs_pb2.GetRunRequest(run_id=triggered.run_id))).run
     assert run.schedule_tick == triggered.tick_time and run.schedule_id
 
     end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
@@ -133,7 +133,7 @@ async def test_trigger_and_backfill_fire_each_tick_once(control: Stub, pool: Poo
     assert (len(first.run_ids), first.already_fired) == (5, 0)
     ticks = []
     for run_id in first.run_ids:
-        got = (await control.GetRun(control_pb2.GetRunRequest(run_id=run_id))).run
+        got = (await control.GetRun(runs_pb2.GetRunRequest(run_id=run_id))).run
         ticks.append(got.schedule_tick.ToDatetime(tzinfo=UTC))
     assert ticks == [start + timedelta(hours=h) for h in range(5)]
     # Overlapping the first: only the new ticks fire.
@@ -191,7 +191,7 @@ async def test_the_fire_path_across_dst_nights_in_new_york(control: Stub, pool: 
             schedule_pb2.BackfillScheduleRequest(name=name, start_time=at(start), end_time=at(end))
         )
         found = [
-            (await control.GetRun(control_pb2.GetRunRequest(run_id=r))).run.schedule_tick
+            (await control.GetRun(runs_pb2.GetRunRequest(run_id=r))).run.schedule_tick
             for r in answer.run_ids
         ]
         return [t.ToDatetime(tzinfo=UTC) for t in found]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2_grpc, runs_pb2, types_pb2
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_START_RUNS
 from control.helpers import create_workflow, expect_error, task
@@ -17,10 +17,8 @@ Stub = control_pb2_grpc.ControlServiceStub
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
-def entry(
-    request_id: str = "", workflow: str = "wf", **fields: object
-) -> control_pb2.StartRunRequest:
-    return control_pb2.StartRunRequest(workflow_name=workflow, request_id=request_id, **fields)  # type: ignore[arg-type]
+def entry(request_id: str = "", workflow: str = "wf", **fields: object) -> runs_pb2.StartRunRequest:
+    return runs_pb2.StartRunRequest(workflow_name=workflow, request_id=request_id, **fields)  # type: ignore[arg-type]
 
 
 async def counts(pool: Pool) -> tuple[int, int, int]:
@@ -35,7 +33,7 @@ async def counts(pool: Pool) -> tuple[int, int, int]:
 async def test_a_thousand_runs_start_in_one_call(control: Stub, pool: Pool) -> None:
     await create_workflow(control, tasks=[task("a"), task("b", ["a"])])
     await create_workflow(control, name="one", tasks=[task("only")])
-    request = control_pb2.StartRunsRequest(
+    request = runs_pb2.StartRunsRequest(
         runs=[
             entry(f"r{i}", "wf" if i % 2 else "one", input=struct({"i": i}))
             for i in range(MAX_START_RUNS)
@@ -45,7 +43,7 @@ async def test_a_thousand_runs_start_in_one_call(control: Stub, pool: Pool) -> N
     assert len(answer.runs) == MAX_START_RUNS and all(run.created for run in answer.runs)
     # Each run is exactly what StartRun makes: its tasks, its events.
     assert await counts(pool) == (1000, 1500, 1000 + 1500)
-    first = await control.GetRun(control_pb2.GetRunRequest(run_id=answer.runs[1].run_id))
+    first = await control.GetRun(runs_pb2.GetRunRequest(run_id=answer.runs[1].run_id))
     assert (first.run.workflow_name, first.run.request_id) == ("wf", "r1")
     assert [t.state for t in first.tasks] == [
         types_pb2.TASK_STATE_READY,
@@ -60,7 +58,7 @@ async def test_a_thousand_runs_start_in_one_call(control: Stub, pool: Pool) -> N
 
 async def test_runs_started_together_execute(control: Stub, pool: Pool) -> None:
     await create_workflow(control, tasks=[task("a"), task("b", ["a"])])
-    answer = await control.StartRuns(control_pb2.StartRunsRequest(runs=[entry(), entry()]))
+    answer = await control.StartRuns(runs_pb2.StartRunsRequest(runs=[entry(), entry()]))
     worker = await register(pool)
     for run in answer.runs:
         assert await drive_to_end(pool, run.run_id, worker) == "succeeded"
@@ -75,14 +73,14 @@ async def test_one_bad_entry_refuses_the_call_naming_it(control: Stub, pool: Poo
         ([entry("a", workflow="Bad Name")], "runs[0].workflow_name"),
     ]
     for runs, field in cases:
-        call = control.StartRuns(control_pb2.StartRunsRequest(runs=runs))
+        call = control.StartRuns(runs_pb2.StartRunsRequest(runs=runs))
         if field is None:
             error = await expect_error(call, grpc.StatusCode.NOT_FOUND, "WORKFLOW_NOT_FOUND")
             assert error.message.startswith("runs[1]: "), error.message
         else:
             await expect_error(call, INVALID, "INVALID_ARGUMENT", field)
     await expect_error(
-        control.StartRuns(control_pb2.StartRunsRequest()), INVALID, "INVALID_ARGUMENT", "runs"
+        control.StartRuns(runs_pb2.StartRunsRequest()), INVALID, "INVALID_ARGUMENT", "runs"
     )
     assert await counts(pool) == (0, 0, 0)
 
@@ -94,13 +92,13 @@ async def test_a_request_id_reused_for_another_request_stores_none_of_the_batch(
     await control.StartRun(entry("taken", input=struct({"n": 1})))
     before = await counts(pool)
     call = control.StartRuns(
-        control_pb2.StartRunsRequest(runs=[entry("new"), entry("taken", input=struct({"n": 2}))])
+        runs_pb2.StartRunsRequest(runs=[entry("new"), entry("taken", input=struct({"n": 2}))])
     )
     error = await expect_error(call, grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_CONFLICT")
     assert error.message.startswith("runs[1]: "), error.message
     assert await counts(pool) == before
     # The same request as before is a retry: its run, beside a new one.
     answer = await control.StartRuns(
-        control_pb2.StartRunsRequest(runs=[entry("new"), entry("taken", input=struct({"n": 1}))])
+        runs_pb2.StartRunsRequest(runs=[entry("new"), entry("taken", input=struct({"n": 1}))])
     )
     assert [run.created for run in answer.runs] == [True, False]

@@ -14,7 +14,7 @@ from uuid import UUID
 import grpc
 import pytest
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2_grpc, runs_pb2, types_pb2
 from awp_db import locks, runs
 from awp_db.connect import Pool, connect
 from awp_db.events import Event, EventBatch, after_seq
@@ -35,7 +35,7 @@ class Watch:
 
     def __init__(self, control: Stub, run_id: str, after_seq: int = 0) -> None:
         self.call: Any = control.WatchRun(
-            control_pb2.WatchRunRequest(run_id=run_id, after_seq=after_seq)
+            runs_pb2.WatchRunRequest(run_id=run_id, after_seq=after_seq)
         )
         self.events: list[types_pb2.StateEvent] = []
         self.ended = False

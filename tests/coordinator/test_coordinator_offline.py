@@ -11,7 +11,7 @@ from uuid import UUID
 import grpc
 from coordinator_support import coordinator
 
-from awp.v1 import worker_pb2, worker_pb2_grpc
+from awp.v1 import session_pb2, worker_pb2, worker_pb2_grpc
 from awp_coordinator.config import OFFLINE_AFTER_INTERVALS
 from awp_db.connect import Pool
 from kit import WORKER_TOKEN, ServerFactory, poll_until
@@ -19,7 +19,7 @@ from kit import WORKER_TOKEN, ServerFactory, poll_until
 AUTH = (("authorization", f"Bearer {WORKER_TOKEN}"),)
 
 
-async def register(stub: worker_pb2_grpc.WorkerServiceAsyncStub, name: str) -> worker_pb2.Session:
+async def register(stub: worker_pb2_grpc.WorkerServiceAsyncStub, name: str) -> session_pb2.Session:
     response = await stub.Register(
         worker_pb2.RegisterRequest(
             name=name, protocol_version=1, executor_kinds=["mock"], max_concurrency=1
@@ -32,7 +32,7 @@ async def register(stub: worker_pb2_grpc.WorkerServiceAsyncStub, name: str) -> w
 
 @contextlib.asynccontextmanager
 async def heartbeating(
-    stub: worker_pb2_grpc.WorkerServiceAsyncStub, session: worker_pb2.Session, every: float
+    stub: worker_pb2_grpc.WorkerServiceAsyncStub, session: session_pb2.Session, every: float
 ) -> AsyncIterator[None]:
     """Heartbeats session at the server's interval, as a healthy worker does."""
 
@@ -56,7 +56,7 @@ async def heartbeating(
             await task
 
 
-async def state(pool: Pool, session: worker_pb2.Session) -> str:
+async def state(pool: Pool, session: session_pb2.Session) -> str:
     found: str = await pool.fetchval(
         "SELECT state FROM workers WHERE id = $1", UUID(session.worker_id)
     )

@@ -12,18 +12,18 @@ from uuid import UUID
 import grpc
 from commandlines import ADMIN_TOKEN
 
-from awp.v1 import control_pb2, control_pb2_grpc
+from awp.v1 import control_pb2_grpc, streams_pb2
 
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
-STARTED = control_pb2.STREAM_BOUNDARY_KIND_STARTED
-ENDED = control_pb2.STREAM_BOUNDARY_KIND_ENDED
+STARTED = streams_pb2.STREAM_BOUNDARY_KIND_STARTED
+ENDED = streams_pb2.STREAM_BOUNDARY_KIND_ENDED
 
 
 @dataclass
 class Reader:
     run_id: UUID
     task_key: str
-    chunks: list[control_pb2.StreamChunk] = field(default_factory=list)
+    chunks: list[streams_pb2.StreamChunk] = field(default_factory=list)
     # (attempt, kind, state) in arrival order, repeats after a resume included.
     boundaries: list[tuple[int, int, int]] = field(default_factory=list)
     # Every boundary and chunk as it arrived: ("chunk", position) or ("boundary", ...).
@@ -40,7 +40,7 @@ class Reader:
         self.connections += 1
         stub = control_pb2_grpc.ControlServiceStub(channel)
         call = stub.WatchStream(
-            control_pb2.WatchStreamRequest(
+            streams_pb2.WatchStreamRequest(
                 run_id=str(self.run_id), task_key=self.task_key, from_offset=self.next_offset
             ),
             metadata=ADMIN,
@@ -88,5 +88,5 @@ async def reading(reader: Reader, channel: grpc.aio.Channel):  # type: ignore[no
             await task
 
 
-def texts(chunks: list[control_pb2.StreamChunk]) -> list[str]:
+def texts(chunks: list[streams_pb2.StreamChunk]) -> list[str]:
     return [chunk.text for chunk in chunks]

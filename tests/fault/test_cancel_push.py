@@ -17,7 +17,7 @@ from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, wait_for
 from probes import wait_run
 from process import REPO
 
-from awp.v1 import control_pb2
+from awp.v1 import runs_pb2
 from awp_common.processes import free_port
 from kit.invariants import Expect
 
@@ -51,7 +51,7 @@ async def _cancel_and_time(
     await wait_for(lambda: executing(run_id), "the worker to execute the task")
     asked = time.monotonic()
     await cluster.control().CancelRun(
-        control_pb2.CancelRunRequest(run_id=str(run_id), reason="push test"),
+        runs_pb2.CancelRunRequest(run_id=str(run_id), reason="push test"),
         metadata=ADMIN_AUTH,
         timeout=10,
     )

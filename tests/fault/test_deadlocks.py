@@ -39,7 +39,7 @@ from cluster import ADMIN_AUTH, Cluster, wait_for
 from figures import report_figure
 from google.protobuf import duration_pb2
 
-from awp.v1 import control_pb2, control_pb2_grpc
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2
 from awp_common.processes import free_port
 from kit.invariants.health import settled_deadlocks
 
@@ -108,7 +108,7 @@ class Load:
             if workflow is SLOW:
                 await self._running_step(run_id)
                 await self.other.CancelRun(
-                    control_pb2.CancelRunRequest(run_id=str(run_id), reason="stress"),
+                    runs_pb2.CancelRunRequest(run_id=str(run_id), reason="stress"),
                     metadata=ADMIN_AUTH,
                     timeout=10,
                 )

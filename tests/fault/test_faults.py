@@ -31,7 +31,7 @@ from holding import start_holder
 from probes import seconds_between, wait_attempt, wait_run
 from victims import freeze_holding, kill_holding
 
-from awp.v1 import worker_pb2
+from awp.v1 import session_pb2, worker_pb2
 from awp_worker._lease import STOOD_DOWN, StandDown
 from kit import rich_error
 from kit.invariants import Expect
@@ -131,7 +131,7 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
     await wait_attempt(cluster, run_id, "only", 2, "running")
 
     # The dead holder's session and lease, replayed by another process.
-    stolen = worker_pb2.Session(worker_id=lease.worker_id, session_token=lease.session_token)
+    stolen = session_pb2.Session(worker_id=lease.worker_id, session_token=lease.session_token)
     replayer = RawWorker(cluster.worker_stub(), WORKER_TOKEN, "replayer", stolen)
     held = worker_pb2.Lease(dispatch_id=lease.dispatch_id, lease_token=lease.lease_token)
 
@@ -140,7 +140,7 @@ async def test_replayed_lease_of_a_dead_worker_is_fenced(cluster: Cluster) -> No
             outcome = await replayer.complete(held, {"forged": True})
         except grpc.aio.AioRpcError as error:
             return rich_error(error).reason
-        return str(worker_pb2.CompleteOutcome.Name(outcome))
+        return str(session_pb2.CompleteOutcome.Name(outcome))
 
     # What the replay targets: the dead holder's attempt, and every event about it. (Not
     # the run's revision: the run goes on meanwhile, attempt 2 may finish at any moment.)

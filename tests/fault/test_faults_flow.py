@@ -21,7 +21,7 @@ from google.protobuf import duration_pb2
 from probes import wait_run
 from victims import kill_holding
 
-from awp.v1 import control_pb2, control_pb2_grpc, limits_pb2
+from awp.v1 import control_pb2_grpc, limits_pb2, runs_pb2
 from awp_common.processes import free_ports
 from kit.invariants import Expect
 
@@ -69,7 +69,7 @@ async def test_ten_keys_of_max_two_hold_under_kills_revocations_and_failover(
     )
     await kill_holding(cluster, victim, SLEEP_MS / 1000)
     await control.CancelRun(
-        control_pb2.CancelRunRequest(run_id=str(doomed), reason="flow test"),
+        runs_pb2.CancelRunRequest(run_id=str(doomed), reason="flow test"),
         metadata=ADMIN_AUTH,
         timeout=10,
     )

@@ -20,7 +20,7 @@ from figures import report_figure
 from google.protobuf import struct_pb2
 from probes import wait_run
 
-from awp.v1 import control_pb2, control_pb2_grpc
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2
 from awp_db.grant import AGING_STEP_MS
 from kit.invariants import Expect
 
@@ -38,9 +38,7 @@ async def start(
     control: control_pb2_grpc.ControlServiceAsyncStub, name: str, priority: int
 ) -> UUID:
     response = await control.StartRun(
-        control_pb2.StartRunRequest(
-            workflow_name=name, input=struct_pb2.Struct(), priority=priority
-        ),
+        runs_pb2.StartRunRequest(workflow_name=name, input=struct_pb2.Struct(), priority=priority),
         metadata=ADMIN_AUTH,
         timeout=10,
     )

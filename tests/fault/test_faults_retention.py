@@ -28,7 +28,7 @@ from cluster import ADMIN_AUTH, Cluster
 from figures import report_figure
 from probes import seconds_between
 
-from awp.v1 import control_pb2
+from awp.v1 import control_pb2, runs_pb2
 from kit import backlog, poll_until
 from kit.invariants import Expect
 
@@ -63,13 +63,13 @@ class Workload:
             nonlocal finished
             while not self._stopping.is_set() and not enough(finished):
                 started = await self.control.StartRun(
-                    control_pb2.StartRunRequest(workflow_name=LIVE.name),
+                    runs_pb2.StartRunRequest(workflow_name=LIVE.name),
                     metadata=ADMIN_AUTH,
                     timeout=10,
                 )
                 self.runs.append(UUID(started.run.id))
                 # WatchRun ends once the run is terminal and its last event was sent.
-                watch = control_pb2.WatchRunRequest(run_id=started.run.id)
+                watch = runs_pb2.WatchRunRequest(run_id=started.run.id)
                 async for _ in self.control.WatchRun(watch, metadata=ADMIN_AUTH, timeout=120):
                     pass
                 finished += 1

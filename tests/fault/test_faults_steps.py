@@ -21,7 +21,7 @@ import workload
 from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, WorkerProcess, wait_for
 from probes import wait_run
 
-from awp.v1 import control_pb2
+from awp.v1 import runs_pb2
 from awp_common.processes import command
 from kit.invariants import Expect
 
@@ -148,7 +148,7 @@ async def test_kill_9_after_two_of_three_steps_reruns_only_the_third(cluster: Cl
         ("review", 2, tasks),
     ]
     answer = await cluster.control().GetRun(
-        control_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN_AUTH, timeout=10
+        runs_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN_AUTH, timeout=10
     )
     for task in answer.tasks:
         assert (task.saved.steps, task.saved.tokens) == (2, 3000), task.key

@@ -17,7 +17,7 @@ from cluster import ADMIN_AUTH, WORKER_TOKEN, Cluster, wait_for
 from figures import report_figure
 from probes import revision, seconds_between, wait_attempt, wait_run
 
-from awp.v1 import control_pb2, worker_pb2
+from awp.v1 import runs_pb2, session_pb2, worker_pb2
 from kit import stays
 from kit.invariants import Expect
 from kit.rawworker import RawWorker
@@ -50,7 +50,7 @@ async def test_cancel_revokes_leases_and_fences_late_results(cluster: Cluster) -
             "five running attempts",
         )
         await cluster.control().CancelRun(
-            control_pb2.CancelRunRequest(run_id=str(run_id), reason="fault test"),
+            runs_pb2.CancelRunRequest(run_id=str(run_id), reason="fault test"),
             metadata=ADMIN_AUTH,
             timeout=10,
         )
@@ -63,7 +63,7 @@ async def test_cancel_revokes_leases_and_fences_late_results(cluster: Cluster) -
         await wait_for(revoked, "the raw session's heartbeat to answer REVOKED")
         before = await revision(cluster, run_id)
         outcome = await raw.complete(late, {"late": True})
-        assert outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+        assert outcome == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
         assert await revision(cluster, run_id) == before
     finally:
         await raw.stop_heartbeat()

@@ -35,7 +35,7 @@ from figures import report_figure
 from probes import wait_run
 from process import Process
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, types_pb2
 from awp_common.processes import free_port, free_ports
 from kit.invariants import Expect
 
@@ -87,14 +87,14 @@ class Load:
     runs: list[UUID] = field(default_factory=list)
 
     async def start_run(self) -> None:
-        request = control_pb2.StartRunRequest(
+        request = runs_pb2.StartRunRequest(
             workflow_name=WORKFLOW, request_id=f"rolling-{len(self.runs)}"
         )
         # The same request id: a retried StartRun never starts a second run.
         response = await _through_balancer(
             lambda: self.control.StartRun(request, metadata=ADMIN_AUTH, timeout=10), "StartRun"
         )
-        assert isinstance(response, control_pb2.StartRunResponse)
+        assert isinstance(response, runs_pb2.StartRunResponse)
         self.runs.append(UUID(response.run.id))
 
     async def keep_going(self, stop: asyncio.Event) -> None:

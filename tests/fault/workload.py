@@ -11,7 +11,7 @@ from uuid import UUID
 from cluster import ADMIN_AUTH
 from google.protobuf import duration_pb2, struct_pb2
 
-from awp.v1 import control_pb2, control_pb2_grpc, limits_pb2, types_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, limits_pb2, runs_pb2, types_pb2
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ async def start(
     payload = struct_pb2.Struct()
     payload.update(dict(run_input or {}))
     response = await control.StartRun(
-        control_pb2.StartRunRequest(workflow_name=workflow.name, input=payload),
+        runs_pb2.StartRunRequest(workflow_name=workflow.name, input=payload),
         metadata=ADMIN_AUTH,
         timeout=10,
     )

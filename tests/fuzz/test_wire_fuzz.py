@@ -28,9 +28,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from awp.v1 import (
+    checkpoints_pb2,
     control_pb2,
     control_pb2_grpc,
     durable_pb2,
+    runs_pb2,
+    session_pb2,
+    streams_pb2,
     types_pb2,
     worker_pb2,
     worker_pb2_grpc,
@@ -125,7 +129,7 @@ async def _world(address: str) -> dict[str, Any]:
         definition.definition.tasks.add(key="a", executor_kind="mock", action="noop")
         await control.CreateWorkflow(definition, metadata=admin)
         run = await control.StartRun(
-            control_pb2.StartRunRequest(workflow_name="wf", input=struct({"n": 1})),
+            runs_pb2.StartRunRequest(workflow_name="wf", input=struct({"n": 1})),
             metadata=admin,
         )
     return {"session": registered.session, "run_id": run.run.id}
@@ -153,19 +157,19 @@ def _valid(method: str, world: dict[str, Any]) -> Message:
         "GetUpstreamOutputs": worker_pb2.GetUpstreamOutputsRequest(
             session=session, dispatch_id=1, lease_token="t", keys=["a"]
         ),
-        "AppendStream": worker_pb2.AppendStreamRequest(
+        "AppendStream": streams_pb2.AppendStreamRequest(
             session=session,
             dispatch_id=1,
             lease_token="t",
-            chunks=[worker_pb2.StreamChunkIn(text="fuzz")],
+            chunks=[streams_pb2.StreamChunkIn(text="fuzz")],
         ),
-        "LoadCheckpoints": worker_pb2.LoadCheckpointsRequest(
+        "LoadCheckpoints": checkpoints_pb2.LoadCheckpointsRequest(
             session=session, dispatch_id=1, lease_token="t"
         ),
-        "RecordStep": worker_pb2.RecordStepRequest(
+        "RecordStep": checkpoints_pb2.RecordStepRequest(
             session=session, dispatch_id=1, lease_token="t", name="step", value_json="{}"
         ),
-        "Await": worker_pb2.AwaitRequest(
+        "Await": checkpoints_pb2.AwaitRequest(
             session=session,
             dispatch_id=1,
             lease_token="t",
@@ -183,12 +187,12 @@ def _valid(method: str, world: dict[str, Any]) -> Message:
             )
         ),
         "GetWorkflow": control_pb2.GetWorkflowRequest(name="wf"),
-        "StartRun": control_pb2.StartRunRequest(workflow_name="wf"),
-        "GetRun": control_pb2.GetRunRequest(run_id=world["run_id"]),
-        "GetTaskOutput": control_pb2.GetTaskOutputRequest(run_id=world["run_id"], task_key="a"),
-        "CancelRun": control_pb2.CancelRunRequest(run_id=world["run_id"], reason="fuzz"),
+        "StartRun": runs_pb2.StartRunRequest(workflow_name="wf"),
+        "GetRun": runs_pb2.GetRunRequest(run_id=world["run_id"]),
+        "GetTaskOutput": runs_pb2.GetTaskOutputRequest(run_id=world["run_id"], task_key="a"),
+        "CancelRun": runs_pb2.CancelRunRequest(run_id=world["run_id"], reason="fuzz"),
         # Not the live run: its watch would never end.
-        "WatchRun": control_pb2.WatchRunRequest(run_id=str(uuid.uuid4())),
+        "WatchRun": runs_pb2.WatchRunRequest(run_id=str(uuid.uuid4())),
     }
     found = requests.get(method)
     if found is not None:
@@ -221,7 +225,7 @@ def _campaign(
     known = ["wf", "mock", "python", "noop", world["session"].worker_id]
     if target.method.name != "WatchRun":  # a watch of a live run never ends by itself
         known.append(world["run_id"])
-    generic_session = messages(worker_pb2.Session.DESCRIPTOR, known, {})
+    generic_session = messages(session_pb2.Session.DESCRIPTOR, known, {})
     overrides = {"awp.v1.Session": st.just(world["session"]) | generic_session}
     requests = messages(request_type, known, overrides)
     struct_paths = _struct_paths(request_type)

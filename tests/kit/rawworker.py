@@ -13,7 +13,7 @@ from uuid import UUID
 
 import grpc
 
-from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import session_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db.connect import Pool
 from awp_kernel.definition import WorkflowSpec
 from kit import WORKER_TOKEN, start_run
@@ -27,13 +27,13 @@ class RawWorker:
         stub: worker_pb2_grpc.WorkerServiceStub,
         token: str,
         name: str,
-        session: worker_pb2.Session | None = None,
+        session: session_pb2.Session | None = None,
     ) -> None:
         """A worker of this name; `session` skips Register (a stolen or made-up one)."""
         self.stub: worker_pb2_grpc.WorkerServiceAsyncStub = stub  # type: ignore[assignment]
         self.auth = (("authorization", f"Bearer {token}"),)
         self.name = name
-        self.session = session or worker_pb2.Session()
+        self.session = session or session_pb2.Session()
         self.interval = 0.25
         self.leases: dict[int, worker_pb2.Lease] = {}
         # Every lease status the heartbeat stream answered: {dispatch_id: [status, ...]}.
@@ -42,7 +42,7 @@ class RawWorker:
 
     async def register(
         self, concurrency: int = 1, kinds: tuple[str, ...] = ("mock",)
-    ) -> worker_pb2.Session:
+    ) -> session_pb2.Session:
         response = await self.stub.Register(
             worker_pb2.RegisterRequest(
                 name=self.name,

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import descriptor, duration_pb2, json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
-from awp.v1 import control_pb2, durable_pb2, limits_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, limits_pb2, runs_pb2, types_pb2
 from awp_protocol.errors import Reason
 from awp_sdk import decode, enums, errors, records, resumes
 from awp_sdk.enums import RunState, TaskState
@@ -116,10 +116,10 @@ def record_leaves(value: Any) -> Iterator[Any]:
 
 
 ANSWERS = [
-    (control_pb2.GetRunResponse, decode.run_detail),
-    (control_pb2.Run, decode.run),
-    (control_pb2.ListTasksResponse, decode.task_page),
-    (control_pb2.Attempt, decode.attempt),
+    (runs_pb2.GetRunResponse, decode.run_detail),
+    (runs_pb2.Run, decode.run),
+    (runs_pb2.ListTasksResponse, decode.task_page),
+    (runs_pb2.Attempt, decode.attempt),
     (types_pb2.StateEvent, decode.event),
     (control_pb2.Workflow, decode.workflow),
     (control_pb2.CreateWorkflowResponse, decode.applied),
@@ -145,7 +145,7 @@ def test_every_field_of_an_answer_reaches_its_record(kind: type[Message], read: 
 
 
 def test_the_flags_and_enums_of_a_task_are_read() -> None:
-    task = control_pb2.Task(
+    task = runs_pb2.Task(
         key="fan[3]",
         state=types_pb2.TASK_STATE_WAITING_RETRY,
         attempts=5,
@@ -162,12 +162,12 @@ def test_the_flags_and_enums_of_a_task_are_read() -> None:
     )
     assert (record.map_parent, record.map_index) == ("fan", 3)
     # Index 0 of a map is an index; a task that is no element has none.
-    assert decode.task(control_pb2.Task(key="fan[0]", state=1, map_parent="fan")).map_index == 0
-    assert decode.task(control_pb2.Task(key="plain", state=1)).map_index is None
+    assert decode.task(runs_pb2.Task(key="fan[0]", state=1, map_parent="fan")).map_index == 0
+    assert decode.task(runs_pb2.Task(key="plain", state=1)).map_index is None
 
 
 def test_a_waiting_task_says_what_for_and_its_suspensions_are_free() -> None:
-    task = control_pb2.Task(
+    task = runs_pb2.Task(
         key="review",
         state=types_pb2.TASK_STATE_WAITING,
         attempts=4,
@@ -197,10 +197,10 @@ def test_a_waiting_task_says_what_for_and_its_suspensions_are_free() -> None:
     assert (record.saved.steps, record.saved.tokens, record.saved.cost_usd) == (2, 1234, 0.02)
     # The run's savings are its tasks' summed.
     other = dataclasses.replace(record, key="other", saved=records.MemoSavings(1, 100, 0.01))
-    detail = records.RunDetail(decode.run(control_pb2.Run(state=1)), {"a": record, "b": other}, ())
+    detail = records.RunDetail(decode.run(runs_pb2.Run(state=1)), {"a": record, "b": other}, ())
     assert detail.saved == records.MemoSavings(3, 1334, 0.03)
     # A task that waits for nothing has no wait, and saved nothing.
-    plain = decode.task(control_pb2.Task(key="plain", state=types_pb2.TASK_STATE_RUNNING))
+    plain = decode.task(runs_pb2.Task(key="plain", state=types_pb2.TASK_STATE_RUNNING))
     assert plain.wait is None
     assert not plain.saved
 
@@ -297,7 +297,7 @@ def test_a_decision_is_read_from_the_event_that_records_it() -> None:
 
 def test_only_a_task_that_waits_waited_or_is_a_wait_asked_for_a_decision() -> None:
     plain = decode.task(
-        control_pb2.Task(key="a", state=types_pb2.TASK_STATE_SUCCEEDED, executor_kind="python")
+        runs_pb2.Task(key="a", state=types_pb2.TASK_STATE_SUCCEEDED, executor_kind="python")
     )
     assert not resumes.asked_for_decision(plain)
     assert resumes.asked_for_decision(dataclasses.replace(plain, suspensions=1))

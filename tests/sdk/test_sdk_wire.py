@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
-from awp.v1 import control_pb2, durable_pb2, schedule_pb2, types_pb2
+from awp.v1 import control_pb2, durable_pb2, runs_pb2, schedule_pb2, types_pb2
 from awp_sdk import decode, wire
 from awp_sdk.decode import message_json
 
@@ -22,7 +22,7 @@ def _struct(value: dict[str, object]) -> struct_pb2.Struct:
     return struct
 
 
-RUN = control_pb2.Run(
+RUN = runs_pb2.Run(
     id="r1",
     workflow_name="w",
     workflow_version=2,
@@ -34,8 +34,8 @@ RUN = control_pb2.Run(
     cancel_requested_at=_at(5),
     last_seq=9,
     tasks_by_state=[
-        control_pb2.TaskStateCount(state=types_pb2.TASK_STATE_SUCCEEDED, count=2),
-        control_pb2.TaskStateCount(state=types_pb2.TASK_STATE_FAILED, count=1),
+        runs_pb2.TaskStateCount(state=types_pb2.TASK_STATE_SUCCEEDED, count=2),
+        runs_pb2.TaskStateCount(state=types_pb2.TASK_STATE_FAILED, count=1),
     ],
     started_by="admin",
     cancel_requested_by="ops",
@@ -51,10 +51,10 @@ ERROR = types_pb2.TaskError(
 
 
 def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
-    answer = control_pb2.GetRunResponse(
+    answer = runs_pb2.GetRunResponse(
         run=RUN,
         tasks=[
-            control_pb2.Task(
+            runs_pb2.Task(
                 key="a",
                 state=types_pb2.TASK_STATE_SUCCEEDED,
                 executor_kind="python",
@@ -66,7 +66,7 @@ def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
                 finished_at=_at(3),
                 hand_backs=1,
             ),
-            control_pb2.Task(
+            runs_pb2.Task(
                 key="b[0]",
                 state=types_pb2.TASK_STATE_WAITING_RETRY,
                 depends_on=["a"],
@@ -76,8 +76,8 @@ def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
                 output_omitted=True,
                 reused_from_run_id="r0",
             ),
-            control_pb2.Task(key="b[1]", state=types_pb2.TASK_STATE_READY, map_parent="b"),
-            control_pb2.Task(
+            runs_pb2.Task(key="b[1]", state=types_pb2.TASK_STATE_READY, map_parent="b"),
+            runs_pb2.Task(
                 key="review",
                 state=types_pb2.TASK_STATE_WAITING,
                 attempts=3,
@@ -93,14 +93,14 @@ def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
                 ),
                 saved=types_pb2.MemoSavings(steps=2, tokens=1234, cost_usd=0.25),
             ),
-            control_pb2.Task(
+            runs_pb2.Task(
                 key="nap",
                 state=types_pb2.TASK_STATE_WAITING,
                 wait=durable_pb2.TaskWait(kind=types_pb2.CHECKPOINT_KIND_SLEEP, since=_at(7)),
             ),
         ],
         attempts=[
-            control_pb2.Attempt(
+            runs_pb2.Attempt(
                 task_key="a",
                 attempt=1,
                 state=types_pb2.ATTEMPT_STATE_INTERRUPTED,
@@ -121,14 +121,14 @@ def test_a_run_with_its_tasks_and_attempts_prints_as_get_run_did() -> None:
     for task in answer.tasks:  # the server sends every task's savings, zeros included
         task.saved.SetInParent()
     assert wire.run_detail(decode.run_detail(answer)) == message_json(answer)
-    listed = control_pb2.ListTasksResponse(
+    listed = runs_pb2.ListTasksResponse(
         tasks=answer.tasks, next_page_token="t", tracebacks_omitted=4
     )
     page = decode.task_page(listed)
     assert wire.tasks(page.items, page.next_page_token, page.tracebacks_omitted) == message_json(
         listed
     )
-    attempts = control_pb2.ListAttemptsResponse(attempts=answer.attempts, next_page_token="n")
+    attempts = runs_pb2.ListAttemptsResponse(attempts=answer.attempts, next_page_token="n")
     decoded = tuple(map(decode.attempt, attempts.attempts))
     assert wire.attempts(decoded, "n") == message_json(attempts)
 
@@ -149,10 +149,10 @@ def test_signals_and_decisions_print_as_sent() -> None:
 
 
 def test_runs_and_their_answers_print_as_sent() -> None:
-    started = control_pb2.StartRunResponse(run=RUN, created=True)
+    started = runs_pb2.StartRunResponse(run=RUN, created=True)
     assert wire.started(decode.run(RUN), True) == message_json(started)
-    assert wire.run(decode.run(RUN)) == message_json(control_pb2.CancelRunResponse(run=RUN))
-    listed = control_pb2.ListRunsResponse(runs=[RUN, RUN], next_page_token="p")
+    assert wire.run(decode.run(RUN)) == message_json(runs_pb2.CancelRunResponse(run=RUN))
+    listed = runs_pb2.ListRunsResponse(runs=[RUN, RUN], next_page_token="p")
     assert wire.runs([decode.run(RUN)] * 2, "p") == message_json(listed)
     assert wire.runs([]) == {}
 

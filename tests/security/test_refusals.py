@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from awp.v1 import control_pb2, types_pb2
+from awp.v1 import runs_pb2, types_pb2
 from awp_cli.render_runs import run_view
 from awp_sdk import decode
 from awp_server.config import parse
@@ -75,7 +75,7 @@ def test_plaintext_beyond_loopback_is_allowed_only_when_told_insecure() -> None:
 
 
 def test_run_get_shows_who_started_and_who_canceled() -> None:
-    run = control_pb2.Run(
+    run = runs_pb2.Run(
         id="r",
         workflow_name="w",
         workflow_version=1,
@@ -84,6 +84,6 @@ def test_run_get_shows_who_started_and_who_canceled() -> None:
     )
     run.cancel_requested_by = "ops"
     console = Console(width=200, record=True)
-    console.print(run_view(decode.run_detail(control_pb2.GetRunResponse(run=run))))
+    console.print(run_view(decode.run_detail(runs_pb2.GetRunResponse(run=run))))
     text = console.export_text()
     assert "started by ci" in text and "cancel requested by ops" in text

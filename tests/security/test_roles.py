@@ -17,7 +17,7 @@ import trustme
 import yaml
 from certs import client_leaf, server_leaf, write_ca
 
-from awp.v1 import control_pb2, control_pb2_grpc, schedule_pb2, worker_pb2
+from awp.v1 import control_pb2, control_pb2_grpc, runs_pb2, schedule_pb2, worker_pb2
 from awp_common.tls import ClientTls, channel
 from awp_protocol.errors import Reason, decode_details
 from awp_protocol.roles import ROLES_OF, Role, file_entry, token_digest
@@ -251,7 +251,7 @@ async def test_a_client_certificate_stands_for_its_credential(
         async with channel(server.address, ClientTls(True, ca_file, pem.cert, pem.key)) as chan:
             stub = control_pb2_grpc.ControlServiceStub(chan)
             try:
-                await stub.ListRuns(control_pb2.ListRunsRequest(), timeout=10)
+                await stub.ListRuns(runs_pb2.ListRunsRequest(), timeout=10)
             except grpc.aio.AioRpcError as error:
                 listed = error.code()
             else:
@@ -298,11 +298,11 @@ async def test_control_writes_record_their_caller(
         )
         assert not created.created  # the same definition again: idempotent
         started = await stub.StartRun(
-            control_pb2.StartRunRequest(workflow_name="audited"), metadata=auth(Role.SUBMITTER)
+            runs_pb2.StartRunRequest(workflow_name="audited"), metadata=auth(Role.SUBMITTER)
         )
         assert started.run.started_by == f"the-{Role.SUBMITTER}"
         canceled = await stub.CancelRun(
-            control_pb2.CancelRunRequest(run_id=started.run.id, reason="audit"),
+            runs_pb2.CancelRunRequest(run_id=started.run.id, reason="audit"),
             metadata=auth(Role.ADMIN),
         )
         assert canceled.run.cancel_requested_by == f"the-{Role.ADMIN}"
@@ -337,11 +337,11 @@ async def test_a_retry_records_its_caller(
     async with grpc.aio.insecure_channel(server.address) as chan:
         stub = control_pb2_grpc.ControlServiceStub(chan)
         retried = await stub.RetryRun(
-            control_pb2.RetryRunRequest(run_id=str(source)),
+            runs_pb2.RetryRunRequest(run_id=str(source)),
             metadata=(("authorization", f"Bearer {TOKENS[Role.SUBMITTER]}"),),
         )
         got = await stub.GetRun(
-            control_pb2.GetRunRequest(run_id=retried.run.id),
+            runs_pb2.GetRunRequest(run_id=retried.run.id),
             metadata=(("authorization", f"Bearer {TOKENS[Role.VIEWER]}"),),
         )
     assert (got.run.started_by, got.run.retried_from_run_id) == (

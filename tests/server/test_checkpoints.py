@@ -9,14 +9,14 @@ import json
 
 import grpc
 
-from awp.v1 import control_pb2, types_pb2, worker_pb2
+from awp.v1 import checkpoints_pb2, runs_pb2, session_pb2, types_pb2, worker_pb2
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_CHECKPOINT_PAGE_BYTES, MAX_MEMO_BYTES, MAX_MEMOS_PER_TASK
 from kit import ADMIN, Stubs, expect_error, spec
 from kit.invariants import check_committed
 from kit.rawworker import RawWorker, leased
 
-OK = worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+OK = session_pb2.COMPLETE_OUTCOME_ACCEPTED
 
 
 async def record(
@@ -30,8 +30,8 @@ async def record(
     token: str = "",
     value_json: str | None = None,
 ) -> int:
-    response: worker_pb2.RecordStepResponse = await worker.stub.RecordStep(
-        worker_pb2.RecordStepRequest(
+    response: checkpoints_pb2.RecordStepResponse = await worker.stub.RecordStep(
+        checkpoints_pb2.RecordStepRequest(
             session=worker.session,
             dispatch_id=lease.dispatch_id,
             lease_token=token or lease.lease_token,
@@ -45,12 +45,14 @@ async def record(
     return response.outcome
 
 
-async def load(worker: RawWorker, lease: worker_pb2.Lease) -> list[list[worker_pb2.Checkpoint]]:
-    pages: list[list[worker_pb2.Checkpoint]] = []
+async def load(
+    worker: RawWorker, lease: worker_pb2.Lease
+) -> list[list[checkpoints_pb2.Checkpoint]]:
+    pages: list[list[checkpoints_pb2.Checkpoint]] = []
     token = ""
     while True:
-        response: worker_pb2.LoadCheckpointsResponse = await worker.stub.LoadCheckpoints(
-            worker_pb2.LoadCheckpointsRequest(
+        response: checkpoints_pb2.LoadCheckpointsResponse = await worker.stub.LoadCheckpoints(
+            checkpoints_pb2.LoadCheckpointsRequest(
                 session=worker.session,
                 dispatch_id=lease.dispatch_id,
                 lease_token=lease.lease_token,
@@ -73,9 +75,9 @@ async def test_a_memo_is_stored_once_and_never_changes(
     assert await record(worker, lease, "call", 0, {"b": 1, "a": [1, 2]}, tokens=7) == OK
     # The same value again (an answer lost and resent), whatever its key order: DUPLICATE.
     resent = await record(worker, lease, "call", 0, None, value_json='{"a":[1,2],"b":1}')
-    assert resent == worker_pb2.COMPLETE_OUTCOME_DUPLICATE
+    assert resent == session_pb2.COMPLETE_OUTCOME_DUPLICATE
     changed = await record(worker, lease, "call", 0, {"a": "other"})
-    assert changed == worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
+    assert changed == session_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
     assert await record(worker, lease, "call", 1, "second") == OK
     ((first, second),) = await load(worker, lease)
     assert (first.kind, first.name, first.occurrence) == (types_pb2.CHECKPOINT_KIND_STEP, "call", 0)
@@ -91,7 +93,7 @@ async def test_a_memo_without_the_live_lease_is_lost_and_stores_nothing(
 ) -> None:
     stub, _ = stubs
     _, worker, (lease, other) = await leased(stub, pool, spec(tasks=2), 2)
-    lost = worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+    lost = session_pb2.COMPLETE_OUTCOME_LEASE_LOST
     assert await record(worker, lease, "s", 0, 1, token=other.lease_token) == lost
     await pool.execute(
         "UPDATE dispatches SET lease_expires_at = clock_timestamp() WHERE id = $1",
@@ -129,7 +131,7 @@ async def test_memo_limits_are_refused_naming_them(
     many = await expect_error(record(worker, lease, "one-more", 0, 1))
     assert many.reason == "MEMO_LIMIT" and "memos-per-task limit" in many.message
     # A resend of a stored memo is still a DUPLICATE at the limit.
-    assert await record(worker, lease, "old", 0, 0) == worker_pb2.COMPLETE_OUTCOME_DUPLICATE
+    assert await record(worker, lease, "old", 0, 0) == session_pb2.COMPLETE_OUTCOME_DUPLICATE
 
 
 async def _store(pool: Pool, lease: worker_pb2.Lease, count: int, value_bytes: int) -> None:
@@ -185,8 +187,8 @@ async def test_what_a_result_replayed_adds_to_its_tasks_savings(
         timeout=30,
     )
     assert response.answers[0].outcome == OK
-    run: control_pb2.GetRunResponse = await control.GetRun(
-        control_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN, timeout=30
+    run: runs_pb2.GetRunResponse = await control.GetRun(
+        runs_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN, timeout=30
     )
     (task,) = run.tasks
     assert (task.saved.steps, task.saved.tokens, task.saved.cost_usd) == (2, 1500, 0.25)

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import control_pb2_grpc, runs_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import coordination
 from awp_db.connect import Pool
 from awp_protocol.errors import Reason, decode_details
@@ -208,9 +208,9 @@ async def test_get_run_leaves_large_outputs_out_and_get_task_output_returns_them
     control = control_pb2_grpc.ControlServiceStub(small_channel)
     auth = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 
-    async def finished() -> control_pb2.GetRunResponse | None:
-        answer: control_pb2.GetRunResponse = await control.GetRun(
-            control_pb2.GetRunRequest(run_id=str(run_id)), metadata=auth, timeout=10
+    async def finished() -> runs_pb2.GetRunResponse | None:
+        answer: runs_pb2.GetRunResponse = await control.GetRun(
+            runs_pb2.GetRunRequest(run_id=str(run_id)), metadata=auth, timeout=10
         )
         return answer if answer.run.finished_at.seconds else None
 
@@ -222,14 +222,14 @@ async def test_get_run_leaves_large_outputs_out_and_get_task_output_returns_them
     assert all(shown[f"t{i}"].output_omitted for i in range(1, 6))
     for key, output in outputs.items():
         fetched = await control.GetTaskOutput(
-            control_pb2.GetTaskOutputRequest(run_id=str(run_id), task_key=key),
+            runs_pb2.GetTaskOutputRequest(run_id=str(run_id), task_key=key),
             metadata=auth,
             timeout=10,
         )
         assert fetched.output_json.encode() == canonical_json(output)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await control.GetTaskOutput(
-            control_pb2.GetTaskOutputRequest(run_id=str(run_id), task_key="nope"),
+            runs_pb2.GetTaskOutputRequest(run_id=str(run_id), task_key="nope"),
             metadata=auth,
             timeout=10,
         )
@@ -259,7 +259,7 @@ async def test_get_run_of_a_run_with_many_failures_stays_within_the_budget(
     control = control_pb2_grpc.ControlServiceStub(small_channel)
     auth = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
     answer = await control.GetRun(
-        control_pb2.GetRunRequest(run_id=str(run_id)), metadata=auth, timeout=10
+        runs_pb2.GetRunRequest(run_id=str(run_id)), metadata=auth, timeout=10
     )
     assert answer.ByteSize() <= MAX_RESPONSE_BYTES
     assert len(answer.tasks) == tasks
@@ -287,14 +287,14 @@ async def test_get_run_lists_its_first_rows_and_list_tasks_pages_through_every_t
     auth = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 
     answer = await control.GetRun(
-        control_pb2.GetRunRequest(run_id=str(run_id)), metadata=auth, timeout=10
+        runs_pb2.GetRunRequest(run_id=str(run_id)), metadata=auth, timeout=10
     )
     assert [task.key for task in answer.tasks] == [f"t{i}" for i in range(5)]
     assert answer.tasks_omitted == tasks - 5
     assert sum(count.count for count in answer.run.tasks_by_state) == tasks
     assert len(answer.attempts) == 5 and answer.attempts_omitted == tasks - 5
 
-    request = control_pb2.ListTasksRequest(run_id=str(run_id), page_size=5)
+    request = runs_pb2.ListTasksRequest(run_id=str(run_id), page_size=5)
     pages: list[list[str]] = []
     while True:
         page = await control.ListTasks(request, metadata=auth, timeout=10)
@@ -308,7 +308,7 @@ async def test_get_run_lists_its_first_rows_and_list_tasks_pages_through_every_t
     for token in ("nonsense", "dDox"):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await control.ListTasks(
-                control_pb2.ListTasksRequest(run_id=str(run_id), page_token=token),
+                runs_pb2.ListTasksRequest(run_id=str(run_id), page_token=token),
                 metadata=auth,
                 timeout=10,
             )
@@ -318,9 +318,9 @@ async def test_get_run_lists_its_first_rows_and_list_tasks_pages_through_every_t
 
 def test_a_tasks_page_over_the_budget_ends_early_and_keeps_its_first_task() -> None:
     # 1,000 tasks failing with the longest message and traceback: ~24 MiB.
-    answer = control_pb2.ListTasksResponse(
+    answer = runs_pb2.ListTasksResponse(
         tasks=[
-            control_pb2.Task(
+            runs_pb2.Task(
                 key=f"t{i:04d}",
                 error=types_pb2.TaskError(message="m" * 8000, traceback="t" * 16_000),
             )

@@ -10,7 +10,7 @@ from uuid import UUID
 import grpc
 import pytest
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2
+from awp.v1 import control_pb2_grpc, runs_pb2, session_pb2, types_pb2, worker_pb2
 from awp_db.connect import Pool
 from awp_protocol.limits import (
     MAX_ATTEMPTS_PAGE_SIZE,
@@ -58,13 +58,13 @@ async def test_a_failure_keeps_its_type_traceback_and_log_tail(
     await dispatch_all(pool)
     [lease] = await worker.claim()
     result = failed(lease, type="KeyError", traceback=TRACEBACK, log_tail="12:00:01 INFO start")
-    assert await report(worker, result) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert await report(worker, result) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
     # The same report again is a duplicate; another traceback is another result.
-    assert await report(worker, result) == worker_pb2.COMPLETE_OUTCOME_DUPLICATE
+    assert await report(worker, result) == session_pb2.COMPLETE_OUTCOME_DUPLICATE
     other = failed(lease, type="KeyError", traceback=TRACEBACK + " ")
-    assert await report(worker, other) == worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
+    assert await report(worker, other) == session_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
 
-    got = await control.GetRun(control_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN)
+    got = await control.GetRun(runs_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN)
     t0 = got.tasks[0]
     assert t0.state == types_pb2.TASK_STATE_FAILED
     assert (t0.error.type, t0.error.message, t0.error.traceback) == (
@@ -81,7 +81,7 @@ async def test_a_failure_keeps_its_type_traceback_and_log_tail(
     )
 
     listed = await control.ListAttempts(
-        control_pb2.ListAttemptsRequest(run_id=str(run_id)), metadata=ADMIN
+        runs_pb2.ListAttemptsRequest(run_id=str(run_id)), metadata=ADMIN
     )
     [detail] = listed.attempts
     assert detail.worker_name == "test-worker" and detail.worker_id == worker.session.worker_id
@@ -110,8 +110,8 @@ async def test_a_failure_without_diagnostics_is_still_understood(
     worker = await register(worker_stub)
     await dispatch_all(pool)
     [lease] = await worker.claim()
-    assert await worker.fail(lease, "boom", False) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
-    got = await control.GetRun(control_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN)
+    assert await worker.fail(lease, "boom", False) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
+    got = await control.GetRun(runs_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN)
     assert got.tasks[0].error == types_pb2.TaskError(message="boom", retryable=False)
     row = await pool.fetchrow("SELECT error, traceback, log_tail FROM attempts")
     assert dict(row) == {
@@ -149,7 +149,7 @@ async def test_diagnostics_beyond_their_bounds_are_refused_and_nothing_is_record
     assert await pool.fetchval("SELECT state FROM attempts") == "running"
     # At the bound exactly, accepted.
     at_bound = {name: value[: len(value) - 1].replace("\x00", "0") for name, value in error.items()}
-    assert await report(worker, failed(lease, **at_bound)) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert await report(worker, failed(lease, **at_bound)) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
 
 
 async def test_list_attempts_pages_filters_and_names_bad_requests(
@@ -164,8 +164,8 @@ async def test_list_attempts_pages_filters_and_names_bad_requests(
     for lease in leases:
         assert await worker.fail(lease, f"{lease.task_key} failed", True) == 1
 
-    def request(**fields: Any) -> control_pb2.ListAttemptsRequest:
-        return control_pb2.ListAttemptsRequest(run_id=str(run_id), **fields)
+    def request(**fields: Any) -> runs_pb2.ListAttemptsRequest:
+        return runs_pb2.ListAttemptsRequest(run_id=str(run_id), **fields)
 
     first = await control.ListAttempts(request(), metadata=ADMIN)
     assert len(first.attempts) == MAX_ATTEMPTS_PAGE_SIZE and first.next_page_token
@@ -183,13 +183,11 @@ async def test_list_attempts_pages_filters_and_names_bad_requests(
     for bad, field in (
         (request(task_key="nope"), "task_key"),
         (request(page_token="garbage"), "page_token"),
-        (control_pb2.ListAttemptsRequest(run_id="not-a-uuid"), "run_id"),
+        (runs_pb2.ListAttemptsRequest(run_id="not-a-uuid"), "run_id"),
     ):
         error = await expect_error(control.ListAttempts(bad, metadata=ADMIN))
         assert (error.code, error.fields) == (INVALID, [field]), error
     missing = await expect_error(
-        control.ListAttempts(
-            control_pb2.ListAttemptsRequest(run_id=str(UUID(int=3))), metadata=ADMIN
-        )
+        control.ListAttempts(runs_pb2.ListAttemptsRequest(run_id=str(UUID(int=3))), metadata=ADMIN)
     )
     assert (missing.code, missing.reason) == (grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND")

@@ -7,7 +7,14 @@ import asyncio
 
 import grpc
 
-from awp.v1 import control_pb2, control_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import (
+    control_pb2_grpc,
+    session_pb2,
+    streams_pb2,
+    types_pb2,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from awp_db import coordination, retention
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNK_CHARS
@@ -16,30 +23,30 @@ from kit.db import dispatch_all
 from kit.invariants import check_committed
 from kit.rawworker import RawWorker, leased
 
-OK = worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+OK = session_pb2.COMPLETE_OUTCOME_ACCEPTED
 
 
 async def append(
     worker: RawWorker, lease: worker_pb2.Lease, first: int, *texts: str, token: str = ""
-) -> worker_pb2.AppendStreamResponse:
-    response: worker_pb2.AppendStreamResponse = await worker.stub.AppendStream(
-        worker_pb2.AppendStreamRequest(
+) -> streams_pb2.AppendStreamResponse:
+    response: streams_pb2.AppendStreamResponse = await worker.stub.AppendStream(
+        streams_pb2.AppendStreamRequest(
             session=worker.session,
             dispatch_id=lease.dispatch_id,
             lease_token=token or lease.lease_token,
             first_offset=first,
-            chunks=[worker_pb2.StreamChunkIn(text=text) for text in texts],
+            chunks=[streams_pb2.StreamChunkIn(text=text) for text in texts],
         ),
         timeout=10,
     )
     return response
 
 
-def texts(responses: list[control_pb2.WatchStreamResponse]) -> list[str]:
+def texts(responses: list[streams_pb2.WatchStreamResponse]) -> list[str]:
     return [chunk.text for r in responses for chunk in r.chunks]
 
 
-def marks(responses: list[control_pb2.WatchStreamResponse]) -> list[tuple[int, int, int]]:
+def marks(responses: list[streams_pb2.WatchStreamResponse]) -> list[tuple[int, int, int]]:
     return [
         (r.boundary.attempt, r.boundary.kind, r.boundary.state)
         for r in responses
@@ -49,9 +56,9 @@ def marks(responses: list[control_pb2.WatchStreamResponse]) -> list[tuple[int, i
 
 async def watch(
     control: control_pb2_grpc.ControlServiceStub, run_id: object, task: str, start: int = 0
-) -> list[control_pb2.WatchStreamResponse]:
+) -> list[streams_pb2.WatchStreamResponse]:
     call = control.WatchStream(
-        control_pb2.WatchStreamRequest(run_id=str(run_id), task_key=task, from_offset=start),
+        streams_pb2.WatchStreamRequest(run_id=str(run_id), task_key=task, from_offset=start),
         metadata=ADMIN,
         timeout=30,
     )
@@ -67,11 +74,11 @@ async def test_offsets_are_contiguous_resends_idempotent_and_changes_conflict(
     first = await append(worker, lease, 0, "a", "b")
     assert (first.outcome, first.next_offset) == (OK, 2)
     again = await append(worker, lease, 0, "a", "b")
-    assert (again.outcome, again.next_offset) == (worker_pb2.COMPLETE_OUTCOME_DUPLICATE, 2)
+    assert (again.outcome, again.next_offset) == (session_pb2.COMPLETE_OUTCOME_DUPLICATE, 2)
     grown = await append(worker, lease, 1, "b", "c")  # overlap then a new tail
     assert (grown.outcome, grown.next_offset) == (OK, 3)
     changed = await append(worker, lease, 2, "C")
-    assert changed.outcome == worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
+    assert changed.outcome == session_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
     gap = await expect_error(append(worker, lease, 5, "x"))
     assert (gap.code, gap.fields) == (grpc.StatusCode.INVALID_ARGUMENT, ["first_offset"])
     stored = await pool.fetch(
@@ -87,16 +94,16 @@ async def test_an_append_without_the_live_lease_is_lost_and_stores_nothing(
     stub, _ = stubs
     _, worker, (lease, other) = await leased(stub, pool, spec(tasks=2), 2)
     forged = await append(worker, lease, 0, "x", token=other.lease_token)
-    assert forged.outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+    assert forged.outcome == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
     await pool.execute(
         "UPDATE dispatches SET lease_expires_at = clock_timestamp() WHERE id = $1",
         lease.dispatch_id,
     )
     expired = await append(worker, lease, 0, "x")
-    assert expired.outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+    assert expired.outcome == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
     assert await worker.complete(other) == OK
     finished = await append(worker, other, 0, "late")
-    assert finished.outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+    assert finished.outcome == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
     assert await pool.fetchval("SELECT count(*) FROM stream_chunks") == 0
 
 
@@ -123,12 +130,12 @@ async def test_limits_are_refused_with_errors_naming_them(
     assert (over.code, over.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "STREAM_LIMIT")
     bad_json = await expect_error(
         worker.stub.AppendStream(
-            worker_pb2.AppendStreamRequest(
+            streams_pb2.AppendStreamRequest(
                 session=worker.session,
                 dispatch_id=lease.dispatch_id,
                 lease_token=lease.lease_token,
                 first_offset=offset,
-                chunks=[worker_pb2.StreamChunkIn(json="{nope")],
+                chunks=[streams_pb2.StreamChunkIn(json="{nope")],
             )
         )
     )
@@ -141,11 +148,11 @@ async def test_a_reader_sees_attempts_framed_and_resumes_without_gap_or_duplicat
 ) -> None:
     stub, control = stubs
     run_id, worker, (first,) = await leased(stub, pool, spec(tasks=1, max_attempts=2))
-    received: list[control_pb2.WatchStreamResponse] = []
+    received: list[streams_pb2.WatchStreamResponse] = []
 
     async def read() -> None:
         call = control.WatchStream(
-            control_pb2.WatchStreamRequest(run_id=str(run_id), task_key="t0"),
+            streams_pb2.WatchStreamRequest(run_id=str(run_id), task_key="t0"),
             metadata=ADMIN,
             timeout=30,
         )
@@ -166,8 +173,8 @@ async def test_a_reader_sees_attempts_framed_and_resumes_without_gap_or_duplicat
     await asyncio.wait_for(reader, 30)
     assert texts(received) == ["par", "tial", "whole", " answer"]
     started, ended = (
-        control_pb2.STREAM_BOUNDARY_KIND_STARTED,
-        control_pb2.STREAM_BOUNDARY_KIND_ENDED,
+        streams_pb2.STREAM_BOUNDARY_KIND_STARTED,
+        streams_pb2.STREAM_BOUNDARY_KIND_ENDED,
     )
     assert marks(received) == [
         (1, started, 0),
@@ -222,12 +229,12 @@ async def test_readers_past_the_servers_limit_are_refused(
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
         control = control_pb2_grpc.ControlServiceStub(channel)
         run_id, _, _ = await leased(stub, pool, spec(tasks=1))
-        request = control_pb2.WatchStreamRequest(run_id=str(run_id), task_key="t0")
+        request = streams_pb2.WatchStreamRequest(run_id=str(run_id), task_key="t0")
         open_calls = [control.WatchStream(request, metadata=ADMIN) for _ in range(2)]
         # Both are open once each has sent its attempt's start.
         for call in open_calls:
             first = await call.read()
-            assert first.boundary.kind == control_pb2.STREAM_BOUNDARY_KIND_STARTED
+            assert first.boundary.kind == streams_pb2.STREAM_BOUNDARY_KIND_STARTED
         error = await expect_error(watch(control, run_id, "t0"))
         assert (error.code, error.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "STREAM_LIMIT")
         open_calls[0].cancel()
@@ -237,7 +244,7 @@ async def test_readers_past_the_servers_limit_are_refused(
 
 async def _opens(control: control_pb2_grpc.ControlServiceStub, run_id: object) -> bool:
     call = control.WatchStream(
-        control_pb2.WatchStreamRequest(run_id=str(run_id), task_key="t0"), metadata=ADMIN
+        streams_pb2.WatchStreamRequest(run_id=str(run_id), task_key="t0"), metadata=ADMIN
     )
     try:
         await call.read()

@@ -16,9 +16,12 @@ import pytest
 from google.protobuf import duration_pb2, struct_pb2
 
 from awp.v1 import (
+    checkpoints_pb2,
     control_pb2,
     control_pb2_grpc,
     durable_pb2,
+    runs_pb2,
+    session_pb2,
     types_pb2,
     worker_pb2,
 )
@@ -48,9 +51,9 @@ async def wait(
     name: str = "",
     occurrence: int = 0,
     **fields: object,
-) -> worker_pb2.AwaitResponse:
-    response: worker_pb2.AwaitResponse = await worker.stub.Await(
-        worker_pb2.AwaitRequest(
+) -> checkpoints_pb2.AwaitResponse:
+    response: checkpoints_pb2.AwaitResponse = await worker.stub.Await(
+        checkpoints_pb2.AwaitRequest(
             session=worker.session,
             dispatch_id=lease.dispatch_id,
             lease_token=lease.lease_token,
@@ -86,9 +89,9 @@ async def signal(
     return response
 
 
-async def task_of(control: control_pb2_grpc.ControlServiceStub, run_id: UUID) -> control_pb2.Task:
-    run: control_pb2.GetRunResponse = await control.GetRun(
-        control_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN, timeout=30
+async def task_of(control: control_pb2_grpc.ControlServiceStub, run_id: UUID) -> runs_pb2.Task:
+    run: runs_pb2.GetRunResponse = await control.GetRun(
+        runs_pb2.GetRunRequest(run_id=str(run_id)), metadata=ADMIN, timeout=30
     )
     return run.tasks[0]
 
@@ -105,7 +108,7 @@ async def test_a_signal_sent_before_the_wait_is_consumed_when_it_is_reached(
     assert again.duplicate and again.signal_id == first.signal_id
     # Each wait consumes one signal, oldest first.
     got = await wait(worker, lease, SIGNAL, "go", 0)
-    assert got.outcome == worker_pb2.AWAIT_OUTCOME_SATISFIED
+    assert got.outcome == checkpoints_pb2.AWAIT_OUTCOME_SATISFIED
     assert json.loads(got.checkpoint.value_json) == {"n": 1}
     got = await wait(worker, lease, SIGNAL, "go", 1)
     assert json.loads(got.checkpoint.value_json) == {"n": 2}
@@ -113,7 +116,7 @@ async def test_a_signal_sent_before_the_wait_is_consumed_when_it_is_reached(
     got = await wait(worker, lease, SIGNAL, "go", 1)
     assert json.loads(got.checkpoint.value_json) == {"n": 2}
     assert second.signal_id > first.signal_id
-    assert await worker.complete(lease) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert await worker.complete(lease) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
     await check_committed(pool)
 
 
@@ -123,20 +126,20 @@ async def test_a_suspended_attempt_holds_nothing_is_not_charged_and_resumes_on_a
     stub, control = stubs
     run_id, worker, (lease,) = await leased(stub, pool, spec(tasks=1, max_attempts=2))
     got = await wait(worker, lease, SIGNAL, "go", 0, replayed=types_pb2.MemoSavings(steps=1))
-    assert got.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED
+    assert got.outcome == checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED
     task = await task_of(control, run_id)
     assert task.state == types_pb2.TASK_STATE_WAITING and task.suspensions == 1
     assert (task.wait.kind, task.wait.name, task.wait.attempt) == (SIGNAL, "go", 1)
     assert not task.wait.HasField("due_at") and task.saved.steps == 1
     # The lease is over: a late result or another wait is LEASE_LOST, and nothing is
     # leased; the same Await resent (its answer lost) is SUSPENDED again, changing nothing.
-    assert await worker.complete(lease) == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+    assert await worker.complete(lease) == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
     resent = await wait(worker, lease, SIGNAL, "go", 0)
-    assert resent.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED
+    assert resent.outcome == checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED
     assert (await task_of(control, run_id)).suspensions == 1
     for other in ((SIGNAL, "go", 1), (SIGNAL, "other", 0)):
         late = await wait(worker, lease, *other)
-        assert late.outcome == worker_pb2.AWAIT_OUTCOME_LEASE_LOST, other
+        assert late.outcome == checkpoints_pb2.AWAIT_OUTCOME_LEASE_LOST, other
     assert (await check_committed(pool))["leased"] == 0
 
     sent = await signal(control, run_id, "go", "payload")
@@ -145,7 +148,7 @@ async def test_a_suspended_attempt_holds_nothing_is_not_charged_and_resumes_on_a
     await dispatch_all(pool)
     (lease2,) = await worker.claim(1)
     replayed = await wait(worker, lease2, SIGNAL, "go", 0)
-    assert replayed.outcome == worker_pb2.AWAIT_OUTCOME_SATISFIED
+    assert replayed.outcome == checkpoints_pb2.AWAIT_OUTCOME_SATISFIED
     assert json.loads(replayed.checkpoint.value_json) == "payload"
     assert replayed.checkpoint.attempt == 0  # stored by the signal, no attempt running
     # Attempt 2 of 2 fails, retryably: the suspended attempt was free, so one is left.
@@ -160,13 +163,25 @@ async def test_a_suspended_attempt_holds_nothing_is_not_charged_and_resumes_on_a
 async def test_a_signal_to_an_ended_or_unknown_run_is_refused(stubs: Stubs, pool: Pool) -> None:
     stub, control = stubs
     run_id, worker, (lease,) = await leased(stub, pool, spec(tasks=1))
-    assert await worker.complete(lease) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert await worker.complete(lease) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
     ended = await expect_error(signal(control, run_id, "go", 1))
     assert ended.reason == "RUN_FINISHED" and "has ended (succeeded)" in ended.message
     unknown = await expect_error(signal(control, UUID(int=7), "go", 1))
     assert unknown.reason == "RUN_NOT_FOUND"
     bad = await expect_error(signal(control, run_id, "no spaces", 1))
     assert bad.fields == ["name"]
+
+
+async def test_a_signal_payload_with_a_number_json_cannot_hold_is_refused(
+    stubs: Stubs, pool: Pool
+) -> None:
+    stub, control = stubs
+    run_id, _, _ = await leased(stub, pool, spec(tasks=1))
+    for number in (float("nan"), float("inf"), float("-inf")):
+        refused = await expect_error(signal(control, run_id, "go", {"n": number}))
+        assert refused.reason == "INVALID_ARGUMENT" and refused.fields == ["payload"]
+        assert "NaN" in refused.message or "Infinity" in refused.message
+    assert await pool.fetchval("SELECT count(*) FROM signals") == 0
 
 
 async def test_100_concurrent_signals_to_100_waiting_tasks_are_each_consumed_once(
@@ -179,7 +194,7 @@ async def test_100_concurrent_signals_to_100_waiting_tasks_are_each_consumed_onc
     leases = await worker.claim(100)
     assert len(leases) == 100
     outcomes = await asyncio.gather(*(wait(worker, lease, SIGNAL, "go") for lease in leases))
-    assert {o.outcome for o in outcomes} == {worker_pb2.AWAIT_OUTCOME_SUSPENDED}
+    assert {o.outcome for o in outcomes} == {checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED}
     sent = await asyncio.gather(*(signal(control, run_id, "go", i) for i in range(100)))
     assert len({s.delivered_to for s in sent}) == 100 and "" not in {s.delivered_to for s in sent}
     async with pool.acquire() as conn:
@@ -206,7 +221,7 @@ async def test_an_approval_is_decided_once_recorded_and_audited(stubs: Stubs, po
     )
     assert early.reason == "NOT_WAITING" and "it is running" in early.message
     got = await wait(worker, lease, APPROVAL, "approval", prompt="Ship it?")
-    assert got.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED
+    assert got.outcome == checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED
     assert (await task_of(control, run_id)).wait.prompt == "Ship it?"
     approved: durable_pb2.ApproveResponse = await control.Approve(
         durable_pb2.ApproveRequest(run_id=str(run_id), task_key="t0", comment="lgtm"),
@@ -253,18 +268,18 @@ async def test_sleeps_end_and_waits_time_out_on_the_database_clock(
     stub, control = stubs
     run_id, worker, (lease,) = await leased(stub, pool, spec(tasks=1))
     now = await wait(worker, lease, SLEEP, "", 0, sleep=millis(0))
-    assert now.outcome == worker_pb2.AWAIT_OUTCOME_SATISFIED
+    assert now.outcome == checkpoints_pb2.AWAIT_OUTCOME_SATISFIED
     later = await wait(worker, lease, SLEEP, "", 1, sleep=millis(200))
-    assert later.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED
+    assert later.outcome == checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED
     due = (await task_of(control, run_id)).wait
     assert due.due_at.ToMilliseconds() - due.since.ToMilliseconds() == pytest.approx(200, abs=5)
     assert await released(pool) == 1
     await dispatch_all(pool)
     (lease2,) = await worker.claim(1)
     woke = await wait(worker, lease2, SLEEP, "", 1, sleep=millis(200))
-    assert woke.outcome == worker_pb2.AWAIT_OUTCOME_SATISFIED and not woke.checkpoint.timed_out
+    assert woke.outcome == checkpoints_pb2.AWAIT_OUTCOME_SATISFIED and not woke.checkpoint.timed_out
     timeout = await wait(worker, lease2, SIGNAL, "never", timeout=millis(100))
-    assert timeout.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED
+    assert timeout.outcome == checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED
     assert await released(pool) == 1
     await dispatch_all(pool)
     (lease3,) = await worker.claim(1)
@@ -277,7 +292,7 @@ async def test_canceling_a_run_ends_its_waiting_task(stubs: Stubs, pool: Pool) -
     stub, control = stubs
     run_id, worker, (lease,) = await leased(stub, pool, spec(tasks=1))
     await wait(worker, lease, APPROVAL, "approval", prompt="?")
-    await control.CancelRun(control_pb2.CancelRunRequest(run_id=str(run_id)), metadata=ADMIN)
+    await control.CancelRun(runs_pb2.CancelRunRequest(run_id=str(run_id)), metadata=ADMIN)
     async with pool.acquire() as conn:
         await coordination.converge_cancels(conn)
     task = await task_of(control, run_id)
@@ -317,8 +332,8 @@ async def start_gated(control: control_pb2_grpc.ControlServiceStub, approval: bo
         control_pb2.CreateWorkflowRequest(definition=wait_task_workflow(approval)),
         metadata=ADMIN,
     )
-    started: control_pb2.StartRunResponse = await control.StartRun(
-        control_pb2.StartRunRequest(workflow_name="gated"), metadata=ADMIN
+    started: runs_pb2.StartRunResponse = await control.StartRun(
+        runs_pb2.StartRunRequest(workflow_name="gated"), metadata=ADMIN
     )
     return UUID(started.run.id)
 
@@ -379,8 +394,8 @@ async def test_a_rejected_approval_task_fails_the_run_and_a_sleep_task_succeeds(
     await control.CreateWorkflow(
         control_pb2.CreateWorkflowRequest(definition=workflow), metadata=ADMIN
     )
-    started: control_pb2.StartRunResponse = await control.StartRun(
-        control_pb2.StartRunRequest(workflow_name="sleepy"), metadata=ADMIN
+    started: runs_pb2.StartRunResponse = await control.StartRun(
+        runs_pb2.StartRunRequest(workflow_name="sleepy"), metadata=ADMIN
     )
     sleepy = UUID(started.run.id)
     async with pool.acquire() as conn:

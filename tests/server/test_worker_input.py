@@ -11,7 +11,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2, struct_pb2
 
-from awp.v1 import worker_pb2, worker_pb2_grpc
+from awp.v1 import session_pb2, worker_pb2, worker_pb2_grpc
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_CLAIM_WAIT_MS, MAX_REQUEST_BYTES, TRANSPORT_RECEIVE_BYTES
 from awp_worker._errors import Kind, classify
@@ -152,7 +152,7 @@ async def test_nul_in_an_error_message_is_refused_and_nothing_is_recorded(
 async def test_a_20000_character_token_gets_its_error_not_resource_exhausted(
     stub: worker_pb2_grpc.WorkerServiceStub,
 ) -> None:
-    session = worker_pb2.Session(worker_id="w" * 20_000, session_token="t" * 20_000)
+    session = session_pb2.Session(worker_id="w" * 20_000, session_token="t" * 20_000)
     error = await expect_error(stub.Claim(worker_pb2.ClaimRequest(session=session, max_leases=1)))
     assert error.code == INVALID, error
     assert set(error.fields) == {"session.worker_id", "session.session_token"}
@@ -193,7 +193,7 @@ async def test_one_result_of_the_largest_output_always_fits(
     answer = await stub.Complete(
         worker_pb2.CompleteRequest(session=worker.session, results=[result])
     )
-    assert [a.outcome for a in answer.answers] == [worker_pb2.COMPLETE_OUTCOME_LEASE_LOST]
+    assert [a.outcome for a in answer.answers] == [session_pb2.COMPLETE_OUTCOME_LEASE_LOST]
 
 
 async def test_beyond_the_transport_limit_a_worker_gives_the_request_up(

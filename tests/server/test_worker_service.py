@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import session_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db.connect import Pool
 from kit import (
     WORKER_TOKEN,
@@ -88,11 +88,11 @@ async def test_a_wrong_session_token_is_session_invalid(
         stub,
         WORKER_TOKEN,
         "forged",
-        worker_pb2.Session(worker_id=worker.session.worker_id, session_token="x"),
+        session_pb2.Session(worker_id=worker.session.worker_id, session_token="x"),
     )
     error = await expect_error(forged.claim())
     assert (error.code, error.reason) == (grpc.StatusCode.UNAUTHENTICATED, "SESSION_INVALID")
-    made_up = worker_pb2.Session(worker_id="not-a-uuid", session_token="x")
+    made_up = session_pb2.Session(worker_id="not-a-uuid", session_token="x")
     unknown = RawWorker(stub, WORKER_TOKEN, "unknown", made_up)
     assert (await expect_error(unknown.claim())).reason == "SESSION_INVALID"
 
@@ -179,7 +179,7 @@ async def test_a_token_valid_for_another_dispatch_is_rejected(
     run_id, worker, (first, second) = await leased(stub, pool, spec(tasks=2), 2)
     before = await revision(pool, run_id)
     outcome = await worker.complete(first, token=second.lease_token)
-    assert outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+    assert outcome == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
     assert await revision(pool, run_id) == before
 
 
@@ -187,10 +187,10 @@ async def test_duplicate_complete_is_idempotent_and_a_changed_result_conflicts(
     stub: worker_pb2_grpc.WorkerServiceStub, pool: Pool
 ) -> None:
     run_id, worker, (lease, _) = await leased(stub, pool, spec(tasks=2), 2)
-    assert await worker.complete(lease, {"n": 1}) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert await worker.complete(lease, {"n": 1}) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
     after_accept = await revision(pool, run_id)
-    assert await worker.complete(lease, {"n": 1}) == worker_pb2.COMPLETE_OUTCOME_DUPLICATE
-    assert await worker.complete(lease, {"n": 2}) == worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
+    assert await worker.complete(lease, {"n": 1}) == session_pb2.COMPLETE_OUTCOME_DUPLICATE
+    assert await worker.complete(lease, {"n": 2}) == session_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
     assert await revision(pool, run_id) == after_accept
     output = await pool.fetchval(
         "SELECT output FROM tasks WHERE run_id = $1 AND key = $2", run_id, lease.task_key
@@ -214,7 +214,7 @@ async def test_a_lease_past_its_expiry_is_lost_without_any_reaper(
             )
         )
         before = await revision(pool, run_id)
-        assert await worker.complete(lease) == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+        assert await worker.complete(lease) == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
         assert await revision(pool, run_id) == before
         state = await pool.fetchval("SELECT state FROM dispatches WHERE id = $1", lease.dispatch_id)
         assert state == "leased", "nothing settles it but the reaper"
@@ -228,7 +228,7 @@ async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
     )
     assert first.task_key == "t0"
     assert dict(first.upstream_outputs) == {}
-    assert await worker.complete(first, {"found": 3}) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert await worker.complete(first, {"found": 3}) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
     state = await pool.fetchval("SELECT state FROM tasks WHERE run_id = $1 AND key = 't1'", run_id)
     assert state == "ready"
     await dispatch_all(pool)
@@ -237,7 +237,7 @@ async def test_success_unlocks_dependents_and_hands_them_upstream_outputs(
     # Each lease carries the run input and its dependencies' outputs.
     assert to_dict(second.run_input) == {"topic": "x"}
     assert to_dict(second.upstream_outputs["t0"]) == {"found": 3}
-    assert await worker.complete(second) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert await worker.complete(second) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
     assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id) == "succeeded"
 
 
@@ -247,13 +247,15 @@ async def test_retryable_failure_waits_and_final_failure_fails_the_run(
     run_id, worker, (first, second, _third) = await leased(
         stub, pool, spec(tasks=3, max_attempts=1, backoff_ms=5_000), 3
     )
-    assert await worker.fail(first, "boom", retryable=False) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert (
+        await worker.fail(first, "boom", retryable=False) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
+    )
     assert await pool.fetchval("SELECT state FROM runs WHERE id = $1", run_id) == "failed"
     states = dict(await pool.fetch("SELECT key, state FROM tasks WHERE run_id = $1", run_id))
     assert states[first.task_key] == "failed"
     assert states[second.task_key] == "canceled"
     # The other holders' leases were revoked: their results are now late.
-    assert await worker.complete(second) == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+    assert await worker.complete(second) == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
 
 
 async def test_retryable_failure_goes_to_waiting_retry_while_attempts_remain(
@@ -262,7 +264,9 @@ async def test_retryable_failure_goes_to_waiting_retry_while_attempts_remain(
     run_id, worker, (lease,) = await leased(
         stub, pool, spec(tasks=1, max_attempts=2, backoff_ms=5_000)
     )
-    assert await worker.fail(lease, "flaky", retryable=True) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert (
+        await worker.fail(lease, "flaky", retryable=True) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
+    )
     row = await pool.fetchrow(
         "SELECT state, retry_at - now() AS wait FROM tasks WHERE run_id = $1", run_id
     )
@@ -330,7 +334,9 @@ async def test_when_a_run_fails_a_running_sibling_is_canceled_and_an_unstarted_o
     run_id, worker, (first, _second) = await leased(
         stub, pool, spec(tasks=3, max_attempts=1, depends={2: [0]}), 2
     )
-    assert await worker.fail(first, "boom", retryable=False) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert (
+        await worker.fail(first, "boom", retryable=False) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
+    )
     states = dict(await pool.fetch("SELECT key, state FROM tasks WHERE run_id = $1", run_id))
     assert states == {"t0": "failed", "t1": "canceled", "t2": "skipped"}
     attempts = dict(

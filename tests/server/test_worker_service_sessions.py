@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import session_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from awp_db import locks, settle
 from awp_db.connect import Pool
 from awp_db.events import EventBatch
@@ -157,7 +157,7 @@ async def test_drain_stops_claims_then_stops_the_session(
     assert drained.session_state == types_pb2.WORKER_STATE_DRAINING
     assert drained.active_leases == 1
     assert (await expect_error(worker.claim())).reason == "WORKER_DRAINING"
-    assert await worker.complete(first) == worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+    assert await worker.complete(first) == session_pb2.COMPLETE_OUTCOME_ACCEPTED
     stopped = await stub.Drain(worker_pb2.DrainRequest(session=worker.session))
     assert stopped.session_state == types_pb2.WORKER_STATE_STOPPED
     assert (await expect_error(worker.claim())).reason == "SESSION_INVALID"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from awp.v1 import types_pb2, worker_pb2
+from awp.v1 import checkpoints_pb2, types_pb2, worker_pb2
 from awp_sdk.replay import Savings
 from awp_sdk.waits import WaitSpec
 from awp_worker._checkpoints import LeaseCheckpoints
@@ -45,9 +45,9 @@ async def overtaken(outcome: int) -> tuple[list[str], list[WaitSpec]]:
     assert store.defer_revocation(lambda: applied.append("revoked"))
     assert applied == []
     call.answer.set_result(
-        worker_pb2.AwaitResponse(
+        checkpoints_pb2.AwaitResponse(
             outcome=outcome,
-            checkpoint=worker_pb2.Checkpoint(
+            checkpoint=checkpoints_pb2.Checkpoint(
                 kind=types_pb2.CHECKPOINT_KIND_SIGNAL, name="go", value_json="{}"
             ),
         )
@@ -59,10 +59,10 @@ async def overtaken(outcome: int) -> tuple[list[str], list[WaitSpec]]:
 
 
 async def test_the_suspensions_own_revocation_is_dropped() -> None:
-    applied, suspended = await overtaken(worker_pb2.AWAIT_OUTCOME_SUSPENDED)
+    applied, suspended = await overtaken(checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED)
     assert applied == [] and [spec.name for spec in suspended] == ["go"]
 
 
 async def test_a_revocation_during_a_satisfied_await_is_applied_after_it() -> None:
-    applied, suspended = await overtaken(worker_pb2.AWAIT_OUTCOME_SATISFIED)
+    applied, suspended = await overtaken(checkpoints_pb2.AWAIT_OUTCOME_SATISFIED)
     assert applied == ["revoked"] and suspended == []

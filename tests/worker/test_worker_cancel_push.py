@@ -20,7 +20,7 @@ from uuid import UUID
 import pytest
 from runtime_harness import Running
 
-from awp.v1 import control_pb2, control_pb2_grpc
+from awp.v1 import control_pb2_grpc, runs_pb2
 from awp_coordinator.coordinator import Coordinator
 from awp_db import runs
 from awp_db.connect import Pool
@@ -107,7 +107,7 @@ async def _cancel_and_time(
         stub = control_pb2_grpc.ControlServiceStub(channel)
         asked = time.monotonic()
         await stub.CancelRun(
-            control_pb2.CancelRunRequest(run_id=str(run_id), reason="push test"), metadata=ADMIN
+            runs_pb2.CancelRunRequest(run_id=str(run_id), reason="push test"), metadata=ADMIN
         )
 
     async def seen() -> float | None:

@@ -12,7 +12,7 @@ import pytest
 from test_worker_executors import make_ctx, make_lease
 from test_worker_units import FakeRpcError
 
-from awp.v1 import worker_pb2
+from awp.v1 import session_pb2, worker_pb2
 from awp_protocol.errors import FieldsInvalid
 from awp_protocol.results import check_result
 from awp_sdk.actions import output_struct
@@ -100,7 +100,7 @@ class Recorder:
         return worker_pb2.CompleteResponse(
             answers=[
                 worker_pb2.CompleteAnswer(
-                    dispatch_id=r.dispatch_id, outcome=worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+                    dispatch_id=r.dispatch_id, outcome=session_pb2.COMPLETE_OUTCOME_ACCEPTED
                 )
                 for r in results
             ]

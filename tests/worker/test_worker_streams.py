@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from test_worker_integration import run_state, server, start_worker, worker_config
 
-from awp.v1 import worker_pb2
+from awp.v1 import session_pb2, streams_pb2, worker_pb2
 from awp_coordinator.coordinator import Coordinator
 from awp_db.connect import Pool
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNK_CHARS
@@ -137,11 +137,11 @@ async def test_the_buffer_is_bounded_while_appends_wait() -> None:
     release = asyncio.Event()
     sent: list[int] = []
 
-    async def slow(request: worker_pb2.AppendStreamRequest) -> worker_pb2.AppendStreamResponse:
+    async def slow(request: streams_pb2.AppendStreamRequest) -> streams_pb2.AppendStreamResponse:
         await release.wait()
         sent.append(len(request.chunks))
-        return worker_pb2.AppendStreamResponse(
-            outcome=worker_pb2.COMPLETE_OUTCOME_ACCEPTED,
+        return streams_pb2.AppendStreamResponse(
+            outcome=session_pb2.COMPLETE_OUTCOME_ACCEPTED,
             next_offset=request.first_offset + len(request.chunks),
         )
 
@@ -175,7 +175,7 @@ async def test_the_buffer_is_bounded_while_appends_wait() -> None:
 
 @pytest.mark.parametrize("chunk", [float("nan"), object(), "x" * 70_000])
 async def test_a_chunk_that_cannot_be_stored_is_refused_at_once(chunk: object) -> None:
-    async def never(request: worker_pb2.AppendStreamRequest) -> worker_pb2.AppendStreamResponse:
+    async def never(request: streams_pb2.AppendStreamRequest) -> streams_pb2.AppendStreamResponse:
         raise AssertionError("nothing is sent")
 
     writer = StreamWriter(worker_pb2.Lease(), never, lambda _: None, StreamSettings(), {})
@@ -184,9 +184,9 @@ async def test_a_chunk_that_cannot_be_stored_is_refused_at_once(chunk: object) -
 
 
 async def test_more_than_an_attempt_may_stream_fails_the_action_at_once() -> None:
-    async def store(request: worker_pb2.AppendStreamRequest) -> worker_pb2.AppendStreamResponse:
-        return worker_pb2.AppendStreamResponse(
-            outcome=worker_pb2.COMPLETE_OUTCOME_ACCEPTED,
+    async def store(request: streams_pb2.AppendStreamRequest) -> streams_pb2.AppendStreamResponse:
+        return streams_pb2.AppendStreamResponse(
+            outcome=session_pb2.COMPLETE_OUTCOME_ACCEPTED,
             next_offset=request.first_offset + len(request.chunks),
         )
 
@@ -206,8 +206,8 @@ async def test_a_sync_write_after_the_stream_is_lost_raises_stream_lost() -> Non
     # StreamLost is an ActionCancelled, a CancelledError: raised by the coroutine a sync
     # write runs on the loop, it used to reach the action's thread as a bare
     # concurrent.futures.CancelledError that `except ActionCancelled` missed.
-    async def refuse(request: worker_pb2.AppendStreamRequest) -> worker_pb2.AppendStreamResponse:
-        return worker_pb2.AppendStreamResponse(outcome=worker_pb2.COMPLETE_OUTCOME_LEASE_LOST)
+    async def refuse(request: streams_pb2.AppendStreamRequest) -> streams_pb2.AppendStreamResponse:
+        return streams_pb2.AppendStreamResponse(outcome=session_pb2.COMPLETE_OUTCOME_LEASE_LOST)
 
     lost: list[str] = []
     writer = StreamWriter(worker_pb2.Lease(attempt=1), refuse, lost.append, StreamSettings(), {})

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from awp.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from awp.v1 import session_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from awp_protocol.errors import STATUS_DETAILS_KEY, FieldsInvalid, Reason, encode_status
 from awp_protocol.results import check_result
 from kit.proto import seconds, struct
@@ -145,7 +145,7 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
             return queue.pop(0)
         return None
 
-    def _check_session(self, session: worker_pb2.Session) -> str | None:
+    def _check_session(self, session: session_pb2.Session) -> str | None:
         if self.session_tokens.get(session.worker_id) != session.session_token:
             return None
         state = self.sessions.get(session.worker_id)
@@ -176,7 +176,7 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.session_tokens[worker_id] = session_token
         self.last_register = request
         return worker_pb2.RegisterResponse(
-            session=worker_pb2.Session(worker_id=worker_id, session_token=session_token),
+            session=session_pb2.Session(worker_id=worker_id, session_token=session_token),
             heartbeat_interval=seconds(self.heartbeat_interval),
             lease_ttl=seconds(self.lease_ttl),
             stream_grace=seconds(1.0),
@@ -330,19 +330,19 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):
         for result in request.results:
             task = self.tasks.get(result.dispatch_id)
             if task is None or task.token != result.lease_token:
-                outcome = worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+                outcome = session_pb2.COMPLETE_OUTCOME_LEASE_LOST
             elif task.state == "completed":
                 outcome = (
-                    worker_pb2.COMPLETE_OUTCOME_DUPLICATE
+                    session_pb2.COMPLETE_OUTCOME_DUPLICATE
                     if task.result == result
-                    else worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
+                    else session_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT
                 )
             elif task.state != "leased":
-                outcome = worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+                outcome = session_pb2.COMPLETE_OUTCOME_LEASE_LOST
             else:
                 task.state = "completed"
                 task.result = result
-                outcome = worker_pb2.COMPLETE_OUTCOME_ACCEPTED
+                outcome = session_pb2.COMPLETE_OUTCOME_ACCEPTED
             answers.append(
                 worker_pb2.CompleteAnswer(dispatch_id=result.dispatch_id, outcome=outcome)
             )

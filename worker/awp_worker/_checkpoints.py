@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from awp.v1 import types_pb2, worker_pb2
+from awp.v1 import checkpoints_pb2, session_pb2, types_pb2, worker_pb2
 from awp_protocol.errors import Reason
 from awp_protocol.jsonvalue import parse_value
 from awp_sdk.actions import ActionCancelled, PermanentError
@@ -43,7 +43,7 @@ class CheckpointsLost(ActionCancelled):
     """The attempt's lease is lost: it may store no memo, and stops."""
 
 
-def checkpoint_from_proto(message: worker_pb2.Checkpoint) -> Checkpoint:
+def checkpoint_from_proto(message: checkpoints_pb2.Checkpoint) -> Checkpoint:
     """A checkpoint as LoadCheckpoints (or Await) sends it."""
     kind = _KIND_OF.get(message.kind)
     if kind is None:
@@ -104,12 +104,12 @@ class LeaseCheckpoints:
         found: list[Checkpoint] = []
         page_token = ""
         while True:
-            request = worker_pb2.LoadCheckpointsRequest(
+            request = checkpoints_pb2.LoadCheckpointsRequest(
                 dispatch_id=self._lease.dispatch_id,
                 lease_token=self._lease.lease_token,
                 page_token=page_token,
             )
-            response: worker_pb2.LoadCheckpointsResponse = await self._send(
+            response: checkpoints_pb2.LoadCheckpointsResponse = await self._send(
                 "LoadCheckpoints", request
             )
             found.extend(checkpoint_from_proto(c) for c in response.checkpoints)
@@ -120,7 +120,7 @@ class LeaseCheckpoints:
     async def record_step(
         self, name: str, occurrence: int, value_json: str, usage: Usage
     ) -> Checkpoint | None:
-        request = worker_pb2.RecordStepRequest(
+        request = checkpoints_pb2.RecordStepRequest(
             dispatch_id=self._lease.dispatch_id,
             lease_token=self._lease.lease_token,
             name=name,
@@ -128,11 +128,14 @@ class LeaseCheckpoints:
             value_json=value_json,
             usage=types_pb2.StepUsage(tokens=usage.tokens, cost_usd=usage.cost_usd),
         )
-        response: worker_pb2.RecordStepResponse = await self._send("RecordStep", request)
+        response: checkpoints_pb2.RecordStepResponse = await self._send("RecordStep", request)
         outcome = response.outcome
-        if outcome in (worker_pb2.COMPLETE_OUTCOME_ACCEPTED, worker_pb2.COMPLETE_OUTCOME_DUPLICATE):
+        if outcome in (
+            session_pb2.COMPLETE_OUTCOME_ACCEPTED,
+            session_pb2.COMPLETE_OUTCOME_DUPLICATE,
+        ):
             return None
-        if outcome == worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT:
+        if outcome == session_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT:
             # Another value is stored under this step: a memo never changes, so it is
             # the step's result.
             for stored in await self.load():
@@ -143,7 +146,7 @@ class LeaseCheckpoints:
         raise CheckpointsLost(f"step {name!r} of attempt {self._lease.attempt}: lease lost")
 
     async def await_wait(self, spec: WaitSpec, replayed: Savings) -> Checkpoint | None:
-        request = worker_pb2.AwaitRequest(
+        request = checkpoints_pb2.AwaitRequest(
             dispatch_id=self._lease.dispatch_id,
             lease_token=self._lease.lease_token,
             kind=types_pb2.CheckpointKind.Value(f"CHECKPOINT_KIND_{spec.kind.upper()}"),
@@ -161,14 +164,14 @@ class LeaseCheckpoints:
             request.timeout.FromMilliseconds(spec.timeout_ms)
         self._awaiting = True
         try:
-            response: worker_pb2.AwaitResponse = await self._send("Await", request)
+            response: checkpoints_pb2.AwaitResponse = await self._send("Await", request)
         except BaseException:
             self._await_answered(suspended=False)
             raise
-        self._await_answered(suspended=response.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED)
-        if response.outcome == worker_pb2.AWAIT_OUTCOME_SATISFIED:
+        self._await_answered(suspended=response.outcome == checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED)
+        if response.outcome == checkpoints_pb2.AWAIT_OUTCOME_SATISFIED:
             return checkpoint_from_proto(response.checkpoint)
-        if response.outcome == worker_pb2.AWAIT_OUTCOME_SUSPENDED:
+        if response.outcome == checkpoints_pb2.AWAIT_OUTCOME_SUSPENDED:
             # The lease ended with the attempt: free the slot, report nothing.
             log.info("suspended at the %s wait %r", spec.kind, spec.name, extra=self._fields)
             self._lost = f"suspended at the {spec.kind} wait {spec.name!r}"

@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from awp.v1 import worker_pb2
+from awp.v1 import session_pb2, worker_pb2
 from awp_protocol.limits import MAX_LEASES_PER_CLAIM, MAX_RESULTS_PER_COMPLETE
 from awp_worker import _tracing
 from awp_worker._backoff import Backoff
@@ -57,15 +57,15 @@ MAX_BYTES_PER_CALL = 3 * 1024 * 1024
 # How a result ended, as the metrics and the owner name it, and what the log says:
 # the server's answers...
 _ANSWERS = {
-    worker_pb2.COMPLETE_OUTCOME_ACCEPTED: ("accepted", logging.DEBUG, "result accepted"),
-    worker_pb2.COMPLETE_OUTCOME_DUPLICATE: (
+    session_pb2.COMPLETE_OUTCOME_ACCEPTED: ("accepted", logging.DEBUG, "result accepted"),
+    session_pb2.COMPLETE_OUTCOME_DUPLICATE: (
         "duplicate", logging.INFO, "result was already recorded (duplicate)",
     ),
-    worker_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT: (
+    session_pb2.COMPLETE_OUTCOME_RESULT_CONFLICT: (
         "result_conflict", logging.WARNING,
         "the server holds a different result for this lease; ours dropped",
     ),
-    worker_pb2.COMPLETE_OUTCOME_LEASE_LOST: (
+    session_pb2.COMPLETE_OUTCOME_LEASE_LOST: (
         StandDown.LEASE_LOST, logging.WARNING,
         "lease lost before the result arrived; the server discarded it",
     ),
@@ -268,7 +268,7 @@ class ResultFlusher:
     def _answered(self, todo: list[HeldLease], response: worker_pb2.CompleteResponse) -> None:
         answers = {answer.dispatch_id: answer.outcome for answer in response.answers}
         for held in todo:
-            outcome = answers.get(held.dispatch_id, worker_pb2.COMPLETE_OUTCOME_UNSPECIFIED)
+            outcome = answers.get(held.dispatch_id, session_pb2.COMPLETE_OUTCOME_UNSPECIFIED)
             name, level, message = _ANSWERS.get(
                 outcome,
                 (

@@ -30,7 +30,7 @@ from tenacity import (
     wait_random,
 )
 
-from awp.v1 import worker_pb2, worker_pb2_grpc
+from awp.v1 import session_pb2, streams_pb2, worker_pb2, worker_pb2_grpc
 from awp_common import tls
 from awp_protocol.jsonvalue import parse_object
 from awp_protocol.limits import PROTOCOL_VERSION
@@ -76,7 +76,7 @@ class Session:
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[worker_pb2_grpc.WorkerServiceAsyncStub] = []
         self._current = 0
-        self._token: worker_pb2.Session | None = None
+        self._token: session_pb2.Session | None = None
         self.worker_id: str | None = None
         # What the server decides; these stand until Register says otherwise.
         self.heartbeat_interval = 5.0
@@ -130,7 +130,7 @@ class Session:
         )
 
     @property
-    def token(self) -> worker_pb2.Session:
+    def token(self) -> session_pb2.Session:
         assert self._token is not None, "not registered"
         return self._token
 
@@ -255,13 +255,13 @@ class Session:
             raise
 
     async def append_stream(
-        self, request: worker_pb2.AppendStreamRequest
-    ) -> worker_pb2.AppendStreamResponse:
+        self, request: streams_pb2.AppendStreamRequest
+    ) -> streams_pb2.AppendStreamResponse:
         """One AppendStream (the session filled in); raises the call's RpcError."""
         request.session.CopyFrom(self.token)
         route, stub = self.route()
         try:
-            response: worker_pb2.AppendStreamResponse = await stub.AppendStream(
+            response: streams_pb2.AppendStreamResponse = await stub.AppendStream(
                 request, timeout=self._config.rpc_timeout, metadata=self._metadata
             )
         except grpc.RpcError as exc:

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from awp.v1 import worker_pb2
+from awp.v1 import session_pb2, streams_pb2, worker_pb2
 from awp_protocol.limits import MAX_STREAM_BYTES_PER_ATTEMPT, MAX_STREAM_CHUNKS_PER_APPEND
 from awp_sdk.actions import ActionCancelled, PermanentError, stream_chunk
 from awp_sdk.threads import call_from_thread
@@ -31,7 +31,7 @@ from awp_worker._errors import describe, is_transient
 
 log = logging.getLogger("awp_worker.stream")
 
-Send = Callable[[worker_pb2.AppendStreamRequest], Awaitable[worker_pb2.AppendStreamResponse]]
+Send = Callable[[streams_pb2.AppendStreamRequest], Awaitable[streams_pb2.AppendStreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +53,10 @@ class StreamTooLarge(PermanentError):
     would again on a retry."""
 
 
-def encode(chunk: Any) -> worker_pb2.StreamChunkIn:
+def encode(chunk: Any) -> streams_pb2.StreamChunkIn:
     """The chunk as AppendStream carries it (awp_sdk.actions.stream_chunk's rule)."""
     text, is_json = stream_chunk(chunk)
-    return worker_pb2.StreamChunkIn(json=text) if is_json else worker_pb2.StreamChunkIn(text=text)
+    return streams_pb2.StreamChunkIn(json=text) if is_json else streams_pb2.StreamChunkIn(text=text)
 
 
 class StreamWriter:
@@ -77,7 +77,7 @@ class StreamWriter:
         self._fields = log_fields
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._pending: deque[tuple[worker_pb2.StreamChunkIn, int]] = deque()
+        self._pending: deque[tuple[streams_pb2.StreamChunkIn, int]] = deque()
         self._buffered = 0
         self._offset = 0  # of the first pending chunk
         self._batches = 0  # appends stored, for the attempt's span
@@ -158,7 +158,7 @@ class StreamWriter:
         if self._lost is not None:
             raise StreamLost(f"the output stream of attempt {self._lease.attempt}: {self._lost}")
 
-    def _put(self, encoded: worker_pb2.StreamChunkIn) -> None:
+    def _put(self, encoded: streams_pb2.StreamChunkIn) -> None:
         self._check()
         size = len(getattr(encoded, encoded.WhichOneof("data") or "text").encode())
         if self._written + size > MAX_STREAM_BYTES_PER_ATTEMPT:
@@ -183,7 +183,7 @@ class StreamWriter:
                 await self._changed.wait_for(lambda: bool(self._pending))
             if self._buffered < self._settings.batch_bytes:
                 await asyncio.sleep(self._settings.linger_s)
-            batch: list[worker_pb2.StreamChunkIn] = []
+            batch: list[streams_pb2.StreamChunkIn] = []
             size = 0
             for encoded, chunk_size in self._pending:
                 if batch and (
@@ -193,7 +193,7 @@ class StreamWriter:
                     break
                 batch.append(encoded)
                 size += chunk_size
-            request = worker_pb2.AppendStreamRequest(
+            request = streams_pb2.AppendStreamRequest(
                 dispatch_id=self._lease.dispatch_id,
                 lease_token=self._lease.lease_token,
                 first_offset=self._offset,
@@ -213,8 +213,8 @@ class StreamWriter:
             backoff.reset()
             outcome = response.outcome
             if outcome in (
-                worker_pb2.COMPLETE_OUTCOME_ACCEPTED,
-                worker_pb2.COMPLETE_OUTCOME_DUPLICATE,
+                session_pb2.COMPLETE_OUTCOME_ACCEPTED,
+                session_pb2.COMPLETE_OUTCOME_DUPLICATE,
             ):
                 async with self._changed:
                     for _ in batch:
@@ -225,7 +225,7 @@ class StreamWriter:
                 continue
             reason = (
                 "lease lost"
-                if outcome == worker_pb2.COMPLETE_OUTCOME_LEASE_LOST
+                if outcome == session_pb2.COMPLETE_OUTCOME_LEASE_LOST
                 else "another chunk is stored at its offset"
             )
             await self._lose(reason)

@@ -24,14 +24,15 @@ _sym_db = _symbol_database.Default()
 
 from awp.v1 import durable_pb2 as awp_dot_v1_dot_durable__pb2
 from awp.v1 import limits_pb2 as awp_dot_v1_dot_limits__pb2
+from awp.v1 import runs_pb2 as awp_dot_v1_dot_runs__pb2
 from awp.v1 import schedule_pb2 as awp_dot_v1_dot_schedule__pb2
+from awp.v1 import streams_pb2 as awp_dot_v1_dot_streams__pb2
 from awp.v1 import types_pb2 as awp_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
-from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61wp/v1/control.proto\x12\x06\x61wp.v1\x1a\x14\x61wp/v1/durable.proto\x1a\x13\x61wp/v1/limits.proto\x1a\x15\x61wp/v1/schedule.proto\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"K\n\x12WatchStreamRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08task_key\x18\x02 \x01(\t\x12\x13\n\x0b\x66rom_offset\x18\x03 \x01(\x03\"p\n\x0bStreamChunk\x12\x10\n\x08position\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x16\n\x0e\x61ttempt_offset\x18\x03 \x01(\x03\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12\x0e\n\x04json\x18\x05 \x01(\tH\x00\x42\x06\n\x04\x64\x61ta\"\x99\x01\n\x0eStreamBoundary\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\r\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.awp.v1.StreamBoundaryKind\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.awp.v1.AttemptState\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x10\n\x08position\x18\x05 \x01(\x03\"d\n\x13WatchStreamResponse\x12#\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x13.awp.v1.StreamChunk\x12(\n\x08\x62oundary\x18\x02 \x01(\x0b\x32\x16.awp.v1.StreamBoundary\"j\n\x08Workflow\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\x12.\n\ncreated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"G\n\x15\x43reateWorkflowRequest\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\"M\n\x16\x43reateWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"3\n\x12GetWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"9\n\x13GetWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\"K\n\x14ListWorkflowsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x15ListWorkflowsResponse\x12#\n\tworkflows\x18\x01 \x03(\x0b\x32\x10.awp.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf0\x01\n\x0fStartRunRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x18\n\x10workflow_version\x18\x02 \x01(\r\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12.\n\nstart_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0bstart_delay\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08priority\x18( \x01(\x05\"A\n\x0eTaskStateCount\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xa3\x05\n\x03Run\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12\x18\n\x10workflow_version\x18\x03 \x01(\r\x12\x1f\n\x05state\x18\x04 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13\x63\x61ncel_requested_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\x0c \x01(\x04\x12.\n\x0etasks_by_state\x18\r \x03(\x0b\x32\x16.awp.v1.TaskStateCount\x12\x12\n\nstarted_by\x18\x14 \x01(\t\x12\x1b\n\x13\x63\x61ncel_requested_by\x18\x15 \x01(\t\x12\x1b\n\x13retried_from_run_id\x18\x16 \x01(\t\x12\x17\n\x0fretry_from_task\x18\x17 \x01(\t\x12\x13\n\x0bschedule_id\x18\x18 \x01(\t\x12\x31\n\rschedule_tick\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x1a \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08trace_id\x18\x64 \x01(\t\x12\x10\n\x08priority\x18( \x01(\x05J\x04\x08\x0b\x10\x0cR\x0btask_counts\"9\n\x10StartRunsRequest\x12%\n\x04runs\x18\x01 \x03(\x0b\x32\x17.awp.v1.StartRunRequest\"-\n\nStartedRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"5\n\x11StartRunsResponse\x12 \n\x04runs\x18\x01 \x03(\x0b\x32\x12.awp.v1.StartedRun\"=\n\x10StartRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x9f\x04\n\x04Task\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\r\x12\'\n\x06output\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\t \x01(\x0b\x32\x11.awp.v1.TaskError\x12,\n\x08retry_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12reused_from_run_id\x18\x0c \x01(\t\x12\x16\n\x0eoutput_omitted\x18\r \x01(\x08\x12\x12\n\nhand_backs\x18\x0e \x01(\r\x12\x12\n\nmap_parent\x18\x0f \x01(\t\x12\x11\n\tmap_index\x18\x10 \x01(\r\x12\x1e\n\x04wait\x18\x11 \x01(\x0b\x32\x10.awp.v1.TaskWait\x12\x13\n\x0bsuspensions\x18\x12 \x01(\r\x12\"\n\x05saved\x18\x13 \x01(\x0b\x32\x13.awp.v1.MemoSavings\x12\x13\n\x0bwaiting_for\x18\x1e \x01(\t\"\xd6\x02\n\x07\x41ttempt\x12\x10\n\x08task_key\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.awp.v1.AttemptState\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64ispatch_id\x18\x05 \x01(\x03\x12\x15\n\rfencing_token\x18\x06 \x01(\x03\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x05\x65rror\x18\n \x01(\x0b\x32\x11.awp.v1.TaskError\x12\x13\n\x0bworker_name\x18\x0b \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xb7\x01\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x1b\n\x05tasks\x18\x02 \x03(\x0b\x32\x0c.awp.v1.Task\x12!\n\x08\x61ttempts\x18\x03 \x03(\x0b\x32\x0f.awp.v1.Attempt\x12\x18\n\x10\x61ttempts_omitted\x18\x04 \x01(\r\x12\x1a\n\x12tracebacks_omitted\x18\x05 \x01(\r\x12\x15\n\rtasks_omitted\x18\x06 \x01(\r\"I\n\x10ListTasksRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"e\n\x11ListTasksResponse\x12\x1b\n\x05tasks\x18\x01 \x03(\x0b\x32\x0c.awp.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x1a\n\x12tracebacks_omitted\x18\x03 \x01(\r\"8\n\x14GetTaskOutputRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08task_key\x18\x02 \x01(\t\",\n\x15GetTaskOutputResponse\x12\x13\n\x0boutput_json\x18\x01 \x01(\t\"^\n\x13ListAttemptsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08task_key\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"R\n\x14ListAttemptsResponse\x12!\n\x08\x61ttempts\x18\x01 \x03(\x0b\x32\x0f.awp.v1.Attempt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"p\n\x0fListRunsRequest\x12\x15\n\rworkflow_name\x18\x01 \x01(\t\x12\x1f\n\x05state\x18\x02 \x01(\x0e\x32\x10.awp.v1.RunState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.awp.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"-\n\x11\x43\x61ncelRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\"H\n\x0fRetryRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tfrom_task\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"=\n\x10RetryRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.awp.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"5\n\x10WatchRunResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x12.awp.v1.StateEvent\"\x82\x05\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x16\n\x0e\x65xecutor_kinds\x18\x04 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x15\n\ractive_leases\x18\x06 \x01(\r\x12.\n\x06labels\x18\x07 \x03(\x0b\x32\x1e.awp.v1.WorkerInfo.LabelsEntry\x12\x18\n\x10protocol_version\x18\x08 \x01(\r\x12\x31\n\rregistered_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstopped_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06models\x18\x32 \x03(\t\x12\x34\n\tresources\x18\x33 \x03(\x0b\x32!.awp.v1.WorkerInfo.ResourcesEntry\x12\x32\n\x08reserved\x18\x34 \x03(\x0b\x32 .awp.v1.WorkerInfo.ReservedEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rReservedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\".\n\x12ListWorkersRequest\x12\x18\n\x10include_inactive\x18\x01 \x01(\x08\":\n\x13ListWorkersResponse\x12#\n\x07workers\x18\x01 \x03(\x0b\x32\x12.awp.v1.WorkerInfo\"\x11\n\x0fGetStatsRequest\"\xc1\x05\n\x10GetStatsResponse\x12:\n\x0etasks_by_state\x18\x07 \x03(\x0b\x32\".awp.v1.GetStatsResponse.TaskCount\x12\x43\n\x13\x64ispatches_by_state\x18\x08 \x03(\x0b\x32&.awp.v1.GetStatsResponse.DispatchCount\x12\x38\n\rruns_by_state\x18\t \x03(\x0b\x32!.awp.v1.GetStatsResponse.RunCount\x12>\n\x10workers_by_state\x18\n \x03(\x0b\x32$.awp.v1.GetStatsResponse.WorkerCount\x12\x15\n\ractive_leases\x18\x05 \x01(\x04\x12\x31\n\x0eoldest_pending\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x1aS\n\tTaskCount\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x1a[\n\rDispatchCount\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.awp.v1.DispatchState\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x1a:\n\x08RunCount\x12\x1f\n\x05state\x18\x01 \x01(\x0e\x32\x10.awp.v1.RunState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x1a@\n\x0bWorkerCount\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04J\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x05tasksR\ndispatchesR\x04runsR\x07workers\"u\n\x10PruneRunsRequest\x12-\n\nolder_than\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"\xbe\x01\n\x11PruneRunsResponse\x12\x0c\n\x04runs\x18\x01 \x01(\x04\x12\r\n\x05tasks\x18\x02 \x01(\x04\x12\x10\n\x08\x61ttempts\x18\x03 \x01(\x04\x12\x12\n\ndispatches\x18\x04 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x05 \x01(\x04\x12\x11\n\tremaining\x18\x06 \x01(\x04\x12*\n\x06\x63utoff\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fnext_page_token\x18\x08 \x01(\t\"\x0f\n\rWhoAmIRequest\"K\n\x0eWhoAmIResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x1c\n\x14\x63redentials_required\x18\x03 \x01(\x08*|\n\x12StreamBoundaryKind\x12$\n STREAM_BOUNDARY_KIND_UNSPECIFIED\x10\x00\x12 \n\x1cSTREAM_BOUNDARY_KIND_STARTED\x10\x01\x12\x1e\n\x1aSTREAM_BOUNDARY_KIND_ENDED\x10\x02\x32\xcd\x12\n\x0e\x43ontrolService\x12O\n\x0e\x43reateWorkflow\x12\x1d.awp.v1.CreateWorkflowRequest\x1a\x1e.awp.v1.CreateWorkflowResponse\x12\x46\n\x0bGetWorkflow\x12\x1a.awp.v1.GetWorkflowRequest\x1a\x1b.awp.v1.GetWorkflowResponse\x12L\n\rListWorkflows\x12\x1c.awp.v1.ListWorkflowsRequest\x1a\x1d.awp.v1.ListWorkflowsResponse\x12=\n\x08StartRun\x12\x17.awp.v1.StartRunRequest\x1a\x18.awp.v1.StartRunResponse\x12@\n\tStartRuns\x12\x18.awp.v1.StartRunsRequest\x1a\x19.awp.v1.StartRunsResponse\x12\x37\n\x06GetRun\x12\x15.awp.v1.GetRunRequest\x1a\x16.awp.v1.GetRunResponse\x12@\n\tListTasks\x12\x18.awp.v1.ListTasksRequest\x1a\x19.awp.v1.ListTasksResponse\x12L\n\rGetTaskOutput\x12\x1c.awp.v1.GetTaskOutputRequest\x1a\x1d.awp.v1.GetTaskOutputResponse\x12I\n\x0cListAttempts\x12\x1b.awp.v1.ListAttemptsRequest\x1a\x1c.awp.v1.ListAttemptsResponse\x12=\n\x08ListRuns\x12\x17.awp.v1.ListRunsRequest\x1a\x18.awp.v1.ListRunsResponse\x12@\n\tCancelRun\x12\x18.awp.v1.CancelRunRequest\x1a\x19.awp.v1.CancelRunResponse\x12=\n\x08RetryRun\x12\x17.awp.v1.RetryRunRequest\x1a\x18.awp.v1.RetryRunResponse\x12?\n\x08WatchRun\x12\x17.awp.v1.WatchRunRequest\x1a\x18.awp.v1.WatchRunResponse0\x01\x12\x46\n\x0bListWorkers\x12\x1a.awp.v1.ListWorkersRequest\x1a\x1b.awp.v1.ListWorkersResponse\x12=\n\x08GetStats\x12\x17.awp.v1.GetStatsRequest\x1a\x18.awp.v1.GetStatsResponse\x12@\n\tPruneRuns\x12\x18.awp.v1.PruneRunsRequest\x1a\x19.awp.v1.PruneRunsResponse\x12\x37\n\x06WhoAmI\x12\x15.awp.v1.WhoAmIRequest\x1a\x16.awp.v1.WhoAmIResponse\x12H\n\x0bWatchStream\x12\x1a.awp.v1.WatchStreamRequest\x1a\x1b.awp.v1.WatchStreamResponse0\x01\x12O\n\x0e\x43reateSchedule\x12\x1d.awp.v1.CreateScheduleRequest\x1a\x1e.awp.v1.CreateScheduleResponse\x12\x46\n\x0bGetSchedule\x12\x1a.awp.v1.GetScheduleRequest\x1a\x1b.awp.v1.GetScheduleResponse\x12L\n\rListSchedules\x12\x1c.awp.v1.ListSchedulesRequest\x1a\x1d.awp.v1.ListSchedulesResponse\x12O\n\x0eUpdateSchedule\x12\x1d.awp.v1.UpdateScheduleRequest\x1a\x1e.awp.v1.UpdateScheduleResponse\x12L\n\rPauseSchedule\x12\x1c.awp.v1.PauseScheduleRequest\x1a\x1d.awp.v1.PauseScheduleResponse\x12O\n\x0eResumeSchedule\x12\x1d.awp.v1.ResumeScheduleRequest\x1a\x1e.awp.v1.ResumeScheduleResponse\x12O\n\x0e\x44\x65leteSchedule\x12\x1d.awp.v1.DeleteScheduleRequest\x1a\x1e.awp.v1.DeleteScheduleResponse\x12R\n\x0fTriggerSchedule\x12\x1e.awp.v1.TriggerScheduleRequest\x1a\x1f.awp.v1.TriggerScheduleResponse\x12U\n\x10\x42\x61\x63kfillSchedule\x12\x1f.awp.v1.BackfillScheduleRequest\x1a .awp.v1.BackfillScheduleResponse\x12\x43\n\nSendSignal\x12\x19.awp.v1.SendSignalRequest\x1a\x1a.awp.v1.SendSignalResponse\x12:\n\x07\x41pprove\x12\x16.awp.v1.ApproveRequest\x1a\x17.awp.v1.ApproveResponse\x12\x37\n\x06Reject\x12\x15.awp.v1.RejectRequest\x1a\x16.awp.v1.RejectResponse\x12I\n\x0cSetRateLimit\x12\x1b.awp.v1.SetRateLimitRequest\x1a\x1c.awp.v1.SetRateLimitResponse\x12I\n\x0cGetRateLimit\x12\x1b.awp.v1.GetRateLimitRequest\x1a\x1c.awp.v1.GetRateLimitResponse\x12O\n\x0eListRateLimits\x12\x1d.awp.v1.ListRateLimitsRequest\x1a\x1e.awp.v1.ListRateLimitsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61wp/v1/control.proto\x12\x06\x61wp.v1\x1a\x14\x61wp/v1/durable.proto\x1a\x13\x61wp/v1/limits.proto\x1a\x11\x61wp/v1/runs.proto\x1a\x15\x61wp/v1/schedule.proto\x1a\x14\x61wp/v1/streams.proto\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n\x08Workflow\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\x12.\n\ncreated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"G\n\x15\x43reateWorkflowRequest\x12.\n\ndefinition\x18\x01 \x01(\x0b\x32\x1a.awp.v1.WorkflowDefinition\"M\n\x16\x43reateWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"3\n\x12GetWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"9\n\x13GetWorkflowResponse\x12\"\n\x08workflow\x18\x01 \x01(\x0b\x32\x10.awp.v1.Workflow\"K\n\x14ListWorkflowsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x15ListWorkflowsResponse\x12#\n\tworkflows\x18\x01 \x03(\x0b\x32\x10.awp.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x82\x05\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x16\n\x0e\x65xecutor_kinds\x18\x04 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x15\n\ractive_leases\x18\x06 \x01(\r\x12.\n\x06labels\x18\x07 \x03(\x0b\x32\x1e.awp.v1.WorkerInfo.LabelsEntry\x12\x18\n\x10protocol_version\x18\x08 \x01(\r\x12\x31\n\rregistered_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstopped_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06models\x18\x32 \x03(\t\x12\x34\n\tresources\x18\x33 \x03(\x0b\x32!.awp.v1.WorkerInfo.ResourcesEntry\x12\x32\n\x08reserved\x18\x34 \x03(\x0b\x32 .awp.v1.WorkerInfo.ReservedEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rReservedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\".\n\x12ListWorkersRequest\x12\x18\n\x10include_inactive\x18\x01 \x01(\x08\":\n\x13ListWorkersResponse\x12#\n\x07workers\x18\x01 \x03(\x0b\x32\x12.awp.v1.WorkerInfo\"\x11\n\x0fGetStatsRequest\"\xc1\x05\n\x10GetStatsResponse\x12:\n\x0etasks_by_state\x18\x07 \x03(\x0b\x32\".awp.v1.GetStatsResponse.TaskCount\x12\x43\n\x13\x64ispatches_by_state\x18\x08 \x03(\x0b\x32&.awp.v1.GetStatsResponse.DispatchCount\x12\x38\n\rruns_by_state\x18\t \x03(\x0b\x32!.awp.v1.GetStatsResponse.RunCount\x12>\n\x10workers_by_state\x18\n \x03(\x0b\x32$.awp.v1.GetStatsResponse.WorkerCount\x12\x15\n\ractive_leases\x18\x05 \x01(\x04\x12\x31\n\x0eoldest_pending\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x1aS\n\tTaskCount\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.awp.v1.TaskState\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x1a[\n\rDispatchCount\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.awp.v1.DispatchState\x12\x15\n\rexecutor_kind\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x1a:\n\x08RunCount\x12\x1f\n\x05state\x18\x01 \x01(\x0e\x32\x10.awp.v1.RunState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x1a@\n\x0bWorkerCount\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04J\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x05tasksR\ndispatchesR\x04runsR\x07workers\"u\n\x10PruneRunsRequest\x12-\n\nolder_than\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"\xbe\x01\n\x11PruneRunsResponse\x12\x0c\n\x04runs\x18\x01 \x01(\x04\x12\r\n\x05tasks\x18\x02 \x01(\x04\x12\x10\n\x08\x61ttempts\x18\x03 \x01(\x04\x12\x12\n\ndispatches\x18\x04 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x05 \x01(\x04\x12\x11\n\tremaining\x18\x06 \x01(\x04\x12*\n\x06\x63utoff\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fnext_page_token\x18\x08 \x01(\t\"\x0f\n\rWhoAmIRequest\"K\n\x0eWhoAmIResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x1c\n\x14\x63redentials_required\x18\x03 \x01(\x08\x32\xcd\x12\n\x0e\x43ontrolService\x12O\n\x0e\x43reateWorkflow\x12\x1d.awp.v1.CreateWorkflowRequest\x1a\x1e.awp.v1.CreateWorkflowResponse\x12\x46\n\x0bGetWorkflow\x12\x1a.awp.v1.GetWorkflowRequest\x1a\x1b.awp.v1.GetWorkflowResponse\x12L\n\rListWorkflows\x12\x1c.awp.v1.ListWorkflowsRequest\x1a\x1d.awp.v1.ListWorkflowsResponse\x12=\n\x08StartRun\x12\x17.awp.v1.StartRunRequest\x1a\x18.awp.v1.StartRunResponse\x12@\n\tStartRuns\x12\x18.awp.v1.StartRunsRequest\x1a\x19.awp.v1.StartRunsResponse\x12\x37\n\x06GetRun\x12\x15.awp.v1.GetRunRequest\x1a\x16.awp.v1.GetRunResponse\x12@\n\tListTasks\x12\x18.awp.v1.ListTasksRequest\x1a\x19.awp.v1.ListTasksResponse\x12L\n\rGetTaskOutput\x12\x1c.awp.v1.GetTaskOutputRequest\x1a\x1d.awp.v1.GetTaskOutputResponse\x12I\n\x0cListAttempts\x12\x1b.awp.v1.ListAttemptsRequest\x1a\x1c.awp.v1.ListAttemptsResponse\x12=\n\x08ListRuns\x12\x17.awp.v1.ListRunsRequest\x1a\x18.awp.v1.ListRunsResponse\x12@\n\tCancelRun\x12\x18.awp.v1.CancelRunRequest\x1a\x19.awp.v1.CancelRunResponse\x12=\n\x08RetryRun\x12\x17.awp.v1.RetryRunRequest\x1a\x18.awp.v1.RetryRunResponse\x12?\n\x08WatchRun\x12\x17.awp.v1.WatchRunRequest\x1a\x18.awp.v1.WatchRunResponse0\x01\x12\x46\n\x0bListWorkers\x12\x1a.awp.v1.ListWorkersRequest\x1a\x1b.awp.v1.ListWorkersResponse\x12=\n\x08GetStats\x12\x17.awp.v1.GetStatsRequest\x1a\x18.awp.v1.GetStatsResponse\x12@\n\tPruneRuns\x12\x18.awp.v1.PruneRunsRequest\x1a\x19.awp.v1.PruneRunsResponse\x12\x37\n\x06WhoAmI\x12\x15.awp.v1.WhoAmIRequest\x1a\x16.awp.v1.WhoAmIResponse\x12H\n\x0bWatchStream\x12\x1a.awp.v1.WatchStreamRequest\x1a\x1b.awp.v1.WatchStreamResponse0\x01\x12O\n\x0e\x43reateSchedule\x12\x1d.awp.v1.CreateScheduleRequest\x1a\x1e.awp.v1.CreateScheduleResponse\x12\x46\n\x0bGetSchedule\x12\x1a.awp.v1.GetScheduleRequest\x1a\x1b.awp.v1.GetScheduleResponse\x12L\n\rListSchedules\x12\x1c.awp.v1.ListSchedulesRequest\x1a\x1d.awp.v1.ListSchedulesResponse\x12O\n\x0eUpdateSchedule\x12\x1d.awp.v1.UpdateScheduleRequest\x1a\x1e.awp.v1.UpdateScheduleResponse\x12L\n\rPauseSchedule\x12\x1c.awp.v1.PauseScheduleRequest\x1a\x1d.awp.v1.PauseScheduleResponse\x12O\n\x0eResumeSchedule\x12\x1d.awp.v1.ResumeScheduleRequest\x1a\x1e.awp.v1.ResumeScheduleResponse\x12O\n\x0e\x44\x65leteSchedule\x12\x1d.awp.v1.DeleteScheduleRequest\x1a\x1e.awp.v1.DeleteScheduleResponse\x12R\n\x0fTriggerSchedule\x12\x1e.awp.v1.TriggerScheduleRequest\x1a\x1f.awp.v1.TriggerScheduleResponse\x12U\n\x10\x42\x61\x63kfillSchedule\x12\x1f.awp.v1.BackfillScheduleRequest\x1a .awp.v1.BackfillScheduleResponse\x12\x43\n\nSendSignal\x12\x19.awp.v1.SendSignalRequest\x1a\x1a.awp.v1.SendSignalResponse\x12:\n\x07\x41pprove\x12\x16.awp.v1.ApproveRequest\x1a\x17.awp.v1.ApproveResponse\x12\x37\n\x06Reject\x12\x15.awp.v1.RejectRequest\x1a\x16.awp.v1.RejectResponse\x12I\n\x0cSetRateLimit\x12\x1b.awp.v1.SetRateLimitRequest\x1a\x1c.awp.v1.SetRateLimitResponse\x12I\n\x0cGetRateLimit\x12\x1b.awp.v1.GetRateLimitRequest\x1a\x1c.awp.v1.GetRateLimitResponse\x12O\n\x0eListRateLimits\x12\x1d.awp.v1.ListRateLimitsRequest\x1a\x1e.awp.v1.ListRateLimitsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,112 +45,52 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERINFO_RESOURCESENTRY']._serialized_options = b'8\001'
   _globals['_WORKERINFO_RESERVEDENTRY']._loaded_options = None
   _globals['_WORKERINFO_RESERVEDENTRY']._serialized_options = b'8\001'
-  _globals['_STREAMBOUNDARYKIND']._serialized_start=6399
-  _globals['_STREAMBOUNDARYKIND']._serialized_end=6523
-  _globals['_WATCHSTREAMREQUEST']._serialized_start=213
-  _globals['_WATCHSTREAMREQUEST']._serialized_end=288
-  _globals['_STREAMCHUNK']._serialized_start=290
-  _globals['_STREAMCHUNK']._serialized_end=402
-  _globals['_STREAMBOUNDARY']._serialized_start=405
-  _globals['_STREAMBOUNDARY']._serialized_end=558
-  _globals['_WATCHSTREAMRESPONSE']._serialized_start=560
-  _globals['_WATCHSTREAMRESPONSE']._serialized_end=660
-  _globals['_WORKFLOW']._serialized_start=662
-  _globals['_WORKFLOW']._serialized_end=768
-  _globals['_CREATEWORKFLOWREQUEST']._serialized_start=770
-  _globals['_CREATEWORKFLOWREQUEST']._serialized_end=841
-  _globals['_CREATEWORKFLOWRESPONSE']._serialized_start=843
-  _globals['_CREATEWORKFLOWRESPONSE']._serialized_end=920
-  _globals['_GETWORKFLOWREQUEST']._serialized_start=922
-  _globals['_GETWORKFLOWREQUEST']._serialized_end=973
-  _globals['_GETWORKFLOWRESPONSE']._serialized_start=975
-  _globals['_GETWORKFLOWRESPONSE']._serialized_end=1032
-  _globals['_LISTWORKFLOWSREQUEST']._serialized_start=1034
-  _globals['_LISTWORKFLOWSREQUEST']._serialized_end=1109
-  _globals['_LISTWORKFLOWSRESPONSE']._serialized_start=1111
-  _globals['_LISTWORKFLOWSRESPONSE']._serialized_end=1196
-  _globals['_STARTRUNREQUEST']._serialized_start=1199
-  _globals['_STARTRUNREQUEST']._serialized_end=1439
-  _globals['_TASKSTATECOUNT']._serialized_start=1441
-  _globals['_TASKSTATECOUNT']._serialized_end=1506
-  _globals['_RUN']._serialized_start=1509
-  _globals['_RUN']._serialized_end=2184
-  _globals['_STARTRUNSREQUEST']._serialized_start=2186
-  _globals['_STARTRUNSREQUEST']._serialized_end=2243
-  _globals['_STARTEDRUN']._serialized_start=2245
-  _globals['_STARTEDRUN']._serialized_end=2290
-  _globals['_STARTRUNSRESPONSE']._serialized_start=2292
-  _globals['_STARTRUNSRESPONSE']._serialized_end=2345
-  _globals['_STARTRUNRESPONSE']._serialized_start=2347
-  _globals['_STARTRUNRESPONSE']._serialized_end=2408
-  _globals['_TASK']._serialized_start=2411
-  _globals['_TASK']._serialized_end=2954
-  _globals['_ATTEMPT']._serialized_start=2957
-  _globals['_ATTEMPT']._serialized_end=3299
-  _globals['_GETRUNREQUEST']._serialized_start=3301
-  _globals['_GETRUNREQUEST']._serialized_end=3332
-  _globals['_GETRUNRESPONSE']._serialized_start=3335
-  _globals['_GETRUNRESPONSE']._serialized_end=3518
-  _globals['_LISTTASKSREQUEST']._serialized_start=3520
-  _globals['_LISTTASKSREQUEST']._serialized_end=3593
-  _globals['_LISTTASKSRESPONSE']._serialized_start=3595
-  _globals['_LISTTASKSRESPONSE']._serialized_end=3696
-  _globals['_GETTASKOUTPUTREQUEST']._serialized_start=3698
-  _globals['_GETTASKOUTPUTREQUEST']._serialized_end=3754
-  _globals['_GETTASKOUTPUTRESPONSE']._serialized_start=3756
-  _globals['_GETTASKOUTPUTRESPONSE']._serialized_end=3800
-  _globals['_LISTATTEMPTSREQUEST']._serialized_start=3802
-  _globals['_LISTATTEMPTSREQUEST']._serialized_end=3896
-  _globals['_LISTATTEMPTSRESPONSE']._serialized_start=3898
-  _globals['_LISTATTEMPTSRESPONSE']._serialized_end=3980
-  _globals['_LISTRUNSREQUEST']._serialized_start=3982
-  _globals['_LISTRUNSREQUEST']._serialized_end=4094
-  _globals['_LISTRUNSRESPONSE']._serialized_start=4096
-  _globals['_LISTRUNSRESPONSE']._serialized_end=4166
-  _globals['_CANCELRUNREQUEST']._serialized_start=4168
-  _globals['_CANCELRUNREQUEST']._serialized_end=4218
-  _globals['_CANCELRUNRESPONSE']._serialized_start=4220
-  _globals['_CANCELRUNRESPONSE']._serialized_end=4265
-  _globals['_RETRYRUNREQUEST']._serialized_start=4267
-  _globals['_RETRYRUNREQUEST']._serialized_end=4339
-  _globals['_RETRYRUNRESPONSE']._serialized_start=4341
-  _globals['_RETRYRUNRESPONSE']._serialized_end=4402
-  _globals['_WATCHRUNREQUEST']._serialized_start=4404
-  _globals['_WATCHRUNREQUEST']._serialized_end=4456
-  _globals['_WATCHRUNRESPONSE']._serialized_start=4458
-  _globals['_WATCHRUNRESPONSE']._serialized_end=4511
-  _globals['_WORKERINFO']._serialized_start=4514
-  _globals['_WORKERINFO']._serialized_end=5156
-  _globals['_WORKERINFO_LABELSENTRY']._serialized_start=5012
-  _globals['_WORKERINFO_LABELSENTRY']._serialized_end=5057
-  _globals['_WORKERINFO_RESOURCESENTRY']._serialized_start=5059
-  _globals['_WORKERINFO_RESOURCESENTRY']._serialized_end=5107
-  _globals['_WORKERINFO_RESERVEDENTRY']._serialized_start=5109
-  _globals['_WORKERINFO_RESERVEDENTRY']._serialized_end=5156
-  _globals['_LISTWORKERSREQUEST']._serialized_start=5158
-  _globals['_LISTWORKERSREQUEST']._serialized_end=5204
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=5206
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=5264
-  _globals['_GETSTATSREQUEST']._serialized_start=5266
-  _globals['_GETSTATSREQUEST']._serialized_end=5283
-  _globals['_GETSTATSRESPONSE']._serialized_start=5286
-  _globals['_GETSTATSRESPONSE']._serialized_end=5991
-  _globals['_GETSTATSRESPONSE_TASKCOUNT']._serialized_start=5631
-  _globals['_GETSTATSRESPONSE_TASKCOUNT']._serialized_end=5714
-  _globals['_GETSTATSRESPONSE_DISPATCHCOUNT']._serialized_start=5716
-  _globals['_GETSTATSRESPONSE_DISPATCHCOUNT']._serialized_end=5807
-  _globals['_GETSTATSRESPONSE_RUNCOUNT']._serialized_start=5809
-  _globals['_GETSTATSRESPONSE_RUNCOUNT']._serialized_end=5867
-  _globals['_GETSTATSRESPONSE_WORKERCOUNT']._serialized_start=5869
-  _globals['_GETSTATSRESPONSE_WORKERCOUNT']._serialized_end=5933
-  _globals['_PRUNERUNSREQUEST']._serialized_start=5993
-  _globals['_PRUNERUNSREQUEST']._serialized_end=6110
-  _globals['_PRUNERUNSRESPONSE']._serialized_start=6113
-  _globals['_PRUNERUNSRESPONSE']._serialized_end=6303
-  _globals['_WHOAMIREQUEST']._serialized_start=6305
-  _globals['_WHOAMIREQUEST']._serialized_end=6320
-  _globals['_WHOAMIRESPONSE']._serialized_start=6322
-  _globals['_WHOAMIRESPONSE']._serialized_end=6397
-  _globals['_CONTROLSERVICE']._serialized_start=6526
-  _globals['_CONTROLSERVICE']._serialized_end=8907
+  _globals['_WORKFLOW']._serialized_start=224
+  _globals['_WORKFLOW']._serialized_end=330
+  _globals['_CREATEWORKFLOWREQUEST']._serialized_start=332
+  _globals['_CREATEWORKFLOWREQUEST']._serialized_end=403
+  _globals['_CREATEWORKFLOWRESPONSE']._serialized_start=405
+  _globals['_CREATEWORKFLOWRESPONSE']._serialized_end=482
+  _globals['_GETWORKFLOWREQUEST']._serialized_start=484
+  _globals['_GETWORKFLOWREQUEST']._serialized_end=535
+  _globals['_GETWORKFLOWRESPONSE']._serialized_start=537
+  _globals['_GETWORKFLOWRESPONSE']._serialized_end=594
+  _globals['_LISTWORKFLOWSREQUEST']._serialized_start=596
+  _globals['_LISTWORKFLOWSREQUEST']._serialized_end=671
+  _globals['_LISTWORKFLOWSRESPONSE']._serialized_start=673
+  _globals['_LISTWORKFLOWSRESPONSE']._serialized_end=758
+  _globals['_WORKERINFO']._serialized_start=761
+  _globals['_WORKERINFO']._serialized_end=1403
+  _globals['_WORKERINFO_LABELSENTRY']._serialized_start=1259
+  _globals['_WORKERINFO_LABELSENTRY']._serialized_end=1304
+  _globals['_WORKERINFO_RESOURCESENTRY']._serialized_start=1306
+  _globals['_WORKERINFO_RESOURCESENTRY']._serialized_end=1354
+  _globals['_WORKERINFO_RESERVEDENTRY']._serialized_start=1356
+  _globals['_WORKERINFO_RESERVEDENTRY']._serialized_end=1403
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1405
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1451
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1453
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1511
+  _globals['_GETSTATSREQUEST']._serialized_start=1513
+  _globals['_GETSTATSREQUEST']._serialized_end=1530
+  _globals['_GETSTATSRESPONSE']._serialized_start=1533
+  _globals['_GETSTATSRESPONSE']._serialized_end=2238
+  _globals['_GETSTATSRESPONSE_TASKCOUNT']._serialized_start=1878
+  _globals['_GETSTATSRESPONSE_TASKCOUNT']._serialized_end=1961
+  _globals['_GETSTATSRESPONSE_DISPATCHCOUNT']._serialized_start=1963
+  _globals['_GETSTATSRESPONSE_DISPATCHCOUNT']._serialized_end=2054
+  _globals['_GETSTATSRESPONSE_RUNCOUNT']._serialized_start=2056
+  _globals['_GETSTATSRESPONSE_RUNCOUNT']._serialized_end=2114
+  _globals['_GETSTATSRESPONSE_WORKERCOUNT']._serialized_start=2116
+  _globals['_GETSTATSRESPONSE_WORKERCOUNT']._serialized_end=2180
+  _globals['_PRUNERUNSREQUEST']._serialized_start=2240
+  _globals['_PRUNERUNSREQUEST']._serialized_end=2357
+  _globals['_PRUNERUNSRESPONSE']._serialized_start=2360
+  _globals['_PRUNERUNSRESPONSE']._serialized_end=2550
+  _globals['_WHOAMIREQUEST']._serialized_start=2552
+  _globals['_WHOAMIREQUEST']._serialized_end=2567
+  _globals['_WHOAMIRESPONSE']._serialized_start=2569
+  _globals['_WHOAMIRESPONSE']._serialized_end=2644
+  _globals['_CONTROLSERVICE']._serialized_start=2647
+  _globals['_CONTROLSERVICE']._serialized_end=5028
 # @@protoc_insertion_point(module_scope)

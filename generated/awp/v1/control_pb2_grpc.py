@@ -6,7 +6,9 @@ import warnings
 from awp.v1 import control_pb2 as awp_dot_v1_dot_control__pb2
 from awp.v1 import durable_pb2 as awp_dot_v1_dot_durable__pb2
 from awp.v1 import limits_pb2 as awp_dot_v1_dot_limits__pb2
+from awp.v1 import runs_pb2 as awp_dot_v1_dot_runs__pb2
 from awp.v1 import schedule_pb2 as awp_dot_v1_dot_schedule__pb2
+from awp.v1 import streams_pb2 as awp_dot_v1_dot_streams__pb2
 
 GRPC_GENERATED_VERSION = '1.85.0'
 GRPC_VERSION = grpc.__version__
@@ -54,53 +56,53 @@ class ControlServiceStub:
                 _registered_method=True)
         self.StartRun = channel.unary_unary(
                 '/awp.v1.ControlService/StartRun',
-                request_serializer=awp_dot_v1_dot_control__pb2.StartRunRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.StartRunResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.StartRunRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.StartRunResponse.FromString,
                 _registered_method=True)
         self.StartRuns = channel.unary_unary(
                 '/awp.v1.ControlService/StartRuns',
-                request_serializer=awp_dot_v1_dot_control__pb2.StartRunsRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.StartRunsResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.StartRunsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.StartRunsResponse.FromString,
                 _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/awp.v1.ControlService/GetRun',
-                request_serializer=awp_dot_v1_dot_control__pb2.GetRunRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.GetRunResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.GetRunResponse.FromString,
                 _registered_method=True)
         self.ListTasks = channel.unary_unary(
                 '/awp.v1.ControlService/ListTasks',
-                request_serializer=awp_dot_v1_dot_control__pb2.ListTasksRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.ListTasksResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.ListTasksResponse.FromString,
                 _registered_method=True)
         self.GetTaskOutput = channel.unary_unary(
                 '/awp.v1.ControlService/GetTaskOutput',
-                request_serializer=awp_dot_v1_dot_control__pb2.GetTaskOutputRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.GetTaskOutputResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.GetTaskOutputRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.GetTaskOutputResponse.FromString,
                 _registered_method=True)
         self.ListAttempts = channel.unary_unary(
                 '/awp.v1.ControlService/ListAttempts',
-                request_serializer=awp_dot_v1_dot_control__pb2.ListAttemptsRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.ListAttemptsResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.ListAttemptsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.ListAttemptsResponse.FromString,
                 _registered_method=True)
         self.ListRuns = channel.unary_unary(
                 '/awp.v1.ControlService/ListRuns',
-                request_serializer=awp_dot_v1_dot_control__pb2.ListRunsRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.ListRunsResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
         self.CancelRun = channel.unary_unary(
                 '/awp.v1.ControlService/CancelRun',
-                request_serializer=awp_dot_v1_dot_control__pb2.CancelRunRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.CancelRunResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.CancelRunRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
         self.RetryRun = channel.unary_unary(
                 '/awp.v1.ControlService/RetryRun',
-                request_serializer=awp_dot_v1_dot_control__pb2.RetryRunRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.RetryRunResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.RetryRunRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.RetryRunResponse.FromString,
                 _registered_method=True)
         self.WatchRun = channel.unary_stream(
                 '/awp.v1.ControlService/WatchRun',
-                request_serializer=awp_dot_v1_dot_control__pb2.WatchRunRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.WatchRunResponse.FromString,
+                request_serializer=awp_dot_v1_dot_runs__pb2.WatchRunRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_runs__pb2.WatchRunResponse.FromString,
                 _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/awp.v1.ControlService/ListWorkers',
@@ -124,8 +126,8 @@ class ControlServiceStub:
                 _registered_method=True)
         self.WatchStream = channel.unary_stream(
                 '/awp.v1.ControlService/WatchStream',
-                request_serializer=awp_dot_v1_dot_control__pb2.WatchStreamRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_control__pb2.WatchStreamResponse.FromString,
+                request_serializer=awp_dot_v1_dot_streams__pb2.WatchStreamRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_streams__pb2.WatchStreamResponse.FromString,
                 _registered_method=True)
         self.CreateSchedule = channel.unary_unary(
                 '/awp.v1.ControlService/CreateSchedule',
@@ -510,53 +512,53 @@ def add_ControlServiceServicer_to_server(servicer, server):
             ),
             'StartRun': grpc.unary_unary_rpc_method_handler(
                     servicer.StartRun,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.StartRunRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.StartRunResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.StartRunRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.StartRunResponse.SerializeToString,
             ),
             'StartRuns': grpc.unary_unary_rpc_method_handler(
                     servicer.StartRuns,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.StartRunsRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.StartRunsResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.StartRunsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.StartRunsResponse.SerializeToString,
             ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.GetRunRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.GetRunResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.GetRunRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.GetRunResponse.SerializeToString,
             ),
             'ListTasks': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTasks,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.ListTasksRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.ListTasksResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.ListTasksRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.ListTasksResponse.SerializeToString,
             ),
             'GetTaskOutput': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTaskOutput,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.GetTaskOutputRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.GetTaskOutputResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.GetTaskOutputRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.GetTaskOutputResponse.SerializeToString,
             ),
             'ListAttempts': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAttempts,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.ListAttemptsRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.ListAttemptsResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.ListAttemptsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.ListAttemptsResponse.SerializeToString,
             ),
             'ListRuns': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRuns,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.ListRunsRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.ListRunsResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.ListRunsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.ListRunsResponse.SerializeToString,
             ),
             'CancelRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelRun,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.CancelRunRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.CancelRunResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.CancelRunRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.CancelRunResponse.SerializeToString,
             ),
             'RetryRun': grpc.unary_unary_rpc_method_handler(
                     servicer.RetryRun,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.RetryRunRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.RetryRunResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.RetryRunRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.RetryRunResponse.SerializeToString,
             ),
             'WatchRun': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchRun,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.WatchRunRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.WatchRunResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_runs__pb2.WatchRunRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_runs__pb2.WatchRunResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -580,8 +582,8 @@ def add_ControlServiceServicer_to_server(servicer, server):
             ),
             'WatchStream': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchStream,
-                    request_deserializer=awp_dot_v1_dot_control__pb2.WatchStreamRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_control__pb2.WatchStreamResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_streams__pb2.WatchStreamRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_streams__pb2.WatchStreamResponse.SerializeToString,
             ),
             'CreateSchedule': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSchedule,
@@ -765,8 +767,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/StartRun',
-            awp_dot_v1_dot_control__pb2.StartRunRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.StartRunResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.StartRunRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.StartRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -792,8 +794,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/StartRuns',
-            awp_dot_v1_dot_control__pb2.StartRunsRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.StartRunsResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.StartRunsRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.StartRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -819,8 +821,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/GetRun',
-            awp_dot_v1_dot_control__pb2.GetRunRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.GetRunResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.GetRunRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.GetRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -846,8 +848,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/ListTasks',
-            awp_dot_v1_dot_control__pb2.ListTasksRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.ListTasksResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.ListTasksRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -873,8 +875,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/GetTaskOutput',
-            awp_dot_v1_dot_control__pb2.GetTaskOutputRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.GetTaskOutputResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.GetTaskOutputRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.GetTaskOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -900,8 +902,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/ListAttempts',
-            awp_dot_v1_dot_control__pb2.ListAttemptsRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.ListAttemptsResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.ListAttemptsRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.ListAttemptsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -927,8 +929,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/ListRuns',
-            awp_dot_v1_dot_control__pb2.ListRunsRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.ListRunsResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.ListRunsRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.ListRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -954,8 +956,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/CancelRun',
-            awp_dot_v1_dot_control__pb2.CancelRunRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.CancelRunResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.CancelRunRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.CancelRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -981,8 +983,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/RetryRun',
-            awp_dot_v1_dot_control__pb2.RetryRunRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.RetryRunResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.RetryRunRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.RetryRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1008,8 +1010,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/WatchRun',
-            awp_dot_v1_dot_control__pb2.WatchRunRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.WatchRunResponse.FromString,
+            awp_dot_v1_dot_runs__pb2.WatchRunRequest.SerializeToString,
+            awp_dot_v1_dot_runs__pb2.WatchRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1143,8 +1145,8 @@ class ControlService:
             request,
             target,
             '/awp.v1.ControlService/WatchStream',
-            awp_dot_v1_dot_control__pb2.WatchStreamRequest.SerializeToString,
-            awp_dot_v1_dot_control__pb2.WatchStreamResponse.FromString,
+            awp_dot_v1_dot_streams__pb2.WatchStreamRequest.SerializeToString,
+            awp_dot_v1_dot_streams__pb2.WatchStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,12 +14,18 @@ Every request: at most 16 MiB serialised (REQUEST_TOO_LARGE beyond); text withou
 characters and within the length its comment states (names at most 128, run ids 64,
 page tokens 512 characters); bytes that do not decode are MALFORMED_REQUEST (all
 INVALID_ARGUMENT, the BadRequest naming the field).
+
+The messages of the workflow and operator RPCs are here; the others' are in the file
+of their part of the API: runs.proto (runs, tasks, attempts), streams.proto (WatchStream),
+schedule.proto, durable.proto and limits.proto.
 """
 
 from awp.v1 import control_pb2 as _control_pb2
 from awp.v1 import durable_pb2 as _durable_pb2
 from awp.v1 import limits_pb2 as _limits_pb2
+from awp.v1 import runs_pb2 as _runs_pb2
 from awp.v1 import schedule_pb2 as _schedule_pb2
+from awp.v1 import streams_pb2 as _streams_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
@@ -54,20 +60,20 @@ class ControlServiceStub:
     """
     GetWorkflow: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetWorkflowRequest, _control_pb2.GetWorkflowResponse]
     ListWorkflows: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListWorkflowsRequest, _control_pb2.ListWorkflowsResponse]
-    StartRun: _grpc.UnaryUnaryMultiCallable[_control_pb2.StartRunRequest, _control_pb2.StartRunResponse]
+    StartRun: _grpc.UnaryUnaryMultiCallable[_runs_pb2.StartRunRequest, _runs_pb2.StartRunResponse]
     """Starts a run: every task is created in one transaction (roots READY, the rest
     PENDING). Retrying with the same request_id returns the same run (created = false);
     reusing it with another workflow, version or input fails with ALREADY_EXISTS /
     REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
     """
-    StartRuns: _grpc.UnaryUnaryMultiCallable[_control_pb2.StartRunsRequest, _control_pb2.StartRunsResponse]
+    StartRuns: _grpc.UnaryUnaryMultiCallable[_runs_pb2.StartRunsRequest, _runs_pb2.StartRunsResponse]
     """Starts many runs in one call and one transaction (batch enqueue): each entry is a
     StartRun request with its own request_id, checked and made idempotent exactly as
     StartRun's. All or nothing: an entry that StartRun would refuse refuses the call,
     naming the entry (runs[i].field), and no run is stored; a request_id repeated within
     the call is INVALID_ARGUMENT. At most 1,000 entries (MAX_START_RUNS).
     """
-    GetRun: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetRunRequest, _control_pb2.GetRunResponse]
+    GetRun: _grpc.UnaryUnaryMultiCallable[_runs_pb2.GetRunRequest, _runs_pb2.GetRunResponse]
     """The run with all its tasks and attempts. A FAILED task's error carries the traceback
     of its last attempt; the attempts' errors carry their type and message only: their
     tracebacks and log tails are ListAttempts'.
@@ -77,29 +83,29 @@ class ControlServiceStub:
     tasks_omitted); GetTaskOutput, ListAttempts and ListTasks return them. At most
     10,000 tasks and 10,000 attempts are listed; the run's task counts cover them all.
     """
-    ListTasks: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListTasksRequest, _control_pb2.ListTasksResponse]
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_runs_pb2.ListTasksRequest, _runs_pb2.ListTasksResponse]
     """The tasks of a run in GetRun's order (declared tasks, then each map's elements in
     index order), a page at a time: at most page_size tasks and 3 MiB, outputs and
     tracebacks left out (and flagged) past that budget. For runs larger than GetRun
     lists (a map fans out to 1,000 elements per map task).
     """
-    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetTaskOutputRequest, _control_pb2.GetTaskOutputResponse]
+    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_runs_pb2.GetTaskOutputRequest, _runs_pb2.GetTaskOutputResponse]
     """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
     An unknown task_key is INVALID_ARGUMENT naming task_key.
     """
-    ListAttempts: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListAttemptsRequest, _control_pb2.ListAttemptsResponse]
+    ListAttempts: _grpc.UnaryUnaryMultiCallable[_runs_pb2.ListAttemptsRequest, _runs_pb2.ListAttemptsResponse]
     """The attempts of a run (or of one of its tasks), oldest first, each with all its
     failure kept: error type, message, traceback and log tail. Pages of at most 25
     attempts, so that a page fits the 4 MiB a gRPC client receives by default even when
     every field is at its limit. An unknown task_key is INVALID_ARGUMENT naming task_key.
     """
-    ListRuns: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListRunsRequest, _control_pb2.ListRunsResponse]
+    ListRuns: _grpc.UnaryUnaryMultiCallable[_runs_pb2.ListRunsRequest, _runs_pb2.ListRunsResponse]
     """Newest first."""
-    CancelRun: _grpc.UnaryUnaryMultiCallable[_control_pb2.CancelRunRequest, _control_pb2.CancelRunResponse]
+    CancelRun: _grpc.UnaryUnaryMultiCallable[_runs_pb2.CancelRunRequest, _runs_pb2.CancelRunResponse]
     """Records the cancel intent; the coordinator converges it (leases revoked,
     unfinished tasks CANCELED, run CANCELED). Canceling a finished run is a no-op.
     """
-    RetryRun: _grpc.UnaryUnaryMultiCallable[_control_pb2.RetryRunRequest, _control_pb2.RetryRunResponse]
+    RetryRun: _grpc.UnaryUnaryMultiCallable[_runs_pb2.RetryRunRequest, _runs_pb2.RetryRunResponse]
     """Starts a new run of a finished run's workflow version and input (the retry of a run,
     DESIGN.md §13) that re-runs only what did not succeed: every task that failed, was
     skipped or canceled, and every task downstream of one; with from_task, that task and
@@ -112,7 +118,7 @@ class ControlServiceStub:
     naming from_task. request_id works as StartRun's: the same id returns the same run
     (created = false), the same id with another run_id or from_task is REQUEST_ID_CONFLICT.
     """
-    WatchRun: _grpc.UnaryStreamMultiCallable[_control_pb2.WatchRunRequest, _control_pb2.WatchRunResponse]
+    WatchRun: _grpc.UnaryStreamMultiCallable[_runs_pb2.WatchRunRequest, _runs_pb2.WatchRunResponse]
     """Every StateEvent with seq > after_seq in order, then live ones, one per response,
     ending once the run is terminal and its last event was sent. Reconnect with the
     last seq seen.
@@ -130,7 +136,7 @@ class ControlServiceStub:
     """The caller's credential name and roles, so that a client (the web console) shows only
     what the caller may do. Any known credential may ask, whatever its roles.
     """
-    WatchStream: _grpc.UnaryStreamMultiCallable[_control_pb2.WatchStreamRequest, _control_pb2.WatchStreamResponse]
+    WatchStream: _grpc.UnaryStreamMultiCallable[_streams_pb2.WatchStreamRequest, _streams_pb2.WatchStreamResponse]
     """A task's output stream (DESIGN.md §15): the chunks already stored from from_offset
     on, then live ones, ending once the task has ended and everything was sent.
     Positions (offsets for readers) are per task: contiguous from 0 across its attempts
@@ -193,20 +199,20 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """
     GetWorkflow: _aio.UnaryUnaryMultiCallable[_control_pb2.GetWorkflowRequest, _control_pb2.GetWorkflowResponse]  # type: ignore[assignment]
     ListWorkflows: _aio.UnaryUnaryMultiCallable[_control_pb2.ListWorkflowsRequest, _control_pb2.ListWorkflowsResponse]  # type: ignore[assignment]
-    StartRun: _aio.UnaryUnaryMultiCallable[_control_pb2.StartRunRequest, _control_pb2.StartRunResponse]  # type: ignore[assignment]
+    StartRun: _aio.UnaryUnaryMultiCallable[_runs_pb2.StartRunRequest, _runs_pb2.StartRunResponse]  # type: ignore[assignment]
     """Starts a run: every task is created in one transaction (roots READY, the rest
     PENDING). Retrying with the same request_id returns the same run (created = false);
     reusing it with another workflow, version or input fails with ALREADY_EXISTS /
     REQUEST_ID_CONFLICT (workflow_version 0, "the latest", matches the run's version).
     """
-    StartRuns: _aio.UnaryUnaryMultiCallable[_control_pb2.StartRunsRequest, _control_pb2.StartRunsResponse]  # type: ignore[assignment]
+    StartRuns: _aio.UnaryUnaryMultiCallable[_runs_pb2.StartRunsRequest, _runs_pb2.StartRunsResponse]  # type: ignore[assignment]
     """Starts many runs in one call and one transaction (batch enqueue): each entry is a
     StartRun request with its own request_id, checked and made idempotent exactly as
     StartRun's. All or nothing: an entry that StartRun would refuse refuses the call,
     naming the entry (runs[i].field), and no run is stored; a request_id repeated within
     the call is INVALID_ARGUMENT. At most 1,000 entries (MAX_START_RUNS).
     """
-    GetRun: _aio.UnaryUnaryMultiCallable[_control_pb2.GetRunRequest, _control_pb2.GetRunResponse]  # type: ignore[assignment]
+    GetRun: _aio.UnaryUnaryMultiCallable[_runs_pb2.GetRunRequest, _runs_pb2.GetRunResponse]  # type: ignore[assignment]
     """The run with all its tasks and attempts. A FAILED task's error carries the traceback
     of its last attempt; the attempts' errors carry their type and message only: their
     tracebacks and log tails are ListAttempts'.
@@ -216,29 +222,29 @@ class ControlServiceAsyncStub(ControlServiceStub):
     tasks_omitted); GetTaskOutput, ListAttempts and ListTasks return them. At most
     10,000 tasks and 10,000 attempts are listed; the run's task counts cover them all.
     """
-    ListTasks: _aio.UnaryUnaryMultiCallable[_control_pb2.ListTasksRequest, _control_pb2.ListTasksResponse]  # type: ignore[assignment]
+    ListTasks: _aio.UnaryUnaryMultiCallable[_runs_pb2.ListTasksRequest, _runs_pb2.ListTasksResponse]  # type: ignore[assignment]
     """The tasks of a run in GetRun's order (declared tasks, then each map's elements in
     index order), a page at a time: at most page_size tasks and 3 MiB, outputs and
     tracebacks left out (and flagged) past that budget. For runs larger than GetRun
     lists (a map fans out to 1,000 elements per map task).
     """
-    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_control_pb2.GetTaskOutputRequest, _control_pb2.GetTaskOutputResponse]  # type: ignore[assignment]
+    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_runs_pb2.GetTaskOutputRequest, _runs_pb2.GetTaskOutputResponse]  # type: ignore[assignment]
     """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
     An unknown task_key is INVALID_ARGUMENT naming task_key.
     """
-    ListAttempts: _aio.UnaryUnaryMultiCallable[_control_pb2.ListAttemptsRequest, _control_pb2.ListAttemptsResponse]  # type: ignore[assignment]
+    ListAttempts: _aio.UnaryUnaryMultiCallable[_runs_pb2.ListAttemptsRequest, _runs_pb2.ListAttemptsResponse]  # type: ignore[assignment]
     """The attempts of a run (or of one of its tasks), oldest first, each with all its
     failure kept: error type, message, traceback and log tail. Pages of at most 25
     attempts, so that a page fits the 4 MiB a gRPC client receives by default even when
     every field is at its limit. An unknown task_key is INVALID_ARGUMENT naming task_key.
     """
-    ListRuns: _aio.UnaryUnaryMultiCallable[_control_pb2.ListRunsRequest, _control_pb2.ListRunsResponse]  # type: ignore[assignment]
+    ListRuns: _aio.UnaryUnaryMultiCallable[_runs_pb2.ListRunsRequest, _runs_pb2.ListRunsResponse]  # type: ignore[assignment]
     """Newest first."""
-    CancelRun: _aio.UnaryUnaryMultiCallable[_control_pb2.CancelRunRequest, _control_pb2.CancelRunResponse]  # type: ignore[assignment]
+    CancelRun: _aio.UnaryUnaryMultiCallable[_runs_pb2.CancelRunRequest, _runs_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Records the cancel intent; the coordinator converges it (leases revoked,
     unfinished tasks CANCELED, run CANCELED). Canceling a finished run is a no-op.
     """
-    RetryRun: _aio.UnaryUnaryMultiCallable[_control_pb2.RetryRunRequest, _control_pb2.RetryRunResponse]  # type: ignore[assignment]
+    RetryRun: _aio.UnaryUnaryMultiCallable[_runs_pb2.RetryRunRequest, _runs_pb2.RetryRunResponse]  # type: ignore[assignment]
     """Starts a new run of a finished run's workflow version and input (the retry of a run,
     DESIGN.md §13) that re-runs only what did not succeed: every task that failed, was
     skipped or canceled, and every task downstream of one; with from_task, that task and
@@ -251,7 +257,7 @@ class ControlServiceAsyncStub(ControlServiceStub):
     naming from_task. request_id works as StartRun's: the same id returns the same run
     (created = false), the same id with another run_id or from_task is REQUEST_ID_CONFLICT.
     """
-    WatchRun: _aio.UnaryStreamMultiCallable[_control_pb2.WatchRunRequest, _control_pb2.WatchRunResponse]  # type: ignore[assignment]
+    WatchRun: _aio.UnaryStreamMultiCallable[_runs_pb2.WatchRunRequest, _runs_pb2.WatchRunResponse]  # type: ignore[assignment]
     """Every StateEvent with seq > after_seq in order, then live ones, one per response,
     ending once the run is terminal and its last event was sent. Reconnect with the
     last seq seen.
@@ -269,7 +275,7 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """The caller's credential name and roles, so that a client (the web console) shows only
     what the caller may do. Any known credential may ask, whatever its roles.
     """
-    WatchStream: _aio.UnaryStreamMultiCallable[_control_pb2.WatchStreamRequest, _control_pb2.WatchStreamResponse]  # type: ignore[assignment]
+    WatchStream: _aio.UnaryStreamMultiCallable[_streams_pb2.WatchStreamRequest, _streams_pb2.WatchStreamResponse]  # type: ignore[assignment]
     """A task's output stream (DESIGN.md §15): the chunks already stored from from_offset
     on, then live ones, ending once the task has ended and everything was sent.
     Positions (offsets for readers) are per task: contiguous from 0 across its attempts
@@ -351,9 +357,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def StartRun(
         self,
-        request: _control_pb2.StartRunRequest,
+        request: _runs_pb2.StartRunRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.StartRunResponse, _abc.Awaitable[_control_pb2.StartRunResponse]]:
+    ) -> _typing.Union[_runs_pb2.StartRunResponse, _abc.Awaitable[_runs_pb2.StartRunResponse]]:
         """Starts a run: every task is created in one transaction (roots READY, the rest
         PENDING). Retrying with the same request_id returns the same run (created = false);
         reusing it with another workflow, version or input fails with ALREADY_EXISTS /
@@ -363,9 +369,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def StartRuns(
         self,
-        request: _control_pb2.StartRunsRequest,
+        request: _runs_pb2.StartRunsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.StartRunsResponse, _abc.Awaitable[_control_pb2.StartRunsResponse]]:
+    ) -> _typing.Union[_runs_pb2.StartRunsResponse, _abc.Awaitable[_runs_pb2.StartRunsResponse]]:
         """Starts many runs in one call and one transaction (batch enqueue): each entry is a
         StartRun request with its own request_id, checked and made idempotent exactly as
         StartRun's. All or nothing: an entry that StartRun would refuse refuses the call,
@@ -376,9 +382,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def GetRun(
         self,
-        request: _control_pb2.GetRunRequest,
+        request: _runs_pb2.GetRunRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.GetRunResponse, _abc.Awaitable[_control_pb2.GetRunResponse]]:
+    ) -> _typing.Union[_runs_pb2.GetRunResponse, _abc.Awaitable[_runs_pb2.GetRunResponse]]:
         """The run with all its tasks and attempts. A FAILED task's error carries the traceback
         of its last attempt; the attempts' errors carry their type and message only: their
         tracebacks and log tails are ListAttempts'.
@@ -392,9 +398,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def ListTasks(
         self,
-        request: _control_pb2.ListTasksRequest,
+        request: _runs_pb2.ListTasksRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.ListTasksResponse, _abc.Awaitable[_control_pb2.ListTasksResponse]]:
+    ) -> _typing.Union[_runs_pb2.ListTasksResponse, _abc.Awaitable[_runs_pb2.ListTasksResponse]]:
         """The tasks of a run in GetRun's order (declared tasks, then each map's elements in
         index order), a page at a time: at most page_size tasks and 3 MiB, outputs and
         tracebacks left out (and flagged) past that budget. For runs larger than GetRun
@@ -404,9 +410,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def GetTaskOutput(
         self,
-        request: _control_pb2.GetTaskOutputRequest,
+        request: _runs_pb2.GetTaskOutputRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.GetTaskOutputResponse, _abc.Awaitable[_control_pb2.GetTaskOutputResponse]]:
+    ) -> _typing.Union[_runs_pb2.GetTaskOutputResponse, _abc.Awaitable[_runs_pb2.GetTaskOutputResponse]]:
         """One task's output as canonical JSON (at most 1 MiB), e.g. one GetRun left out.
         An unknown task_key is INVALID_ARGUMENT naming task_key.
         """
@@ -414,9 +420,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def ListAttempts(
         self,
-        request: _control_pb2.ListAttemptsRequest,
+        request: _runs_pb2.ListAttemptsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.ListAttemptsResponse, _abc.Awaitable[_control_pb2.ListAttemptsResponse]]:
+    ) -> _typing.Union[_runs_pb2.ListAttemptsResponse, _abc.Awaitable[_runs_pb2.ListAttemptsResponse]]:
         """The attempts of a run (or of one of its tasks), oldest first, each with all its
         failure kept: error type, message, traceback and log tail. Pages of at most 25
         attempts, so that a page fits the 4 MiB a gRPC client receives by default even when
@@ -426,17 +432,17 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def ListRuns(
         self,
-        request: _control_pb2.ListRunsRequest,
+        request: _runs_pb2.ListRunsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.ListRunsResponse, _abc.Awaitable[_control_pb2.ListRunsResponse]]:
+    ) -> _typing.Union[_runs_pb2.ListRunsResponse, _abc.Awaitable[_runs_pb2.ListRunsResponse]]:
         """Newest first."""
 
     @_abc_1.abstractmethod
     def CancelRun(
         self,
-        request: _control_pb2.CancelRunRequest,
+        request: _runs_pb2.CancelRunRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.CancelRunResponse, _abc.Awaitable[_control_pb2.CancelRunResponse]]:
+    ) -> _typing.Union[_runs_pb2.CancelRunResponse, _abc.Awaitable[_runs_pb2.CancelRunResponse]]:
         """Records the cancel intent; the coordinator converges it (leases revoked,
         unfinished tasks CANCELED, run CANCELED). Canceling a finished run is a no-op.
         """
@@ -444,9 +450,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def RetryRun(
         self,
-        request: _control_pb2.RetryRunRequest,
+        request: _runs_pb2.RetryRunRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_control_pb2.RetryRunResponse, _abc.Awaitable[_control_pb2.RetryRunResponse]]:
+    ) -> _typing.Union[_runs_pb2.RetryRunResponse, _abc.Awaitable[_runs_pb2.RetryRunResponse]]:
         """Starts a new run of a finished run's workflow version and input (the retry of a run,
         DESIGN.md §13) that re-runs only what did not succeed: every task that failed, was
         skipped or canceled, and every task downstream of one; with from_task, that task and
@@ -463,9 +469,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def WatchRun(
         self,
-        request: _control_pb2.WatchRunRequest,
+        request: _runs_pb2.WatchRunRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_control_pb2.WatchRunResponse], _abc.AsyncIterator[_control_pb2.WatchRunResponse]]:
+    ) -> _typing.Union[_abc.Iterator[_runs_pb2.WatchRunResponse], _abc.AsyncIterator[_runs_pb2.WatchRunResponse]]:
         """Every StateEvent with seq > after_seq in order, then live ones, one per response,
         ending once the run is terminal and its last event was sent. Reconnect with the
         last seq seen.
@@ -511,9 +517,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def WatchStream(
         self,
-        request: _control_pb2.WatchStreamRequest,
+        request: _streams_pb2.WatchStreamRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_control_pb2.WatchStreamResponse], _abc.AsyncIterator[_control_pb2.WatchStreamResponse]]:
+    ) -> _typing.Union[_abc.Iterator[_streams_pb2.WatchStreamResponse], _abc.AsyncIterator[_streams_pb2.WatchStreamResponse]]:
         """A task's output stream (DESIGN.md §15): the chunks already stored from from_offset
         on, then live ones, ending once the task has ended and everything was sent.
         Positions (offsets for readers) are per task: contiguous from 0 across its attempts

@@ -22,14 +22,17 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from awp.v1 import checkpoints_pb2 as awp_dot_v1_dot_checkpoints__pb2
 from awp.v1 import limits_pb2 as awp_dot_v1_dot_limits__pb2
+from awp.v1 import session_pb2 as awp_dot_v1_dot_session__pb2
+from awp.v1 import streams_pb2 as awp_dot_v1_dot_streams__pb2
 from awp.v1 import types_pb2 as awp_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61wp/v1/worker.proto\x12\x06\x61wp.v1\x1a\x13\x61wp/v1/limits.proto\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n\rStreamChunkIn\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0e\n\x04json\x18\x02 \x01(\tH\x00\x42\x06\n\x04\x64\x61ta\"\x9e\x01\n\x13\x41ppendStreamRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x14\n\x0c\x66irst_offset\x18\x04 \x01(\x03\x12%\n\x06\x63hunks\x18\x05 \x03(\x0b\x32\x15.awp.v1.StreamChunkIn\"U\n\x14\x41ppendStreamResponse\x12(\n\x07outcome\x18\x01 \x01(\x0e\x32\x17.awp.v1.CompleteOutcome\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\"3\n\x07Session\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rsession_token\x18\x02 \x01(\t\"\xcb\x02\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x16\n\x0e\x65xecutor_kinds\x18\x03 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\r\x12\x33\n\x06labels\x18\x05 \x03(\x0b\x32#.awp.v1.RegisterRequest.LabelsEntry\x12\x0e\n\x06models\x18\x32 \x03(\t\x12\x39\n\tresources\x18\x33 \x03(\x0b\x32&.awp.v1.RegisterRequest.ResourcesEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xfb\x01\n\x10RegisterResponse\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tlease_ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0cstream_grace\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0bserver_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"m\n\x0c\x43laimRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x12\n\nmax_leases\x18\x02 \x01(\r\x12\'\n\x04wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xc4\x06\n\x05Lease\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x10\n\x08task_key\x18\x05 \x01(\t\x12\x15\n\rexecutor_kind\x18\x06 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x07 \x01(\t\x12&\n\x05input\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\x12\x14\n\x0cmax_attempts\x18\n \x01(\r\x12\x17\n\x0fidempotency_key\x18\x0b \x01(\t\x12\x34\n\x10lease_expires_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0flease_remaining\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x10\x61ttempt_deadline\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x11\x61ttempt_remaining\x18\x0f \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\trun_input\x18\x10 \x01(\x0b\x32\x17.google.protobuf.Struct\x12<\n\x10upstream_outputs\x18\x11 \x03(\x0b\x32\".awp.v1.Lease.UpstreamOutputsEntry\x12\x1d\n\x15omitted_upstream_keys\x18\x12 \x03(\t\x12:\n\x0fupstream_states\x18\x13 \x03(\x0b\x32!.awp.v1.Lease.UpstreamStatesEntry\x12\x13\n\x0btraceparent\x18\x64 \x01(\t\x1aO\n\x14UpstreamOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\x1aH\n\x13UpstreamStatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState:\x02\x38\x01\".\n\rClaimResponse\x12\x1d\n\x06leases\x18\x01 \x03(\x0b\x32\r.awp.v1.Lease\"u\n\x19GetUpstreamOutputsRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\"2\n\x0eUpstreamOutput\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\x0boutput_json\x18\x02 \x01(\t\"E\n\x1aGetUpstreamOutputsResponse\x12\'\n\x07outputs\x18\x01 \x03(\x0b\x32\x16.awp.v1.UpstreamOutput\"4\n\x08LeaseRef\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"V\n\x10HeartbeatRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12 \n\x06leases\x18\x02 \x03(\x0b\x32\x10.awp.v1.LeaseRef\"\xe6\x01\n\nLeaseState\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12#\n\x06status\x18\x02 \x01(\x0e\x32\x13.awp.v1.LeaseStatus\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0flease_remaining\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11\x61ttempt_remaining\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x94\x01\n\x11HeartbeatResponse\x12*\n\rsession_state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.awp.v1.LeaseState\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xae\x01\n\nCheckpoint\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.awp.v1.CheckpointKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\noccurrence\x18\x03 \x01(\r\x12\x12\n\nvalue_json\x18\x04 \x01(\t\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.awp.v1.StepUsage\x12\x11\n\ttimed_out\x18\x06 \x01(\x08\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\"x\n\x16LoadCheckpointsRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x12\n\npage_token\x18\x04 \x01(\t\"[\n\x17LoadCheckpointsResponse\x12\'\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x12.awp.v1.Checkpoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xb7\x01\n\x11RecordStepRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x12\n\noccurrence\x18\x05 \x01(\r\x12\x12\n\nvalue_json\x18\x06 \x01(\t\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.awp.v1.StepUsage\">\n\x12RecordStepResponse\x12(\n\x07outcome\x18\x01 \x01(\x0e\x32\x17.awp.v1.CompleteOutcome\"\xbd\x02\n\x0c\x41waitRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12$\n\x04kind\x18\x04 \x01(\x0e\x32\x16.awp.v1.CheckpointKind\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x12\n\noccurrence\x18\x06 \x01(\r\x12(\n\x05sleep\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06prompt\x18\t \x01(\t\x12\x0c\n\x04role\x18\n \x01(\t\x12%\n\x08replayed\x18\x0b \x01(\x0b\x32\x13.awp.v1.MemoSavings\"^\n\rAwaitResponse\x12%\n\x07outcome\x18\x01 \x01(\x0e\x32\x14.awp.v1.AwaitOutcome\x12&\n\ncheckpoint\x18\x02 \x01(\x0b\x32\x12.awp.v1.Checkpoint\"\x97\x02\n\nTaskResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12&\n\x07outcome\x18\x03 \x01(\x0e\x32\x15.awp.v1.ResultOutcome\x12\'\n\x06output\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\x05 \x01(\x0b\x32\x11.awp.v1.TaskError\x12%\n\x08replayed\x18\x06 \x01(\x0b\x32\x13.awp.v1.MemoSavings\x12 \n\x05usage\x18\x1e \x03(\x0b\x32\x11.awp.v1.RateUsage\x12#\n\tslow_down\x18\x1f \x03(\x0b\x32\x10.awp.v1.SlowDown\"r\n\x0f\x43ompleteRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12#\n\x07results\x18\x02 \x03(\x0b\x32\x12.awp.v1.TaskResult\x12\x18\n\x10\x63laim_max_leases\x18< \x01(\r\"O\n\x0e\x43ompleteAnswer\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.awp.v1.CompleteOutcome\"Z\n\x10\x43ompleteResponse\x12\'\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x16.awp.v1.CompleteAnswer\x12\x1d\n\x06leases\x18< \x03(\x0b\x32\r.awp.v1.Lease\"U\n\x0c\x44rainRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12#\n\thand_back\x18\x02 \x03(\x0b\x32\x10.awp.v1.LeaseRef\"R\n\rDrainResponse\x12*\n\rsession_state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x15\n\ractive_leases\x18\x02 \x01(\r*y\n\x0bLeaseStatus\x12\x1c\n\x18LEASE_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14LEASE_STATUS_RENEWED\x10\x01\x12\x18\n\x14LEASE_STATUS_REVOKED\x10\x02\x12\x18\n\x14LEASE_STATUS_UNKNOWN\x10\x03*\x85\x01\n\x0c\x41waitOutcome\x12\x1d\n\x19\x41WAIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41WAIT_OUTCOME_SATISFIED\x10\x01\x12\x1b\n\x17\x41WAIT_OUTCOME_SUSPENDED\x10\x02\x12\x1c\n\x18\x41WAIT_OUTCOME_LEASE_LOST\x10\x03*h\n\rResultOutcome\x12\x1e\n\x1aRESULT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RESULT_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n\x15RESULT_OUTCOME_FAILED\x10\x02*\xb9\x01\n\x0f\x43ompleteOutcome\x12 \n\x1c\x43OMPLETE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43OMPLETE_OUTCOME_ACCEPTED\x10\x01\x12\x1e\n\x1a\x43OMPLETE_OUTCOME_DUPLICATE\x10\x02\x12$\n COMPLETE_OUTCOME_RESULT_CONFLICT\x10\x03\x12\x1f\n\x1b\x43OMPLETE_OUTCOME_LEASE_LOST\x10\x04\x32\xb6\x05\n\rWorkerService\x12=\n\x08Register\x12\x17.awp.v1.RegisterRequest\x1a\x18.awp.v1.RegisterResponse\x12\x34\n\x05\x43laim\x12\x14.awp.v1.ClaimRequest\x1a\x15.awp.v1.ClaimResponse\x12\x44\n\tHeartbeat\x12\x18.awp.v1.HeartbeatRequest\x1a\x19.awp.v1.HeartbeatResponse(\x01\x30\x01\x12=\n\x08\x43omplete\x12\x17.awp.v1.CompleteRequest\x1a\x18.awp.v1.CompleteResponse\x12\x34\n\x05\x44rain\x12\x14.awp.v1.DrainRequest\x1a\x15.awp.v1.DrainResponse\x12[\n\x12GetUpstreamOutputs\x12!.awp.v1.GetUpstreamOutputsRequest\x1a\".awp.v1.GetUpstreamOutputsResponse\x12I\n\x0c\x41ppendStream\x12\x1b.awp.v1.AppendStreamRequest\x1a\x1c.awp.v1.AppendStreamResponse\x12R\n\x0fLoadCheckpoints\x12\x1e.awp.v1.LoadCheckpointsRequest\x1a\x1f.awp.v1.LoadCheckpointsResponse\x12\x43\n\nRecordStep\x12\x19.awp.v1.RecordStepRequest\x1a\x1a.awp.v1.RecordStepResponse\x12\x34\n\x05\x41wait\x12\x14.awp.v1.AwaitRequest\x1a\x15.awp.v1.AwaitResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61wp/v1/worker.proto\x12\x06\x61wp.v1\x1a\x18\x61wp/v1/checkpoints.proto\x1a\x13\x61wp/v1/limits.proto\x1a\x14\x61wp/v1/session.proto\x1a\x14\x61wp/v1/streams.proto\x1a\x12\x61wp/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcb\x02\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x16\n\x0e\x65xecutor_kinds\x18\x03 \x03(\t\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\r\x12\x33\n\x06labels\x18\x05 \x03(\x0b\x32#.awp.v1.RegisterRequest.LabelsEntry\x12\x0e\n\x06models\x18\x32 \x03(\t\x12\x39\n\tresources\x18\x33 \x03(\x0b\x32&.awp.v1.RegisterRequest.ResourcesEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xfb\x01\n\x10RegisterResponse\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tlease_ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0cstream_grace\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0bserver_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"m\n\x0c\x43laimRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x12\n\nmax_leases\x18\x02 \x01(\r\x12\'\n\x04wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xc4\x06\n\x05Lease\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x10\n\x08task_key\x18\x05 \x01(\t\x12\x15\n\rexecutor_kind\x18\x06 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x07 \x01(\t\x12&\n\x05input\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\x12\x14\n\x0cmax_attempts\x18\n \x01(\r\x12\x17\n\x0fidempotency_key\x18\x0b \x01(\t\x12\x34\n\x10lease_expires_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0flease_remaining\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x10\x61ttempt_deadline\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x11\x61ttempt_remaining\x18\x0f \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\trun_input\x18\x10 \x01(\x0b\x32\x17.google.protobuf.Struct\x12<\n\x10upstream_outputs\x18\x11 \x03(\x0b\x32\".awp.v1.Lease.UpstreamOutputsEntry\x12\x1d\n\x15omitted_upstream_keys\x18\x12 \x03(\t\x12:\n\x0fupstream_states\x18\x13 \x03(\x0b\x32!.awp.v1.Lease.UpstreamStatesEntry\x12\x13\n\x0btraceparent\x18\x64 \x01(\t\x1aO\n\x14UpstreamOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\x1aH\n\x13UpstreamStatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0e\x32\x11.awp.v1.TaskState:\x02\x38\x01\".\n\rClaimResponse\x12\x1d\n\x06leases\x18\x01 \x03(\x0b\x32\r.awp.v1.Lease\"u\n\x19GetUpstreamOutputsRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12\x13\n\x0b\x64ispatch_id\x18\x02 \x01(\x03\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\"2\n\x0eUpstreamOutput\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\x0boutput_json\x18\x02 \x01(\t\"E\n\x1aGetUpstreamOutputsResponse\x12\'\n\x07outputs\x18\x01 \x03(\x0b\x32\x16.awp.v1.UpstreamOutput\"4\n\x08LeaseRef\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"V\n\x10HeartbeatRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12 \n\x06leases\x18\x02 \x03(\x0b\x32\x10.awp.v1.LeaseRef\"\xe6\x01\n\nLeaseState\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12#\n\x06status\x18\x02 \x01(\x0e\x32\x13.awp.v1.LeaseStatus\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0flease_remaining\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11\x61ttempt_remaining\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x94\x01\n\x11HeartbeatResponse\x12*\n\rsession_state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.awp.v1.LeaseState\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x97\x02\n\nTaskResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12&\n\x07outcome\x18\x03 \x01(\x0e\x32\x15.awp.v1.ResultOutcome\x12\'\n\x06output\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12 \n\x05\x65rror\x18\x05 \x01(\x0b\x32\x11.awp.v1.TaskError\x12%\n\x08replayed\x18\x06 \x01(\x0b\x32\x13.awp.v1.MemoSavings\x12 \n\x05usage\x18\x1e \x03(\x0b\x32\x11.awp.v1.RateUsage\x12#\n\tslow_down\x18\x1f \x03(\x0b\x32\x10.awp.v1.SlowDown\"r\n\x0f\x43ompleteRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12#\n\x07results\x18\x02 \x03(\x0b\x32\x12.awp.v1.TaskResult\x12\x18\n\x10\x63laim_max_leases\x18< \x01(\r\"O\n\x0e\x43ompleteAnswer\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.awp.v1.CompleteOutcome\"Z\n\x10\x43ompleteResponse\x12\'\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x16.awp.v1.CompleteAnswer\x12\x1d\n\x06leases\x18< \x03(\x0b\x32\r.awp.v1.Lease\"U\n\x0c\x44rainRequest\x12 \n\x07session\x18\x01 \x01(\x0b\x32\x0f.awp.v1.Session\x12#\n\thand_back\x18\x02 \x03(\x0b\x32\x10.awp.v1.LeaseRef\"R\n\rDrainResponse\x12*\n\rsession_state\x18\x01 \x01(\x0e\x32\x13.awp.v1.WorkerState\x12\x15\n\ractive_leases\x18\x02 \x01(\r*y\n\x0bLeaseStatus\x12\x1c\n\x18LEASE_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14LEASE_STATUS_RENEWED\x10\x01\x12\x18\n\x14LEASE_STATUS_REVOKED\x10\x02\x12\x18\n\x14LEASE_STATUS_UNKNOWN\x10\x03*h\n\rResultOutcome\x12\x1e\n\x1aRESULT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RESULT_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n\x15RESULT_OUTCOME_FAILED\x10\x02\x32\xb6\x05\n\rWorkerService\x12=\n\x08Register\x12\x17.awp.v1.RegisterRequest\x1a\x18.awp.v1.RegisterResponse\x12\x34\n\x05\x43laim\x12\x14.awp.v1.ClaimRequest\x1a\x15.awp.v1.ClaimResponse\x12\x44\n\tHeartbeat\x12\x18.awp.v1.HeartbeatRequest\x1a\x19.awp.v1.HeartbeatResponse(\x01\x30\x01\x12=\n\x08\x43omplete\x12\x17.awp.v1.CompleteRequest\x1a\x18.awp.v1.CompleteResponse\x12\x34\n\x05\x44rain\x12\x14.awp.v1.DrainRequest\x1a\x15.awp.v1.DrainResponse\x12[\n\x12GetUpstreamOutputs\x12!.awp.v1.GetUpstreamOutputsRequest\x1a\".awp.v1.GetUpstreamOutputsResponse\x12I\n\x0c\x41ppendStream\x12\x1b.awp.v1.AppendStreamRequest\x1a\x1c.awp.v1.AppendStreamResponse\x12R\n\x0fLoadCheckpoints\x12\x1e.awp.v1.LoadCheckpointsRequest\x1a\x1f.awp.v1.LoadCheckpointsResponse\x12\x43\n\nRecordStep\x12\x19.awp.v1.RecordStepRequest\x1a\x1a.awp.v1.RecordStepResponse\x12\x34\n\x05\x41wait\x12\x14.awp.v1.AwaitRequest\x1a\x15.awp.v1.AwaitResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,80 +47,54 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_options = b'8\001'
   _globals['_LEASE_UPSTREAMSTATESENTRY']._loaded_options = None
   _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_options = b'8\001'
-  _globals['_LEASESTATUS']._serialized_start=4679
-  _globals['_LEASESTATUS']._serialized_end=4800
-  _globals['_AWAITOUTCOME']._serialized_start=4803
-  _globals['_AWAITOUTCOME']._serialized_end=4936
-  _globals['_RESULTOUTCOME']._serialized_start=4938
-  _globals['_RESULTOUTCOME']._serialized_end=5042
-  _globals['_COMPLETEOUTCOME']._serialized_start=5045
-  _globals['_COMPLETEOUTCOME']._serialized_end=5230
-  _globals['_STREAMCHUNKIN']._serialized_start=167
-  _globals['_STREAMCHUNKIN']._serialized_end=222
-  _globals['_APPENDSTREAMREQUEST']._serialized_start=225
-  _globals['_APPENDSTREAMREQUEST']._serialized_end=383
-  _globals['_APPENDSTREAMRESPONSE']._serialized_start=385
-  _globals['_APPENDSTREAMRESPONSE']._serialized_end=470
-  _globals['_SESSION']._serialized_start=472
-  _globals['_SESSION']._serialized_end=523
-  _globals['_REGISTERREQUEST']._serialized_start=526
-  _globals['_REGISTERREQUEST']._serialized_end=857
-  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_start=762
-  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_end=807
-  _globals['_REGISTERREQUEST_RESOURCESENTRY']._serialized_start=809
-  _globals['_REGISTERREQUEST_RESOURCESENTRY']._serialized_end=857
-  _globals['_REGISTERRESPONSE']._serialized_start=860
-  _globals['_REGISTERRESPONSE']._serialized_end=1111
-  _globals['_CLAIMREQUEST']._serialized_start=1113
-  _globals['_CLAIMREQUEST']._serialized_end=1222
-  _globals['_LEASE']._serialized_start=1225
-  _globals['_LEASE']._serialized_end=2061
-  _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_start=1908
-  _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_end=1987
-  _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_start=1989
-  _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_end=2061
-  _globals['_CLAIMRESPONSE']._serialized_start=2063
-  _globals['_CLAIMRESPONSE']._serialized_end=2109
-  _globals['_GETUPSTREAMOUTPUTSREQUEST']._serialized_start=2111
-  _globals['_GETUPSTREAMOUTPUTSREQUEST']._serialized_end=2228
-  _globals['_UPSTREAMOUTPUT']._serialized_start=2230
-  _globals['_UPSTREAMOUTPUT']._serialized_end=2280
-  _globals['_GETUPSTREAMOUTPUTSRESPONSE']._serialized_start=2282
-  _globals['_GETUPSTREAMOUTPUTSRESPONSE']._serialized_end=2351
-  _globals['_LEASEREF']._serialized_start=2353
-  _globals['_LEASEREF']._serialized_end=2405
-  _globals['_HEARTBEATREQUEST']._serialized_start=2407
-  _globals['_HEARTBEATREQUEST']._serialized_end=2493
-  _globals['_LEASESTATE']._serialized_start=2496
-  _globals['_LEASESTATE']._serialized_end=2726
-  _globals['_HEARTBEATRESPONSE']._serialized_start=2729
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2877
-  _globals['_CHECKPOINT']._serialized_start=2880
-  _globals['_CHECKPOINT']._serialized_end=3054
-  _globals['_LOADCHECKPOINTSREQUEST']._serialized_start=3056
-  _globals['_LOADCHECKPOINTSREQUEST']._serialized_end=3176
-  _globals['_LOADCHECKPOINTSRESPONSE']._serialized_start=3178
-  _globals['_LOADCHECKPOINTSRESPONSE']._serialized_end=3269
-  _globals['_RECORDSTEPREQUEST']._serialized_start=3272
-  _globals['_RECORDSTEPREQUEST']._serialized_end=3455
-  _globals['_RECORDSTEPRESPONSE']._serialized_start=3457
-  _globals['_RECORDSTEPRESPONSE']._serialized_end=3519
-  _globals['_AWAITREQUEST']._serialized_start=3522
-  _globals['_AWAITREQUEST']._serialized_end=3839
-  _globals['_AWAITRESPONSE']._serialized_start=3841
-  _globals['_AWAITRESPONSE']._serialized_end=3935
-  _globals['_TASKRESULT']._serialized_start=3938
-  _globals['_TASKRESULT']._serialized_end=4217
-  _globals['_COMPLETEREQUEST']._serialized_start=4219
-  _globals['_COMPLETEREQUEST']._serialized_end=4333
-  _globals['_COMPLETEANSWER']._serialized_start=4335
-  _globals['_COMPLETEANSWER']._serialized_end=4414
-  _globals['_COMPLETERESPONSE']._serialized_start=4416
-  _globals['_COMPLETERESPONSE']._serialized_end=4506
-  _globals['_DRAINREQUEST']._serialized_start=4508
-  _globals['_DRAINREQUEST']._serialized_end=4593
-  _globals['_DRAINRESPONSE']._serialized_start=4595
-  _globals['_DRAINRESPONSE']._serialized_end=4677
-  _globals['_WORKERSERVICE']._serialized_start=5233
-  _globals['_WORKERSERVICE']._serialized_end=5927
+  _globals['_LEASESTATUS']._serialized_start=3333
+  _globals['_LEASESTATUS']._serialized_end=3454
+  _globals['_RESULTOUTCOME']._serialized_start=3456
+  _globals['_RESULTOUTCOME']._serialized_end=3560
+  _globals['_REGISTERREQUEST']._serialized_start=238
+  _globals['_REGISTERREQUEST']._serialized_end=569
+  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_start=474
+  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_end=519
+  _globals['_REGISTERREQUEST_RESOURCESENTRY']._serialized_start=521
+  _globals['_REGISTERREQUEST_RESOURCESENTRY']._serialized_end=569
+  _globals['_REGISTERRESPONSE']._serialized_start=572
+  _globals['_REGISTERRESPONSE']._serialized_end=823
+  _globals['_CLAIMREQUEST']._serialized_start=825
+  _globals['_CLAIMREQUEST']._serialized_end=934
+  _globals['_LEASE']._serialized_start=937
+  _globals['_LEASE']._serialized_end=1773
+  _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_start=1620
+  _globals['_LEASE_UPSTREAMOUTPUTSENTRY']._serialized_end=1699
+  _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_start=1701
+  _globals['_LEASE_UPSTREAMSTATESENTRY']._serialized_end=1773
+  _globals['_CLAIMRESPONSE']._serialized_start=1775
+  _globals['_CLAIMRESPONSE']._serialized_end=1821
+  _globals['_GETUPSTREAMOUTPUTSREQUEST']._serialized_start=1823
+  _globals['_GETUPSTREAMOUTPUTSREQUEST']._serialized_end=1940
+  _globals['_UPSTREAMOUTPUT']._serialized_start=1942
+  _globals['_UPSTREAMOUTPUT']._serialized_end=1992
+  _globals['_GETUPSTREAMOUTPUTSRESPONSE']._serialized_start=1994
+  _globals['_GETUPSTREAMOUTPUTSRESPONSE']._serialized_end=2063
+  _globals['_LEASEREF']._serialized_start=2065
+  _globals['_LEASEREF']._serialized_end=2117
+  _globals['_HEARTBEATREQUEST']._serialized_start=2119
+  _globals['_HEARTBEATREQUEST']._serialized_end=2205
+  _globals['_LEASESTATE']._serialized_start=2208
+  _globals['_LEASESTATE']._serialized_end=2438
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2441
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2589
+  _globals['_TASKRESULT']._serialized_start=2592
+  _globals['_TASKRESULT']._serialized_end=2871
+  _globals['_COMPLETEREQUEST']._serialized_start=2873
+  _globals['_COMPLETEREQUEST']._serialized_end=2987
+  _globals['_COMPLETEANSWER']._serialized_start=2989
+  _globals['_COMPLETEANSWER']._serialized_end=3068
+  _globals['_COMPLETERESPONSE']._serialized_start=3070
+  _globals['_COMPLETERESPONSE']._serialized_end=3160
+  _globals['_DRAINREQUEST']._serialized_start=3162
+  _globals['_DRAINREQUEST']._serialized_end=3247
+  _globals['_DRAINRESPONSE']._serialized_start=3249
+  _globals['_DRAINRESPONSE']._serialized_end=3331
+  _globals['_WORKERSERVICE']._serialized_start=3563
+  _globals['_WORKERSERVICE']._serialized_end=4257
 # @@protoc_insertion_point(module_scope)

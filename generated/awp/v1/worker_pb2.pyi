@@ -18,9 +18,15 @@ itself refuses beyond 32 MiB with RESOURCE_EXHAUSTED); text without NUL characte
 within the length its comment states; repeated fields and maps within the count their
 comment states; bytes that do not decode are MALFORMED_REQUEST (all INVALID_ARGUMENT,
 the BadRequest naming the field).
+
+The messages of a session's life and its leases (Register, Claim, GetUpstreamOutputs,
+Heartbeat, Complete, Drain) are here; the others' are in the file of their part of the
+protocol: session.proto (Session, CompleteOutcome), streams.proto (AppendStream) and
+checkpoints.proto (durable execution).
 """
 
 from awp.v1 import limits_pb2 as _limits_pb2
+from awp.v1 import session_pb2 as _session_pb2
 from awp.v1 import types_pb2 as _types_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
@@ -66,31 +72,6 @@ LEASE_STATUS_UNKNOWN: LeaseStatus.ValueType  # 3
 """No such lease, or the token does not match: stop and do not complete."""
 Global___LeaseStatus: _TypeAlias = LeaseStatus  # noqa: Y015
 
-class _AwaitOutcome:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _AwaitOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AwaitOutcome.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    AWAIT_OUTCOME_UNSPECIFIED: _AwaitOutcome.ValueType  # 0
-    AWAIT_OUTCOME_SATISFIED: _AwaitOutcome.ValueType  # 1
-    """The wait's checkpoint is stored (checkpoint): go on."""
-    AWAIT_OUTCOME_SUSPENDED: _AwaitOutcome.ValueType  # 2
-    """The attempt ended SUSPENDED: stop the action, report nothing."""
-    AWAIT_OUTCOME_LEASE_LOST: _AwaitOutcome.ValueType  # 3
-    """The lease is not (or no longer) valid: stop, report nothing."""
-
-class AwaitOutcome(_AwaitOutcome, metaclass=_AwaitOutcomeEnumTypeWrapper): ...
-
-AWAIT_OUTCOME_UNSPECIFIED: AwaitOutcome.ValueType  # 0
-AWAIT_OUTCOME_SATISFIED: AwaitOutcome.ValueType  # 1
-"""The wait's checkpoint is stored (checkpoint): go on."""
-AWAIT_OUTCOME_SUSPENDED: AwaitOutcome.ValueType  # 2
-"""The attempt ended SUSPENDED: stop the action, report nothing."""
-AWAIT_OUTCOME_LEASE_LOST: AwaitOutcome.ValueType  # 3
-"""The lease is not (or no longer) valid: stop, report nothing."""
-Global___AwaitOutcome: _TypeAlias = AwaitOutcome  # noqa: Y015
-
 class _ResultOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -107,152 +88,6 @@ RESULT_OUTCOME_UNSPECIFIED: ResultOutcome.ValueType  # 0
 RESULT_OUTCOME_SUCCEEDED: ResultOutcome.ValueType  # 1
 RESULT_OUTCOME_FAILED: ResultOutcome.ValueType  # 2
 Global___ResultOutcome: _TypeAlias = ResultOutcome  # noqa: Y015
-
-class _CompleteOutcome:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _CompleteOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CompleteOutcome.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    COMPLETE_OUTCOME_UNSPECIFIED: _CompleteOutcome.ValueType  # 0
-    COMPLETE_OUTCOME_ACCEPTED: _CompleteOutcome.ValueType  # 1
-    """Recorded."""
-    COMPLETE_OUTCOME_DUPLICATE: _CompleteOutcome.ValueType  # 2
-    """The same result was already recorded for this lease: nothing changed."""
-    COMPLETE_OUTCOME_RESULT_CONFLICT: _CompleteOutcome.ValueType  # 3
-    """A different result was already recorded for this lease: nothing changed."""
-    COMPLETE_OUTCOME_LEASE_LOST: _CompleteOutcome.ValueType  # 4
-    """The lease is not (or no longer) valid: the result was discarded."""
-
-class CompleteOutcome(_CompleteOutcome, metaclass=_CompleteOutcomeEnumTypeWrapper): ...
-
-COMPLETE_OUTCOME_UNSPECIFIED: CompleteOutcome.ValueType  # 0
-COMPLETE_OUTCOME_ACCEPTED: CompleteOutcome.ValueType  # 1
-"""Recorded."""
-COMPLETE_OUTCOME_DUPLICATE: CompleteOutcome.ValueType  # 2
-"""The same result was already recorded for this lease: nothing changed."""
-COMPLETE_OUTCOME_RESULT_CONFLICT: CompleteOutcome.ValueType  # 3
-"""A different result was already recorded for this lease: nothing changed."""
-COMPLETE_OUTCOME_LEASE_LOST: CompleteOutcome.ValueType  # 4
-"""The lease is not (or no longer) valid: the result was discarded."""
-Global___CompleteOutcome: _TypeAlias = CompleteOutcome  # noqa: Y015
-
-@_typing.final
-class StreamChunkIn(_message.Message):
-    """One chunk of an output stream: text, or a JSON value as text."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    TEXT_FIELD_NUMBER: _builtins.int
-    JSON_FIELD_NUMBER: _builtins.int
-    text: _builtins.str
-    """At most 65,536 characters."""
-    json: _builtins.str
-    """A JSON value (any type) as text, at most 65,536 characters."""
-    def __init__(
-        self,
-        *,
-        text: _builtins.str = ...,
-        json: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "json", b"json", "text", b"text"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "json", b"json", "text", b"text"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_data: _TypeAlias = _typing.Literal["text", "json"]  # noqa: Y015
-    _WhichOneofArgType_data: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_data) -> _WhichOneofReturnType_data | None: ...
-
-Global___StreamChunkIn: _TypeAlias = StreamChunkIn  # noqa: Y015
-
-@_typing.final
-class AppendStreamRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    SESSION_FIELD_NUMBER: _builtins.int
-    DISPATCH_ID_FIELD_NUMBER: _builtins.int
-    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
-    FIRST_OFFSET_FIELD_NUMBER: _builtins.int
-    CHUNKS_FIELD_NUMBER: _builtins.int
-    dispatch_id: _builtins.int
-    lease_token: _builtins.str
-    """At most 128 characters."""
-    first_offset: _builtins.int
-    """The attempt's offset of chunks[0]: at most the next offset the attempt's stream
-    expects (no gaps); below it, the overlap must equal what is stored.
-    """
-    @_builtins.property
-    def session(self) -> Global___Session: ...
-    @_builtins.property
-    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamChunkIn]:
-        """1 to 1,000 chunks; an attempt streams at most 16 MiB (UTF-8 bytes) in all."""
-
-    def __init__(
-        self,
-        *,
-        session: Global___Session | None = ...,
-        dispatch_id: _builtins.int = ...,
-        lease_token: _builtins.str = ...,
-        first_offset: _builtins.int = ...,
-        chunks: _abc.Iterable[Global___StreamChunkIn] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "dispatch_id", b"dispatch_id", "first_offset", b"first_offset", "lease_token", b"lease_token", "session", b"session"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___AppendStreamRequest: _TypeAlias = AppendStreamRequest  # noqa: Y015
-
-@_typing.final
-class AppendStreamResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    OUTCOME_FIELD_NUMBER: _builtins.int
-    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
-    outcome: Global___CompleteOutcome.ValueType
-    """ACCEPTED, DUPLICATE, RESULT_CONFLICT or LEASE_LOST, as Complete's."""
-    next_offset: _builtins.int
-    """The offset the attempt's next chunk must have (0 with LEASE_LOST)."""
-    def __init__(
-        self,
-        *,
-        outcome: Global___CompleteOutcome.ValueType = ...,
-        next_offset: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_offset", b"next_offset", "outcome", b"outcome"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___AppendStreamResponse: _TypeAlias = AppendStreamResponse  # noqa: Y015
-
-@_typing.final
-class Session(_message.Message):
-    """Identifies a worker session in every call after Register."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    WORKER_ID_FIELD_NUMBER: _builtins.int
-    SESSION_TOKEN_FIELD_NUMBER: _builtins.int
-    worker_id: _builtins.str
-    """At most 64 characters."""
-    session_token: _builtins.str
-    """Returned once by Register; the server stores only its SHA-256. At most 128 characters."""
-    def __init__(
-        self,
-        *,
-        worker_id: _builtins.str = ...,
-        session_token: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_token", b"session_token", "worker_id", b"worker_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Session: _TypeAlias = Session  # noqa: Y015
 
 @_typing.final
 class RegisterRequest(_message.Message):
@@ -363,7 +198,7 @@ class RegisterResponse(_message.Message):
     STREAM_GRACE_FIELD_NUMBER: _builtins.int
     SERVER_TIME_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def session(self) -> Global___Session: ...
+    def session(self) -> _session_pb2.Session: ...
     @_builtins.property
     def heartbeat_interval(self) -> _duration_pb2.Duration:
         """Send a heartbeat at least this often."""
@@ -381,7 +216,7 @@ class RegisterResponse(_message.Message):
     def __init__(
         self,
         *,
-        session: Global___Session | None = ...,
+        session: _session_pb2.Session | None = ...,
         heartbeat_interval: _duration_pb2.Duration | None = ...,
         lease_ttl: _duration_pb2.Duration | None = ...,
         stream_grace: _duration_pb2.Duration | None = ...,
@@ -405,7 +240,7 @@ class ClaimRequest(_message.Message):
     max_leases: _builtins.int
     """Upper bound on leases returned (the server also caps by free slots). >= 1."""
     @_builtins.property
-    def session(self) -> Global___Session: ...
+    def session(self) -> _session_pb2.Session: ...
     @_builtins.property
     def wait(self) -> _duration_pb2.Duration:
         """Long-poll: how long the server may wait for work, 0 to 5 minutes (the server may
@@ -415,7 +250,7 @@ class ClaimRequest(_message.Message):
     def __init__(
         self,
         *,
-        session: Global___Session | None = ...,
+        session: _session_pb2.Session | None = ...,
         max_leases: _builtins.int = ...,
         wait: _duration_pb2.Duration | None = ...,
     ) -> None: ...
@@ -620,7 +455,7 @@ class GetUpstreamOutputsRequest(_message.Message):
     lease_token: _builtins.str
     """At most 128 characters."""
     @_builtins.property
-    def session(self) -> Global___Session: ...
+    def session(self) -> _session_pb2.Session: ...
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Keys of tasks the lease's task depends on (at most 1,000)."""
@@ -628,7 +463,7 @@ class GetUpstreamOutputsRequest(_message.Message):
     def __init__(
         self,
         *,
-        session: Global___Session | None = ...,
+        session: _session_pb2.Session | None = ...,
         dispatch_id: _builtins.int = ...,
         lease_token: _builtins.str = ...,
         keys: _abc.Iterable[_builtins.str] | None = ...,
@@ -718,7 +553,7 @@ class HeartbeatRequest(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     LEASES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def session(self) -> Global___Session: ...
+    def session(self) -> _session_pb2.Session: ...
     @_builtins.property
     def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRef]:
         """Every lease the worker still holds (may be empty; at most 1,000)."""
@@ -726,7 +561,7 @@ class HeartbeatRequest(_message.Message):
     def __init__(
         self,
         *,
-        session: Global___Session | None = ...,
+        session: _session_pb2.Session | None = ...,
         leases: _abc.Iterable[Global___LeaseRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
@@ -803,277 +638,6 @@ class HeartbeatResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
-
-@_typing.final
-class Checkpoint(_message.Message):
-    """A memo of the task: a step's result or a satisfied wait's outcome."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    KIND_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    OCCURRENCE_FIELD_NUMBER: _builtins.int
-    VALUE_JSON_FIELD_NUMBER: _builtins.int
-    USAGE_FIELD_NUMBER: _builtins.int
-    TIMED_OUT_FIELD_NUMBER: _builtins.int
-    ATTEMPT_FIELD_NUMBER: _builtins.int
-    kind: _types_pb2.CheckpointKind.ValueType
-    name: _builtins.str
-    """The step's name, the signal's name, the approval's name, or "" for a sleep."""
-    occurrence: _builtins.int
-    """0 for the first step (or wait) of this kind and name the action reaches, 1 for the
-    next, and so on: replay is by this order.
-    """
-    value_json: _builtins.str
-    """A JSON value as text. STEP: what the step returned. SIGNAL: the signal's payload.
-    APPROVAL: {"approved": bool, "decided_by", "comment", "decided_at"}. SLEEP:
-    {"woke_at"}. "null" when timed_out.
-    """
-    timed_out: _builtins.bool
-    """The wait ended by its timeout, not its condition."""
-    attempt: _builtins.int
-    """The attempt that stored it; 0 for a wait's outcome stored while no attempt ran."""
-    @_builtins.property
-    def usage(self) -> _types_pb2.StepUsage:
-        """STEP only."""
-
-    def __init__(
-        self,
-        *,
-        kind: _types_pb2.CheckpointKind.ValueType = ...,
-        name: _builtins.str = ...,
-        occurrence: _builtins.int = ...,
-        value_json: _builtins.str = ...,
-        usage: _types_pb2.StepUsage | None = ...,
-        timed_out: _builtins.bool = ...,
-        attempt: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "kind", b"kind", "name", b"name", "occurrence", b"occurrence", "timed_out", b"timed_out", "usage", b"usage", "value_json", b"value_json"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Checkpoint: _TypeAlias = Checkpoint  # noqa: Y015
-
-@_typing.final
-class LoadCheckpointsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    SESSION_FIELD_NUMBER: _builtins.int
-    DISPATCH_ID_FIELD_NUMBER: _builtins.int
-    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
-    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
-    dispatch_id: _builtins.int
-    lease_token: _builtins.str
-    """At most 128 characters."""
-    page_token: _builtins.str
-    """Empty for the first page; then the previous answer's next_page_token."""
-    @_builtins.property
-    def session(self) -> Global___Session: ...
-    def __init__(
-        self,
-        *,
-        session: Global___Session | None = ...,
-        dispatch_id: _builtins.int = ...,
-        lease_token: _builtins.str = ...,
-        page_token: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "lease_token", b"lease_token", "page_token", b"page_token", "session", b"session"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___LoadCheckpointsRequest: _TypeAlias = LoadCheckpointsRequest  # noqa: Y015
-
-@_typing.final
-class LoadCheckpointsResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    CHECKPOINTS_FIELD_NUMBER: _builtins.int
-    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
-    next_page_token: _builtins.str
-    """Empty on the last page."""
-    @_builtins.property
-    def checkpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Checkpoint]:
-        """At most 2 MiB of values per page (the first checkpoint always fits: one memo is at
-        most 256 KiB).
-        """
-
-    def __init__(
-        self,
-        *,
-        checkpoints: _abc.Iterable[Global___Checkpoint] | None = ...,
-        next_page_token: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints", b"checkpoints", "next_page_token", b"next_page_token"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___LoadCheckpointsResponse: _TypeAlias = LoadCheckpointsResponse  # noqa: Y015
-
-@_typing.final
-class RecordStepRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    SESSION_FIELD_NUMBER: _builtins.int
-    DISPATCH_ID_FIELD_NUMBER: _builtins.int
-    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    OCCURRENCE_FIELD_NUMBER: _builtins.int
-    VALUE_JSON_FIELD_NUMBER: _builtins.int
-    USAGE_FIELD_NUMBER: _builtins.int
-    dispatch_id: _builtins.int
-    lease_token: _builtins.str
-    """At most 128 characters."""
-    name: _builtins.str
-    """[A-Za-z0-9_.:-]{1,128}."""
-    occurrence: _builtins.int
-    value_json: _builtins.str
-    """A JSON value as text, at most 256 KiB (MEMO_LIMIT past it)."""
-    @_builtins.property
-    def session(self) -> Global___Session: ...
-    @_builtins.property
-    def usage(self) -> _types_pb2.StepUsage: ...
-    def __init__(
-        self,
-        *,
-        session: Global___Session | None = ...,
-        dispatch_id: _builtins.int = ...,
-        lease_token: _builtins.str = ...,
-        name: _builtins.str = ...,
-        occurrence: _builtins.int = ...,
-        value_json: _builtins.str = ...,
-        usage: _types_pb2.StepUsage | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session", "usage", b"usage"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "lease_token", b"lease_token", "name", b"name", "occurrence", b"occurrence", "session", b"session", "usage", b"usage", "value_json", b"value_json"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___RecordStepRequest: _TypeAlias = RecordStepRequest  # noqa: Y015
-
-@_typing.final
-class RecordStepResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    OUTCOME_FIELD_NUMBER: _builtins.int
-    outcome: Global___CompleteOutcome.ValueType
-    def __init__(
-        self,
-        *,
-        outcome: Global___CompleteOutcome.ValueType = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___RecordStepResponse: _TypeAlias = RecordStepResponse  # noqa: Y015
-
-@_typing.final
-class AwaitRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    SESSION_FIELD_NUMBER: _builtins.int
-    DISPATCH_ID_FIELD_NUMBER: _builtins.int
-    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    OCCURRENCE_FIELD_NUMBER: _builtins.int
-    SLEEP_FIELD_NUMBER: _builtins.int
-    TIMEOUT_FIELD_NUMBER: _builtins.int
-    PROMPT_FIELD_NUMBER: _builtins.int
-    ROLE_FIELD_NUMBER: _builtins.int
-    REPLAYED_FIELD_NUMBER: _builtins.int
-    dispatch_id: _builtins.int
-    lease_token: _builtins.str
-    """At most 128 characters."""
-    kind: _types_pb2.CheckpointKind.ValueType
-    """SLEEP, SIGNAL or APPROVAL."""
-    name: _builtins.str
-    """SIGNAL: the signal's name; APPROVAL: the approval's name (one task may ask several);
-    SLEEP: "". [A-Za-z0-9_.:-]{1,128} otherwise.
-    """
-    occurrence: _builtins.int
-    prompt: _builtins.str
-    """APPROVAL: the question shown to the person deciding (at most 4 KiB)."""
-    role: _builtins.str
-    """APPROVAL: the role that may decide besides admin: "approver" (the default when
-    empty) or "admin" (admins only).
-    """
-    @_builtins.property
-    def session(self) -> Global___Session: ...
-    @_builtins.property
-    def sleep(self) -> _duration_pb2.Duration:
-        """SLEEP: how long, from the first time the wait is reached (its due time is then fixed
-        on the database clock and survives every later attempt). At most 366 days.
-        """
-
-    @_builtins.property
-    def timeout(self) -> _duration_pb2.Duration:
-        """SIGNAL and APPROVAL: unset waits for ever; else the wait ends timed out this long
-        after it is first reached. At most 366 days.
-        """
-
-    @_builtins.property
-    def replayed(self) -> _types_pb2.MemoSavings:
-        """What this attempt replayed so far (reported here because a suspended attempt
-        sends no Complete).
-        """
-
-    def __init__(
-        self,
-        *,
-        session: Global___Session | None = ...,
-        dispatch_id: _builtins.int = ...,
-        lease_token: _builtins.str = ...,
-        kind: _types_pb2.CheckpointKind.ValueType = ...,
-        name: _builtins.str = ...,
-        occurrence: _builtins.int = ...,
-        sleep: _duration_pb2.Duration | None = ...,
-        timeout: _duration_pb2.Duration | None = ...,
-        prompt: _builtins.str = ...,
-        role: _builtins.str = ...,
-        replayed: _types_pb2.MemoSavings | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["replayed", b"replayed", "session", b"session", "sleep", b"sleep", "timeout", b"timeout"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "kind", b"kind", "lease_token", b"lease_token", "name", b"name", "occurrence", b"occurrence", "prompt", b"prompt", "replayed", b"replayed", "role", b"role", "session", b"session", "sleep", b"sleep", "timeout", b"timeout"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___AwaitRequest: _TypeAlias = AwaitRequest  # noqa: Y015
-
-@_typing.final
-class AwaitResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    OUTCOME_FIELD_NUMBER: _builtins.int
-    CHECKPOINT_FIELD_NUMBER: _builtins.int
-    outcome: Global___AwaitOutcome.ValueType
-    @_builtins.property
-    def checkpoint(self) -> Global___Checkpoint:
-        """With SATISFIED."""
-
-    def __init__(
-        self,
-        *,
-        outcome: Global___AwaitOutcome.ValueType = ...,
-        checkpoint: Global___Checkpoint | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "outcome", b"outcome"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___AwaitResponse: _TypeAlias = AwaitResponse  # noqa: Y015
 
 @_typing.final
 class TaskResult(_message.Message):
@@ -1154,7 +718,7 @@ class CompleteRequest(_message.Message):
     never committed for a caller that went away before the answer (as for Claim).
     """
     @_builtins.property
-    def session(self) -> Global___Session: ...
+    def session(self) -> _session_pb2.Session: ...
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskResult]:
         """1 to 500 results, at most one per dispatch, and at most 16 MiB serialised in all:
@@ -1165,7 +729,7 @@ class CompleteRequest(_message.Message):
     def __init__(
         self,
         *,
-        session: Global___Session | None = ...,
+        session: _session_pb2.Session | None = ...,
         results: _abc.Iterable[Global___TaskResult] | None = ...,
         claim_max_leases: _builtins.int = ...,
     ) -> None: ...
@@ -1184,12 +748,12 @@ class CompleteAnswer(_message.Message):
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.int
-    outcome: Global___CompleteOutcome.ValueType
+    outcome: _session_pb2.CompleteOutcome.ValueType
     def __init__(
         self,
         *,
         dispatch_id: _builtins.int = ...,
-        outcome: Global___CompleteOutcome.ValueType = ...,
+        outcome: _session_pb2.CompleteOutcome.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -1234,7 +798,7 @@ class DrainRequest(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     HAND_BACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def session(self) -> Global___Session: ...
+    def session(self) -> _session_pb2.Session: ...
     @_builtins.property
     def hand_back(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRef]:
         """Leases the worker gives up unfinished (its shutdown deadline passed): they are
@@ -1246,7 +810,7 @@ class DrainRequest(_message.Message):
     def __init__(
         self,
         *,
-        session: Global___Session | None = ...,
+        session: _session_pb2.Session | None = ...,
         hand_back: _abc.Iterable[Global___LeaseRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015

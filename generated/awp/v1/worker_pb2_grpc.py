@@ -3,6 +3,8 @@
 import grpc
 import warnings
 
+from awp.v1 import checkpoints_pb2 as awp_dot_v1_dot_checkpoints__pb2
+from awp.v1 import streams_pb2 as awp_dot_v1_dot_streams__pb2
 from awp.v1 import worker_pb2 as awp_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.0'
@@ -66,23 +68,23 @@ class WorkerServiceStub:
                 _registered_method=True)
         self.AppendStream = channel.unary_unary(
                 '/awp.v1.WorkerService/AppendStream',
-                request_serializer=awp_dot_v1_dot_worker__pb2.AppendStreamRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_worker__pb2.AppendStreamResponse.FromString,
+                request_serializer=awp_dot_v1_dot_streams__pb2.AppendStreamRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_streams__pb2.AppendStreamResponse.FromString,
                 _registered_method=True)
         self.LoadCheckpoints = channel.unary_unary(
                 '/awp.v1.WorkerService/LoadCheckpoints',
-                request_serializer=awp_dot_v1_dot_worker__pb2.LoadCheckpointsRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_worker__pb2.LoadCheckpointsResponse.FromString,
+                request_serializer=awp_dot_v1_dot_checkpoints__pb2.LoadCheckpointsRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_checkpoints__pb2.LoadCheckpointsResponse.FromString,
                 _registered_method=True)
         self.RecordStep = channel.unary_unary(
                 '/awp.v1.WorkerService/RecordStep',
-                request_serializer=awp_dot_v1_dot_worker__pb2.RecordStepRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_worker__pb2.RecordStepResponse.FromString,
+                request_serializer=awp_dot_v1_dot_checkpoints__pb2.RecordStepRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_checkpoints__pb2.RecordStepResponse.FromString,
                 _registered_method=True)
         self.Await = channel.unary_unary(
                 '/awp.v1.WorkerService/Await',
-                request_serializer=awp_dot_v1_dot_worker__pb2.AwaitRequest.SerializeToString,
-                response_deserializer=awp_dot_v1_dot_worker__pb2.AwaitResponse.FromString,
+                request_serializer=awp_dot_v1_dot_checkpoints__pb2.AwaitRequest.SerializeToString,
+                response_deserializer=awp_dot_v1_dot_checkpoints__pb2.AwaitResponse.FromString,
                 _registered_method=True)
 
 
@@ -241,23 +243,23 @@ def add_WorkerServiceServicer_to_server(servicer, server):
             ),
             'AppendStream': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendStream,
-                    request_deserializer=awp_dot_v1_dot_worker__pb2.AppendStreamRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_worker__pb2.AppendStreamResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_streams__pb2.AppendStreamRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_streams__pb2.AppendStreamResponse.SerializeToString,
             ),
             'LoadCheckpoints': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadCheckpoints,
-                    request_deserializer=awp_dot_v1_dot_worker__pb2.LoadCheckpointsRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_worker__pb2.LoadCheckpointsResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_checkpoints__pb2.LoadCheckpointsRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_checkpoints__pb2.LoadCheckpointsResponse.SerializeToString,
             ),
             'RecordStep': grpc.unary_unary_rpc_method_handler(
                     servicer.RecordStep,
-                    request_deserializer=awp_dot_v1_dot_worker__pb2.RecordStepRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_worker__pb2.RecordStepResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_checkpoints__pb2.RecordStepRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_checkpoints__pb2.RecordStepResponse.SerializeToString,
             ),
             'Await': grpc.unary_unary_rpc_method_handler(
                     servicer.Await,
-                    request_deserializer=awp_dot_v1_dot_worker__pb2.AwaitRequest.FromString,
-                    response_serializer=awp_dot_v1_dot_worker__pb2.AwaitResponse.SerializeToString,
+                    request_deserializer=awp_dot_v1_dot_checkpoints__pb2.AwaitRequest.FromString,
+                    response_serializer=awp_dot_v1_dot_checkpoints__pb2.AwaitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -447,8 +449,8 @@ class WorkerService:
             request,
             target,
             '/awp.v1.WorkerService/AppendStream',
-            awp_dot_v1_dot_worker__pb2.AppendStreamRequest.SerializeToString,
-            awp_dot_v1_dot_worker__pb2.AppendStreamResponse.FromString,
+            awp_dot_v1_dot_streams__pb2.AppendStreamRequest.SerializeToString,
+            awp_dot_v1_dot_streams__pb2.AppendStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -474,8 +476,8 @@ class WorkerService:
             request,
             target,
             '/awp.v1.WorkerService/LoadCheckpoints',
-            awp_dot_v1_dot_worker__pb2.LoadCheckpointsRequest.SerializeToString,
-            awp_dot_v1_dot_worker__pb2.LoadCheckpointsResponse.FromString,
+            awp_dot_v1_dot_checkpoints__pb2.LoadCheckpointsRequest.SerializeToString,
+            awp_dot_v1_dot_checkpoints__pb2.LoadCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -501,8 +503,8 @@ class WorkerService:
             request,
             target,
             '/awp.v1.WorkerService/RecordStep',
-            awp_dot_v1_dot_worker__pb2.RecordStepRequest.SerializeToString,
-            awp_dot_v1_dot_worker__pb2.RecordStepResponse.FromString,
+            awp_dot_v1_dot_checkpoints__pb2.RecordStepRequest.SerializeToString,
+            awp_dot_v1_dot_checkpoints__pb2.RecordStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -528,8 +530,8 @@ class WorkerService:
             request,
             target,
             '/awp.v1.WorkerService/Await',
-            awp_dot_v1_dot_worker__pb2.AwaitRequest.SerializeToString,
-            awp_dot_v1_dot_worker__pb2.AwaitResponse.FromString,
+            awp_dot_v1_dot_checkpoints__pb2.AwaitRequest.SerializeToString,
+            awp_dot_v1_dot_checkpoints__pb2.AwaitResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,8 +18,15 @@ itself refuses beyond 32 MiB with RESOURCE_EXHAUSTED); text without NUL characte
 within the length its comment states; repeated fields and maps within the count their
 comment states; bytes that do not decode are MALFORMED_REQUEST (all INVALID_ARGUMENT,
 the BadRequest naming the field).
+
+The messages of a session's life and its leases (Register, Claim, GetUpstreamOutputs,
+Heartbeat, Complete, Drain) are here; the others' are in the file of their part of the
+protocol: session.proto (Session, CompleteOutcome), streams.proto (AppendStream) and
+checkpoints.proto (durable execution).
 """
 
+from awp.v1 import checkpoints_pb2 as _checkpoints_pb2
+from awp.v1 import streams_pb2 as _streams_pb2
 from awp.v1 import worker_pb2 as _worker_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -86,7 +93,7 @@ class WorkerServiceStub:
     to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
     the action.
     """
-    AppendStream: _grpc.UnaryUnaryMultiCallable[_worker_pb2.AppendStreamRequest, _worker_pb2.AppendStreamResponse]
+    AppendStream: _grpc.UnaryUnaryMultiCallable[_streams_pb2.AppendStreamRequest, _streams_pb2.AppendStreamResponse]
     """Output streams (DESIGN.md §15). Appends chunks to the lease's attempt's output
     stream, fenced exactly as Complete: the session's holder, the lease token, and the
     database clock before the lease expiry and the attempt deadline, checked under the
@@ -97,7 +104,7 @@ class WorkerServiceStub:
     a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
     stored). STREAM_LIMIT past the bytes one attempt may stream.
     """
-    LoadCheckpoints: _grpc.UnaryUnaryMultiCallable[_worker_pb2.LoadCheckpointsRequest, _worker_pb2.LoadCheckpointsResponse]
+    LoadCheckpoints: _grpc.UnaryUnaryMultiCallable[_checkpoints_pb2.LoadCheckpointsRequest, _checkpoints_pb2.LoadCheckpointsResponse]
     """--- Durable execution (DESIGN.md §16). Every call below is fenced exactly as
     Complete (the session's holder, the lease token, the database clock before the lease
     expiry and the attempt deadline, under the lease's row lock) and answered LEASE_LOST
@@ -108,13 +115,13 @@ class WorkerServiceStub:
     first step or wait and replays them: a step whose memo exists returns it without
     running, a wait whose checkpoint exists returns its outcome at once.
     """
-    RecordStep: _grpc.UnaryUnaryMultiCallable[_worker_pb2.RecordStepRequest, _worker_pb2.RecordStepResponse]
+    RecordStep: _grpc.UnaryUnaryMultiCallable[_checkpoints_pb2.RecordStepRequest, _checkpoints_pb2.RecordStepResponse]
     """Stores a step's result as a memo keyed by (name, occurrence). ACCEPTED; DUPLICATE
     (the same value is stored already: an answer lost); RESULT_CONFLICT (a different
     value is stored: use the stored one, never overwritten); LEASE_LOST. MEMO_LIMIT past
     the size of one memo or the memos (count or bytes) one task may store.
     """
-    Await: _grpc.UnaryUnaryMultiCallable[_worker_pb2.AwaitRequest, _worker_pb2.AwaitResponse]
+    Await: _grpc.UnaryUnaryMultiCallable[_checkpoints_pb2.AwaitRequest, _checkpoints_pb2.AwaitResponse]
     """The attempt reaches a wait. When its condition is met already (a buffered signal, a
     sleep of no time left) the wait's checkpoint is stored in this transaction
     (consuming that one signal) and answered SATISFIED: go on. Otherwise the attempt ends
@@ -167,7 +174,7 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     to the lease's current holder (LEASE_LOST otherwise). Fetch them before running
     the action.
     """
-    AppendStream: _aio.UnaryUnaryMultiCallable[_worker_pb2.AppendStreamRequest, _worker_pb2.AppendStreamResponse]  # type: ignore[assignment]
+    AppendStream: _aio.UnaryUnaryMultiCallable[_streams_pb2.AppendStreamRequest, _streams_pb2.AppendStreamResponse]  # type: ignore[assignment]
     """Output streams (DESIGN.md §15). Appends chunks to the lease's attempt's output
     stream, fenced exactly as Complete: the session's holder, the lease token, and the
     database clock before the lease expiry and the attempt deadline, checked under the
@@ -178,7 +185,7 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     a chunk different from the one stored at its offset is RESULT_CONFLICT (nothing
     stored). STREAM_LIMIT past the bytes one attempt may stream.
     """
-    LoadCheckpoints: _aio.UnaryUnaryMultiCallable[_worker_pb2.LoadCheckpointsRequest, _worker_pb2.LoadCheckpointsResponse]  # type: ignore[assignment]
+    LoadCheckpoints: _aio.UnaryUnaryMultiCallable[_checkpoints_pb2.LoadCheckpointsRequest, _checkpoints_pb2.LoadCheckpointsResponse]  # type: ignore[assignment]
     """--- Durable execution (DESIGN.md §16). Every call below is fenced exactly as
     Complete (the session's holder, the lease token, the database clock before the lease
     expiry and the attempt deadline, under the lease's row lock) and answered LEASE_LOST
@@ -189,13 +196,13 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     first step or wait and replays them: a step whose memo exists returns it without
     running, a wait whose checkpoint exists returns its outcome at once.
     """
-    RecordStep: _aio.UnaryUnaryMultiCallable[_worker_pb2.RecordStepRequest, _worker_pb2.RecordStepResponse]  # type: ignore[assignment]
+    RecordStep: _aio.UnaryUnaryMultiCallable[_checkpoints_pb2.RecordStepRequest, _checkpoints_pb2.RecordStepResponse]  # type: ignore[assignment]
     """Stores a step's result as a memo keyed by (name, occurrence). ACCEPTED; DUPLICATE
     (the same value is stored already: an answer lost); RESULT_CONFLICT (a different
     value is stored: use the stored one, never overwritten); LEASE_LOST. MEMO_LIMIT past
     the size of one memo or the memos (count or bytes) one task may store.
     """
-    Await: _aio.UnaryUnaryMultiCallable[_worker_pb2.AwaitRequest, _worker_pb2.AwaitResponse]  # type: ignore[assignment]
+    Await: _aio.UnaryUnaryMultiCallable[_checkpoints_pb2.AwaitRequest, _checkpoints_pb2.AwaitResponse]  # type: ignore[assignment]
     """The attempt reaches a wait. When its condition is met already (a buffered signal, a
     sleep of no time left) the wait's checkpoint is stored in this transaction
     (consuming that one signal) and answered SATISFIED: go on. Otherwise the attempt ends
@@ -285,9 +292,9 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def AppendStream(
         self,
-        request: _worker_pb2.AppendStreamRequest,
+        request: _streams_pb2.AppendStreamRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.AppendStreamResponse, _abc.Awaitable[_worker_pb2.AppendStreamResponse]]:
+    ) -> _typing.Union[_streams_pb2.AppendStreamResponse, _abc.Awaitable[_streams_pb2.AppendStreamResponse]]:
         """Output streams (DESIGN.md §15). Appends chunks to the lease's attempt's output
         stream, fenced exactly as Complete: the session's holder, the lease token, and the
         database clock before the lease expiry and the attempt deadline, checked under the
@@ -302,9 +309,9 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def LoadCheckpoints(
         self,
-        request: _worker_pb2.LoadCheckpointsRequest,
+        request: _checkpoints_pb2.LoadCheckpointsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.LoadCheckpointsResponse, _abc.Awaitable[_worker_pb2.LoadCheckpointsResponse]]:
+    ) -> _typing.Union[_checkpoints_pb2.LoadCheckpointsResponse, _abc.Awaitable[_checkpoints_pb2.LoadCheckpointsResponse]]:
         """--- Durable execution (DESIGN.md §16). Every call below is fenced exactly as
         Complete (the session's holder, the lease token, the database clock before the lease
         expiry and the attempt deadline, under the lease's row lock) and answered LEASE_LOST
@@ -319,9 +326,9 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def RecordStep(
         self,
-        request: _worker_pb2.RecordStepRequest,
+        request: _checkpoints_pb2.RecordStepRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.RecordStepResponse, _abc.Awaitable[_worker_pb2.RecordStepResponse]]:
+    ) -> _typing.Union[_checkpoints_pb2.RecordStepResponse, _abc.Awaitable[_checkpoints_pb2.RecordStepResponse]]:
         """Stores a step's result as a memo keyed by (name, occurrence). ACCEPTED; DUPLICATE
         (the same value is stored already: an answer lost); RESULT_CONFLICT (a different
         value is stored: use the stored one, never overwritten); LEASE_LOST. MEMO_LIMIT past
@@ -331,9 +338,9 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def Await(
         self,
-        request: _worker_pb2.AwaitRequest,
+        request: _checkpoints_pb2.AwaitRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.AwaitResponse, _abc.Awaitable[_worker_pb2.AwaitResponse]]:
+    ) -> _typing.Union[_checkpoints_pb2.AwaitResponse, _abc.Awaitable[_checkpoints_pb2.AwaitResponse]]:
         """The attempt reaches a wait. When its condition is met already (a buffered signal, a
         sleep of no time left) the wait's checkpoint is stored in this transaction
         (consuming that one signal) and answered SATISFIED: go on. Otherwise the attempt ends
