@@ -56,19 +56,20 @@ def readme_block(results: list[Entry]) -> list[str]:
     rows = []
     for workers in (1, 4):
         awp = _find(results, "single_run", workers)
-        peer = _find(results, "graphile_worker", workers)
-        ratio = f"{awp['vs_graphile_worker']:.2f}" if awp and "vs_graphile_worker" in awp else NONE
+        graphile = _find(results, "graphile_worker", workers)
+        pgqueuer = _find(results, "pgqueuer", workers)
         rows.append(
             [
                 f"{workers} process{'es' if workers > 1 else ''} {TIMES} 8 slots",
                 _figure(awp, "tasks_per_s"),
-                _figure(peer, "tasks_per_s"),
-                ratio,
+                _figure(graphile, "tasks_per_s"),
+                _figure(pgqueuer, "tasks_per_s"),
+                _against_faster(awp, [graphile, pgqueuer]),
             ]
         )
     lines = _table(
         ["1,000 no-op tasks, same PostgreSQL, same run", "AWP tasks/s", "Graphile Worker jobs/s",
-         "AWP / Graphile"],
+         "pgqueuer jobs/s", "AWP / faster peer"],
         rows,
     )  # fmt: skip
     many, chain, recovery, latency, peer_latency = (
@@ -87,6 +88,15 @@ def readme_block(results: list[Entry]) -> list[str]:
         f" worker re-dispatched in {_figure(recovery, 'redispatch_s', 2, spread=False)} s."
     )
     return [conditions(results), "", *lines, "", also]
+
+
+def _against_faster(awp: Entry | None, peers: list[Entry | None]) -> str:
+    """AWP's median rate over the faster peer's (steady rates), or NONE if either is
+    missing."""
+    rates = [peer["tasks_per_s"]["median"] for peer in peers if peer and "tasks_per_s" in peer]
+    if awp is None or "tasks_per_s" not in awp or not rates:
+        return NONE
+    return f"{awp['tasks_per_s']['median'] / max(rates):.2f}"
 
 
 def _cpu(entry: Entry) -> str:
