@@ -53,7 +53,10 @@ WITH held AS (
                     0)
            END AS free
       FROM rate_limits l
-), live AS (
+), live AS MATERIALIZED (
+    -- MATERIALIZED: each run's in-flight count once per pass. Inlined, it was counted
+    -- again for every candidate row of the run (EXPLAIN ANALYZE, 10 runs of 1,000 ready
+    -- tasks, 64 asked: 640 counts instead of 10; 7.1 ms a pass instead of 5.1).
     SELECT r.id, r.concurrency, r.last_dispatched_at, r.created_at, r.priority,
            (SELECT count(*) FROM tasks q
              WHERE q.run_id = r.id AND q.state IN ('queued', 'running')
