@@ -15,13 +15,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Page, async_playwright, expect
 
 from awp_db.connect import connect
-from console.stack import ConsoleStack, start
+from console.stack import WAIT_MS, ConsoleStack, start
 from kit.postgres import PostgresHandle
 
 CHROMIUM = "/usr/bin/chromium"
+# Every expect(...) polls until WAIT_MS, as every action of the page does.
+expect.set_options(timeout=WAIT_MS)
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -97,6 +99,7 @@ async def page(
     request.node.stash[STACKS] = stack
     context = await chromium.new_context(viewport={"width": 1400, "height": 900})
     opened = await context.new_page()
+    opened.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
     try:

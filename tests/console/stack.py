@@ -37,6 +37,10 @@ USERS = {
 }
 TOKENS = {name: f"console-test-token-of-{name}" for name in USERS}
 STARTUP_S = 30.0
+# Every browser wait's deadline (Playwright's expect and actions poll until it): two cores
+# shared with the rest of the suite, where a task panel's fetch has taken over 5 s. A
+# longer deadline never slows a test that passes.
+WAIT_MS = 30_000
 # The console's link to a (pretend) tracing UI.
 TRACE_URL = "http://tracing.example/trace/{trace_id}"
 

@@ -18,7 +18,7 @@ from awp.v1 import durable_pb2, runs_pb2, types_pb2
 from awp_protocol.errors import Reason, decode_details
 from console.conftest import Shot
 from console.stack import ConsoleStack
-from console.test_console_browser import WAIT_MS, sign_in
+from console.test_console_browser import scripts_ready, sign_in
 from kit import poll_until
 
 REVIEWED: Final = "console-reviewed"
@@ -58,29 +58,30 @@ async def test_an_approver_approves_in_the_page_and_the_decision_is_recorded(
     await shot(page, "runs-list-waiting")
     await row.locator("a").first.click()
     review = page.locator('svg.dag [data-key="review"]')
-    await expect(review).to_have_class(re.compile(r"\bs-waiting\b"), timeout=WAIT_MS)
+    await expect(review).to_have_class(re.compile(r"\bs-waiting\b"))
+    await scripts_ready(page)
     await review.click()
-    await expect(page.locator("#wait-prompt")).to_have_text(PROMPT, timeout=WAIT_MS)
+    await expect(page.locator("#wait-prompt")).to_have_text(PROMPT)
     await expect(page.locator("#wait-due")).to_have_text("never")
     await page.fill("#decide-comment", "checked the figures, go")
     await shot(page, "approval-panel")
     await page.click("#approve")
     # Back on the run with the task's panel open: the decision and who made it.
     await expect(page).to_have_url(re.compile(rf"/runs/{run_id}#task=review$"))
-    await expect(review).to_have_class(re.compile(r"\bs-succeeded\b"), timeout=WAIT_MS)
+    await expect(review).to_have_class(re.compile(r"\bs-succeeded\b"))
     audit = page.locator("#task-decisions")
-    await expect(audit).to_contain_text("approved by ada", timeout=WAIT_MS)
+    await expect(audit).to_contain_text("approved by ada")
     await expect(audit).to_contain_text("checked the figures, go")
-    await expect(page.locator("#run-state")).to_have_text("succeeded", timeout=WAIT_MS)
+    await expect(page.locator("#run-state")).to_have_text("succeeded")
     await shot(page, "approved")
     await expect(audit).to_contain_text("resuming attempt 1")
     # Attempt 2 ran after a free suspension: the task list charges one of the one allowed,
     # as the panel does (it read "2 / 1 attempts" once), live and after a reload.
     listed = page.locator("#task-list .vrow", has_text="review")
-    await expect(listed).to_contain_text("1 / 1 attempts", timeout=WAIT_MS)
-    await expect(page.locator("#task-panel")).to_contain_text("1 of at most 1", timeout=WAIT_MS)
+    await expect(listed).to_contain_text("1 / 1 attempts")
+    await expect(page.locator("#task-panel")).to_contain_text("1 of at most 1")
     await page.reload()
-    await expect(listed).to_contain_text("1 / 1 attempts", timeout=WAIT_MS)
+    await expect(listed).to_contain_text("1 / 1 attempts")
     # The action got the decision; the server's audit log has it too.
     output = await stack.call(
         "GetTaskOutput", runs_pb2.GetTaskOutputRequest(run_id=run_id, task_key="review")
@@ -96,9 +97,9 @@ async def test_a_viewer_is_offered_no_decision_and_a_forged_one_is_refused_twice
     run_id = await waiting_run(stack)
     await sign_in(page, stack, "victor", f"/runs/{run_id}")
     review = page.locator('svg.dag [data-key="review"]')
-    await expect(review).to_have_class(re.compile(r"\bs-waiting\b"), timeout=WAIT_MS)
+    await expect(review).to_have_class(re.compile(r"\bs-waiting\b"))
     await review.click()
-    await expect(page.locator("#wait-prompt")).to_have_text(PROMPT, timeout=WAIT_MS)
+    await expect(page.locator("#wait-prompt")).to_have_text(PROMPT)
     await expect(page.locator("#decide-form")).to_have_count(0)
     await expect(page.locator("#wait-deciders")).to_contain_text("victor (viewer) may not")
     await shot(page, "viewer-sees-the-prompt-only")

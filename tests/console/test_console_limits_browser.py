@@ -12,8 +12,8 @@ from playwright.async_api import Page, expect
 
 from awp.v1 import limits_pb2, types_pb2
 from console.conftest import Shot
-from console.stack import ConsoleStack
-from console.test_console_browser import WAIT_MS, sign_in
+from console.stack import WAIT_MS, ConsoleStack
+from console.test_console_browser import sign_in
 from console.test_console_watching import _create, _task
 from kit import poll_until
 

@@ -13,7 +13,7 @@ from playwright.async_api import Page, expect
 from awp.v1 import control_pb2, types_pb2
 from console.conftest import Shot
 from console.stack import ConsoleStack
-from console.test_console_browser import WAIT_MS, sign_in
+from console.test_console_browser import sign_in
 
 CHAIN: Final = "console-chain"
 MAPPED: Final = "console-mapped"
@@ -54,13 +54,13 @@ async def test_running_times_tick_on_the_run_page_and_the_runs_list(
     duration = page.locator("#run-duration")
     first = await duration.text_content()
     # A second later it says more, on the same page.
-    await expect(duration).not_to_have_text(first or "", timeout=WAIT_MS)
+    await expect(duration).not_to_have_text(first or "")
     await expect(duration).to_have_text(re.compile(r"^\d+s$|^\d+m"))
     await shot(page, "running-for")
     await page.goto(f"{stack.url}/runs")
     cell = page.locator(f'tr[data-run="{run_id}"] td[data-elapsed]')
     listed = await cell.text_content()
-    await expect(cell).not_to_have_text(listed or "", timeout=WAIT_MS)
+    await expect(cell).not_to_have_text(listed or "")
     (gates / "hold").touch()
     await stack.wait_run(run_id, types_pb2.RUN_STATE_SUCCEEDED)
     await page.goto(f"{stack.url}/runs/{run_id}")
@@ -131,7 +131,7 @@ async def test_a_map_shows_its_progress_live_on_its_node(
     run_id = await stack.start_run(MAPPED, {"gates": str(gates)})
     await sign_in(page, stack, "victor", f"/runs/{run_id}")
     await expect(page.locator('svg.dag [data-key="plan"]')).to_have_class(
-        re.compile(r"\bs-running\b"), timeout=WAIT_MS
+        re.compile(r"\bs-running\b")
     )
     # Before it fans out, the map is a task of its own.
     await expect(page.locator('svg.dag [data-key="each"]')).to_have_count(1)
@@ -139,16 +139,16 @@ async def test_a_map_shows_its_progress_live_on_its_node(
     (gates / "plan").touch()
     node = page.locator('svg.dag [data-fanout="each"]')
     # One node for the map and its elements, its progress on it.
-    await expect(node.locator(".progress-text")).to_have_text("0/3 done", timeout=WAIT_MS)
+    await expect(node.locator(".progress-text")).to_have_text("0/3 done")
     await expect(node.locator(".label")).to_have_text("each[·] \u00d73")
     await expect(page.locator('svg.dag [data-key="each"]')).to_have_count(0)
     await expect(node).to_have_class(re.compile(r"\bs-running\b"))
     await shot(page, "map-started")
     (gates / "each[0]").touch()
-    await expect(node.locator(".progress-text")).to_have_text("1/3 done", timeout=WAIT_MS)
+    await expect(node.locator(".progress-text")).to_have_text("1/3 done")
     await shot(page, "map-one-done")
     (gates / "each[1]").touch()  # item -2: fails, and the run with it
-    await expect(page.locator("#run-state")).to_have_text("failed", timeout=WAIT_MS)
+    await expect(page.locator("#run-state")).to_have_text("failed")
     await expect(node.locator(".progress-text")).to_have_text(re.compile(r"/3 done, 1 failed$"))
     await expect(node).to_have_class(re.compile(r"\bs-failed\b"))
     assert await page.evaluate("window.sameDocument") is True
