@@ -16,7 +16,7 @@ from awp_common import flags
 from awp_sdk import wire
 from awp_sdk.client import AsyncClient
 from awp_sdk.limits import RateLimits
-from awp_sdk.records import LimitWaiting, RateLimit
+from awp_sdk.records import LimitsOverview, LimitWaiting, RateLimit
 
 Handler = Callable[[AsyncClient, argparse.Namespace], Awaitable[Exit]]
 Add = Callable[..., argparse.ArgumentParser]
@@ -49,11 +49,12 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser], 
     )
 
 
-def _table(found: Iterable[RateLimit], waiting: dict[str, int] | None = None) -> Table:
-    """The limits; with waiting (list only), how many ready tasks each holds back now."""
+def _table(found: Iterable[RateLimit], overview: LimitsOverview | None = None) -> Table:
+    """The limits; with the overview (list only), how many ready tasks each holds back
+    now."""
     table = Table(box=None, header_style="bold")
     columns = ["NAME", "UNITS", "PER", "USED NOW", "PAUSED UNTIL", "SET BY"]
-    for column in columns + (["WAITING NOW"] if waiting is not None else []):
+    for column in columns + (["WAITING NOW"] if overview is not None else []):
         table.add_column(column)
     for limit in found:
         row = [
@@ -64,8 +65,8 @@ def _table(found: Iterable[RateLimit], waiting: dict[str, int] | None = None) ->
             render.local_time(limit.paused_until) if limit.paused_until else "",
             limit.updated_by,
         ]
-        if waiting is not None:
-            row.append(f"{waiting.get(limit.name, 0):,}")
+        if overview is not None:
+            row.append(f"{overview.waiting_for(limit.name):,}")
         table.add_row(*row)
     return table
 
@@ -102,8 +103,7 @@ async def limits_list(client: AsyncClient, args: argparse.Namespace) -> Exit:
         render.print_json(wire.rate_limits(overview))
         return Exit.OK
     if overview.limits:
-        waiting = {held.name: held.waiting for held in overview.rate_limits_waiting}
-        render.stdout.print(_table(overview.limits, waiting))
+        render.stdout.print(_table(overview.limits, overview))
     else:
         render.stdout.print("no rate limits")
     if overview.keys_waiting:

@@ -389,7 +389,4 @@ async def schedules(request: Request) -> Response:
 async def limits(request: Request) -> Response:
     who = await caller(request)
     found = await RateLimits(who.api).overview()
-    waiting = {w.name: w.waiting for w in found.rate_limits_waiting}
-    return page(
-        request, who, "limits.html", limits=found.limits, waiting=waiting, keys=found.keys_waiting
-    )
+    return page(request, who, "limits.html", overview=found)

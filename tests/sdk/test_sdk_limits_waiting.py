@@ -69,6 +69,7 @@ async def test_a_held_back_key_and_rate_limit_show_their_waiting_tasks(
             # One of ann's three runs holds the key (max 1); bob's key is free.
             now = await poll_until(counted, "user:ann to hold back two tasks", within=60)
             assert now.rate_limits_waiting == (LimitWaiting("frozen-api", 2),)
+            assert (now.waiting_for("frozen-api"), now.waiting_for("idle-api")) == (2, 0)
             assert [limit.name for limit in now.limits] == ["frozen-api", "idle-api"]
             # Two units each, four granted in the window: the limit lets both go.
             await limits.set("frozen-api", 4, per=timedelta(minutes=1))

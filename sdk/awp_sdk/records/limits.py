@@ -42,3 +42,8 @@ class LimitsOverview:
     limits: tuple[RateLimit, ...]
     rate_limits_waiting: tuple[LimitWaiting, ...]
     keys_waiting: tuple[LimitWaiting, ...]
+
+    def waiting_for(self, limit: str) -> int:
+        """The ready tasks the rate limit named holds back now (0: none, or no such
+        limit)."""
+        return next((w.waiting for w in self.rate_limits_waiting if w.name == limit), 0)
