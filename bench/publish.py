@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from table_text import DASH, NONE, TIMES, Entry, _figure, _find, _num, _table
+from table_text import DASH, NONE, PG18_SCENARIO, TIMES, Entry, _figure, _find, _num, _table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.json"
@@ -77,9 +77,12 @@ def readme_block(results: list[Entry]) -> list[str]:
         for n in ("many_runs", "chain", "recovery", "latency", "graphile_worker_latency")
     )
     sixteen = _find(results, "single_run", 16)
+    newer = _find(results, PG18_SCENARIO)
     also = (
         f"Also from that run: 16 workers {_figure(sixteen, 'tasks_per_s', spread=False)}"
-        f" tasks/s; ten concurrent runs {_figure(many, 'tasks_per_s', spread=False)} tasks/s"
+        f" tasks/s; 4 {TIMES} 8 on the embedded PostgreSQL 18"
+        f" {_figure(newer, 'tasks_per_s', spread=False)} tasks/s; ten concurrent runs"
+        f" {_figure(many, 'tasks_per_s', spread=False)} tasks/s"
         f" aggregate (fairness {_figure(many, 'fairness', 2, spread=False)}); chain hop p50"
         f" {_figure(chain, 'hop_ms_p50', 1, spread=False)} ms; single-task latency p50"
         f" {_figure(latency, 'start_latency_ms_p50', 1, spread=False)} ms (Graphile Worker"
@@ -106,7 +109,11 @@ def _cpu(entry: Entry) -> str:
 
 
 def performance_block(results: list[Entry]) -> list[str]:
-    core = [e for e in results if e["name"] in ("single_run", "many_runs", "chain", "recovery")]
+    core = [
+        e
+        for e in results
+        if e["name"] in ("single_run", PG18_SCENARIO, "many_runs", "chain", "recovery")
+    ]
     lines = [conditions(results), "", f"Median (min{DASH}max) of the repetitions:", ""]
     lines += _table(
         ["scenario", "workers", f"runs {TIMES} tasks", "tasks/s", "fairness", "hop p50 / p99 ms",
@@ -119,6 +126,9 @@ def performance_block(results: list[Entry]) -> list[str]:
             for e in core
         ),
     )  # fmt: skip
+    newer = _find(results, PG18_SCENARIO)
+    if newer:
+        lines += ["", f"{PG18_SCENARIO}: single_run on {newer['postgres']}, in the same run."]
     peers = [e for e in results if e["name"] == "graphile_worker"]
     if peers:
         lines += ["", "The peer, same PostgreSQL, right after:", ""]

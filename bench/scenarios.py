@@ -27,6 +27,7 @@ from cost_model import COST_MODEL, concurrent_runs, payload, run_size
 from idle_sessions import idle_sessions
 from processes import BIN, WORKER_CONCURRENCY, PgProcesses, Postgres, percentile, wait_for
 from replay_bench import replay
+from table_text import PG18_SCENARIO
 from tracing_bench import tracing_overhead
 from waits_bench import waits
 
@@ -35,6 +36,8 @@ from awp_db.connect import connect
 
 SCENARIOS = (
     "single_run",
+    # single_run 4 x 8 once more, on the embedded PostgreSQL 18 (bench.py starts it).
+    PG18_SCENARIO,
     # single_run/4w untraced and traced, exported (bench/tracing_bench.py).
     "tracing",
     "many_runs",
@@ -287,7 +290,7 @@ def cases(selected: Iterable[str], sizes: Sizes) -> list[Case]:
     for name in selected:
         if name == "single_run":
             chosen += [Case(name, w, sizes.single_tasks) for w in sizes.single_workers]
-        elif name == "tracing":
+        elif name in (PG18_SCENARIO, "tracing"):
             chosen.append(Case(name, 4, sizes.single_tasks))
         elif name == "many_runs":
             chosen.append(Case(name, 4, sizes.many_tasks, sizes.many_runs))
@@ -391,7 +394,7 @@ async def run_case(
         window = Window(cluster, PgProcesses(pg.data_dir), admin)
         if spy_dir is not None:
             spies = await profile_start(cluster, spy_dir, f"{case.label}-{repetition}")
-        if case.name in ("single_run", "many_runs"):
+        if case.name in ("single_run", PG18_SCENARIO, "many_runs"):
             figures = await single_run(cluster, window, sizes, case.runs, case.tasks)
         elif case.name == "chain":
             figures = await chain(cluster, window, sizes)
