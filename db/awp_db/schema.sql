@@ -842,7 +842,11 @@ CREATE INDEX runs_finished ON public.runs USING btree (finished_at, id) WHERE (f
 
 COMMENT ON INDEX public.runs_finished IS 'Retention reads the finished runs past the retention age from here, oldest first.';
 
-CREATE INDEX runs_running ON public.runs USING btree (last_dispatched_at NULLS FIRST, created_at) WHERE (state = 'running'::text);
+CREATE INDEX runs_running ON public.runs USING btree (last_dispatched_at NULLS FIRST, created_at, id) WHERE (state = 'running'::text);
+
+CREATE INDEX runs_running_prioritised ON public.runs USING btree (id) WHERE ((state = 'running'::text) AND (priority <> 0));
+
+COMMENT ON INDEX public.runs_running_prioritised IS 'Running runs with a priority: while none exists (and tasks_ready_shaped is empty) the grant reads only the first runs in turn (grant.sql: candidates).';
 
 CREATE INDEX runs_schedule_running ON public.runs USING btree (schedule_id) WHERE ((schedule_id IS NOT NULL) AND (state = 'running'::text));
 
@@ -871,6 +875,10 @@ COMMENT ON INDEX public.tasks_live IS 'Finds a run''s unfinished tasks without s
 CREATE INDEX tasks_ready_ranked ON public.tasks USING btree (run_id, priority DESC, id) WHERE (state = 'ready'::text);
 
 COMMENT ON INDEX public.tasks_ready_ranked IS 'Dispatch reads each run''s ready tasks by task priority, then in id order, from here.';
+
+CREATE INDEX tasks_ready_shaped ON public.tasks USING btree (id) WHERE ((state = 'ready'::text) AND ((priority <> 0) OR (cardinality(concurrency_keys) > 0) OR (cardinality(rate_names) > 0) OR (cardinality(required_labels) > 0) OR (cardinality(resource_names) > 0)));
+
+COMMENT ON INDEX public.tasks_ready_shaped IS 'Ready tasks the grant cannot order by the round-robin alone (a priority, a concurrency key, a rate limit, a placement requirement): while none exists the grant reads only the first runs in turn (grant.sql: candidates).';
 
 CREATE INDEX tasks_retry_due ON public.tasks USING btree (retry_at) WHERE (state = 'waiting_retry'::text);
 
