@@ -313,9 +313,14 @@ async def finish_runs(conn: Conn, run_ids: Iterable[UUID], events: EventBatch) -
     if not candidates:
         return finished
     await dynamic.release_always(conn, candidates, events)
-    for row in await conn.fetch(Q["finished_runs"], candidates):
-        outcome = run_outcome(row["task_states"], row["always_states"])
-        if await conn.fetchval(Q["finish_run"], row["id"], outcome) is not None:
-            events.run(row["id"], "running", outcome)
-            finished[row["id"]] = outcome
+    outcomes = {
+        row["id"]: run_outcome(row["task_states"], row["always_states"])
+        for row in await conn.fetch(Q["finished_runs"], candidates)
+    }
+    if not outcomes:
+        return finished
+    ended = await conn.fetch(Q["finish_runs"], list(outcomes), list(outcomes.values()))
+    for run_id in sorted(row["id"] for row in ended):
+        events.run(run_id, "running", outcomes[run_id])
+        finished[run_id] = outcomes[run_id]
     return finished

@@ -150,7 +150,10 @@ SELECT r.id,
           AND l.state IN ('pending', 'ready', 'queued', 'running', 'waiting_retry', 'waiting'))
  GROUP BY r.id
 
--- name: finish_run
-UPDATE runs SET state = $2, finished_at = clock_timestamp()
- WHERE id = $1 AND state = 'running'
-RETURNING id
+-- name: finish_runs
+-- Each run $1[i] still running ends with the outcome $2[i], in one statement for all the
+-- runs a transaction finishes (a batch of single-task runs finishes one per task).
+UPDATE runs r SET state = f.outcome, finished_at = clock_timestamp()
+  FROM unnest($1::uuid[], $2::text[]) AS f (id, outcome)
+ WHERE r.id = f.id AND r.state = 'running'
+RETURNING r.id
