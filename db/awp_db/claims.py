@@ -248,14 +248,15 @@ async def _grant_and_lease(
     for claimer in short:
         for kind in claimer.kinds:
             missing[kind] += claimer.missing
-    created = await dispatching.grant_for_claims(
+    granted = await dispatching.grant_for_claims(
         conn, dict(missing), sum(claimer.missing for claimer in short), events
     )
-    if not created:
+    if not granted.created:
         return
     before = sum(len(claimer.issued) for claimer in claimers)
-    await _lease_round(conn, claimers, lease_ttl_ms, events, skip_locked=True)
-    if sum(len(claimer.issued) for claimer in claimers) - before < created:
+    # From the runs the grant locked: the offers just created, and any older ones there.
+    await _lease_round(conn, claimers, lease_ttl_ms, events, runs=granted.runs)
+    if sum(len(claimer.issued) for claimer in claimers) - before < granted.created:
         # Some went to no slot (older offers of busy runs came first): others may take them.
         for kind in sorted(missing):
             events.notify(DISPATCH_CHANNEL, kind)
@@ -267,23 +268,25 @@ async def _lease_round(
     lease_ttl_ms: int,
     events: EventBatch,
     *,
-    skip_locked: bool,
+    skip_locked: bool = True,
+    runs: Sequence[locks.ClaimableRun] | None = None,
 ) -> bool:
-    """Locks the runs of the oldest pending dispatches the short claimers can run and
-    leases them out; False when nothing is left to do (every claimer served, or no
-    claimable run)."""
+    """Locks the runs of the oldest pending dispatches the short claimers can run (or
+    takes `runs`, which this transaction holds already) and leases them out; False when
+    nothing is left to do (every claimer served, or no claimable run)."""
     short = [claimer for claimer in claimers if claimer.missing > 0]
     if not short:
         return False
     kinds = sorted({kind for claimer in short for kind in claimer.kinds})
-    runs = await locks.claimable_runs(
-        conn,
-        kinds,
-        sum(claimer.missing for claimer in short),
-        skip_locked=skip_locked,
-        labels={label for claimer in short for label in claimer.session.labels},
-        resources={name for claimer in short for name in claimer.session.capacity},
-    )
+    if runs is None:
+        runs = await locks.claimable_runs(
+            conn,
+            kinds,
+            sum(claimer.missing for claimer in short),
+            skip_locked=skip_locked,
+            labels={label for claimer in short for label in claimer.session.labels},
+            resources={name for claimer in short for name in claimer.session.capacity},
+        )
     if not runs:
         return False
     run_ids = [run.id for run in runs]

@@ -7,6 +7,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from uuid import UUID
 
 import asyncpg
 
@@ -30,6 +31,9 @@ class DispatchPass:
     by_kind: Counter[str] = field(default_factory=Counter)
     # Runs whose tasks were chosen but which were busy (locked): left to the next pass.
     skipped_runs: int = 0
+    # The runs dispatches were created in (locked by this transaction), each with whether
+    # one of them has placement to match (a Claim leases them at once: awp_db.claims).
+    runs: tuple[locks.ClaimableRun, ...] = ()
 
 
 async def create_dispatches(
@@ -74,11 +78,11 @@ async def serialise_for_claims(conn: Conn) -> None:
 
 async def grant_for_claims(
     conn: Conn, missing: dict[str, int], slots: int, events: EventBatch
-) -> int:
+) -> DispatchPass:
     """Grants, inside a Claim's transaction, up to `missing[kind]` ready tasks of each
     kind its short claimers run and `slots` in all, through the same rule and counts as
-    the coordinator's pass (docs/design.md §17 "Granting where the worker waits"); how
-    many were created.
+    the coordinator's pass (docs/design.md §17 "Granting where the worker waits"): what
+    was created, and in which runs (which this transaction then holds).
 
     The Claim already holds its sessions' rows (and some runs), which come after the
     dispatch lock in the lock order, so unless serialise_for_claims took it it only
@@ -91,12 +95,12 @@ async def grant_for_claims(
     """
     tried = await conn.fetchrow(Q["try_serialise"], DISPATCH_LOCK_KEY, sorted(missing))
     if tried is None or not tried["locked"]:
-        return 0
-    rows = await conn.fetch(Q["capacity"])
-    room = _room(rows, tried["global_limit"])
-    room = slots if room is None else min(room, slots)
-    done = await _grant(conn, missing, room, events, None, claim=True)
-    return done.created
+        return DispatchPass()
+    room = slots
+    if tried["global_limit"] > 0:  # the capacity read counts only for a global limit
+        left = _room(await conn.fetch(Q["capacity"]), tried["global_limit"])
+        room = slots if left is None else min(left, slots)
+    return await _grant(conn, missing, room, events, None, claim=True)
 
 
 def _room(capacity: Sequence[asyncpg.Record], global_limit: int) -> int | None:
@@ -135,6 +139,7 @@ async def _grant(
     if not locked and not claim:
         locked = {run.id for run in await locks.runs(conn, run_ids)}
     by_kind: Counter[str] = Counter()
+    placed: dict[UUID, bool] = {}
     granted = [g for g in chosen if g.run_id in locked]
     rows = await conn.fetch(
         Q["create"],
@@ -151,10 +156,12 @@ async def _grant(
             payload=_dispatched(row["dispatch_id"], term),
         )
         by_kind[row["executor_kind"]] += 1
+        placed[row["run_id"]] = placed.get(row["run_id"], False) or row["placed"]
     # Servers parking long-poll claims hear which kinds have new work.
     for kind in sorted(by_kind) if not claim else ():
         events.notify(DISPATCH_CHANNEL, kind)
-    return DispatchPass(by_kind.total(), by_kind, len(run_ids - locked))
+    runs = tuple(locks.ClaimableRun(run_id, placed[run_id]) for run_id in sorted(placed))
+    return DispatchPass(by_kind.total(), by_kind, len(run_ids - locked), runs)
 
 
 def _dispatched(dispatch_id: int, term: Term | None) -> dict[str, int]:

@@ -91,7 +91,7 @@ WITH moved AS (
       FROM placed m
       JOIN unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS g (id, priority, n) ON g.id = m.id
      ORDER BY g.n
- RETURNING id, task_id
+ RETURNING id, task_id, placed
 ), charged AS (
     -- Each rate limit the task uses, if set, is charged the estimate now, with the budget
     -- in force (SetRateLimit takes the dispatch lock too, so it is the one the grant saw).
@@ -116,7 +116,7 @@ WITH moved AS (
              GROUP BY m.run_id) g
      WHERE r.id = g.run_id
 )
-SELECT m.run_id, m.key, m.executor_kind, c.id AS dispatch_id
+SELECT m.run_id, m.key, m.executor_kind, c.id AS dispatch_id, c.placed
   FROM moved m JOIN created c ON c.task_id = m.id
 
 -- name: unservable
