@@ -5,6 +5,7 @@ stopped by the next `awp dev` there before it starts."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -16,12 +17,16 @@ import pytest
 
 from awp_cli.dev.lifetime import Entry, Record, start_time
 from awp_db.embedded import EmbeddedPostgres
-from cli.devstack import launch
+from cli.devstack import DevStack, launch
 from kit import poll_until
 
 # A child drains (workers: up to --shutdown-grace, 10 s in awp dev) with its server
 # gone too: what a kill -9 leaves must be gone within this.
 GONE_WITHIN_S = 90.0
+# What a child that aborted leaves in its log: gRPC's C core failing a check or dying on
+# a closed fd (as a child forked by a parent with gRPC's fork support on did, before
+# exec: test_dev_fork.py).
+ABORTED = re.compile(r"^F\d{4} |Check failed|\.cc:\d+\].*Bad file descriptor", re.MULTILINE)
 
 
 @pytest.fixture
@@ -37,6 +42,16 @@ def data_dir() -> Iterator[Path]:
 
 def _postgres_pid(data_dir: Path) -> int:
     return int((data_dir / "pg" / "postmaster.pid").read_text().split()[0])
+
+
+def _assert_no_child_died(dev: DevStack) -> None:
+    """None of the children stopped other than when asked: awp dev restarts one that
+    exits and says so, and its log keeps what it said."""
+    assert "exited with code" not in dev.output(), dev.output()
+    for log in sorted(dev.data_dir.glob("logs/*.log")):
+        text = log.read_text(errors="replace")
+        found = ABORTED.search(text)
+        assert found is None, f"{log.name} holds {found[0]!r}:\n{text}"
 
 
 def _entry(name: str, pid: int) -> Entry:
@@ -68,6 +83,7 @@ async def test_kill_9_of_awp_dev_leaves_nothing_running(data_dir: Path) -> None:
         within=GONE_WITHIN_S,
         interval=0.1,
     )
+    _assert_no_child_died(dev)
     print(
         f"\nFIGURE kill -9 of awp dev: its {len(everything)} children "
         f"({', '.join(e.name for e in everything)}) all gone after "
@@ -107,6 +123,7 @@ def test_a_stale_stack_is_stopped_at_the_next_start(data_dir: Path) -> None:
         assert bystander.poll() is None, "a process that only shares a recorded pid was hit"
         assert _postgres_pid(data_dir) != old_pid
         assert dev.stop() == 0, dev.output()
+        _assert_no_child_died(dev)
         assert not record.path.exists(), "a clean stop leaves no record"
     finally:
         bystander.kill()
