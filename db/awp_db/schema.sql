@@ -868,9 +868,9 @@ CREATE UNIQUE INDEX tasks_elements ON public.tasks USING btree (parent_id, map_i
 
 COMMENT ON INDEX public.tasks_elements IS 'A map task''s elements in index order: its output, and stopping them when it fails.';
 
-CREATE INDEX tasks_live ON public.tasks USING btree (run_id, state) WHERE (state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text]));
+CREATE INDEX tasks_live ON public.tasks USING btree (run_id, state) WHERE (state = ANY (ARRAY['pending'::text, 'ready'::text, 'queued'::text, 'running'::text, 'waiting_retry'::text, 'waiting'::text]));
 
-COMMENT ON INDEX public.tasks_live IS 'Finds a run''s unfinished tasks without scanning its finished ones (run completion) and counts its queued + running ones (run concurrency).';
+COMMENT ON INDEX public.tasks_live IS 'Finds a run''s unfinished tasks (every live state, waiting included) without scanning its finished ones (run completion) and counts its queued + running ones (run concurrency).';
 
 CREATE INDEX tasks_ready_ranked ON public.tasks USING btree (run_id, priority DESC, id) WHERE (state = 'ready'::text);
 
