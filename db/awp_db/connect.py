@@ -29,6 +29,16 @@ KEEPALIVE_INTERVAL_S: Final = 2
 KEEPALIVE_COUNT: Final = 3
 DEAD_PEER_S: Final = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT
 
+# How long a pooled connection keeps a prepared statement before preparing it again.
+# PostgreSQL keeps the generic plan it settles on after a statement's first five runs
+# until the statement is prepared again or a table it reads is analyzed, and a plan made
+# while a table was nearly empty stays wrong as it grows: on a new database the
+# settlement's lock of its dispatches kept a sequential scan of every dispatch ever made,
+# and the lease a bitmap scan over every dead entry of the live dispatches' index, until
+# autovacuum analyzed the table (its naptime alone is a minute) or asyncpg's default
+# 300 s ran out. Preparing again costs a parse and five planned runs per statement.
+STATEMENT_LIFETIME_S: Final = 3.0
+
 # What PostgreSQL answers when one of the limits below ends a wait: the work was rolled
 # back and may simply be tried again (DESIGN.md §6), so callers treat these as "the
 # database is unavailable right now", never as a bug.
@@ -234,6 +244,7 @@ async def create_pool(
         reset=_keep_session,
         # The one startup parameter poolers pass on (pgbouncer tracks it per client).
         server_settings={"application_name": application_name},
+        max_cached_statement_lifetime=STATEMENT_LIFETIME_S,
         **kwargs,
     )
     if pool is None:  # pragma: no cover - asyncpg returns None only without awaiting
