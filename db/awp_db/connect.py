@@ -37,7 +37,7 @@ DEAD_PEER_S: Final = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT
 # and the lease a bitmap scan over every dead entry of the live dispatches' index, until
 # autovacuum analyzed the table (its naptime alone is a minute) or asyncpg's default
 # 300 s ran out. Preparing again costs a parse and five planned runs per statement.
-STATEMENT_LIFETIME_S: Final = 3.0
+STATEMENT_LIFETIME_S: Final = 3
 
 # What PostgreSQL answers when one of the limits below ends a wait: the work was rolled
 # back and may simply be tried again (DESIGN.md §6), so callers treat these as "the
