@@ -9,6 +9,7 @@ import pytest
 
 from awp_db import grant, leases, ratelimits
 from awp_db.connect import Pool
+from awp_db.queries import queries
 from awp_kernel.concurrency import ConcurrencyLimit
 from awp_kernel.definition import TaskSpec, WorkflowSpec, validate
 from awp_kernel.errors import AwpError
@@ -19,6 +20,7 @@ from kit.db import DbWorker, dispatch_all, register
 from kit.invariants import InvariantViolation, check_committed
 
 HOUR_MS = 3_600_000
+DISPATCHING = queries("dispatching")
 
 
 def rated(tasks: int, *uses: tuple[str, str], name: str = "rated") -> WorkflowSpec:
@@ -114,6 +116,28 @@ async def test_a_slow_down_report_pauses_the_limit_for_everyone(pool: Pool) -> N
     assert await dispatch_all(pool) == 0
     await pool.execute("UPDATE rate_limits SET paused_until = now() - interval '1 second'")
     assert await dispatch_all(pool) == 1
+
+
+async def test_a_pause_committed_while_a_grant_waits_holds_its_tasks_back(pool: Pool) -> None:
+    """The grant read the limit unpaused; a slow-down report's pause commits before the
+    grant creates its dispatches (it waited for the run the report's Complete held):
+    nothing is dispatched or charged under the pause."""
+    await set_limit(pool, "api", 100)
+    await start_run(pool, rated(2, ("api", "1")))
+    await register(pool, max_concurrency=8)
+    async with pool.acquire() as conn, conn.transaction():
+        chosen = await grant.choose(conn, {"mock": 2}, None)
+        assert len(chosen) == 2
+        await pool.execute("UPDATE rate_limits SET paused_until = now() + interval '1 minute'")
+        created = await conn.fetch(
+            DISPATCHING["create"],
+            [g.task_id for g in chosen],
+            [g.priority for g in chosen],
+            grant.PLACEMENT_FALLBACK_MS,
+        )
+    assert created == []
+    assert await pool.fetchval("SELECT count(*) FROM rate_charges") == 0
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE state = 'ready'") == 2
 
 
 async def test_a_run_whose_input_cannot_render_the_units_is_refused(pool: Pool) -> None:

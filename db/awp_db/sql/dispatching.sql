@@ -52,6 +52,12 @@ SELECT coalesce(s.kind, p.kind) AS kind,
 WITH moved AS (
     UPDATE tasks t SET state = 'queued'
      WHERE t.id = ANY($1::bigint[]) AND t.state = 'ready'
+       -- A limit paused after the grant read it stops its tasks here: the pause of a
+       -- slow-down report commits with the Complete that holds the reporting task's run,
+       -- and a pass that read the candidates before that commit waited for the run's
+       -- lock to get here (a statement of its own, so it sees the pause now).
+       AND NOT EXISTS (SELECT 1 FROM rate_limits l
+                        WHERE l.name = ANY(t.rate_names) AND l.paused_until > clock_timestamp())
  RETURNING t.id, t.run_id, t.key, t.executor_kind, t.concurrency_keys, t.concurrency_max,
            t.rate_names, t.rate_units, t.required_labels, t.preferred_labels,
            t.resource_names, t.resource_units, t.sticky
